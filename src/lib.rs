@@ -1,0 +1,15 @@
+//! claims-payments: pays each approved insurance claim exactly once, although the
+//! broker that asks for the payment delivers at least once.
+//!
+//! Layout, from the wire inwards:
+//! - [`host`]: the Azure Functions custom-handler protocol (invocation envelope in, JSON answer out);
+//! - [`message`]: the `ClaimApproved` contract and its domain types;
+//! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
+//! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB);
+//! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget);
+//! - [`server`]: the axum server the Functions host talks to;
+//! - [`config`] and [`telemetry`]: settings from the environment, logs and counters.
+
+pub mod message;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,574 @@
+//! The `ClaimApproved` message contract and the domain types it is parsed into.
+//!
+//! Parse, don't validate: every type here can only hold a valid value, so the
+//! consumer never re-checks a claim id, an amount or a key. Each violation names
+//! the field it concerns, because the error ends up in an operator's log next to a
+//! dead-lettered message.
+//!
+//! Money is `rust_decimal::Decimal` end to end. A JSON number is taken from its raw
+//! text (`serde_json::value::RawValue`), never through `f64`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use iso_currency::Currency as IsoCurrency;
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+/// Why a message body is not a valid `ClaimApproved`. Permanent: redelivery cannot fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct InvalidMessage {
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl InvalidMessage {
+    pub fn new(field: &'static str, problem: impl Into<String>) -> Self {
+        Self {
+            field,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// The claim being paid. A UUID, kept in its canonical lowercase hyphenated form,
+/// which is also the Cosmos partition key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimId(Uuid);
+
+impl ClaimId {
+    pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
+        Uuid::try_parse(s.trim())
+            .map(ClaimId)
+            .map_err(|_| InvalidMessage::new("claimId", format!("{s:?} is not a UUID")))
+    }
+
+    pub fn random() -> Self {
+        ClaimId(Uuid::new_v4())
+    }
+
+    pub fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl fmt::Display for ClaimId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+/// The Service Bus MessageId: the producer's stable identity of one event.
+/// Service Bus allows any characters, up to 128 of them; storage adapters encode it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(String);
+
+impl MessageId {
+    pub const MAX_CHARS: usize = 128;
+
+    pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
+        let chars = s.chars().count();
+        if chars == 0 {
+            return Err(InvalidMessage::new("MessageId", "is empty"));
+        }
+        if chars > Self::MAX_CHARS {
+            return Err(InvalidMessage::new(
+                "MessageId",
+                format!("has {chars} characters; Service Bus allows at most 128"),
+            ));
+        }
+        Ok(MessageId(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An ISO 4217 currency with a defined number of minor units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Currency(IsoCurrency);
+
+impl Currency {
+    pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
+        let currency = IsoCurrency::from_code(s).ok_or_else(|| {
+            InvalidMessage::new(
+                "currency",
+                format!("{s:?} is not an ISO 4217 code (three capital letters, e.g. EUR)"),
+            )
+        })?;
+        if currency.exponent().is_none() {
+            return Err(InvalidMessage::new(
+                "currency",
+                format!("{s} has no minor unit (a fund or metal code), so it cannot be paid out"),
+            ));
+        }
+        Ok(Currency(currency))
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.0.code()
+    }
+
+    /// Fraction digits the currency allows, capped at the contract's two.
+    fn max_fraction_digits(&self) -> u32 {
+        u32::from(self.0.exponent().unwrap_or(0)).min(Money::MAX_FRACTION_DIGITS)
+    }
+}
+
+impl fmt::Display for Currency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+/// A positive amount in a currency, with at most two fraction digits (fewer if the
+/// currency has fewer minor units). Trailing zeros are not precision: `12.50` and
+/// `12.5` are the same amount and hash the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Money {
+    amount: Decimal,
+    currency: Currency,
+}
+
+impl Money {
+    pub const MAX_FRACTION_DIGITS: u32 = 2;
+    /// One trillion minus a cent: larger is a producer bug, not a claim.
+    pub const MAX_AMOUNT: Decimal = Decimal::from_parts(276_447_231, 23_283, 0, false, 2);
+
+    pub fn new(amount: Decimal, currency: Currency) -> Result<Self, InvalidMessage> {
+        let amount = amount.normalize();
+        if amount <= Decimal::ZERO {
+            return Err(InvalidMessage::new(
+                "amount",
+                format!("must be positive, got {amount}"),
+            ));
+        }
+        if amount > Self::MAX_AMOUNT {
+            return Err(InvalidMessage::new(
+                "amount",
+                format!("{amount} exceeds the maximum {}", Self::MAX_AMOUNT),
+            ));
+        }
+        let allowed = currency.max_fraction_digits();
+        if amount.scale() > allowed {
+            return Err(InvalidMessage::new(
+                "amount",
+                format!(
+                    "{amount} has {} fraction digits; {} allows at most {allowed}",
+                    amount.scale(),
+                    currency.code()
+                ),
+            ));
+        }
+        Ok(Money { amount, currency })
+    }
+
+    pub fn amount(&self) -> Decimal {
+        self.amount
+    }
+
+    pub fn currency(&self) -> Currency {
+        self.currency
+    }
+
+    /// The amount as the string every document and the bank body carry, with the
+    /// currency's fraction digits (`12.50`, `1000` for JPY).
+    pub fn amount_string(&self) -> String {
+        let mut rounded = self.amount;
+        rounded.rescale(self.currency.max_fraction_digits());
+        rounded.to_string()
+    }
+}
+
+impl fmt::Display for Money {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.amount_string(), self.currency)
+    }
+}
+
+/// Parses an amount from the raw JSON text: a string (`"12.50"`) or a number
+/// (`12.5`, `1.25e1`), without ever going through `f64`.
+fn parse_amount(raw: &RawValue) -> Result<Decimal, InvalidMessage> {
+    let text = raw.get().trim();
+    let literal = if text.starts_with('"') {
+        serde_json::from_str::<String>(text)
+            .map_err(|e| InvalidMessage::new("amount", format!("is not a valid string: {e}")))?
+    } else if text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        text.to_owned()
+    } else {
+        return Err(InvalidMessage::new(
+            "amount",
+            format!("must be a decimal number or a string holding one, got {text}"),
+        ));
+    };
+    let literal = literal.trim();
+    let parsed = if literal.contains(['e', 'E']) {
+        Decimal::from_scientific(literal)
+    } else {
+        Decimal::from_str_exact(literal)
+    };
+    parsed.map_err(|_| InvalidMessage::new("amount", format!("{literal:?} is not a decimal number")))
+}
+
+fn bounded_text(
+    field: &'static str,
+    value: &str,
+    max_chars: usize,
+    allowed: impl Fn(char) -> bool,
+    describe_allowed: &str,
+) -> Result<String, InvalidMessage> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Err(InvalidMessage::new(field, "is empty"));
+    }
+    if value.chars().count() > max_chars {
+        return Err(InvalidMessage::new(
+            field,
+            format!("is longer than {max_chars} characters"),
+        ));
+    }
+    if let Some(bad) = value.chars().find(|c| !allowed(*c)) {
+        return Err(InvalidMessage::new(
+            field,
+            format!("contains {bad:?}; allowed: {describe_allowed}"),
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// The insurer's tenant, when claims come from several. It scopes the bank's
+/// Idempotency-Key so two tenants can never share one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TenantId(String);
+
+impl TenantId {
+    pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
+        bounded_text(
+            "tenantId",
+            s,
+            64,
+            |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'),
+            "letters, digits, '-', '_', '.'",
+        )
+        .map(TenantId)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The account the payout goes to, as the bank knows it (an IBAN or a payee id).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PayeeRef(String);
+
+impl PayeeRef {
+    pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
+        bounded_text(
+            "payee",
+            s,
+            70,
+            |c| c.is_ascii_graphic() || c == ' ',
+            "printable ASCII",
+        )
+        .map(PayeeRef)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a payment is for. One payment document exists per (claim, purpose).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Purpose {
+    Payout,
+}
+
+impl Purpose {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Purpose::Payout => "payout",
+        }
+    }
+}
+
+/// The bank's Idempotency-Key for one payout: derived from tenant, claim and purpose
+/// only, so every retry, takeover and redelivery sends the same key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub fn for_payout(tenant: Option<&TenantId>, claim: ClaimId) -> Self {
+        let key = format!("claim-payment-{claim}");
+        IdempotencyKey(match tenant {
+            Some(tenant) => format!("{}:{key}", tenant.as_str()),
+            None => key,
+        })
+    }
+
+    /// Restores a key read back from the store, where it was written by `for_payout`.
+    pub fn from_stored(s: String) -> Self {
+        IdempotencyKey(s)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// SHA-256 over the canonical business fields (not the envelope): two deliveries
+/// with equal hashes ask for the same payment.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PayloadHash(String);
+
+impl PayloadHash {
+    pub fn from_stored(s: String) -> Self {
+        PayloadHash(s)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The wire shape. Unknown fields are ignored so producers can add fields
+/// without breaking this consumer; they do not count towards the payload hash.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireClaimApproved<'a> {
+    #[serde(borrow)]
+    claim_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    amount: Option<&'a RawValue>,
+    currency: Option<serde_json::Value>,
+    tenant_id: Option<serde_json::Value>,
+    payee: Option<serde_json::Value>,
+    approved_at: Option<serde_json::Value>,
+}
+
+/// A valid `ClaimApproved` event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimApproved {
+    pub claim_id: ClaimId,
+    pub money: Money,
+    pub tenant: Option<TenantId>,
+    pub payee: Option<PayeeRef>,
+    pub approved_at: Option<OffsetDateTime>,
+}
+
+fn optional_string(
+    field: &'static str,
+    value: Option<serde_json::Value>,
+) -> Result<Option<String>, InvalidMessage> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(InvalidMessage::new(
+            field,
+            format!("must be a string, got {other}"),
+        )),
+    }
+}
+
+impl ClaimApproved {
+    /// Parses the message body (UTF-8 JSON text).
+    pub fn parse(body: &str) -> Result<Self, InvalidMessage> {
+        let wire: WireClaimApproved = serde_json::from_str(body).map_err(|e| {
+            InvalidMessage::new("body", format!("is not a JSON object: {e}"))
+        })?;
+
+        let claim_raw = wire
+            .claim_id
+            .ok_or_else(|| InvalidMessage::new("claimId", "is missing"))?;
+        let claim_text: String = serde_json::from_str(claim_raw.get())
+            .map_err(|_| InvalidMessage::new("claimId", "must be a string holding a UUID"))?;
+        let claim_id = ClaimId::parse(&claim_text)?;
+
+        let currency = optional_string("currency", wire.currency)?
+            .ok_or_else(|| InvalidMessage::new("currency", "is missing"))?;
+        let currency = Currency::parse(&currency)?;
+        let amount = wire
+            .amount
+            .filter(|raw| raw.get() != "null")
+            .ok_or_else(|| InvalidMessage::new("amount", "is missing"))?;
+        let money = Money::new(parse_amount(amount)?, currency)?;
+
+        let tenant = optional_string("tenantId", wire.tenant_id)?
+            .map(|t| TenantId::parse(&t))
+            .transpose()?;
+        let payee = optional_string("payee", wire.payee)?
+            .map(|p| PayeeRef::parse(&p))
+            .transpose()?;
+        let approved_at = optional_string("approvedAt", wire.approved_at)?
+            .map(|t| {
+                OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339)
+                    .map_err(|_| {
+                        InvalidMessage::new("approvedAt", format!("{t:?} is not an RFC 3339 timestamp"))
+                    })
+            })
+            .transpose()?;
+
+        Ok(ClaimApproved {
+            claim_id,
+            money,
+            tenant,
+            payee,
+            approved_at,
+        })
+    }
+
+    /// Hash of the fields that decide the payment: claim, amount, currency, tenant, payee.
+    /// `approvedAt` is left out on purpose: a re-sent approval with a new timestamp is
+    /// still the same payment.
+    pub fn payload_hash(&self) -> PayloadHash {
+        // serde_json's map is sorted by key, so this is canonical JSON.
+        let canonical = serde_json::json!({
+            "amount": self.money.amount_string(),
+            "claimId": self.claim_id.to_string(),
+            "currency": self.money.currency().code(),
+            "payee": self.payee.as_ref().map(PayeeRef::as_str),
+            "tenantId": self.tenant.as_ref().map(TenantId::as_str),
+        });
+        let digest = Sha256::digest(format!("claim-approved/v1\n{canonical}").as_bytes());
+        PayloadHash(format!("sha256:{}", hex::encode(digest)))
+    }
+
+    pub fn idempotency_key(&self) -> IdempotencyKey {
+        IdempotencyKey::for_payout(self.tenant.as_ref(), self.claim_id)
+    }
+
+    /// The exact bytes of the bank payout request. Built once, stored with the payment,
+    /// and re-sent unchanged on every retry.
+    pub fn payout_request_body(&self) -> String {
+        serde_json::json!({
+            "claimId": self.claim_id.to_string(),
+            "amount": self.money.amount_string(),
+            "currency": self.money.currency().code(),
+            "payee": self.payee.as_ref().map(PayeeRef::as_str),
+        })
+        .to_string()
+    }
+}
+
+impl FromStr for ClaimApproved {
+    type Err = InvalidMessage;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ClaimApproved::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLAIM: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
+
+    fn parse(body: serde_json::Value) -> Result<ClaimApproved, InvalidMessage> {
+        ClaimApproved::parse(&body.to_string())
+    }
+
+    #[test]
+    fn accepts_amount_as_string_or_number_without_float_rounding() {
+        let a = ClaimApproved::parse(&format!(
+            r#"{{"claimId":"{CLAIM}","amount":"1250.10","currency":"EUR"}}"#
+        ))
+        .unwrap();
+        let b = ClaimApproved::parse(&format!(
+            r#"{{"claimId":"{CLAIM}","amount":1250.1,"currency":"EUR"}}"#
+        ))
+        .unwrap();
+        assert_eq!(a.money.amount_string(), "1250.10");
+        assert_eq!(a.payload_hash(), b.payload_hash());
+        // 0.1 + 0.2 style values survive exactly: f64 would print 9007199254740993 as ...992.
+        let big = ClaimApproved::parse(&format!(
+            r#"{{"claimId":"{CLAIM}","amount":900719925474.99,"currency":"EUR"}}"#
+        ))
+        .unwrap();
+        assert_eq!(big.money.amount_string(), "900719925474.99");
+    }
+
+    #[test]
+    fn each_violation_names_its_field() {
+        let cases = [
+            (serde_json::json!({"amount": "1", "currency": "EUR"}), "claimId"),
+            (serde_json::json!({"claimId": "nope", "amount": "1", "currency": "EUR"}), "claimId"),
+            (serde_json::json!({"claimId": CLAIM, "currency": "EUR"}), "amount"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "0", "currency": "EUR"}), "amount"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "-5", "currency": "EUR"}), "amount"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "1.001", "currency": "EUR"}), "amount"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "1.5", "currency": "JPY"}), "amount"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "abc", "currency": "EUR"}), "amount"),
+            (serde_json::json!({"claimId": CLAIM, "amount": true, "currency": "EUR"}), "amount"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "1"}), "currency"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "eur"}), "currency"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "XAU"}), "currency"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "tenantId": "a b"}), "tenantId"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "payee": ""}), "payee"),
+            (serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "approvedAt": "yesterday"}), "approvedAt"),
+            (serde_json::json!([1, 2]), "body"),
+        ];
+        for (body, field) in cases {
+            let err = parse(body.clone()).expect_err(&body.to_string());
+            assert_eq!(err.field, field, "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn hash_ignores_envelope_noise_but_not_business_fields() {
+        let base = serde_json::json!({"claimId": CLAIM, "amount": "10.00", "currency": "EUR", "payee": "NL91ABNA0417164300"});
+        let h = parse(base.clone()).unwrap().payload_hash();
+        let mut with_extra = base.clone();
+        with_extra["approvedAt"] = "2026-01-01T00:00:00Z".into();
+        with_extra["note"] = "ignored".into();
+        assert_eq!(parse(with_extra).unwrap().payload_hash(), h);
+        let mut other_amount = base.clone();
+        other_amount["amount"] = "10.01".into();
+        assert_ne!(parse(other_amount).unwrap().payload_hash(), h);
+        let mut other_payee = base;
+        other_payee["payee"] = "DE89370400440532013000".into();
+        assert_ne!(parse(other_payee).unwrap().payload_hash(), h);
+    }
+
+    #[test]
+    fn idempotency_key_is_deterministic_and_tenant_scoped() {
+        let claim = ClaimId::parse(CLAIM).unwrap();
+        assert_eq!(
+            IdempotencyKey::for_payout(None, claim).as_str(),
+            format!("claim-payment-{CLAIM}")
+        );
+        let tenant = TenantId::parse("acme").unwrap();
+        assert_eq!(
+            IdempotencyKey::for_payout(Some(&tenant), claim).as_str(),
+            format!("acme:claim-payment-{CLAIM}")
+        );
+    }
+
+    #[test]
+    fn message_id_bounds() {
+        assert!(MessageId::parse("").is_err());
+        assert!(MessageId::parse(&"x".repeat(128)).is_ok());
+        assert!(MessageId::parse(&"x".repeat(129)).is_err());
+        assert!(MessageId::parse("a/b?c#d\\e").is_ok());
+    }
+}
