@@ -639,7 +639,7 @@ impl Consumer {
                     InsertResult::Inserted(_) => Ok(outcome),
                     InsertResult::AlreadyExists(seen) => {
                         let payment = self.new_payment(a, now);
-                        Box::pin(self.resolve_seen(a, seen, payment)).await
+                        Box::pin(self.resolve_seen(a, *seen, payment)).await
                     }
                 };
             }

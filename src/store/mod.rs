@@ -192,7 +192,7 @@ pub enum ClaimResult {
 #[derive(Debug, Clone, PartialEq)]
 pub enum InsertResult {
     Inserted(Version),
-    AlreadyExists(Versioned<InboxRecord>),
+    AlreadyExists(Box<Versioned<InboxRecord>>),
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -614,7 +614,7 @@ impl Store for SqliteStore {
             let existing = read_inbox(conn, &inbox.key())?.ok_or_else(|| {
                 StoreError::Transient("inbox row vanished after a key conflict".into())
             })?;
-            Ok(Tx::Undo(InsertResult::AlreadyExists(existing)))
+            Ok(Tx::Undo(InsertResult::AlreadyExists(Box::new(existing))))
         })
         .await
     }
