@@ -87,19 +87,32 @@ param allowBasicPublishingCredentials bool = false
 param bankApiUrl string = ''
 
 @description('BANK_TIMEOUT_MS: timeout of one bank call.')
-@minValue(100)
+@minValue(1)
+@maxValue(120000)
 param bankTimeoutMs int = 5000
 
+@description('BANK_KEY_WINDOW_HOURS: how long the bank honours an Idempotency-Key; older unfinished payouts need reconciliation, not a resend.')
+@minValue(1)
+param bankKeyWindowHours int = 24
+
 @description('RETRY_BUDGET_MS: time an invocation may spend retrying; must stay well below functionTimeout (host.json).')
-@minValue(1000)
+@minValue(0)
+@maxValue(600000)
 param retryBudgetMs int = 60000
 
 @description('LEASE_MS: processing lease; longer than a worst-case invocation, shorter than functionTimeout.')
-@minValue(1000)
+@minValue(100)
+@maxValue(3600000)
 param leaseMs int = 120000
+
+@description('INFLIGHT_WAIT_MS: how long a delivery waits for another live attempt of the same message before failing.')
+@minValue(0)
+@maxValue(600000)
+param inflightWaitMs int = 5000
 
 @description('INBOX_RETENTION_DAYS: lifetime of inbox documents (Cosmos ttl).')
 @minValue(1)
+@maxValue(3650)
 param inboxRetentionDays int = 30
 
 @description('CONSUMER_NAME stored in inbox documents.')
@@ -219,8 +232,10 @@ module functionApp 'modules/functionapp.bicep' = {
     consumerName: consumerName
     bankApiUrl: bankApiUrl
     bankTimeoutMs: bankTimeoutMs
+    bankKeyWindowHours: bankKeyWindowHours
     retryBudgetMs: retryBudgetMs
     leaseMs: leaseMs
+    inflightWaitMs: inflightWaitMs
   }
 }
 

@@ -26,8 +26,11 @@ param allowBasicPublishingCredentials = false
 // Empty = ledger only: payments are recorded but no bank payout is sent.
 param bankApiUrl = ''
 param bankTimeoutMs = 5000
+// Set to the bank's documented Idempotency-Key retention.
+param bankKeyWindowHours = 24
 param retryBudgetMs = 60000
 param leaseMs = 120000
+param inflightWaitMs = 5000
 param inboxRetentionDays = 30
 param consumerName = 'ClaimApprovedHandler'
 

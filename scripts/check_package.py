@@ -41,7 +41,7 @@ FORBIDDEN_DIR = {".git", ".venv", ".venv-infra", "__pycache__"}
 # Service settings the route probe must not inherit from the caller's environment:
 # the probe runs the embedded SQLite store in a temp file, whatever the shell has set.
 SCRUBBED_ENV_PREFIXES = ("PAYMENTS_", "COSMOS_", "BANK_", "AZURE_COSMOS_")
-SCRUBBED_ENV = {"INBOX_RETENTION_DAYS", "CONSUMER_NAME", "RETRY_BUDGET_MS", "LEASE_MS", "LOG_FORMAT", "CLAIM_APPROVED_QUEUE"}
+SCRUBBED_ENV = {"INBOX_RETENTION_DAYS", "CONSUMER_NAME", "RETRY_BUDGET_MS", "LEASE_MS", "INFLIGHT_WAIT_MS", "LOG_FORMAT", "CLAIM_APPROVED_QUEUE"}
 ELF_MACHINE_X86_64 = 0x3E
 # Debian 12 (bookworm) ships glibc 2.36; a newer requirement may not load on the Functions host image.
 GLIBC_WARN_ABOVE = (2, 36)

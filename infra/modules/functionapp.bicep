@@ -76,11 +76,17 @@ param bankApiUrl string
 @description('Timeout of one bank call in ms.')
 param bankTimeoutMs int
 
+@description('Hours the bank honours an Idempotency-Key.')
+param bankKeyWindowHours int
+
 @description('Total retry budget of one invocation in ms.')
 param retryBudgetMs int
 
 @description('Processing lease in ms.')
 param leaseMs int
+
+@description('Wait for a live attempt of the same message in ms.')
+param inflightWaitMs int
 
 var storageSuffix = environment().suffixes.storage
 
@@ -191,12 +197,20 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
           value: string(bankTimeoutMs)
         }
         {
+          name: 'BANK_KEY_WINDOW_HOURS'
+          value: string(bankKeyWindowHours)
+        }
+        {
           name: 'RETRY_BUDGET_MS'
           value: string(retryBudgetMs)
         }
         {
           name: 'LEASE_MS'
           value: string(leaseMs)
+        }
+        {
+          name: 'INFLIGHT_WAIT_MS'
+          value: string(inflightWaitMs)
         }
         {
           name: 'LOG_FORMAT'
