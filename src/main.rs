@@ -65,7 +65,8 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        let mut stdout = std::io::stdout().lock();
+        // Not locked for `serve`: the log writer needs stdout from every thread.
+        let stdout = || std::io::stdout().lock();
         match cli.command {
             Command::Serve => {
                 telemetry::init(settings.log_format);
@@ -73,15 +74,15 @@ fn main() -> ExitCode {
             }
             Command::Ledger(args) => {
                 let store = server::open_store(&settings).await?;
-                cli::ledger(&store, args.json, args.limit, &mut stdout).await
+                cli::ledger(&store, args.json, args.limit, &mut stdout()).await
             }
             Command::Inbox(args) => {
                 let store = server::open_store(&settings).await?;
-                cli::inbox(&store, args.json, args.limit, &mut stdout).await
+                cli::inbox(&store, args.json, args.limit, &mut stdout()).await
             }
             Command::Purge => {
                 let store = server::open_store(&settings).await?;
-                cli::purge(&store, &mut stdout).await
+                cli::purge(&store, &mut stdout()).await
             }
         }
     });

@@ -1,0 +1,354 @@
+//! The real binary as a separate process, driven over HTTP exactly as the Functions
+//! host drives it: readiness probe, invocation envelopes, SIGKILL and restart.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use common::FakeBank;
+
+const EXE: &str = env!("CARGO_BIN_EXE_claims-payments");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `claims-payments serve` child process, killed when dropped.
+struct Handler {
+    child: Child,
+    port: u16,
+}
+
+impl Handler {
+    fn start(db: &Path, extra_env: &[(&str, &str)]) -> Handler {
+        let port = free_port();
+        let mut cmd = Command::new(EXE);
+        cmd.arg("serve")
+            .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
+            .env("PAYMENTS_SQLITE_PATH", db)
+            .env("LOG_FORMAT", "json")
+            .env("RUST_LIB_BACKTRACE", "0")
+            .env_remove("BANK_API_URL")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn claims-payments serve");
+        let handler = Handler { child, port };
+        handler.wait_ready();
+        handler
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Polls `GET /` like the host does until any answer comes back.
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("handler did not become ready");
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Handler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The envelope the host sends for our function.json (dataType binary: one base64 string).
+fn host_envelope(body: &str, message_id: &str, delivery_count: u32) -> Value {
+    let function: Value = serde_json::from_str(
+        &std::fs::read_to_string("function-app/ClaimApproved/function.json").unwrap(),
+    )
+    .unwrap();
+    let binding = &function["bindings"][0];
+    let msg = match binding["dataType"].as_str() {
+        Some("binary") => Value::String(base64::engine::general_purpose::STANDARD.encode(body)),
+        // Default data type: the body string, JSON-encoded once more by the host.
+        _ => Value::String(serde_json::to_string(body).unwrap()),
+    };
+    json!({
+        "Data": { binding["name"].as_str().unwrap(): msg },
+        "Metadata": {
+            "MessageId": serde_json::to_string(message_id).unwrap(),
+            "DeliveryCount": delivery_count.to_string(),
+            "LockToken": "\"0f3a1f52-9a1e-4b0d-8f3e-2b9c7a6d5e41\"",
+            "EnqueuedTimeUtc": "2026-12-01T10:15:30",
+            "ContentType": "\"application/json\"",
+            "MessageActions": {}, "Client": {"FullyQualifiedNamespace": "sb.local", "IsClosed": false},
+            "sys": {"MethodName": "ClaimApproved", "UtcNow": "2026-12-01T10:15:31Z", "RandGuid": "24ad4c06-24ad-4e5b-8294-3da9714877e9"}
+        }
+    })
+}
+
+fn claim_body(claim: &str, amount: &str) -> String {
+    json!({"claimId": claim, "amount": amount, "currency": "EUR", "payee": "NL91ABNA0417164300"})
+        .to_string()
+}
+
+async fn invoke(
+    client: &reqwest::Client,
+    handler: &Handler,
+    envelope: &Value,
+) -> reqwest::Result<(u16, Value)> {
+    let response = client
+        .post(handler.url("/ClaimApproved"))
+        .header("Content-Type", "application/json; charset=utf-8")
+        .header(
+            "X-Azure-Functions-InvocationId",
+            uuid::Uuid::new_v4().to_string(),
+        )
+        .body(envelope.to_string())
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        content_type.starts_with("application/json"),
+        "every answer is JSON, got {content_type}"
+    );
+    Ok((status, response.json().await?))
+}
+
+fn outcome(answer: &Value) -> &str {
+    answer["ReturnValue"]["outcome"].as_str().unwrap_or("")
+}
+
+fn ledger(db: &Path) -> Vec<Value> {
+    let out = Command::new(EXE)
+        .args(["ledger", "--json"])
+        .env("PAYMENTS_SQLITE_PATH", db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn temp_db() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("payments.db");
+    (dir, db)
+}
+
+#[tokio::test]
+async fn five_deliveries_of_one_message_make_one_ledger_row() {
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(&db, &[]);
+    let client = reqwest::Client::new();
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "1250.50");
+    let mut outcomes = Vec::new();
+    for n in 1..=5 {
+        let (status, answer) = invoke(
+            &client,
+            &handler,
+            &host_envelope(&body, "claim-approved-1", n),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["Logs"][0], format!("outcome: {}", outcome(&answer)));
+        outcomes.push(outcome(&answer).to_owned());
+    }
+    assert_eq!(
+        outcomes,
+        [
+            "recorded",
+            "duplicate",
+            "duplicate",
+            "duplicate",
+            "duplicate"
+        ]
+    );
+    handler.kill();
+    let rows = ledger(&db);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["claimId"], claim);
+    assert_eq!(rows[0]["amount"], "1250.50");
+    assert_eq!(rows[0]["currency"], "EUR");
+    assert_eq!(rows[0]["status"], "recorded");
+    assert_eq!(rows[0]["messageId"], "claim-approved-1");
+    assert_eq!(rows[0]["bankPaymentId"], Value::Null);
+}
+
+#[tokio::test]
+async fn default_data_type_double_encoded_body_is_understood() {
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(&db, &[]);
+    let body = claim_body(&common::new_claim(), "10");
+    let envelope = json!({
+        "Data": {"msg": serde_json::to_string(&body).unwrap()},
+        "Metadata": {"MessageId": "\"m-double\"", "DeliveryCount": "1"}
+    });
+    let (status, answer) = invoke(&reqwest::Client::new(), &handler, &envelope)
+        .await
+        .unwrap();
+    assert_eq!((status, outcome(&answer)), (200, "recorded"), "{answer}");
+}
+
+#[tokio::test]
+async fn sigkill_after_commit_then_restart_on_the_same_database_skips_the_duplicate() {
+    let (_dir, db) = temp_db();
+    let client = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "77.70");
+
+    let doomed = Handler::start(&db, &[("PAYMENTS_FAULT_CRASH_AFTER_COMMIT", "1")]);
+    let lost = invoke(&client, &doomed, &host_envelope(&body, "evt-crash", 1)).await;
+    assert!(
+        lost.is_err(),
+        "the process must die before answering, got {lost:?}"
+    );
+    doomed.kill();
+
+    // The host restarts the handler and Service Bus redelivers the abandoned message.
+    let restarted = Handler::start(&db, &[]);
+    let (status, answer) = invoke(&client, &restarted, &host_envelope(&body, "evt-crash", 2))
+        .await
+        .unwrap();
+    assert_eq!((status, outcome(&answer)), (200, "duplicate"), "{answer}");
+    restarted.kill();
+    assert_eq!(ledger(&db).len(), 1);
+}
+
+#[tokio::test]
+async fn payouts_go_to_the_bank_once_with_the_idempotency_key() {
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let handler = Handler::start(&db, &[("BANK_API_URL", url.as_str())]);
+    let client = reqwest::Client::new();
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "300.00");
+    let (_, first) = invoke(&client, &handler, &host_envelope(&body, "evt-pay", 1))
+        .await
+        .unwrap();
+    let (_, second) = invoke(&client, &handler, &host_envelope(&body, "evt-pay", 2))
+        .await
+        .unwrap();
+    assert_eq!((outcome(&first), outcome(&second)), ("paid", "duplicate"));
+    assert_eq!(bank.effective_payouts(), 1);
+    let (key, sent) = &bank.requests()[0];
+    assert_eq!(key, &format!("claim-payment-{claim}"));
+    let sent: Value = serde_json::from_str(sent).unwrap();
+    assert_eq!(
+        sent,
+        json!({"claimId": claim, "amount": "300.00", "currency": "EUR", "payee": "NL91ABNA0417164300"})
+    );
+    handler.kill();
+    let rows = ledger(&db);
+    assert_eq!(rows[0]["status"], "paid");
+    assert_eq!(rows[0]["bankPaymentId"], "pay-1");
+}
+
+#[tokio::test]
+async fn invalid_messages_fail_every_delivery_with_a_named_reason() {
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(&db, &[]);
+    let client = reqwest::Client::new();
+    let body =
+        json!({"claimId": common::new_claim(), "amount": "12.345", "currency": "EUR"}).to_string();
+    for n in 1..=2 {
+        let (status, answer) = invoke(&client, &handler, &host_envelope(&body, "evt-bad", n))
+            .await
+            .unwrap();
+        assert_eq!(status, 422);
+        assert_eq!(outcome(&answer), "invalid-message");
+        assert!(
+            answer["ReturnValue"]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("amount"),
+            "{answer}"
+        );
+    }
+    let (status, answer) = invoke(&client, &handler, &json!({"Data": {}, "Metadata": {}}))
+        .await
+        .unwrap();
+    assert_eq!((status, outcome(&answer)), (422, "invalid-message"));
+    handler.kill();
+    assert!(ledger(&db).is_empty());
+}
+
+#[tokio::test]
+async fn readiness_unknown_routes_and_oversized_bodies_get_json_answers() {
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(&db, &[]);
+    let client = reqwest::Client::new();
+    let ready = client.get(handler.url("/")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let missing = client
+        .post(handler.url("/Other"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let huge = "x".repeat(2 * 1024 * 1024);
+    let (status, answer) = invoke(&client, &handler, &json!({"Data": {"msg": huge}}))
+        .await
+        .unwrap();
+    assert_eq!(status, 413);
+    assert_eq!(outcome(&answer), "invalid-message");
+}
+
+#[test]
+fn an_invalid_setting_stops_the_process_before_serving_and_names_it() {
+    let out = Command::new(EXE)
+        .arg("serve")
+        .env("FUNCTIONS_CUSTOMHANDLER_PORT", free_port().to_string())
+        .env("INBOX_RETENTION_DAYS", "forever")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("INBOX_RETENTION_DAYS"));
+}
+
+#[test]
+fn sigterm_drains_and_exits_zero() {
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(&db, &[]);
+    let pid = handler.child.id() as i32;
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let mut handler = handler;
+    let status = handler.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
