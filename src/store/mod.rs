@@ -9,6 +9,7 @@
 //! Adapters: [`sqlite`] (the embedded default) and [`cosmos`] (production). Both pass
 //! the same conformance suite (`tests/store_conformance.rs`).
 
+pub mod cosmos;
 pub mod sqlite;
 
 use std::fmt;
@@ -236,11 +237,8 @@ pub trait Store: Send + Sync + 'static {
     /// The guard: atomically create `inbox` and `payment` (same claim), or create
     /// nothing and report which record already exists. An adapter may spend one extra
     /// read on a refusal, to return the existing record.
-    async fn claim(
-        &self,
-        inbox: &InboxRecord,
-        payment: &PaymentRecord,
-    ) -> StoreResult<ClaimResult>;
+    async fn claim(&self, inbox: &InboxRecord, payment: &PaymentRecord)
+        -> StoreResult<ClaimResult>;
 
     async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>>;
 
@@ -255,11 +253,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Replace the inbox record if it still carries `expected` (take over an expired
     /// lease, release our own). `PreconditionFailed` otherwise.
-    async fn replace_inbox(
-        &self,
-        inbox: &InboxRecord,
-        expected: &Version,
-    ) -> StoreResult<Version>;
+    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version>;
 
     /// Atomically write the final payment and inbox records, if the inbox still
     /// carries `inbox_version` (our lease was not taken over). `PreconditionFailed` otherwise.
