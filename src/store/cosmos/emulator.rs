@@ -23,6 +23,7 @@ use azure_data_cosmos::{
     AccountEndpoint, AccountReference, ContainerClient, CosmosClient, CosmosClientBuilder,
     CosmosRuntimeBuilder, RoutingStrategy,
 };
+pub use azure_data_cosmos_driver::in_memory_emulator::RequestObserver;
 use azure_data_cosmos_driver::in_memory_emulator::{
     InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
 };
@@ -60,9 +61,25 @@ impl InProcessEmulator {
     /// over HTTP this must be the server's own address: after reading the account, the
     /// SDK sends every request to the advertised region URL.
     pub fn at(url: Url) -> anyhow::Result<Self> {
+        Self::build(url, None)
+    }
+
+    /// Like [`InProcessEmulator::at`], with `observer` called for every request the
+    /// emulator receives (tests count requests on the wire with it).
+    pub fn observed(url: Url, observer: Arc<dyn RequestObserver>) -> anyhow::Result<Self> {
+        Self::build(url, Some(observer))
+    }
+
+    fn build(url: Url, observer: Option<Arc<dyn RequestObserver>>) -> anyhow::Result<Self> {
         let config = VirtualAccountConfig::new(vec![VirtualRegion::new(REGION_NAME, url.clone())])?;
-        let http = Arc::new(InMemoryEmulatorHttpClient::try_new(config)?);
-        Ok(InProcessEmulator { http, url })
+        let mut http = InMemoryEmulatorHttpClient::try_new(config)?;
+        if let Some(observer) = observer {
+            http = http.with_request_observer(observer);
+        }
+        Ok(InProcessEmulator {
+            http: Arc::new(http),
+            url,
+        })
     }
 
     pub fn url(&self) -> &Url {

@@ -199,6 +199,30 @@ impl CosmosSettings {
     /// Builds the SDK client: one attempt. The SDK build is eager (it reads the account and,
     /// for Entra ID, acquires a token), so this fails fast when the endpoint is unreachable.
     pub async fn build_client(&self) -> anyhow::Result<CosmosClient> {
+        self.build_client_configured(Ok).await
+    }
+
+    /// [`build_client`](Self::build_client) with fault injection rules evaluated before
+    /// every request (tests against a real account or emulator).
+    #[cfg(feature = "dev-tools")]
+    pub async fn build_client_with_faults(
+        &self,
+        rules: Vec<Arc<azure_data_cosmos::fault_injection::FaultInjectionRule>>,
+    ) -> anyhow::Result<CosmosClient> {
+        self.build_client_configured(|builder| {
+            if rules.is_empty() {
+                Ok(builder)
+            } else {
+                Ok(builder.with_fault_injection_rules(rules)?)
+            }
+        })
+        .await
+    }
+
+    async fn build_client_configured(
+        &self,
+        configure: impl FnOnce(CosmosClientBuilder) -> anyhow::Result<CosmosClientBuilder>,
+    ) -> anyhow::Result<CosmosClient> {
         let endpoint: AccountEndpoint = self
             .endpoint
             .as_str()
@@ -246,6 +270,7 @@ impl CosmosSettings {
                 .with_runtime(runtime)
                 .with_binary_encoding_options(BinaryEncodingOptions::new().with_enabled(false));
         }
+        let builder = configure(builder)?;
         Ok(builder.build(account, self.routing()).await?)
     }
 
