@@ -2,14 +2,21 @@
 //! broker that asks for the payment delivers at least once.
 //!
 //! Layout, from the wire inwards:
-//! - [`host`]: the Azure Functions custom-handler protocol (invocation envelope in, JSON answer out);
+//! - [`server`]: the axum server the Functions host talks to;
+//! - [`host`]: the custom-handler protocol (invocation envelope in, JSON answer out);
 //! - [`message`]: the `ClaimApproved` contract and its domain types;
 //! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
 //! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB);
 //! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget);
-//! - [`server`]: the axum server the Functions host talks to;
-//! - [`config`] and [`telemetry`]: settings from the environment, logs and counters.
+//! - [`config`] and [`telemetry`]: settings from the environment, logs and counters;
+//! - [`cli`]: the operator commands (`ledger`, `inbox`, `purge`).
 
+pub mod bank;
+pub mod cli;
+pub mod config;
+pub mod consumer;
+pub mod host;
 pub mod message;
+pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -1,1 +1,96 @@
-fn main() {}
+//! The `claims-payments` binary: the custom handler (`serve`) and the operator commands.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use claims_payments::config::Settings;
+use claims_payments::{cli, server, telemetry};
+
+#[derive(Parser)]
+#[command(
+    name = "claims-payments",
+    version,
+    about = "Pays each approved insurance claim exactly once."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct ListArgs {
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// At most this many rows.
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the Azure Functions custom handler (the host starts this).
+    Serve,
+    /// List payments.
+    Ledger(ListArgs),
+    /// List inbox records (messages seen and how they ended).
+    Inbox(ListArgs),
+    /// Remove inbox records past INBOX_RETENTION_DAYS now (SQLite; Cosmos expires them itself).
+    Purge,
+}
+
+fn main() -> ExitCode {
+    // azure_core captures a backtrace for every discarded internal error when
+    // RUST_BACKTRACE=1, which slows every Cosmos call; panics keep theirs.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
+    let cli = Cli::parse();
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("claims-payments: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("claims-payments: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let mut stdout = std::io::stdout().lock();
+        match cli.command {
+            Command::Serve => {
+                telemetry::init(settings.log_format);
+                server::serve(settings).await
+            }
+            Command::Ledger(args) => {
+                let store = server::open_store(&settings).await?;
+                cli::ledger(&store, args.json, args.limit, &mut stdout).await
+            }
+            Command::Inbox(args) => {
+                let store = server::open_store(&settings).await?;
+                cli::inbox(&store, args.json, args.limit, &mut stdout).await
+            }
+            Command::Purge => {
+                let store = server::open_store(&settings).await?;
+                cli::purge(&store, &mut stdout).await
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Non-zero: the Functions host restarts a handler that exits non-zero, never one that exits 0.
+            eprintln!("claims-payments: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

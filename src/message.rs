@@ -219,7 +219,8 @@ fn parse_amount(raw: &RawValue) -> Result<Decimal, InvalidMessage> {
     } else {
         Decimal::from_str_exact(literal)
     };
-    parsed.map_err(|_| InvalidMessage::new("amount", format!("{literal:?} is not a decimal number")))
+    parsed
+        .map_err(|_| InvalidMessage::new("amount", format!("{literal:?} is not a decimal number")))
 }
 
 fn bounded_text(
@@ -393,9 +394,8 @@ fn optional_string(
 impl ClaimApproved {
     /// Parses the message body (UTF-8 JSON text).
     pub fn parse(body: &str) -> Result<Self, InvalidMessage> {
-        let wire: WireClaimApproved = serde_json::from_str(body).map_err(|e| {
-            InvalidMessage::new("body", format!("is not a JSON object: {e}"))
-        })?;
+        let wire: WireClaimApproved = serde_json::from_str(body)
+            .map_err(|e| InvalidMessage::new("body", format!("is not a JSON object: {e}")))?;
 
         let claim_raw = wire
             .claim_id
@@ -421,10 +421,14 @@ impl ClaimApproved {
             .transpose()?;
         let approved_at = optional_string("approvedAt", wire.approved_at)?
             .map(|t| {
-                OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339)
-                    .map_err(|_| {
-                        InvalidMessage::new("approvedAt", format!("{t:?} is not an RFC 3339 timestamp"))
-                    })
+                OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339).map_err(
+                    |_| {
+                        InvalidMessage::new(
+                            "approvedAt",
+                            format!("{t:?} is not an RFC 3339 timestamp"),
+                        )
+                    },
+                )
             })
             .transpose()?;
 
@@ -511,21 +515,66 @@ mod tests {
     #[test]
     fn each_violation_names_its_field() {
         let cases = [
-            (serde_json::json!({"amount": "1", "currency": "EUR"}), "claimId"),
-            (serde_json::json!({"claimId": "nope", "amount": "1", "currency": "EUR"}), "claimId"),
-            (serde_json::json!({"claimId": CLAIM, "currency": "EUR"}), "amount"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "0", "currency": "EUR"}), "amount"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "-5", "currency": "EUR"}), "amount"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "1.001", "currency": "EUR"}), "amount"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "1.5", "currency": "JPY"}), "amount"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "abc", "currency": "EUR"}), "amount"),
-            (serde_json::json!({"claimId": CLAIM, "amount": true, "currency": "EUR"}), "amount"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "1"}), "currency"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "eur"}), "currency"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "XAU"}), "currency"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "tenantId": "a b"}), "tenantId"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "payee": ""}), "payee"),
-            (serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "approvedAt": "yesterday"}), "approvedAt"),
+            (
+                serde_json::json!({"amount": "1", "currency": "EUR"}),
+                "claimId",
+            ),
+            (
+                serde_json::json!({"claimId": "nope", "amount": "1", "currency": "EUR"}),
+                "claimId",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "0", "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "-5", "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1.001", "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1.5", "currency": "JPY"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "abc", "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": true, "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1"}),
+                "currency",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "eur"}),
+                "currency",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "XAU"}),
+                "currency",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "tenantId": "a b"}),
+                "tenantId",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "payee": ""}),
+                "payee",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "approvedAt": "yesterday"}),
+                "approvedAt",
+            ),
             (serde_json::json!([1, 2]), "body"),
         ];
         for (body, field) in cases {

@@ -61,7 +61,8 @@ pub struct RequestUnits(AtomicU64);
 impl RequestUnits {
     pub fn add(&self, ru: f64) {
         if ru.is_finite() && ru > 0.0 {
-            self.0.fetch_add((ru * 100.0).round() as u64, Ordering::Relaxed);
+            self.0
+                .fetch_add((ru * 100.0).round() as u64, Ordering::Relaxed);
         }
     }
 

@@ -193,7 +193,7 @@ pub enum ClaimResult {
 #[derive(Debug, Clone, PartialEq)]
 pub enum InsertResult {
     Inserted(Version),
-    AlreadyExists(Versioned<InboxRecord>),
+    AlreadyExists(Box<Versioned<InboxRecord>>),
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -276,3 +276,68 @@ pub trait Store: Send + Sync + 'static {
 }
 
 pub type DynStore = Arc<dyn Store>;
+
+/// A store that answers every call late: the simulator's "slow store" fault.
+#[cfg(feature = "dev-tools")]
+pub struct SlowStore {
+    inner: DynStore,
+    delay: std::time::Duration,
+}
+
+#[cfg(feature = "dev-tools")]
+impl SlowStore {
+    pub fn new(inner: DynStore, delay: std::time::Duration) -> Self {
+        SlowStore { inner, delay }
+    }
+}
+
+#[cfg(feature = "dev-tools")]
+#[async_trait]
+impl Store for SlowStore {
+    async fn claim(
+        &self,
+        inbox: &InboxRecord,
+        payment: &PaymentRecord,
+    ) -> StoreResult<ClaimResult> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.claim(inbox, payment).await
+    }
+    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.inbox(key).await
+    }
+    async fn payment(
+        &self,
+        claim: ClaimId,
+        purpose: Purpose,
+    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.payment(claim, purpose).await
+    }
+    async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.record_handled(inbox).await
+    }
+    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.replace_inbox(inbox, expected).await
+    }
+    async fn finalize(
+        &self,
+        inbox: &InboxRecord,
+        inbox_version: &Version,
+        payment: &PaymentRecord,
+    ) -> StoreResult<()> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.finalize(inbox, inbox_version, payment).await
+    }
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
+        self.inner.list_payments(limit).await
+    }
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
+        self.inner.list_inbox(limit).await
+    }
+    async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
+        self.inner.purge_expired(now, batch).await
+    }
+}

@@ -1,1 +1,727 @@
+//! The embedded store: SQLite, for local runs and single-instance deployments.
+//!
+//! The guard is the schema: the inbox's primary key (consumer, claim, message) and the
+//! payment's primary key (claim, purpose). The claim step inserts both rows in one
+//! transaction; a refused insert rolls the whole step back.
+//!
+//! Durability and throughput come from **group commit**. One writer thread owns the
+//! only write connection. Writes from concurrent invocations queue on a channel; the
+//! writer takes everything queued, runs each job in its own SAVEPOINT (so one job's
+//! refusal never undoes another's), then commits once. With WAL and
+//! `synchronous=FULL` that commit is one fsync for the whole group, and no job is
+//! answered before its group's commit is durable. Under load the groups grow by
+//! themselves, so the fsync cost is shared instead of serialising every invocation.
+//!
+//! Reads never queue behind writes: they use a pool of read-only connections, which
+//! WAL lets run concurrently with the writer. A duplicate delivery is answered from a
+//! read alone and never takes the write lock.
 
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
+use time::OffsetDateTime;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    ClaimResult, InboxKey, InboxRecord, InboxStatus, InsertResult, PaymentRecord, PaymentStatus,
+    Store, StoreError, StoreResult, Version, Versioned,
+};
+use crate::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
+use crate::telemetry;
+
+/// Most jobs one commit may carry; bounds the latency a large group adds.
+const MAX_GROUP: usize = 256;
+const READ_POOL_SIZE: u32 = 8;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS inbox (
+    consumer             TEXT    NOT NULL,
+    claim_id             TEXT    NOT NULL,
+    message_id           TEXT    NOT NULL,
+    payload_hash         TEXT    NOT NULL,
+    status               TEXT    NOT NULL,
+    outcome              TEXT,
+    owner                TEXT    NOT NULL,
+    lease_until_ms       INTEGER,
+    first_delivery_count INTEGER NOT NULL,
+    last_delivery_count  INTEGER NOT NULL,
+    created_at_ms        INTEGER NOT NULL,
+    updated_at_ms        INTEGER NOT NULL,
+    expires_at_ms        INTEGER NOT NULL,
+    version              INTEGER NOT NULL,
+    PRIMARY KEY (consumer, claim_id, message_id)
+);
+CREATE INDEX IF NOT EXISTS inbox_expiry ON inbox (expires_at_ms);
+CREATE TABLE IF NOT EXISTS payments (
+    claim_id         TEXT    NOT NULL,
+    purpose          TEXT    NOT NULL,
+    tenant_id        TEXT,
+    amount           TEXT    NOT NULL,
+    currency         TEXT    NOT NULL,
+    payee            TEXT,
+    payload_hash     TEXT    NOT NULL,
+    message_id       TEXT    NOT NULL,
+    idempotency_key  TEXT    NOT NULL,
+    payout_request   TEXT,
+    status           TEXT    NOT NULL,
+    bank_payment_id  TEXT,
+    status_reason    TEXT,
+    created_at_ms    INTEGER NOT NULL,
+    updated_at_ms    INTEGER NOT NULL,
+    version          INTEGER NOT NULL,
+    PRIMARY KEY (claim_id, purpose)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS payments_idempotency_key ON payments (idempotency_key);
+CREATE INDEX IF NOT EXISTS payments_created ON payments (created_at_ms);
+";
+
+/// What a write job asks the writer to do with its savepoint.
+enum Tx<T> {
+    Keep(T),
+    Undo(T),
+}
+
+type Reply = Box<dyn FnOnce(Option<StoreError>) + Send>;
+/// A job runs against the writer's connection, or is told why it could not run.
+type WriteJob = Box<dyn FnOnce(Result<&mut Connection, StoreError>) -> Reply + Send>;
+
+pub struct SqliteStore {
+    path: PathBuf,
+    writer: mpsc::UnboundedSender<WriteJob>,
+    readers: r2d2::Pool<SqliteConnectionManager>,
+    round_trips: AtomicU64,
+}
+
+impl SqliteStore {
+    /// Opens (and on first start creates) the database at `path`.
+    pub fn open(path: impl AsRef<Path>) -> anyhow::Result<Arc<Self>> {
+        let path = path.as_ref().to_path_buf();
+        let mut conn = Connection::open(&path)
+            .map_err(|e| anyhow::anyhow!("cannot open SQLite database {}: {e}", path.display()))?;
+        configure_writer(&conn)?;
+        conn.execute_batch(SCHEMA)?;
+
+        let manager = SqliteConnectionManager::file(&path)
+            .with_flags(OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+            .with_init(|c| c.busy_timeout(Duration::from_secs(5)));
+        let readers = r2d2::Pool::builder()
+            .max_size(READ_POOL_SIZE)
+            .min_idle(Some(1))
+            .build(manager)?;
+
+        let (tx, mut rx) = mpsc::unbounded_channel::<WriteJob>();
+        std::thread::Builder::new()
+            .name("sqlite-writer".into())
+            .spawn(move || {
+                while let Some(first) = rx.blocking_recv() {
+                    let mut jobs = vec![first];
+                    while jobs.len() < MAX_GROUP {
+                        match rx.try_recv() {
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    run_group(&mut conn, jobs);
+                }
+            })?;
+
+        Ok(Arc::new(SqliteStore {
+            path,
+            writer: tx,
+            readers,
+            round_trips: AtomicU64::new(0),
+        }))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Store calls made so far (reads and write jobs), for round-trip measurements.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    fn count_round_trip(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        telemetry::counters().store_round_trips.inc();
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        self.count_round_trip();
+        let pool = self.readers.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = pool
+                .get()
+                .map_err(|e| StoreError::Transient(format!("no SQLite reader available: {e}")))?;
+            f(&conn)
+        })
+        .await
+        .map_err(|e| StoreError::Permanent(format!("SQLite reader task failed: {e}")))?
+    }
+
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> StoreResult<Tx<T>> + Send + 'static,
+    ) -> StoreResult<T> {
+        self.count_round_trip();
+        let (tx, rx) = oneshot::channel::<StoreResult<T>>();
+        let job: WriteJob = Box::new(move |conn: Result<&mut Connection, StoreError>| {
+            let result = conn.and_then(|conn| in_savepoint(conn, f));
+            Box::new(move |commit_error: Option<StoreError>| {
+                let _ = tx.send(match commit_error {
+                    Some(e) => Err(e),
+                    None => result,
+                });
+            })
+        });
+        self.writer
+            .send(job)
+            .map_err(|_| StoreError::Permanent("the SQLite writer has stopped".into()))?;
+        rx.await
+            .map_err(|_| StoreError::Permanent("the SQLite writer dropped a job".into()))?
+    }
+}
+
+fn configure_writer(conn: &Connection) -> anyhow::Result<()> {
+    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+    anyhow::ensure!(
+        mode.eq_ignore_ascii_case("wal"),
+        "SQLite refused WAL mode (got {mode}); the database must be on a local file system"
+    );
+    // FULL: the WAL is synced at every commit, so an answered invocation survives power loss.
+    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    Ok(())
+}
+
+/// Runs a job inside its own savepoint so its refusal undoes only its own rows.
+fn in_savepoint<T>(
+    conn: &mut Connection,
+    f: impl FnOnce(&Connection) -> StoreResult<Tx<T>>,
+) -> StoreResult<T> {
+    let sp = conn.savepoint().map_err(map_sqlite_error)?;
+    match f(&sp) {
+        Ok(Tx::Keep(value)) => {
+            sp.commit().map_err(map_sqlite_error)?;
+            Ok(value)
+        }
+        Ok(Tx::Undo(value)) => {
+            drop(sp); // rolls back to the savepoint
+            Ok(value)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn run_group(conn: &mut Connection, jobs: Vec<WriteJob>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let err = map_sqlite_error(e);
+        tracing::error!(error = %err, "SQLite writer could not begin a transaction");
+        for job in jobs {
+            job(Err(err.clone()))(None);
+        }
+        return;
+    }
+    let replies: Vec<Reply> = jobs.into_iter().map(|job| job(Ok(&mut *conn))).collect();
+    let commit_error = conn.execute_batch("COMMIT").err().map(|e| {
+        let _ = conn.execute_batch("ROLLBACK");
+        map_sqlite_error(e)
+    });
+    for reply in replies {
+        reply(commit_error.clone());
+    }
+}
+
+fn map_sqlite_error(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode::*;
+    match e.sqlite_error_code() {
+        Some(DatabaseBusy | DatabaseLocked | DiskFull | SystemIoFailure | OutOfMemory) => {
+            telemetry::counters().store_transient_errors.inc();
+            StoreError::Transient(e.to_string())
+        }
+        _ => StoreError::Permanent(e.to_string()),
+    }
+}
+
+fn to_ms(t: OffsetDateTime) -> i64 {
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+fn from_ms(ms: i64) -> StoreResult<OffsetDateTime> {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .map_err(|e| StoreError::Permanent(format!("corrupt timestamp {ms}: {e}")))
+}
+
+fn corrupt(what: &str, value: &str) -> StoreError {
+    StoreError::Permanent(format!("corrupt {what} in the database: {value:?}"))
+}
+
+const INBOX_COLUMNS: &str =
+    "consumer, claim_id, message_id, payload_hash, status, outcome, owner, \
+     lease_until_ms, first_delivery_count, last_delivery_count, created_at_ms, updated_at_ms, \
+     expires_at_ms, version";
+
+const PAYMENT_COLUMNS: &str =
+    "claim_id, purpose, tenant_id, amount, currency, payee, payload_hash, \
+     message_id, idempotency_key, payout_request, status, bank_payment_id, status_reason, \
+     created_at_ms, updated_at_ms, version";
+
+/// Raw row values; converted to records outside rusqlite's error type.
+struct InboxRow {
+    consumer: String,
+    claim_id: String,
+    message_id: String,
+    payload_hash: String,
+    status: String,
+    outcome: Option<String>,
+    owner: String,
+    lease_until_ms: Option<i64>,
+    first_delivery_count: i64,
+    last_delivery_count: i64,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+    expires_at_ms: i64,
+    version: i64,
+}
+
+impl InboxRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(InboxRow {
+            consumer: r.get(0)?,
+            claim_id: r.get(1)?,
+            message_id: r.get(2)?,
+            payload_hash: r.get(3)?,
+            status: r.get(4)?,
+            outcome: r.get(5)?,
+            owner: r.get(6)?,
+            lease_until_ms: r.get(7)?,
+            first_delivery_count: r.get(8)?,
+            last_delivery_count: r.get(9)?,
+            created_at_ms: r.get(10)?,
+            updated_at_ms: r.get(11)?,
+            expires_at_ms: r.get(12)?,
+            version: r.get(13)?,
+        })
+    }
+
+    fn into_record(self) -> StoreResult<Versioned<InboxRecord>> {
+        let record = InboxRecord {
+            claim_id: ClaimId::parse(&self.claim_id)
+                .map_err(|_| corrupt("claim id", &self.claim_id))?,
+            message_id: MessageId::parse(&self.message_id)
+                .map_err(|_| corrupt("message id", &self.message_id))?,
+            consumer: self.consumer,
+            payload_hash: PayloadHash::from_stored(self.payload_hash),
+            status: InboxStatus::parse(&self.status)
+                .ok_or_else(|| corrupt("inbox status", &self.status))?,
+            outcome: self.outcome,
+            owner: serde_json::from_value(serde_json::Value::String(self.owner.clone()))
+                .map_err(|_| corrupt("owner", &self.owner))?,
+            lease_until: self.lease_until_ms.map(from_ms).transpose()?,
+            first_delivery_count: u32::try_from(self.first_delivery_count).unwrap_or(u32::MAX),
+            last_delivery_count: u32::try_from(self.last_delivery_count).unwrap_or(u32::MAX),
+            created_at: from_ms(self.created_at_ms)?,
+            updated_at: from_ms(self.updated_at_ms)?,
+            expires_at: from_ms(self.expires_at_ms)?,
+        };
+        Ok(Versioned {
+            record,
+            version: Version(self.version.to_string()),
+        })
+    }
+}
+
+struct PaymentRow {
+    claim_id: String,
+    purpose: String,
+    tenant_id: Option<String>,
+    amount: String,
+    currency: String,
+    payee: Option<String>,
+    payload_hash: String,
+    message_id: String,
+    idempotency_key: String,
+    payout_request: Option<String>,
+    status: String,
+    bank_payment_id: Option<String>,
+    status_reason: Option<String>,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+    version: i64,
+}
+
+impl PaymentRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(PaymentRow {
+            claim_id: r.get(0)?,
+            purpose: r.get(1)?,
+            tenant_id: r.get(2)?,
+            amount: r.get(3)?,
+            currency: r.get(4)?,
+            payee: r.get(5)?,
+            payload_hash: r.get(6)?,
+            message_id: r.get(7)?,
+            idempotency_key: r.get(8)?,
+            payout_request: r.get(9)?,
+            status: r.get(10)?,
+            bank_payment_id: r.get(11)?,
+            status_reason: r.get(12)?,
+            created_at_ms: r.get(13)?,
+            updated_at_ms: r.get(14)?,
+            version: r.get(15)?,
+        })
+    }
+
+    fn into_record(self) -> StoreResult<Versioned<PaymentRecord>> {
+        let purpose = match self.purpose.as_str() {
+            "payout" => Purpose::Payout,
+            other => return Err(corrupt("purpose", other)),
+        };
+        let record = PaymentRecord {
+            claim_id: ClaimId::parse(&self.claim_id)
+                .map_err(|_| corrupt("claim id", &self.claim_id))?,
+            purpose,
+            tenant_id: self.tenant_id,
+            amount: self.amount,
+            currency: self.currency,
+            payee: self.payee,
+            payload_hash: PayloadHash::from_stored(self.payload_hash),
+            message_id: MessageId::parse(&self.message_id)
+                .map_err(|_| corrupt("message id", &self.message_id))?,
+            idempotency_key: IdempotencyKey::from_stored(self.idempotency_key),
+            payout_request: self.payout_request,
+            status: PaymentStatus::parse(&self.status)
+                .ok_or_else(|| corrupt("payment status", &self.status))?,
+            bank_payment_id: self.bank_payment_id,
+            status_reason: self.status_reason,
+            created_at: from_ms(self.created_at_ms)?,
+            updated_at: from_ms(self.updated_at_ms)?,
+        };
+        Ok(Versioned {
+            record,
+            version: Version(self.version.to_string()),
+        })
+    }
+}
+
+fn read_inbox(conn: &Connection, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
+    conn.prepare_cached(&format!(
+        "SELECT {INBOX_COLUMNS} FROM inbox WHERE consumer = ?1 AND claim_id = ?2 AND message_id = ?3"
+    ))
+    .and_then(|mut stmt| {
+        stmt.query_row(
+            params![key.consumer, key.claim_id.to_string(), key.message_id.as_str()],
+            InboxRow::from_row,
+        )
+        .optional()
+    })
+    .map_err(map_sqlite_error)?
+    .map(InboxRow::into_record)
+    .transpose()
+}
+
+fn read_payment(
+    conn: &Connection,
+    claim: ClaimId,
+    purpose: Purpose,
+) -> StoreResult<Option<Versioned<PaymentRecord>>> {
+    conn.prepare_cached(&format!(
+        "SELECT {PAYMENT_COLUMNS} FROM payments WHERE claim_id = ?1 AND purpose = ?2"
+    ))
+    .and_then(|mut stmt| {
+        stmt.query_row(
+            params![claim.to_string(), purpose.as_str()],
+            PaymentRow::from_row,
+        )
+        .optional()
+    })
+    .map_err(map_sqlite_error)?
+    .map(PaymentRow::into_record)
+    .transpose()
+}
+
+/// Inserts the inbox row unless its key exists; returns whether it was inserted.
+fn insert_inbox(conn: &Connection, r: &InboxRecord) -> StoreResult<bool> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO inbox ({INBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 1) \
+         ON CONFLICT DO NOTHING"
+    ))
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            r.consumer,
+            r.claim_id.to_string(),
+            r.message_id.as_str(),
+            r.payload_hash.as_str(),
+            r.status.as_str(),
+            r.outcome,
+            r.owner.to_string(),
+            r.lease_until.map(to_ms),
+            r.first_delivery_count,
+            r.last_delivery_count,
+            to_ms(r.created_at),
+            to_ms(r.updated_at),
+            to_ms(r.expires_at),
+        ])
+    })
+    .map(|changed| changed == 1)
+    .map_err(map_sqlite_error)
+}
+
+fn insert_payment(conn: &Connection, p: &PaymentRecord) -> StoreResult<bool> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO payments ({PAYMENT_COLUMNS}) VALUES \
+         (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 1) ON CONFLICT DO NOTHING"
+    ))
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            p.claim_id.to_string(),
+            p.purpose.as_str(),
+            p.tenant_id,
+            p.amount,
+            p.currency,
+            p.payee,
+            p.payload_hash.as_str(),
+            p.message_id.as_str(),
+            p.idempotency_key.as_str(),
+            p.payout_request,
+            p.status.as_str(),
+            p.bank_payment_id,
+            p.status_reason,
+            to_ms(p.created_at),
+            to_ms(p.updated_at),
+        ])
+    })
+    .map(|changed| changed == 1)
+    .map_err(map_sqlite_error)
+}
+
+/// Replaces the inbox row if its version is still `expected`; returns the new version.
+fn replace_inbox_row(
+    conn: &Connection,
+    r: &InboxRecord,
+    expected: &Version,
+) -> StoreResult<Option<i64>> {
+    let expected: i64 = expected
+        .0
+        .parse()
+        .map_err(|_| StoreError::Permanent(format!("not a SQLite version: {:?}", expected.0)))?;
+    conn.prepare_cached(
+        "UPDATE inbox SET payload_hash = ?4, status = ?5, outcome = ?6, owner = ?7, lease_until_ms = ?8, \
+         first_delivery_count = ?9, last_delivery_count = ?10, updated_at_ms = ?11, expires_at_ms = ?12, \
+         version = version + 1 \
+         WHERE consumer = ?1 AND claim_id = ?2 AND message_id = ?3 AND version = ?13",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            r.consumer,
+            r.claim_id.to_string(),
+            r.message_id.as_str(),
+            r.payload_hash.as_str(),
+            r.status.as_str(),
+            r.outcome,
+            r.owner.to_string(),
+            r.lease_until.map(to_ms),
+            r.first_delivery_count,
+            r.last_delivery_count,
+            to_ms(r.updated_at),
+            to_ms(r.expires_at),
+            expected,
+        ])
+    })
+    .map(|changed| (changed == 1).then_some(expected + 1))
+    .map_err(map_sqlite_error)
+}
+
+fn list<T>(
+    conn: &Connection,
+    sql: &str,
+    limit: usize,
+    map: impl Fn(&Row<'_>) -> rusqlite::Result<T>,
+) -> StoreResult<Vec<T>> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut stmt = conn.prepare(sql).map_err(map_sqlite_error)?;
+    let rows = stmt
+        .query_map(params![limit], map)
+        .map_err(map_sqlite_error)?
+        .collect::<rusqlite::Result<Vec<T>>>()
+        .map_err(map_sqlite_error)?;
+    Ok(rows)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn claim(
+        &self,
+        inbox: &InboxRecord,
+        payment: &PaymentRecord,
+    ) -> StoreResult<ClaimResult> {
+        // A redelivery is the common repeat: answer it from a read, without the write lock.
+        // This read is an optimisation only; the primary keys below are the guard.
+        let key = inbox.key();
+        if let Some(existing) = self.read(move |c| read_inbox(c, &key)).await? {
+            return Ok(ClaimResult::InboxExists(existing));
+        }
+        let (inbox, payment) = (inbox.clone(), payment.clone());
+        self.write(move |conn| {
+            if !insert_inbox(conn, &inbox)? {
+                let existing = read_inbox(conn, &inbox.key())?.ok_or_else(|| {
+                    StoreError::Transient("inbox row vanished after a key conflict".into())
+                })?;
+                return Ok(Tx::Undo(ClaimResult::InboxExists(existing)));
+            }
+            if !insert_payment(conn, &payment)? {
+                let existing =
+                    read_payment(conn, payment.claim_id, payment.purpose)?.ok_or_else(|| {
+                        StoreError::Transient("payment row vanished after a key conflict".into())
+                    })?;
+                return Ok(Tx::Undo(ClaimResult::PaymentExists(existing)));
+            }
+            Ok(Tx::Keep(ClaimResult::Claimed {
+                inbox_version: Version("1".into()),
+            }))
+        })
+        .await
+    }
+
+    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
+        let key = key.clone();
+        self.read(move |c| read_inbox(c, &key)).await
+    }
+
+    async fn payment(
+        &self,
+        claim: ClaimId,
+        purpose: Purpose,
+    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
+        self.read(move |c| read_payment(c, claim, purpose)).await
+    }
+
+    async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
+        let inbox = inbox.clone();
+        self.write(move |conn| {
+            if insert_inbox(conn, &inbox)? {
+                return Ok(Tx::Keep(InsertResult::Inserted(Version("1".into()))));
+            }
+            let existing = read_inbox(conn, &inbox.key())?.ok_or_else(|| {
+                StoreError::Transient("inbox row vanished after a key conflict".into())
+            })?;
+            Ok(Tx::Undo(InsertResult::AlreadyExists(Box::new(existing))))
+        })
+        .await
+    }
+
+    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version> {
+        let (inbox, expected) = (inbox.clone(), expected.clone());
+        self.write(
+            move |conn| match replace_inbox_row(conn, &inbox, &expected)? {
+                Some(version) => Ok(Tx::Keep(Version(version.to_string()))),
+                None => Err(StoreError::PreconditionFailed),
+            },
+        )
+        .await
+    }
+
+    async fn finalize(
+        &self,
+        inbox: &InboxRecord,
+        inbox_version: &Version,
+        payment: &PaymentRecord,
+    ) -> StoreResult<()> {
+        let (inbox, expected, payment) = (inbox.clone(), inbox_version.clone(), payment.clone());
+        self.write(move |conn| {
+            if replace_inbox_row(conn, &inbox, &expected)?.is_none() {
+                return Err(StoreError::PreconditionFailed);
+            }
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE payments SET status = ?3, bank_payment_id = ?4, status_reason = ?5, \
+                     updated_at_ms = ?6, version = version + 1 WHERE claim_id = ?1 AND purpose = ?2",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        payment.claim_id.to_string(),
+                        payment.purpose.as_str(),
+                        payment.status.as_str(),
+                        payment.bank_payment_id,
+                        payment.status_reason,
+                        to_ms(payment.updated_at),
+                    ])
+                })
+                .map_err(map_sqlite_error)?;
+            if changed != 1 {
+                return Err(StoreError::Permanent(format!(
+                    "payment for claim {} is missing at finalize",
+                    payment.claim_id
+                )));
+            }
+            Ok(Tx::Keep(()))
+        })
+        .await
+    }
+
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
+        self.read(move |c| {
+            list(
+                c,
+                &format!("SELECT {PAYMENT_COLUMNS} FROM payments ORDER BY created_at_ms, claim_id LIMIT ?1"),
+                limit,
+                PaymentRow::from_row,
+            )?
+            .into_iter()
+            .map(|row| row.into_record().map(|v| v.record))
+            .collect()
+        })
+        .await
+    }
+
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
+        self.read(move |c| {
+            list(
+                c,
+                &format!(
+                    "SELECT {INBOX_COLUMNS} FROM inbox ORDER BY created_at_ms, message_id LIMIT ?1"
+                ),
+                limit,
+                InboxRow::from_row,
+            )?
+            .into_iter()
+            .map(|row| row.into_record().map(|v| v.record))
+            .collect()
+        })
+        .await
+    }
+
+    async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
+        // Small batches, each its own commit: a large purge never holds the write lock
+        // long enough to stall invocations.
+        let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        let cutoff = to_ms(now);
+        let mut total = 0u64;
+        loop {
+            let removed = self
+                .write(move |conn| {
+                    conn.execute(
+                        "DELETE FROM inbox WHERE rowid IN \
+                         (SELECT rowid FROM inbox WHERE expires_at_ms <= ?1 LIMIT ?2)",
+                        params![cutoff, batch],
+                    )
+                    .map(|n| Tx::Keep(n as u64))
+                    .map_err(map_sqlite_error)
+                })
+                .await?;
+            total += removed;
+            if removed < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}

@@ -487,7 +487,7 @@ impl Store for CosmosStore {
                 Err(error) if error.status().is_conflict() => {
                     record_charge(OP, error_charge(&error), 409);
                     if let Some(existing) = self.read_inbox(&inbox.key()).await? {
-                        return Ok(InsertResult::AlreadyExists(existing));
+                        return Ok(InsertResult::AlreadyExists(Box::new(existing)));
                     }
                 }
                 Err(error) => return Err(self.fail(OP, &error)),

@@ -1,0 +1,147 @@
+// Cosmos DB for NoSQL: the idempotency store. Keys are disabled; the app uses
+// Entra ID with the built-in Data Contributor role (assigned in rbac.bicep).
+// The container below must stay equal to infra/cosmos-container.json, which
+// scripts/check_container_definition.py enforces in CI: the partition key and
+// the unique key policy cannot be changed after creation.
+
+@description('Cosmos DB account name (3-44 lowercase letters, digits, hyphens).')
+@minLength(3)
+@maxLength(44)
+param accountName string
+
+@description('Azure region (single region, single write location).')
+param location string
+
+@description('Tags applied to the account.')
+param tags object
+
+@description('serverless: pay per request unit, for spiky low volume. autoscale: provisioned throughput on the container.')
+@allowed([
+  'serverless'
+  'autoscale'
+])
+param capacityMode string
+
+@description('Autoscale ceiling in RU/s for the container (ignored when serverless).')
+@minValue(1000)
+@maxValue(1000000)
+param autoscaleMaxThroughput int
+
+@description('Default consistency. Strong lets a reader that got a 409 see the committed document at once.')
+@allowed([
+  'Strong'
+  'BoundedStaleness'
+  'Session'
+])
+param consistencyLevel string
+
+@description('Database name (COSMOS_DATABASE).')
+param databaseName string
+
+var serverless = capacityMode == 'serverless'
+
+resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
+  name: accountName
+  location: location
+  tags: tags
+  kind: 'GlobalDocumentDB'
+  properties: {
+    databaseAccountOfferType: 'Standard'
+    consistencyPolicy: {
+      defaultConsistencyLevel: consistencyLevel
+    }
+    locations: [
+      {
+        locationName: location
+        failoverPriority: 0
+        isZoneRedundant: false
+      }
+    ]
+    capabilities: serverless ? [
+      {
+        name: 'EnableServerless'
+      }
+    ] : []
+    disableLocalAuth: true
+    disableKeyBasedMetadataWriteAccess: true
+    minimalTlsVersion: 'Tls12'
+    publicNetworkAccess: 'Enabled'
+    enableAutomaticFailover: false
+    enableMultipleWriteLocations: false
+    enableFreeTier: false
+    // Point-in-time restore of the payment ledger; the 7-day tier has no extra charge.
+    backupPolicy: {
+      type: 'Continuous'
+      continuousModeProperties: {
+        tier: 'Continuous7Days'
+      }
+    }
+  }
+}
+
+resource database 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases@2024-11-15' = {
+  parent: account
+  name: databaseName
+  properties: {
+    resource: {
+      id: databaseName
+    }
+  }
+}
+
+resource container 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-11-15' = {
+  parent: database
+  name: 'payments'
+  properties: {
+    // Written out literally (not loadJsonContent) so the CI comparison with
+    // infra/cosmos-container.json checks what is really deployed.
+    resource: {
+      id: 'payments'
+      partitionKey: {
+        paths: [
+          '/claimId'
+        ]
+        kind: 'Hash'
+        version: 2
+      }
+      defaultTtl: -1
+      uniqueKeyPolicy: {
+        uniqueKeys: [
+          {
+            paths: [
+              '/docType'
+              '/dedupKey'
+            ]
+          }
+        ]
+      }
+      indexingPolicy: {
+        indexingMode: 'consistent'
+        automatic: true
+        includedPaths: [
+          {
+            path: '/*'
+          }
+        ]
+        excludedPaths: [
+          {
+            path: '/payoutRequest/?'
+          }
+          {
+            path: '/"_etag"/?'
+          }
+        ]
+      }
+    }
+    options: serverless ? {} : {
+      autoscaleSettings: {
+        maxThroughput: autoscaleMaxThroughput
+      }
+    }
+  }
+}
+
+output accountName string = account.name
+output endpoint string = account.properties.documentEndpoint
+output databaseName string = database.name
+output containerName string = container.name

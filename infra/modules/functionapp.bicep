@@ -1,0 +1,273 @@
+// Flex Consumption (FC1) plan and the Linux function app that runs the Rust
+// custom handler. On Flex the runtime lives in functionAppConfig.runtime, so
+// FUNCTIONS_WORKER_RUNTIME, FUNCTIONS_EXTENSION_VERSION, WEBSITE_RUN_FROM_PACKAGE
+// and WEBSITE_CONTENT* must not be app settings.
+
+@description('Function app name (also the default host name).')
+param name string
+
+@description('Flex Consumption plan name.')
+param planName string
+
+@description('Azure region (must offer Flex Consumption).')
+param location string
+
+@description('Tags applied to the plan and the app.')
+param tags object
+
+@description('Resource id of the user-assigned identity.')
+param identityId string
+
+@description('Client id of the user-assigned identity.')
+param identityClientId string
+
+@description('Host storage account name.')
+param storageAccountName string
+
+@description('Blob endpoint of the host storage account, with trailing slash.')
+param storageBlobEndpoint string
+
+@description('Blob container that receives deployed packages.')
+param deploymentContainerName string
+
+@description('Upper bound of instances; each runs up to host.json maxConcurrentCalls invocations.')
+@minValue(1)
+@maxValue(1000)
+param maximumInstanceCount int
+
+@description('Memory per instance in MB.')
+@allowed([
+  512
+  2048
+  4096
+])
+param instanceMemoryMB int
+
+@description('Allow basic-auth (publishing profile) deployments. Entra-authenticated deployments work without it.')
+param allowBasicPublishingCredentials bool
+
+@description('Application Insights connection string.')
+param appInsightsConnectionString string
+
+@description('Service Bus namespace host name, e.g. sb-x.servicebus.windows.net.')
+param serviceBusFullyQualifiedNamespace string
+
+@description('Queue the ClaimApproved function reads.')
+param queueName string
+
+@description('Cosmos DB account endpoint.')
+param cosmosEndpoint string
+
+@description('Cosmos DB database.')
+param cosmosDatabaseName string
+
+@description('Cosmos DB container.')
+param cosmosContainerName string
+
+@description('Days an inbox document lives (Cosmos ttl).')
+param inboxRetentionDays int
+
+@description('Consumer name stored in inbox documents.')
+param consumerName string
+
+@description('Bank payout API base URL; empty means ledger only.')
+param bankApiUrl string
+
+@description('Timeout of one bank call in ms.')
+param bankTimeoutMs int
+
+@description('Hours the bank honours an Idempotency-Key.')
+param bankKeyWindowHours int
+
+@description('Total retry budget of one invocation in ms.')
+param retryBudgetMs int
+
+@description('Processing lease in ms.')
+param leaseMs int
+
+@description('Wait for a live attempt of the same message in ms.')
+param inflightWaitMs int
+
+var storageSuffix = environment().suffixes.storage
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  name: planName
+  location: location
+  tags: tags
+  kind: 'functionapp'
+  sku: {
+    name: 'FC1'
+    tier: 'FlexConsumption'
+  }
+  properties: {
+    reserved: true
+  }
+}
+
+resource site 'Microsoft.Web/sites@2024-04-01' = {
+  name: name
+  location: location
+  tags: tags
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identityId}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    clientCertEnabled: false
+    siteConfig: {
+      minTlsVersion: '1.2'
+      ftpsState: 'Disabled'
+      http20Enabled: true
+      appSettings: [
+        {
+          name: 'AzureWebJobsStorage__credential'
+          value: 'managedidentity'
+        }
+        {
+          name: 'AzureWebJobsStorage__clientId'
+          value: identityClientId
+        }
+        {
+          name: 'AzureWebJobsStorage__blobServiceUri'
+          value: 'https://${storageAccountName}.blob.${storageSuffix}'
+        }
+        {
+          name: 'AzureWebJobsStorage__queueServiceUri'
+          value: 'https://${storageAccountName}.queue.${storageSuffix}'
+        }
+        {
+          name: 'AzureWebJobsStorage__tableServiceUri'
+          value: 'https://${storageAccountName}.table.${storageSuffix}'
+        }
+        {
+          name: 'ServiceBusConnection__fullyQualifiedNamespace'
+          value: serviceBusFullyQualifiedNamespace
+        }
+        {
+          name: 'ServiceBusConnection__credential'
+          value: 'managedidentity'
+        }
+        {
+          name: 'ServiceBusConnection__clientId'
+          value: identityClientId
+        }
+        {
+          name: 'CLAIM_APPROVED_QUEUE'
+          value: queueName
+        }
+        {
+          name: 'PAYMENTS_STORE'
+          value: 'cosmos'
+        }
+        {
+          name: 'COSMOS_ENDPOINT'
+          value: cosmosEndpoint
+        }
+        {
+          name: 'COSMOS_DATABASE'
+          value: cosmosDatabaseName
+        }
+        {
+          name: 'COSMOS_CONTAINER'
+          value: cosmosContainerName
+        }
+        {
+          name: 'COSMOS_MANAGED_IDENTITY_CLIENT_ID'
+          value: identityClientId
+        }
+        {
+          name: 'INBOX_RETENTION_DAYS'
+          value: string(inboxRetentionDays)
+        }
+        {
+          name: 'CONSUMER_NAME'
+          value: consumerName
+        }
+        {
+          name: 'BANK_API_URL'
+          value: bankApiUrl
+        }
+        {
+          name: 'BANK_TIMEOUT_MS'
+          value: string(bankTimeoutMs)
+        }
+        {
+          name: 'BANK_KEY_WINDOW_HOURS'
+          value: string(bankKeyWindowHours)
+        }
+        {
+          name: 'RETRY_BUDGET_MS'
+          value: string(retryBudgetMs)
+        }
+        {
+          name: 'LEASE_MS'
+          value: string(leaseMs)
+        }
+        {
+          name: 'INFLIGHT_WAIT_MS'
+          value: string(inflightWaitMs)
+        }
+        {
+          name: 'LOG_FORMAT'
+          value: 'json'
+        }
+        {
+          name: 'RUST_LIB_BACKTRACE'
+          value: '0'
+        }
+        {
+          name: 'APPLICATIONINSIGHTS_CONNECTION_STRING'
+          value: appInsightsConnectionString
+        }
+        {
+          name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
+          value: 'ClientId=${identityClientId};Authorization=AAD'
+        }
+      ]
+    }
+    functionAppConfig: {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: '${storageBlobEndpoint}${deploymentContainerName}'
+          authentication: {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identityId
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        maximumInstanceCount: maximumInstanceCount
+        instanceMemoryMB: instanceMemoryMB
+      }
+      runtime: {
+        name: 'custom'
+        version: '1.0'
+      }
+    }
+  }
+}
+
+resource scmBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'scm'
+  properties: {
+    allow: allowBasicPublishingCredentials
+  }
+}
+
+resource ftpBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'ftp'
+  properties: {
+    allow: false
+  }
+}
+
+output name string = site.name
+output defaultHostName string = site.properties.defaultHostName

@@ -1,0 +1,122 @@
+// Least-privilege data-plane roles for the app's user-assigned identity.
+// Every assignment names principalType so a freshly created identity does not
+// fail on directory replication delay.
+
+@description('Principal (object) id of the user-assigned identity.')
+param principalId string
+
+@description('Host storage account (AzureWebJobsStorage and the deployment container).')
+param storageAccountName string
+
+@description('Service Bus namespace that holds the queue.')
+param serviceBusNamespaceName string
+
+@description('Queue the trigger reads.')
+param queueName string
+
+@description('Cosmos DB account.')
+param cosmosAccountName string
+
+@description('Cosmos DB database the app reads and writes.')
+param cosmosDatabaseName string
+
+@description('Application Insights component the host sends telemetry to with Entra auth.')
+param appInsightsName string
+
+// Built-in role definition ids (identical in every tenant).
+var storageBlobDataOwner = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
+var storageQueueDataContributor = '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
+var storageTableDataContributor = '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
+var serviceBusDataReceiver = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb'
+// Cosmos DB Built-in Data Contributor (data plane: items and metadata reads, no control plane).
+var cosmosDataContributor = '00000000-0000-0000-0000-000000000002'
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource serviceBus 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
+  name: serviceBusNamespaceName
+}
+
+resource queue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = {
+  parent: serviceBus
+  name: queueName
+}
+
+resource cosmos 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' existing = {
+  name: cosmosAccountName
+}
+
+resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: appInsightsName
+}
+
+// Host storage: blob leases, keys and the deployment package (Blob Data Owner),
+// host queues (Queue Data Contributor) and tables (Table Data Contributor).
+resource blobOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, principalId, storageBlobDataOwner)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataOwner)
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource queueContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, principalId, storageQueueDataContributor)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageQueueDataContributor)
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource tableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, principalId, storageTableDataContributor)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageTableDataContributor)
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// Receive only, on this one queue. Data Owner would let the scaler read exact
+// queue counts, but it also grants Send and Manage: a compromised payer could
+// then enqueue its own ClaimApproved messages. The scaler falls back to
+// peek-based estimation instead (docs/deploy.md, "Scaling").
+resource sbReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(queue.id, principalId, serviceBusDataReceiver)
+  scope: queue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// Entra-authenticated telemetry (APPLICATIONINSIGHTS_AUTHENTICATION_STRING).
+resource metricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(appInsights.id, principalId, monitoringMetricsPublisher)
+  scope: appInsights
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', monitoringMetricsPublisher)
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// Cosmos DB data plane, scoped to the payments database only.
+resource cosmosData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-11-15' = {
+  parent: cosmos
+  name: guid(cosmos.id, principalId, cosmosDataContributor, cosmosDatabaseName)
+  properties: {
+    principalId: principalId
+    roleDefinitionId: '${cosmos.id}/sqlRoleDefinitions/${cosmosDataContributor}'
+    scope: '${cosmos.id}/dbs/${cosmosDatabaseName}'
+  }
+}

@@ -1,0 +1,92 @@
+// Service Bus namespace (Standard: duplicate detection needs Standard or
+// Premium) and the ClaimApproved queue. Local SAS auth is off; the app and the
+// producers use Entra ID. docs/deploy.md explains every queue value.
+
+@description('Namespace name (6-50 characters, starts with a letter).')
+@minLength(6)
+@maxLength(50)
+param namespaceName string
+
+@description('Azure region.')
+param location string
+
+@description('Tags applied to the namespace.')
+param tags object
+
+@description('Queue that carries ClaimApproved messages.')
+param queueName string
+
+@description('Deliveries before the broker dead-letters a message (MaxDeliveryCountExceeded).')
+@minValue(1)
+@maxValue(2000)
+param maxDeliveryCount int
+
+@description('Peek-lock duration. The Functions host renews it while an invocation runs.')
+param lockDuration string
+
+@description('How long the broker remembers a MessageId to drop re-sent duplicates (PT20S to P7D).')
+param duplicateDetectionHistoryTimeWindow string
+
+@description('Time to live of an unconsumed message; expired messages are dead-lettered.')
+param defaultMessageTimeToLive string
+
+@description('Log Analytics workspace that receives the namespace logs and exportable metrics.')
+param workspaceId string
+
+resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
+  name: namespaceName
+  location: location
+  tags: tags
+  sku: {
+    name: 'Standard'
+    tier: 'Standard'
+  }
+  properties: {
+    disableLocalAuth: true
+    minimumTlsVersion: '1.2'
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+resource queue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = {
+  parent: namespace
+  name: queueName
+  properties: {
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: duplicateDetectionHistoryTimeWindow
+    defaultMessageTimeToLive: defaultMessageTimeToLive
+    deadLetteringOnMessageExpiration: true
+    requiresSession: false
+    enablePartitioning: false
+    enableBatchedOperations: true
+    maxSizeInMegabytes: 1024
+  }
+}
+
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
+  name: 'to-log-analytics'
+  scope: namespace
+  properties: {
+    workspaceId: workspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
+}
+
+output namespaceName string = namespace.name
+output namespaceId string = namespace.id
+output queueName string = queue.name
+// <namespace>.servicebus.windows.net (or the sovereign-cloud equivalent).
+output fullyQualifiedNamespace string = split(split(namespace.properties.serviceBusEndpoint, '//')[1], ':')[0]

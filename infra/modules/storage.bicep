@@ -1,0 +1,99 @@
+// Host storage (AzureWebJobsStorage: leases, locks, keys) and the Flex
+// Consumption deployment container. Shared keys are disabled: the host and the
+// deployment service reach it only with the managed identity.
+
+@description('Storage account name (3-24 lowercase letters and digits).')
+@minLength(3)
+@maxLength(24)
+param name string
+
+@description('Azure region.')
+param location string
+
+@description('Tags applied to the account.')
+param tags object
+
+@description('Redundancy of the account.')
+@allowed([
+  'Standard_LRS'
+  'Standard_ZRS'
+])
+param skuName string
+
+@description('Blob container that holds the deployed package (functionAppConfig.deployment).')
+param deploymentContainerName string
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  name: name
+  location: location
+  tags: tags
+  kind: 'StorageV2'
+  sku: {
+    name: skuName
+  }
+  properties: {
+    accessTier: 'Hot'
+    allowBlobPublicAccess: false
+    allowSharedKeyAccess: false
+    allowCrossTenantReplication: false
+    defaultToOAuthAuthentication: true
+    minimumTlsVersion: 'TLS1_2'
+    supportsHttpsTrafficOnly: true
+    publicNetworkAccess: 'Enabled'
+    networkAcls: {
+      defaultAction: 'Allow'
+      bypass: 'AzureServices'
+    }
+    encryption: {
+      keySource: 'Microsoft.Storage'
+      requireInfrastructureEncryption: true
+      services: {
+        blob: {
+          enabled: true
+          keyType: 'Account'
+        }
+        file: {
+          enabled: true
+          keyType: 'Account'
+        }
+        queue: {
+          enabled: true
+          keyType: 'Account'
+        }
+        table: {
+          enabled: true
+          keyType: 'Account'
+        }
+      }
+    }
+  }
+}
+
+resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' = {
+  parent: storage
+  name: 'default'
+  properties: {
+    // A deleted package or host lease blob can be recovered for a week.
+    deleteRetentionPolicy: {
+      enabled: true
+      days: 7
+    }
+    containerDeleteRetentionPolicy: {
+      enabled: true
+      days: 7
+    }
+  }
+}
+
+resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: deploymentContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
+output name string = storage.name
+output id string = storage.id
+output blobEndpoint string = storage.properties.primaryEndpoints.blob
+output deploymentContainerName string = deploymentContainer.name

@@ -1,0 +1,451 @@
+#!/usr/bin/env bash
+# Offline validation of the deployment side: Bicep, checkov, the Cosmos
+# container contract, settings and timing contracts, and the package layout.
+#
+#   bash scripts/check-infra.sh [--binary PATH]
+#
+# Run from anywhere; needs python3 (3.11) with venv and pip, and PyPI the first
+# time (tools are installed into .venv-infra from scripts/requirements-infra.txt).
+# Without --binary the package is assembled around a stand-in ELF executable and
+# checked statically; with --binary (a real claims-payments build) the packaged
+# binary is also started and every function folder must be a route it serves.
+# Checks marked "self-test" feed a deliberately broken input to a checker and
+# pass only if the checker goes red, so no check can silently pass everything.
+# The last line is "N passed, M failed"; the exit code is 1 if anything failed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+REAL_BINARY=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --binary) [[ $# -ge 2 ]] || { echo "--binary needs a path" >&2; exit 2; }; REAL_BINARY="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+
+VENV="$ROOT/.venv-infra"
+PY="$VENV/bin/python"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/check-infra.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+START=$SECONDS
+PASSED=0
+FAILED=0
+N=0
+LAST_OK=0
+
+# check NAME CMD...: passes when CMD exits 0; prints CMD's output only on failure.
+check() {
+  local name="$1"; shift
+  N=$((N + 1))
+  local log="$WORK/check-$N.log"
+  if "$@" >"$log" 2>&1; then
+    PASSED=$((PASSED + 1)); LAST_OK=1; echo "PASS  $name"
+  else
+    FAILED=$((FAILED + 1)); LAST_OK=0; echo "FAIL  $name"; sed 's/^/      /' "$log"
+  fi
+}
+
+# expect_red NAME REGEX CMD...: self-test; passes only when CMD fails and its
+# output matches REGEX (red for the right reason, not because something else broke).
+expect_red() {
+  local name="$1" reason="$2"; shift 2
+  N=$((N + 1))
+  local log="$WORK/check-$N.log"
+  if "$@" >"$log" 2>&1; then
+    FAILED=$((FAILED + 1)); echo "FAIL  $name (the checker accepted a broken input)"; sed 's/^/      /' "$log"
+  elif grep -Eq -- "$reason" "$log"; then
+    PASSED=$((PASSED + 1)); echo "PASS  $name"
+  else
+    FAILED=$((FAILED + 1)); echo "FAIL  $name (failed, but not with /$reason/)"; sed 's/^/      /' "$log"
+  fi
+}
+
+echo "== tools (.venv-infra)"
+if [[ ! -x "$PY" ]]; then
+  python3 -m venv "$VENV"
+fi
+want="$(sha256sum scripts/requirements-infra.txt | cut -d' ' -f1)"
+if [[ "$(cat "$VENV/.requirements.sha256" 2>/dev/null || true)" != "$want" ]]; then
+  "$VENV/bin/pip" install --disable-pip-version-check -q -r scripts/requirements-infra.txt
+  echo "$want" >"$VENV/.requirements.sha256"
+fi
+"$PY" -c 'import sys, importlib.metadata as m; print("python", sys.version.split()[0], "| checkov", m.version("checkov"), "| pycep-parser", m.version("pycep-parser"))'
+
+echo "== (a) Bicep parses (pycep)"
+mapfile -t BICEP_FILES < <(find infra -name '*.bicep' | sort)
+[[ ${#BICEP_FILES[@]} -gt 0 ]] || { echo "no .bicep files under infra/" >&2; exit 1; }
+for f in "${BICEP_FILES[@]}"; do
+  check "parse $f" "$PY" -c '
+import sys
+from pathlib import Path
+from pycep import BicepParser
+try:
+    BicepParser().parse(file_path=Path(sys.argv[1]))
+except Exception as exc:  # lark reports UnexpectedToken/UnexpectedCharacters with line and column
+    sys.exit(f"{sys.argv[1]}: {type(exc).__name__}: {str(exc).strip()[:1500]}")
+' "$f"
+done
+
+check "infra/main.bicepparam uses main.bicep, sets only declared params, values fit their type, @allowed and @min/@maxValue" "$PY" - <<'PY'
+import re, sys
+from pathlib import Path
+from pycep import BicepParser
+
+params = BicepParser().parse(file_path=Path("infra/main.bicep"))["parameters"]
+text = Path("infra/main.bicepparam").read_text()
+if not re.search(r"^using\s+'main\.bicep'\s*$", text, re.M):
+    sys.exit("main.bicepparam must start with: using 'main.bicep'")
+
+def literal(raw):
+    raw = raw.strip()
+    if raw in ("true", "false"):
+        return raw == "true", "bool"
+    if re.fullmatch(r"-?\d+", raw):
+        return int(raw), "int"
+    m = re.fullmatch(r"'((?:[^'\\]|\\.)*)'", raw)
+    if m:
+        return m.group(1), "string"
+    sys.exit(f"unsupported value in main.bicepparam (only literals are checked): {raw}")
+
+errors, assigned = [], set()
+for name, raw in re.findall(r"^param\s+(\w+)\s*=\s*(.+?)\s*$", text, re.M):
+    assigned.add(name)
+    if name not in params:
+        errors.append(f"{name}: not a parameter of main.bicep")
+        continue
+    value, kind = literal(raw)
+    decl = params[name]
+    if decl["type"] != kind:
+        errors.append(f"{name}: {kind} value for a {decl['type']} parameter")
+    for deco in decl.get("decorators", []):
+        t, arg = deco["type"], deco.get("argument")
+        if t == "allowed" and value not in arg:
+            errors.append(f"{name}: {value!r} not in @allowed {arg}")
+        if t == "min_value" and value < int(arg):
+            errors.append(f"{name}: {value} below @minValue({arg})")
+        if t == "max_value" and value > int(arg):
+            errors.append(f"{name}: {value} above @maxValue({arg})")
+        if t == "min_length" and len(value) < int(arg):
+            errors.append(f"{name}: shorter than @minLength({arg})")
+        if t == "max_length" and len(value) > int(arg):
+            errors.append(f"{name}: longer than @maxLength({arg})")
+missing = [n for n, d in params.items() if d.get("default") is None and n not in assigned]
+if missing:
+    errors.append(f"parameters without default and not set: {', '.join(missing)}")
+if errors:
+    sys.exit("\n".join(errors))
+print(f"{len(assigned)} parameters set, all declared and within their constraints")
+PY
+
+echo "== (b) checkov (offline, bicep)"
+run_checkov() {
+  local out="$WORK/checkov.json"
+  # checkov exits 1 when a check fails; the verdict is ours (accepted skips), so ignore its code.
+  BC_SKIP_MAPPING=TRUE "$VENV/bin/checkov" -d infra --framework bicep --skip-download --compact \
+    -o json >"$out" 2>"$WORK/checkov.err" || true
+  "$PY" - "$out" infra/checkov-skips.txt <<'PY'
+import json, re, sys
+from pathlib import Path
+
+out, skips_file = Path(sys.argv[1]), Path(sys.argv[2])
+try:
+    data = json.loads(out.read_text())
+except json.JSONDecodeError:
+    sys.exit("checkov produced no JSON:\n" + out.read_text()[:2000] + Path(str(out).replace(".json", ".err")).read_text()[-2000:])
+reports = data if isinstance(data, list) else [data]
+if not reports or all(r.get("check_type") != "bicep" for r in reports):
+    sys.exit(f"checkov reported no bicep results: {json.dumps(data)[:500]}")
+skips = {}
+for n, line in enumerate(skips_file.read_text().splitlines(), 1):
+    if not line.strip() or line.lstrip().startswith("#"):
+        continue
+    m = re.fullmatch(r"\s*(CKV2?_[A-Z0-9_]+)\s+#\s*(\S.*)", line)
+    if not m:
+        sys.exit(f"{skips_file}:{n}: expected 'CKV_...  # reason', got: {line}")
+    skips[m.group(1)] = m.group(2)
+failed, passed, errors = [], 0, []
+for r in reports:
+    results = r.get("results", {})
+    passed += len(results.get("passed_checks", []))
+    failed += results.get("failed_checks", [])
+    errors += results.get("parsing_errors", []) or []
+if errors:
+    sys.exit(f"checkov could not parse: {errors}")
+unaccepted = [c for c in failed if c["check_id"] not in skips]
+stale = sorted(set(skips) - {c["check_id"] for c in failed})
+for c in failed:
+    tag = "accepted" if c["check_id"] in skips else "FAILED"
+    print(f"  {tag:8} {c['check_id']} {c['resource']} ({c['file_path']}): {c['check_name']}")
+if stale:
+    print(f"  listed in {skips_file} but no longer failing (remove them): {', '.join(stale)}")
+print(f"  checkov: {passed} passed, {len(failed)} failed, {len(failed) - len(unaccepted)} of them accepted")
+sys.exit(1 if unaccepted or stale else 0)
+PY
+}
+check "checkov finds no failure outside infra/checkov-skips.txt (and every skip still applies)" run_checkov
+[[ $LAST_OK -eq 1 ]] && sed -n 's/^ *\(checkov:.*\)/      \1/p' "$WORK/check-$N.log"
+
+echo "== (c) Cosmos container contract"
+check "infra container resource equals infra/cosmos-container.json" "$PY" scripts/check_container_definition.py
+broken_container() {
+  sed "s#'/claimId'#'/policyId'#" infra/modules/cosmos.bicep >"$WORK/cosmos-broken.bicep"
+  grep -q "'/policyId'" "$WORK/cosmos-broken.bicep" || { echo "could not break the partition key"; return 0; }
+  "$PY" scripts/check_container_definition.py --bicep "$WORK/cosmos-broken.bicep"
+}
+expect_red "self-test: a different partition key in Bicep is reported" "partitionKey: bicep .*/policyId" broken_container
+
+echo "== (d) package layout (scripts/package.sh + scripts/check_package.py)"
+if [[ -n "$REAL_BINARY" ]]; then
+  PKG_BINARY="$REAL_BINARY"
+  echo "packaging $REAL_BINARY"
+else
+  # Stand-in: any Linux x86-64 ELF executable; the static checks look at the layout, not the code.
+  PKG_BINARY="$WORK/stand-in-claims-payments"
+  cp "$(type -P true)" "$PKG_BINARY"
+fi
+check "scripts/package.sh assembles dist layout and zip" bash scripts/package.sh --binary "$PKG_BINARY" --out "$WORK/dist"
+if [[ -n "$REAL_BINARY" ]]; then
+  check "package (zip) incl. route check: the binary serves every function folder" python3 scripts/check_package.py "$WORK/dist/functionapp.zip"
+  check "package (directory) incl. route check" python3 scripts/check_package.py "$WORK/dist/functionapp"
+else
+  check "package (zip), static checks" python3 scripts/check_package.py --static-only "$WORK/dist/functionapp.zip"
+  check "package (directory), static checks" python3 scripts/check_package.py --static-only "$WORK/dist/functionapp"
+fi
+
+no_exec_bit() {
+  rm -rf "$WORK/pkg-noexec" && cp -a "$WORK/dist/functionapp" "$WORK/pkg-noexec"
+  chmod a-x "$WORK/pkg-noexec/claims-payments"
+  python3 scripts/check_package.py --static-only "$WORK/pkg-noexec"
+}
+expect_red "self-test: a package whose executable lost its exec bit is reported" "FAIL  claims-payments: file is not executable" no_exec_bit
+local_settings_inside() {
+  rm -rf "$WORK/pkg-local" && cp -a "$WORK/dist/functionapp" "$WORK/pkg-local"
+  cp local.settings.sample.json "$WORK/pkg-local/local.settings.json"
+  python3 scripts/check_package.py --static-only "$WORK/pkg-local"
+}
+expect_red "self-test: a package containing local.settings.json is reported" "FAIL  local or secret files in the package: local.settings.json" local_settings_inside
+zip_without_modes() {
+  python3 - "$WORK/dist/functionapp.zip" "$WORK/nomode.zip" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as src, zipfile.ZipFile(sys.argv[2], "w") as dst:
+    for info in src.infolist():
+        clone = zipfile.ZipInfo(info.filename, info.date_time)
+        clone.create_system = 0  # as a Windows zip tool writes it: no Unix mode, no exec bit
+        dst.writestr(clone, src.read(info))
+PY
+  python3 scripts/check_package.py --static-only "$WORK/nomode.zip"
+}
+expect_red "self-test: a zip without Unix exec bits (Windows-made) is reported" "FAIL  claims-payments: zip entry carries no Unix mode" zip_without_modes
+
+# The route check needs a running handler; a tiny stub stands in for the Rust server
+# so the probe logic (start, poll GET /, POST per folder, 404 verdict, kill) is tested here.
+cat >"$WORK/stub-handler" <<'PY'
+#!/usr/bin/env python3
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+if sys.argv[1:] != ["serve"]:
+    sys.exit(f"expected 'serve', got {sys.argv[1:]}")
+routes = {"/" + r for r in os.environ.get("STUB_ROUTES", "").split(",") if r}
+
+class Handler(BaseHTTPRequestHandler):
+    def answer(self, code):
+        body = b"{}"
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self.answer(200 if self.path == "/" else 404)
+
+    def do_POST(self):
+        json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        self.answer(400 if self.path in routes else 404)
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["FUNCTIONS_CUSTOMHANDLER_PORT"])), Handler).serve_forever()
+PY
+chmod +x "$WORK/stub-handler"
+stub_package() {
+  bash scripts/package.sh --binary "$WORK/stub-handler" --out "$WORK/stub" --allow-non-elf >/dev/null
+}
+stub_serves_route() {
+  stub_package && STUB_ROUTES=ClaimApproved python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/stub/functionapp.zip"
+}
+check "route check: a handler serving POST /ClaimApproved passes (stub handler)" stub_serves_route
+stub_misses_route() {
+  stub_package && STUB_ROUTES=SomethingElse python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/stub/functionapp.zip"
+}
+expect_red "self-test: a handler answering 404 on POST /ClaimApproved is reported" "FAIL  POST /ClaimApproved answered 404" stub_misses_route
+
+echo "== (e) settings contract (function.json, Bicep app settings, local.settings.sample.json)"
+check "app settings: identity-based connections, every service setting, nothing Flex forbids; local sample complete" "$PY" - <<'PY'
+import json, re, sys
+from pathlib import Path
+from pycep import BicepParser
+
+REQUIRED = [
+    "AzureWebJobsStorage__credential", "AzureWebJobsStorage__clientId", "AzureWebJobsStorage__blobServiceUri",
+    "AzureWebJobsStorage__queueServiceUri", "AzureWebJobsStorage__tableServiceUri",
+    "CLAIM_APPROVED_QUEUE", "PAYMENTS_STORE", "COSMOS_ENDPOINT", "COSMOS_DATABASE", "COSMOS_CONTAINER",
+    "COSMOS_MANAGED_IDENTITY_CLIENT_ID", "INBOX_RETENTION_DAYS", "CONSUMER_NAME", "BANK_API_URL", "BANK_TIMEOUT_MS",
+    "BANK_KEY_WINDOW_HOURS", "RETRY_BUDGET_MS", "LEASE_MS", "INFLIGHT_WAIT_MS", "LOG_FORMAT", "RUST_LIB_BACKTRACE",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING",
+]
+FIXED = {"PAYMENTS_STORE": "cosmos", "LOG_FORMAT": "json", "RUST_LIB_BACKTRACE": "0"}
+# Flex Consumption rejects or ignores the platform ones; AzureWebJobsStorage or COSMOS_KEY would be
+# secrets; the dev/fault knobs exist only in dev-tools builds (a release binary refuses to start).
+FORBIDDEN = re.compile(r"^(FUNCTIONS_WORKER_RUNTIME|FUNCTIONS_EXTENSION_VERSION|WEBSITE_RUN_FROM_PACKAGE|WEBSITE_CONTENT.*|SCM_DO_BUILD_DURING_DEPLOYMENT|ENABLE_ORYX_BUILD|AzureWebJobsStorage|COSMOS_KEY|PAYMENTS_SQLITE_PATH|PAYMENTS_DEV_.*|PAYMENTS_FAULT_.*)$")
+LOCAL_REQUIRED = {
+    "AzureWebJobsStorage": None, "FUNCTIONS_WORKER_RUNTIME": "custom", "CLAIM_APPROVED_QUEUE": None,
+    "PAYMENTS_STORE": None, "PAYMENTS_SQLITE_PATH": None, "COSMOS_ENDPOINT": None, "COSMOS_DATABASE": None,
+    "COSMOS_CONTAINER": None, "COSMOS_KEY": None, "INBOX_RETENTION_DAYS": None, "CONSUMER_NAME": None,
+    "BANK_API_URL": None, "BANK_TIMEOUT_MS": None, "BANK_KEY_WINDOW_HOURS": None, "RETRY_BUDGET_MS": None,
+    "LEASE_MS": None, "INFLIGHT_WAIT_MS": None, "LOG_FORMAT": None, "RUST_LIB_BACKTRACE": None,
+}
+errors = []
+
+# What the trigger binding needs, read from function.json rather than assumed.
+needed_settings, connections = set(), set()
+for fj in sorted(Path("function-app").glob("*/function.json")):
+    for b in json.loads(fj.read_text())["bindings"]:
+        for value in b.values():
+            if isinstance(value, str):
+                needed_settings.update(re.findall(r"%([^%]+)%", value))
+        if b.get("connection"):
+            connections.add(b["connection"])
+        if b.get("type") == "serviceBusTrigger" and b.get("dataType") != "binary":
+            errors.append(f"{fj}: serviceBusTrigger must use dataType binary (body fields would leak into Metadata)")
+
+bicep = BicepParser().parse(file_path=Path("infra/modules/functionapp.bicep"))
+sites = [r for r in bicep["resources"].values() if r["type"] == "Microsoft.Web/sites"]
+if len(sites) != 1:
+    sys.exit(f"expected one Microsoft.Web/sites resource in functionapp.bicep, found {len(sites)}")
+props = sites[0]["config"]["properties"]
+settings = props["siteConfig"]["appSettings"]
+names = [s["name"] for s in settings]
+values = {s["name"]: s["value"] for s in settings}
+dupes = sorted({n for n in names if names.count(n) > 1})
+if dupes:
+    errors.append(f"duplicate app settings: {dupes}")
+required = set(REQUIRED) | needed_settings
+for c in connections:
+    required |= {f"{c}__fullyQualifiedNamespace", f"{c}__credential", f"{c}__clientId"}
+    if c in values:
+        errors.append(f"app setting {c} would be read as a connection string and override the identity-based {c}__* settings")
+for n in sorted(required - set(names)):
+    errors.append(f"missing app setting {n}")
+for n in names:
+    if FORBIDDEN.match(n):
+        errors.append(f"app setting {n} must not be set on Flex Consumption / in Azure")
+for n, v in FIXED.items():
+    if values.get(n) != v:
+        errors.append(f"app setting {n} must be {v!r}, is {values.get(n)!r}")
+for n, v in values.items():
+    if n.endswith("__credential") and v != "managedidentity":
+        errors.append(f"{n} must be 'managedidentity'")
+runtime = props.get("functionAppConfig", {}).get("runtime")
+if runtime != {"name": "custom", "version": "1.0"}:
+    errors.append(f"functionAppConfig.runtime must be custom 1.0, is {runtime}")
+if sites[0]["config"].get("kind") != "functionapp,linux":
+    errors.append("function app kind must be 'functionapp,linux'")
+
+local = json.loads(Path("local.settings.sample.json").read_text())
+if local.get("IsEncrypted") is not False:
+    errors.append("local.settings.sample.json: IsEncrypted must be false")
+lv = local.get("Values", {})
+for n, v in LOCAL_REQUIRED.items():
+    if n not in lv:
+        errors.append(f"local.settings.sample.json: missing {n}")
+    elif v is not None and lv[n] != v:
+        errors.append(f"local.settings.sample.json: {n} must be {v!r}")
+for n in needed_settings | connections:
+    if n not in lv:
+        errors.append(f"local.settings.sample.json: missing {n} (used by function.json)")
+
+# Same defaults on both sides for the service settings that main.bicep parameterises.
+main_params = BicepParser().parse(file_path=Path("infra/main.bicep"))["parameters"]
+for setting, param in {"INBOX_RETENTION_DAYS": "inboxRetentionDays", "CONSUMER_NAME": "consumerName",
+                       "BANK_API_URL": "bankApiUrl", "BANK_TIMEOUT_MS": "bankTimeoutMs",
+                       "BANK_KEY_WINDOW_HOURS": "bankKeyWindowHours", "RETRY_BUDGET_MS": "retryBudgetMs",
+                       "LEASE_MS": "leaseMs", "INFLIGHT_WAIT_MS": "inflightWaitMs",
+                       "CLAIM_APPROVED_QUEUE": "queueName"}.items():
+    default = main_params[param].get("default")
+    if str(default) != lv.get(setting):
+        errors.append(f"default of {setting} differs: local sample {lv.get(setting)!r}, main.bicep {param} = {default!r}")
+if errors:
+    sys.exit("\n".join(errors))
+print(f"{len(names)} app settings checked; local sample has {len(lv)} values")
+PY
+
+echo "== (f) timing contract (host.json, queue, service settings)"
+check "own work < LEASE_MS < functionTimeout < maxAutoLockRenewalDuration; worst invocation < functionTimeout; lockDuration <= PT5M" "$PY" - <<'PY'
+import json, re, sys
+from pathlib import Path
+from pycep import BicepParser
+
+# Margin for the store round trips of one invocation (claim, re-reads, finalize, 429 back-off).
+STORE_MARGIN_S = 10
+KEYS = ("retryBudgetMs", "bankTimeoutMs", "leaseMs", "inflightWaitMs", "lockDuration")
+
+def timespan(v):
+    m = re.fullmatch(r"(?:(\d+)\.)?(\d{1,2}):(\d{2}):(\d{2})", v)
+    if not m:
+        sys.exit(f"cannot parse TimeSpan {v!r}")
+    d, h, mi, s = (int(x or 0) for x in m.groups())
+    return d * 86400 + h * 3600 + mi * 60 + s
+
+def iso(v):
+    m = re.fullmatch(r"P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?", v)
+    if not m or v in ("P", "PT"):
+        sys.exit(f"cannot parse ISO 8601 duration {v!r}")
+    d, h, mi, s = (int(x or 0) for x in m.groups())
+    return d * 86400 + h * 3600 + mi * 60 + s
+
+host = json.loads(Path("host.json").read_text())
+T = timespan(host["functionTimeout"])
+R = timespan(host["extensions"]["serviceBus"]["maxAutoLockRenewalDuration"])
+params = BicepParser().parse(file_path=Path("infra/main.bicep"))["parameters"]
+over = dict(re.findall(r"^param\s+(\w+)\s*=\s*'?([^'\n]*?)'?\s*$", Path("infra/main.bicepparam").read_text(), re.M))
+local = json.loads(Path("local.settings.sample.json").read_text())["Values"]
+sets = {
+    "main.bicep defaults": {k: params[k]["default"] for k in KEYS},
+    "main.bicepparam": {k: over.get(k, params[k]["default"]) for k in KEYS},
+    "local.settings.sample.json": {"retryBudgetMs": local["RETRY_BUDGET_MS"], "bankTimeoutMs": local["BANK_TIMEOUT_MS"],
+                                   "leaseMs": local["LEASE_MS"], "inflightWaitMs": local["INFLIGHT_WAIT_MS"],
+                                   "lockDuration": params["lockDuration"]["default"]},
+}
+errors = []
+if not T < R:
+    errors.append(f"functionTimeout {T}s must be shorter than maxAutoLockRenewalDuration {R}s, or the lock lapses mid-invocation")
+for label, v in sets.items():
+    # Work done under one lease: the whole retry budget, the bank call started at its very end, store trips.
+    own = (int(v["retryBudgetMs"]) + int(v["bankTimeoutMs"])) / 1000 + STORE_MARGIN_S
+    # Whole invocation: first the bounded wait on a live attempt of the same message, then its own work.
+    worst = own + int(v["inflightWaitMs"]) / 1000
+    lease = int(v["leaseMs"]) / 1000
+    lock = iso(v["lockDuration"])
+    print(f"{label}: own work {own:.0f}s, worst invocation {worst:.0f}s, lease {lease:.0f}s, "
+          f"functionTimeout {T}s, lock renewal {R}s, lockDuration {lock}s")
+    if not own <= lease:
+        errors.append(f"{label}: LEASE_MS {lease:.0f}s must cover one attempt's work ({own:.0f}s), or a live payout is taken over")
+    if not lease < T:
+        errors.append(f"{label}: LEASE_MS {lease:.0f}s must end before functionTimeout {T}s, so the redelivery after a timeout can resume at once")
+    if not worst < T:
+        errors.append(f"{label}: a worst-case invocation ({worst:.0f}s) must finish before functionTimeout {T}s, which restarts the handler")
+    if not 5 <= lock <= 300:
+        errors.append(f"{label}: lockDuration must be PT5S..PT5M (Service Bus limit)")
+if errors:
+    sys.exit("\n".join(errors))
+PY
+
+echo "== done in $((SECONDS - START))s"
+echo "$PASSED passed, $FAILED failed"
+[[ $FAILED -eq 0 ]]

@@ -1,0 +1,352 @@
+//! Settings, read once from the environment (Functions app settings arrive as
+//! environment variables). An invalid value stops the process at start with a
+//! message naming the setting, before the host sends any work.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::Url;
+
+use crate::telemetry::LogFormat;
+
+/// A setting that cannot be used, named as the operator wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting {setting}: {problem}")]
+pub struct ConfigError {
+    pub setting: &'static str,
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(setting: &'static str, problem: impl Into<String>) -> Self {
+        ConfigError {
+            setting,
+            problem: problem.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Sqlite,
+    Cosmos,
+}
+
+/// Where payouts go. Absent: ledger-only mode (payments are recorded, no bank is called).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BankSettings {
+    pub url: Url,
+    /// Per request.
+    pub timeout: Duration,
+    /// How long after a payout was first requested the bank still recognises its
+    /// Idempotency-Key. Past it, resending could pay twice, so we stop and reconcile.
+    pub key_window: Duration,
+}
+
+/// Which handler answers invocations. Only `Consumer` exists outside dev builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandlerKind {
+    /// The real, guarded consumer.
+    Consumer,
+    /// Check-then-insert without the atomic guard: the usual hand-written baseline,
+    /// kept to prove the guard matters (tests, simulate, bench).
+    Naive,
+    /// Answers success without doing anything: the machine's ceiling (bench).
+    Noop,
+}
+
+/// Fault knobs for the simulator and tests; ignored unless built with `dev-tools`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DevSettings {
+    pub handler: HandlerKind,
+    /// Probability that the process SIGKILLs itself after the commit, before answering.
+    pub crash_after_commit: f64,
+    /// Added to every store call.
+    pub store_delay: Duration,
+}
+
+impl Default for DevSettings {
+    fn default() -> Self {
+        DevSettings {
+            handler: HandlerKind::Consumer,
+            crash_after_commit: 0.0,
+            store_delay: Duration::ZERO,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub port: u16,
+    pub store: StoreKind,
+    pub sqlite_path: PathBuf,
+    pub inbox_retention: Duration,
+    pub consumer_name: String,
+    pub bank: Option<BankSettings>,
+    /// Everything one invocation may spend retrying the bank.
+    pub retry_budget: Duration,
+    /// How long an attempt owns a message before another attempt may take it over.
+    pub lease: Duration,
+    /// How long a delivery waits for another live attempt of the same message.
+    pub inflight_wait: Duration,
+    pub log_format: LogFormat,
+    pub dev: DevSettings,
+}
+
+fn parse_u64(setting: &'static str, value: &str) -> Result<u64, ConfigError> {
+    value
+        .trim()
+        .parse::<u64>()
+        .map_err(|_| ConfigError::new(setting, format!("{value:?} is not a whole number")))
+}
+
+fn millis(setting: &'static str, value: &str, min: u64, max: u64) -> Result<Duration, ConfigError> {
+    let ms = parse_u64(setting, value)?;
+    if !(min..=max).contains(&ms) {
+        return Err(ConfigError::new(
+            setting,
+            format!("{ms} ms is outside {min}..={max} ms"),
+        ));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+impl Settings {
+    pub const DEFAULT_PORT: u16 = 3000;
+
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads settings through `lookup` (tests pass a map). Empty values count as unset,
+    /// because app settings are often blanked rather than removed.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+
+        let port = match get("FUNCTIONS_CUSTOMHANDLER_PORT") {
+            None => Self::DEFAULT_PORT,
+            Some(v) => v.trim().parse::<u16>().map_err(|_| {
+                ConfigError::new(
+                    "FUNCTIONS_CUSTOMHANDLER_PORT",
+                    format!("{v:?} is not a TCP port (0-65535)"),
+                )
+            })?,
+        };
+
+        let store = match get("PAYMENTS_STORE").as_deref().map(str::trim) {
+            None | Some("sqlite") => StoreKind::Sqlite,
+            Some("cosmos") => StoreKind::Cosmos,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    "PAYMENTS_STORE",
+                    format!("{other:?} is not a store; use sqlite or cosmos"),
+                ))
+            }
+        };
+        let sqlite_path =
+            PathBuf::from(get("PAYMENTS_SQLITE_PATH").unwrap_or_else(|| "payments.db".into()));
+
+        let retention_days = match get("INBOX_RETENTION_DAYS") {
+            None => 30,
+            Some(v) => parse_u64("INBOX_RETENTION_DAYS", &v)?,
+        };
+        if !(1..=3650).contains(&retention_days) {
+            return Err(ConfigError::new(
+                "INBOX_RETENTION_DAYS",
+                format!("{retention_days} is outside 1..=3650 days"),
+            ));
+        }
+
+        let consumer_name = get("CONSUMER_NAME").unwrap_or_else(|| "ClaimApprovedHandler".into());
+        if consumer_name.len() > 64 || consumer_name.contains('/') {
+            return Err(ConfigError::new(
+                "CONSUMER_NAME",
+                "must be at most 64 characters and contain no '/'",
+            ));
+        }
+
+        let bank_timeout = match get("BANK_TIMEOUT_MS") {
+            None => Duration::from_millis(5_000),
+            Some(v) => millis("BANK_TIMEOUT_MS", &v, 1, 120_000)?,
+        };
+        let key_window = match get("BANK_KEY_WINDOW_HOURS") {
+            None => Duration::from_secs(24 * 3600),
+            Some(v) => {
+                let hours = parse_u64("BANK_KEY_WINDOW_HOURS", &v)?;
+                if hours == 0 {
+                    return Err(ConfigError::new(
+                        "BANK_KEY_WINDOW_HOURS",
+                        "must be at least 1",
+                    ));
+                }
+                Duration::from_secs(hours * 3600)
+            }
+        };
+        let bank = match get("BANK_API_URL") {
+            None => None,
+            Some(v) => {
+                let url = Url::parse(v.trim()).map_err(|e| {
+                    ConfigError::new("BANK_API_URL", format!("{v:?} is not a URL: {e}"))
+                })?;
+                if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+                    return Err(ConfigError::new(
+                        "BANK_API_URL",
+                        "must be an http(s) URL with a host",
+                    ));
+                }
+                Some(BankSettings {
+                    url,
+                    timeout: bank_timeout,
+                    key_window,
+                })
+            }
+        };
+
+        let retry_budget = match get("RETRY_BUDGET_MS") {
+            None => Duration::from_millis(60_000),
+            Some(v) => millis("RETRY_BUDGET_MS", &v, 0, 600_000)?,
+        };
+        let lease = match get("LEASE_MS") {
+            None => retry_budget + bank_timeout + Duration::from_secs(25),
+            Some(v) => millis("LEASE_MS", &v, 100, 3_600_000)?,
+        };
+        // A live attempt must never lose its lease while it may still be calling the bank.
+        if lease <= retry_budget + bank_timeout {
+            return Err(ConfigError::new(
+                "LEASE_MS",
+                format!(
+                    "{} ms must exceed RETRY_BUDGET_MS + BANK_TIMEOUT_MS ({} ms), or a second attempt could take over a live payout",
+                    lease.as_millis(),
+                    (retry_budget + bank_timeout).as_millis()
+                ),
+            ));
+        }
+        let inflight_wait = match get("INFLIGHT_WAIT_MS") {
+            None => Duration::from_millis(5_000),
+            Some(v) => millis("INFLIGHT_WAIT_MS", &v, 0, 600_000)?,
+        };
+
+        let log_format = match get("LOG_FORMAT").as_deref().map(str::trim) {
+            None | Some("json") => LogFormat::Json,
+            Some("text") => LogFormat::Text,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    "LOG_FORMAT",
+                    format!("{other:?} is not a log format; use json or text"),
+                ))
+            }
+        };
+
+        let dev = DevSettings {
+            handler: match get("PAYMENTS_DEV_HANDLER").as_deref().map(str::trim) {
+                None | Some("consumer") => HandlerKind::Consumer,
+                Some("naive") => HandlerKind::Naive,
+                Some("noop") => HandlerKind::Noop,
+                Some(other) => {
+                    return Err(ConfigError::new(
+                        "PAYMENTS_DEV_HANDLER",
+                        format!("{other:?} is not a handler; use consumer, naive or noop"),
+                    ))
+                }
+            },
+            crash_after_commit: match get("PAYMENTS_FAULT_CRASH_AFTER_COMMIT") {
+                None => 0.0,
+                Some(v) => v
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|p| (0.0..=1.0).contains(p))
+                    .ok_or_else(|| {
+                        ConfigError::new(
+                            "PAYMENTS_FAULT_CRASH_AFTER_COMMIT",
+                            "must be a probability 0..=1",
+                        )
+                    })?,
+            },
+            store_delay: match get("PAYMENTS_FAULT_STORE_DELAY_MS") {
+                None => Duration::ZERO,
+                Some(v) => millis("PAYMENTS_FAULT_STORE_DELAY_MS", &v, 0, 60_000)?,
+            },
+        };
+        if dev != DevSettings::default() && !cfg!(feature = "dev-tools") {
+            return Err(ConfigError::new(
+                "PAYMENTS_DEV_HANDLER",
+                "fault knobs and alternative handlers exist only in dev-tools builds",
+            ));
+        }
+
+        Ok(Settings {
+            port,
+            store,
+            sqlite_path,
+            inbox_retention: Duration::from_secs(retention_days * 24 * 3600),
+            consumer_name,
+            bank,
+            retry_budget,
+            lease,
+            inflight_wait,
+            log_format,
+            dev,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.port, 3000);
+        assert_eq!(s.store, StoreKind::Sqlite);
+        assert_eq!(s.sqlite_path, PathBuf::from("payments.db"));
+        assert_eq!(s.inbox_retention, Duration::from_secs(30 * 86_400));
+        assert_eq!(s.consumer_name, "ClaimApprovedHandler");
+        assert_eq!(s.bank, None);
+        assert_eq!(s.retry_budget, Duration::from_secs(60));
+        assert_eq!(s.lease, Duration::from_secs(90));
+        assert_eq!(s.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn every_invalid_value_names_its_setting() {
+        let cases: &[(&str, &str)] = &[
+            ("FUNCTIONS_CUSTOMHANDLER_PORT", "http"),
+            ("PAYMENTS_STORE", "postgres"),
+            ("INBOX_RETENTION_DAYS", "0"),
+            ("INBOX_RETENTION_DAYS", "ten"),
+            ("CONSUMER_NAME", "a/b"),
+            ("BANK_API_URL", "not a url"),
+            ("BANK_API_URL", "ftp://bank.example"),
+            ("BANK_TIMEOUT_MS", "-1"),
+            ("RETRY_BUDGET_MS", "soon"),
+            ("LEASE_MS", "1000"),
+            ("INFLIGHT_WAIT_MS", "x"),
+            ("LOG_FORMAT", "xml"),
+            ("PAYMENTS_DEV_HANDLER", "fast"),
+            ("PAYMENTS_FAULT_CRASH_AFTER_COMMIT", "2"),
+        ];
+        for (name, value) in cases {
+            let err = settings(&[(name, value)]).expect_err(&format!("{name}={value}"));
+            assert_eq!(err.setting, *name, "{err}");
+        }
+    }
+
+    #[test]
+    fn blank_values_count_as_unset() {
+        let s = settings(&[("BANK_API_URL", " "), ("PAYMENTS_STORE", "")]).unwrap();
+        assert_eq!(s.bank, None);
+        assert_eq!(s.store, StoreKind::Sqlite);
+    }
+}

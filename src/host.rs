@@ -1,0 +1,367 @@
+//! The Azure Functions custom-handler protocol, as the host really speaks it.
+//!
+//! The host POSTs `{"Data": {...}, "Metadata": {...}}`. What it puts inside is not what
+//! the official docs show (see the host's own code and tests):
+//! - the trigger value `Data.msg` is the message body as JSON text encoded *again* as a
+//!   JSON string (default data type), a single base64 string (`dataType: binary`), or,
+//!   from other hosts and tools, the object itself;
+//! - Metadata strings are JSON-encoded inside strings (`"\"abc\""`) and numbers arrive as
+//!   strings (`"3"`); we accept the plain forms too;
+//! - with the default data type, top-level body fields are copied into Metadata and can
+//!   overwrite real keys case-insensitively. `function.json` uses `dataType: binary`.
+//!
+//! Answers are always JSON with `Outputs`, `Logs` and `ReturnValue`: a 2xx completes the
+//! message; anything else makes the host abandon it (an empty 200 would hang the host).
+
+use std::collections::HashMap;
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::message::MessageId;
+
+/// The binding name in `function.json`.
+pub const TRIGGER_BINDING: &str = "msg";
+
+/// Why an invocation envelope cannot be used. Permanent: the same envelope will fail again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct EnvelopeError {
+    pub field: String,
+    pub problem: String,
+}
+
+impl EnvelopeError {
+    fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        EnvelopeError {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RawEnvelope<'a> {
+    #[serde(rename = "Data", alias = "data", borrow, default)]
+    data: HashMap<String, &'a RawValue>,
+    #[serde(rename = "Metadata", alias = "metadata", default)]
+    metadata: HashMap<String, serde_json::Value>,
+}
+
+/// How the message body was encoded in `Data.msg`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BodyEncoding {
+    /// A JSON object in the envelope.
+    Object,
+    /// JSON text in a JSON string.
+    String,
+    /// JSON text in a JSON string in a JSON string (the host's default data type).
+    DoubleString,
+    /// Base64 of the raw bytes (`dataType: binary`).
+    Base64,
+}
+
+/// A decoded invocation: the body text and the delivery facts from Metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    pub body: String,
+    pub encoding: BodyEncoding,
+    pub message_id: MessageId,
+    /// 0 when the host did not send one.
+    pub delivery_count: u32,
+    /// Top-level body fields that may have overwritten Service Bus metadata on the way
+    /// (only possible when the body did not arrive as base64).
+    pub shadowed_metadata: Vec<String>,
+}
+
+/// Metadata keys we rely on; a body field with the same name (any case) shadows them.
+const TRUSTED_METADATA: [&str; 2] = ["MessageId", "DeliveryCount"];
+
+/// Unwraps a Metadata value: `"\"abc\""` → `abc`, `"3"` → `3`, plain values unchanged.
+fn metadata_text(value: &serde_json::Value) -> Option<String> {
+    match value {
+        serde_json::Value::String(s) => match serde_json::from_str::<serde_json::Value>(s) {
+            Ok(serde_json::Value::String(inner)) => Some(inner),
+            _ => Some(s.clone()),
+        },
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn metadata<'m>(
+    map: &'m HashMap<String, serde_json::Value>,
+    key: &str,
+) -> Option<&'m serde_json::Value> {
+    map.get(key).or_else(|| {
+        map.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v)
+    })
+}
+
+fn looks_like_object(text: &str) -> bool {
+    text.trim_start().starts_with('{')
+}
+
+/// Peels the trigger value down to the body's JSON text.
+fn decode_body(raw: &RawValue) -> Result<(String, BodyEncoding), EnvelopeError> {
+    let field = format!("Data.{TRIGGER_BINDING}");
+    let text = raw.get().trim();
+    if looks_like_object(text) {
+        return Ok((text.to_owned(), BodyEncoding::Object));
+    }
+    let Ok(once) = serde_json::from_str::<String>(text) else {
+        return Err(EnvelopeError::new(
+            field,
+            format!(
+                "expected a JSON object or a string holding one, got {}",
+                preview(text)
+            ),
+        ));
+    };
+    if looks_like_object(&once) {
+        return Ok((once, BodyEncoding::String));
+    }
+    if once.trim_start().starts_with('"') {
+        if let Ok(twice) = serde_json::from_str::<String>(&once) {
+            return Ok((twice, BodyEncoding::DoubleString));
+        }
+    }
+    if let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(once.trim()) {
+        return String::from_utf8(bytes)
+            .map(|s| (s, BodyEncoding::Base64))
+            .map_err(|_| EnvelopeError::new(field, "base64 body is not UTF-8 text"));
+    }
+    Err(EnvelopeError::new(
+        field,
+        format!(
+            "is neither JSON, JSON in a string, nor base64: {}",
+            preview(&once)
+        ),
+    ))
+}
+
+fn preview(text: &str) -> String {
+    let cut: String = text.chars().take(80).collect();
+    if cut.len() < text.len() {
+        format!("{cut}…")
+    } else {
+        cut
+    }
+}
+
+impl Invocation {
+    /// Decodes the request body the host POSTed.
+    pub fn decode(request_body: &[u8]) -> Result<Self, EnvelopeError> {
+        let envelope: RawEnvelope = serde_json::from_slice(request_body).map_err(|e| {
+            EnvelopeError::new(
+                "envelope",
+                format!("is not the host's JSON invocation: {e}"),
+            )
+        })?;
+
+        let raw = envelope
+            .data
+            .get(TRIGGER_BINDING)
+            .copied()
+            .or_else(|| (envelope.data.len() == 1).then(|| *envelope.data.values().next().unwrap()))
+            .ok_or_else(|| {
+                EnvelopeError::new(
+                    format!("Data.{TRIGGER_BINDING}"),
+                    "is missing; the trigger binding in function.json must be named msg",
+                )
+            })?;
+        let (body, encoding) = decode_body(raw)?;
+
+        let message_id = metadata(&envelope.metadata, "MessageId")
+            .and_then(metadata_text)
+            .ok_or_else(|| EnvelopeError::new("Metadata.MessageId", "is missing"))?;
+        let message_id = MessageId::parse(&message_id)
+            .map_err(|e| EnvelopeError::new("Metadata.MessageId", e.problem))?;
+
+        let delivery_count = match metadata(&envelope.metadata, "DeliveryCount") {
+            None => 0,
+            Some(v) => metadata_text(v)
+                .and_then(|t| t.trim().parse::<u32>().ok())
+                .ok_or_else(|| {
+                    EnvelopeError::new("Metadata.DeliveryCount", format!("is not a count: {v}"))
+                })?,
+        };
+
+        let shadowed_metadata = if encoding == BodyEncoding::Base64 {
+            Vec::new()
+        } else {
+            serde_json::from_str::<HashMap<String, serde::de::IgnoredAny>>(&body)
+                .map(|fields| {
+                    fields
+                        .keys()
+                        .filter(|k| TRUSTED_METADATA.iter().any(|t| t.eq_ignore_ascii_case(k)))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+
+        Ok(Invocation {
+            body,
+            encoding,
+            message_id,
+            delivery_count,
+            shadowed_metadata,
+        })
+    }
+}
+
+/// The answer body the host expects.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InvocationResult {
+    #[serde(rename = "Outputs")]
+    pub outputs: serde_json::Map<String, serde_json::Value>,
+    #[serde(rename = "Logs")]
+    pub logs: Vec<String>,
+    #[serde(rename = "ReturnValue")]
+    pub return_value: serde_json::Value,
+}
+
+/// The machine-readable summary carried in `ReturnValue` (the host ignores it without a
+/// `$return` binding; tools and tests read it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OutcomeSummary {
+    pub outcome: String,
+    pub claim_id: Option<String>,
+    pub message_id: Option<String>,
+    pub delivery_count: Option<u32>,
+    pub detail: Option<String>,
+}
+
+impl InvocationResult {
+    pub fn new(summary: OutcomeSummary) -> Self {
+        let mut logs = vec![format!("outcome: {}", summary.outcome)];
+        let mut facts = Vec::new();
+        if let Some(c) = &summary.claim_id {
+            facts.push(format!("claimId={c}"));
+        }
+        if let Some(m) = &summary.message_id {
+            facts.push(format!("messageId={m}"));
+        }
+        if let Some(d) = summary.delivery_count {
+            facts.push(format!("deliveryCount={d}"));
+        }
+        if !facts.is_empty() {
+            logs.push(facts.join(" "));
+        }
+        if let Some(detail) = &summary.detail {
+            logs.push(detail.clone());
+        }
+        InvocationResult {
+            outputs: serde_json::Map::new(),
+            logs,
+            return_value: serde_json::to_value(summary).unwrap_or(serde_json::Value::Null),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BODY: &str =
+        r#"{"claimId":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","amount":"10.00","currency":"EUR"}"#;
+
+    fn envelope(data_msg: serde_json::Value, metadata: serde_json::Value) -> Vec<u8> {
+        serde_json::json!({"Data": {"msg": data_msg}, "Metadata": metadata})
+            .to_string()
+            .into_bytes()
+    }
+
+    fn host_metadata() -> serde_json::Value {
+        // Exactly how the host encodes them: strings JSON-encoded, numbers as strings.
+        serde_json::json!({"MessageId": "\"m-1\"", "DeliveryCount": "3", "LockToken": "\"x\"", "sys": {"MethodName": "ClaimApproved"}})
+    }
+
+    #[test]
+    fn decodes_every_body_encoding_the_host_uses() {
+        let once = serde_json::Value::String(BODY.to_owned());
+        let twice = serde_json::Value::String(serde_json::to_string(BODY).unwrap());
+        let b64 = serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(BODY));
+        let object: serde_json::Value = serde_json::from_str(BODY).unwrap();
+        for (msg, encoding) in [
+            (twice, BodyEncoding::DoubleString),
+            (b64, BodyEncoding::Base64),
+            (once, BodyEncoding::String),
+            (object, BodyEncoding::Object),
+        ] {
+            let inv = Invocation::decode(&envelope(msg, host_metadata())).unwrap();
+            assert_eq!(inv.encoding, encoding);
+            let parsed: serde_json::Value = serde_json::from_str(&inv.body).unwrap();
+            assert_eq!(
+                parsed,
+                serde_json::from_str::<serde_json::Value>(BODY).unwrap()
+            );
+            assert_eq!(inv.message_id.as_str(), "m-1");
+            assert_eq!(inv.delivery_count, 3);
+        }
+    }
+
+    #[test]
+    fn accepts_plain_metadata_too() {
+        let meta = serde_json::json!({"MessageId": "m-2", "DeliveryCount": 1});
+        let inv = Invocation::decode(&envelope(BODY.into(), meta)).unwrap();
+        assert_eq!(inv.message_id.as_str(), "m-2");
+        assert_eq!(inv.delivery_count, 1);
+    }
+
+    #[test]
+    fn numeric_message_ids_stay_text() {
+        let meta = serde_json::json!({"MessageId": "\"12345\"", "DeliveryCount": "1"});
+        let inv = Invocation::decode(&envelope(BODY.into(), meta)).unwrap();
+        assert_eq!(inv.message_id.as_str(), "12345");
+    }
+
+    #[test]
+    fn bad_envelopes_name_what_is_wrong() {
+        let cases = [
+            (b"not json".to_vec(), "envelope"),
+            (
+                serde_json::json!({"Data": {}, "Metadata": {}})
+                    .to_string()
+                    .into_bytes(),
+                "Data.msg",
+            ),
+            (envelope(serde_json::json!(42), host_metadata()), "Data.msg"),
+            (
+                envelope(BODY.into(), serde_json::json!({})),
+                "Metadata.MessageId",
+            ),
+            (
+                envelope(BODY.into(), serde_json::json!({"MessageId": "\"\""})),
+                "Metadata.MessageId",
+            ),
+            (
+                envelope(
+                    BODY.into(),
+                    serde_json::json!({"MessageId": "\"a\"", "DeliveryCount": "many"}),
+                ),
+                "Metadata.DeliveryCount",
+            ),
+        ];
+        for (body, field) in cases {
+            let err = Invocation::decode(&body).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
+    }
+
+    #[test]
+    fn flags_body_fields_that_shadow_metadata() {
+        let body = r#"{"claimId":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","amount":"1","currency":"EUR","messageId":"x"}"#;
+        let inv = Invocation::decode(&envelope(body.into(), host_metadata())).unwrap();
+        assert_eq!(inv.shadowed_metadata, vec!["messageId".to_owned()]);
+        let b64 = base64::engine::general_purpose::STANDARD.encode(body);
+        let inv = Invocation::decode(&envelope(b64.into(), host_metadata())).unwrap();
+        assert!(inv.shadowed_metadata.is_empty());
+    }
+}

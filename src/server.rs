@@ -1,0 +1,344 @@
+//! The axum server the Functions host talks to.
+//!
+//! Listens on 127.0.0.1 only: the host is the sole caller, on the same machine.
+//! `GET /` is the host's readiness probe, `POST /ClaimApproved` is one invocation,
+//! `GET /metrics` shows the counters for local runs. SIGTERM stops accepting and lets
+//! in-flight invocations finish, because an answer lost now is a redelivery later.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tokio::net::TcpListener;
+
+use crate::bank::BankClient;
+use crate::config::{HandlerKind, Settings, StoreKind};
+use crate::consumer::{Consumer, Delivery, Outcome, Policy};
+use crate::host::{Invocation, InvocationResult, OutcomeSummary};
+use crate::message::ClaimApproved;
+use crate::store::DynStore;
+use crate::telemetry;
+
+/// The function folder name in function-app/, which is the route the host calls.
+pub const FUNCTION_NAME: &str = "ClaimApproved";
+/// Service Bus messages are at most 256 KB (Standard) and base64 adds a third.
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+
+pub struct AppState {
+    consumer: Consumer,
+    handler: HandlerKind,
+    crash_after_commit: f64,
+}
+
+impl AppState {
+    pub fn new(consumer: Consumer, handler: HandlerKind, crash_after_commit: f64) -> Arc<Self> {
+        Arc::new(AppState {
+            consumer,
+            handler,
+            crash_after_commit,
+        })
+    }
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/", get(ready))
+        .route("/metrics", get(metrics))
+        .route(&format!("/{FUNCTION_NAME}"), post(invoke))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn ready() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ready"}))
+}
+
+async fn metrics() -> Json<telemetry::CountersSnapshot> {
+    Json(telemetry::counters().snapshot())
+}
+
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({"error": format!("no such function; this handler serves POST /{FUNCTION_NAME}")})),
+    )
+        .into_response()
+}
+
+fn answer(status: StatusCode, summary: OutcomeSummary) -> Response {
+    (status, Json(InvocationResult::new(summary))).into_response()
+}
+
+fn status_for(outcome: &Outcome) -> StatusCode {
+    if outcome.completes_message() {
+        StatusCode::OK
+    } else if outcome.is_permanent_failure() {
+        StatusCode::UNPROCESSABLE_ENTITY
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn invoke(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    telemetry::counters().invocations.inc();
+    let invocation_id = headers
+        .get("x-azure-functions-invocationid")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let bytes: Bytes = match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            let reason = format!("request body refused (limit {MAX_REQUEST_BYTES} bytes): {e}");
+            tracing::error!(invocationId = %invocation_id, outcome = "invalid-message", reason = %reason, "invocation finished");
+            telemetry::counters().invalid_messages.inc();
+            return answer(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                OutcomeSummary {
+                    outcome: "invalid-message".into(),
+                    claim_id: None,
+                    message_id: None,
+                    delivery_count: None,
+                    detail: Some(reason),
+                },
+            );
+        }
+    };
+    if state.handler == HandlerKind::Noop {
+        return answer(
+            StatusCode::OK,
+            OutcomeSummary {
+                outcome: "noop".into(),
+                claim_id: None,
+                message_id: None,
+                delivery_count: None,
+                detail: None,
+            },
+        );
+    }
+
+    let invocation = match Invocation::decode(&bytes) {
+        Ok(inv) => inv,
+        Err(e) => {
+            let reason = format!("undecodable invocation: {e}");
+            tracing::error!(invocationId = %invocation_id, outcome = "invalid-message", reason = %reason, "invocation finished");
+            telemetry::counters().invalid_messages.inc();
+            return answer(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                OutcomeSummary {
+                    outcome: "invalid-message".into(),
+                    claim_id: None,
+                    message_id: None,
+                    delivery_count: None,
+                    detail: Some(reason),
+                },
+            );
+        }
+    };
+    if !invocation.shadowed_metadata.is_empty() {
+        tracing::warn!(
+            messageId = %invocation.message_id,
+            fields = ?invocation.shadowed_metadata,
+            "body fields may have overwritten Service Bus metadata; set dataType binary in function.json"
+        );
+    }
+    let delivery = Delivery {
+        message_id: invocation.message_id.clone(),
+        delivery_count: invocation.delivery_count,
+    };
+
+    let (claim_id, outcome) = match ClaimApproved::parse(&invocation.body) {
+        Err(e) => {
+            let outcome = Outcome::InvalidMessage {
+                reason: format!("invalid ClaimApproved: {e}"),
+            };
+            telemetry::counters().invalid_messages.inc();
+            (None, outcome)
+        }
+        Ok(msg) => {
+            let outcome = match state.handler {
+                #[cfg(feature = "dev-tools")]
+                HandlerKind::Naive => {
+                    crate::consumer::naive::handle(&state.consumer, &msg, &delivery).await
+                }
+                _ => state.consumer.handle(&msg, &delivery).await,
+            };
+            (Some(msg.claim_id.to_string()), outcome)
+        }
+    };
+
+    if outcome.completes_message() && state.crash_after_commit > 0.0 {
+        maybe_crash_before_answer(state.crash_after_commit);
+    }
+
+    let status = status_for(&outcome);
+    let detail = outcome.detail();
+    let fields = (
+        claim_id.as_deref().unwrap_or(""),
+        delivery.message_id.as_str(),
+        delivery.delivery_count,
+        outcome.label(),
+    );
+    if outcome.completes_message() {
+        tracing::info!(invocationId = %invocation_id, claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+    } else if outcome.is_permanent_failure() {
+        tracing::error!(invocationId = %invocation_id, claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+    } else {
+        tracing::warn!(invocationId = %invocation_id, claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+    }
+    answer(
+        status,
+        OutcomeSummary {
+            outcome: outcome.label().into(),
+            claim_id,
+            message_id: Some(delivery.message_id.to_string()),
+            delivery_count: Some(delivery.delivery_count),
+            detail,
+        },
+    )
+}
+
+/// Dev fault: die like a killed process after the work is committed, before answering.
+#[cfg(feature = "dev-tools")]
+fn maybe_crash_before_answer(probability: f64) {
+    use rand::RngExt;
+    if rand::rng().random_bool(probability) {
+        tracing::warn!("fault injection: SIGKILL after commit, before answering");
+        // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
+#[cfg(not(feature = "dev-tools"))]
+fn maybe_crash_before_answer(_probability: f64) {}
+
+/// Opens the configured store.
+pub async fn open_store(settings: &Settings) -> anyhow::Result<DynStore> {
+    let store: DynStore = match settings.store {
+        StoreKind::Sqlite => crate::store::sqlite::SqliteStore::open(&settings.sqlite_path)?,
+        StoreKind::Cosmos => {
+            anyhow::bail!("PAYMENTS_STORE=cosmos: the Cosmos DB adapter is not in this build yet")
+        }
+    };
+    #[cfg(feature = "dev-tools")]
+    if !settings.dev.store_delay.is_zero() {
+        return Ok(Arc::new(crate::store::SlowStore::new(
+            store,
+            settings.dev.store_delay,
+        )));
+    }
+    Ok(store)
+}
+
+/// Builds the consumer the settings describe.
+pub fn consumer_for(settings: &Settings, store: DynStore) -> anyhow::Result<Consumer> {
+    let bank = settings.bank.as_ref().map(BankClient::new).transpose()?;
+    Ok(Consumer::new(
+        store,
+        bank,
+        Policy {
+            consumer_name: settings.consumer_name.clone(),
+            inbox_retention: settings.inbox_retention,
+            lease: settings.lease,
+            inflight_wait: settings.inflight_wait,
+            retry_budget: settings.retry_budget,
+            bank_key_window: settings
+                .bank
+                .as_ref()
+                .map_or(Duration::from_secs(24 * 3600), |b| b.key_window),
+        },
+    ))
+}
+
+/// Runs the custom handler until SIGTERM or SIGINT.
+pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let store = open_store(&settings).await?;
+    let consumer = consumer_for(&settings, store.clone())?;
+    let state = AppState::new(
+        consumer,
+        settings.dev.handler,
+        settings.dev.crash_after_commit,
+    );
+
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, settings.port));
+    let listener = TcpListener::bind(addr).await.map_err(|e| {
+        anyhow::anyhow!("cannot listen on {addr} (FUNCTIONS_CUSTOMHANDLER_PORT): {e}")
+    })?;
+    tracing::info!(
+        address = %listener.local_addr()?,
+        store = ?settings.store,
+        payouts = settings.bank.is_some(),
+        handler = ?settings.dev.handler,
+        "claims-payments custom handler listening"
+    );
+
+    let retention_task = tokio::spawn(purge_periodically(store));
+    let counters_task = tokio::spawn(async {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            telemetry::log_counters();
+        }
+    });
+
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    retention_task.abort();
+    counters_task.abort();
+    telemetry::log_counters();
+    tracing::info!("drained in-flight invocations; stopping");
+    Ok(())
+}
+
+/// SQLite has no TTL: apply the inbox retention hourly, in small batches.
+async fn purge_periodically(store: DynStore) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        match store
+            .purge_expired(time::OffsetDateTime::now_utc(), 500)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "purged expired inbox records"),
+            Err(e) => tracing::warn!(error = %e, "inbox purge failed; will retry next hour"),
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown requested; draining in-flight invocations");
+}
+
+/// Content type check helper for tests and tools that play the host.
+pub fn is_json_response(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"))
+}

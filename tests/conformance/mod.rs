@@ -1,0 +1,735 @@
+//! The store conformance suite: the same scenarios, with the same expected answers,
+//! for every store adapter. Store-level scenarios pin the port's contract; consumer-
+//! level scenarios run the real state machine on top of it with a fake bank.
+//!
+//! A test file instantiates it with `store_conformance!(make_store);` where
+//! `async fn make_store() -> (DynStore, Keep)` builds a fresh, empty store.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use claims_payments::consumer::{Outcome, Step};
+use claims_payments::message::{ClaimId, MessageId, Purpose};
+use claims_payments::store::{
+    AttemptId, ClaimResult, DynStore, InboxKey, InboxRecord, InboxStatus, InsertResult,
+    PaymentRecord, PaymentStatus, StoreError,
+};
+use time::OffsetDateTime;
+use tokio::sync::Barrier;
+
+use crate::common::{self, BankFault, FakeBank};
+
+/// Whatever must stay alive as long as the store (a temp dir, an emulator).
+pub type Keep = Box<dyn std::any::Any + Send>;
+
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:path) => {
+        $crate::store_conformance!(@tests $make;
+            claim_creates_both_records,
+            second_claim_of_a_message_returns_its_inbox_record,
+            claim_of_a_paid_claim_by_another_message_writes_nothing,
+            concurrent_claims_of_one_message_exactly_one_wins,
+            concurrent_claims_of_one_claim_exactly_one_wins,
+            replace_inbox_is_conditional,
+            concurrent_takeovers_exactly_one_wins,
+            finalize_is_conditional_and_atomic,
+            record_handled_refuses_a_second_record,
+            unusual_message_ids_round_trip,
+            listings_return_what_was_stored,
+            purge_never_touches_live_records_or_payments,
+            five_deliveries_make_one_payment,
+            crash_after_commit_then_redelivery_is_a_duplicate,
+            concurrent_deliveries_pay_exactly_once,
+            same_message_id_with_another_payload_is_a_conflict,
+            same_claim_under_a_new_message_is_a_business_duplicate,
+            same_claim_with_another_amount_is_a_conflict,
+            crash_after_claim_then_takeover_pays_once,
+            crash_after_bank_call_then_takeover_pays_once,
+            lost_bank_answer_is_retried_under_the_same_key,
+            transient_bank_failures_are_retried,
+            bank_rejection_is_recorded_and_final,
+            bank_outage_releases_the_lease_for_the_next_delivery,
+            live_lease_makes_a_duplicate_wait_for_the_result,
+        );
+    };
+    (@tests $make:path; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let (store, _keep) = $make().await;
+                $crate::conformance::$name(store).await;
+            }
+        )*
+    };
+}
+
+fn claim_id(s: &str) -> ClaimId {
+    ClaimId::parse(s).unwrap()
+}
+
+fn records(claim: &str, message_id: &str, owner: AttemptId) -> (InboxRecord, PaymentRecord) {
+    let msg = common::message(claim, "100.00");
+    let now = OffsetDateTime::now_utc();
+    let inbox = InboxRecord {
+        consumer: "ClaimApprovedHandler".into(),
+        claim_id: msg.claim_id,
+        message_id: MessageId::parse(message_id).unwrap(),
+        payload_hash: msg.payload_hash(),
+        status: InboxStatus::InProgress,
+        outcome: None,
+        owner,
+        lease_until: Some(now + Duration::from_secs(60)),
+        first_delivery_count: 1,
+        last_delivery_count: 1,
+        created_at: now,
+        updated_at: now,
+        expires_at: now + Duration::from_secs(30 * 86_400),
+    };
+    let payment = PaymentRecord {
+        claim_id: msg.claim_id,
+        purpose: Purpose::Payout,
+        tenant_id: None,
+        amount: msg.money.amount_string(),
+        currency: "EUR".into(),
+        payee: Some("NL91ABNA0417164300".into()),
+        payload_hash: msg.payload_hash(),
+        message_id: MessageId::parse(message_id).unwrap(),
+        idempotency_key: msg.idempotency_key(),
+        payout_request: Some(msg.payout_request_body()),
+        status: PaymentStatus::InProgress,
+        bank_payment_id: None,
+        status_reason: None,
+        created_at: now,
+        updated_at: now,
+    };
+    (inbox, payment)
+}
+
+/// Timestamps survive at millisecond precision in every store.
+fn same_instant(a: OffsetDateTime, b: OffsetDateTime) -> bool {
+    (a - b).abs() < time::Duration::milliseconds(1)
+}
+
+pub async fn claim_creates_both_records(store: DynStore) {
+    let claim = common::new_claim();
+    let (inbox, payment) = records(&claim, "m-1", AttemptId::new());
+    let result = store.claim(&inbox, &payment).await.unwrap();
+    assert!(matches!(result, ClaimResult::Claimed { .. }), "{result:?}");
+    let stored = store
+        .inbox(&inbox.key())
+        .await
+        .unwrap()
+        .expect("inbox record");
+    assert_eq!(stored.record.owner, inbox.owner);
+    assert_eq!(stored.record.payload_hash, inbox.payload_hash);
+    assert_eq!(stored.record.status, InboxStatus::InProgress);
+    assert!(same_instant(
+        stored.record.lease_until.unwrap(),
+        inbox.lease_until.unwrap()
+    ));
+    let stored = store
+        .payment(claim_id(&claim), Purpose::Payout)
+        .await
+        .unwrap()
+        .expect("payment");
+    assert_eq!(stored.record.amount, "100.00");
+    assert_eq!(stored.record.payout_request, payment.payout_request);
+    assert_eq!(stored.record.idempotency_key, payment.idempotency_key);
+    assert_eq!(stored.record.status, PaymentStatus::InProgress);
+}
+
+pub async fn second_claim_of_a_message_returns_its_inbox_record(store: DynStore) {
+    let claim = common::new_claim();
+    let first = AttemptId::new();
+    let (inbox, payment) = records(&claim, "m-1", first);
+    store.claim(&inbox, &payment).await.unwrap();
+    let (again, again_payment) = records(&claim, "m-1", AttemptId::new());
+    match store.claim(&again, &again_payment).await.unwrap() {
+        ClaimResult::InboxExists(seen) => assert_eq!(seen.record.owner, first),
+        other => panic!("expected InboxExists, got {other:?}"),
+    }
+}
+
+pub async fn claim_of_a_paid_claim_by_another_message_writes_nothing(store: DynStore) {
+    let claim = common::new_claim();
+    let (inbox, payment) = records(&claim, "m-1", AttemptId::new());
+    store.claim(&inbox, &payment).await.unwrap();
+    let (other, other_payment) = records(&claim, "m-2", AttemptId::new());
+    match store.claim(&other, &other_payment).await.unwrap() {
+        ClaimResult::PaymentExists(p) => assert_eq!(p.record.message_id.as_str(), "m-1"),
+        result => panic!("expected PaymentExists, got {result:?}"),
+    }
+    // Atomicity: the refused step left no inbox record behind.
+    assert_eq!(store.inbox(&other.key()).await.unwrap(), None);
+}
+
+pub async fn concurrent_claims_of_one_message_exactly_one_wins(store: DynStore) {
+    let claim = common::new_claim();
+    let tasks = 12;
+    let barrier = Arc::new(Barrier::new(tasks));
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (store, barrier, claim) = (store.clone(), barrier.clone(), claim.clone());
+        handles.push(tokio::spawn(async move {
+            let (inbox, payment) = records(&claim, "m-1", AttemptId::new());
+            barrier.wait().await;
+            store.claim(&inbox, &payment).await.unwrap()
+        }));
+    }
+    let mut claimed = 0;
+    for h in handles {
+        match h.await.unwrap() {
+            ClaimResult::Claimed { .. } => claimed += 1,
+            ClaimResult::InboxExists(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(claimed, 1);
+}
+
+pub async fn concurrent_claims_of_one_claim_exactly_one_wins(store: DynStore) {
+    let claim = common::new_claim();
+    let tasks = 12;
+    let barrier = Arc::new(Barrier::new(tasks));
+    let mut handles = Vec::new();
+    for i in 0..tasks {
+        let (store, barrier, claim) = (store.clone(), barrier.clone(), claim.clone());
+        handles.push(tokio::spawn(async move {
+            let (inbox, payment) = records(&claim, &format!("m-{i}"), AttemptId::new());
+            barrier.wait().await;
+            (inbox.key(), store.claim(&inbox, &payment).await.unwrap())
+        }));
+    }
+    let mut winners = Vec::new();
+    for h in handles {
+        let (key, result) = h.await.unwrap();
+        match result {
+            ClaimResult::Claimed { .. } => winners.push(key),
+            ClaimResult::PaymentExists(_) => assert_eq!(store.inbox(&key).await.unwrap(), None),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1);
+}
+
+pub async fn replace_inbox_is_conditional(store: DynStore) {
+    let claim = common::new_claim();
+    let (inbox, payment) = records(&claim, "m-1", AttemptId::new());
+    let ClaimResult::Claimed { inbox_version } = store.claim(&inbox, &payment).await.unwrap()
+    else {
+        panic!("claim refused")
+    };
+    let taken = InboxRecord {
+        owner: AttemptId::new(),
+        ..inbox.clone()
+    };
+    let v2 = store.replace_inbox(&taken, &inbox_version).await.unwrap();
+    assert_ne!(v2, inbox_version);
+    let stale = store.replace_inbox(&inbox, &inbox_version).await;
+    assert!(
+        matches!(stale, Err(StoreError::PreconditionFailed)),
+        "{stale:?}"
+    );
+    assert_eq!(
+        store
+            .inbox(&inbox.key())
+            .await
+            .unwrap()
+            .unwrap()
+            .record
+            .owner,
+        taken.owner
+    );
+}
+
+pub async fn concurrent_takeovers_exactly_one_wins(store: DynStore) {
+    let claim = common::new_claim();
+    let (inbox, payment) = records(&claim, "m-1", AttemptId::new());
+    let ClaimResult::Claimed { inbox_version } = store.claim(&inbox, &payment).await.unwrap()
+    else {
+        panic!("claim refused")
+    };
+    let tasks = 8;
+    let barrier = Arc::new(Barrier::new(tasks));
+    let wins = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (store, barrier, wins) = (store.clone(), barrier.clone(), wins.clone());
+        let (taken, version) = (
+            InboxRecord {
+                owner: AttemptId::new(),
+                ..inbox.clone()
+            },
+            inbox_version.clone(),
+        );
+        handles.push(tokio::spawn(async move {
+            barrier.wait().await;
+            match store.replace_inbox(&taken, &version).await {
+                Ok(_) => {
+                    wins.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(StoreError::PreconditionFailed) => {}
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert_eq!(wins.load(Ordering::SeqCst), 1);
+}
+
+pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
+    let claim = common::new_claim();
+    let (inbox, payment) = records(&claim, "m-1", AttemptId::new());
+    let ClaimResult::Claimed { inbox_version } = store.claim(&inbox, &payment).await.unwrap()
+    else {
+        panic!("claim refused")
+    };
+    // Another attempt takes the lease over; our finalize must now fail and change nothing.
+    let taken = InboxRecord {
+        owner: AttemptId::new(),
+        ..inbox.clone()
+    };
+    store.replace_inbox(&taken, &inbox_version).await.unwrap();
+    let done_inbox = InboxRecord {
+        status: InboxStatus::Completed,
+        outcome: Some("paid".into()),
+        lease_until: None,
+        ..inbox.clone()
+    };
+    let paid = PaymentRecord {
+        status: PaymentStatus::Paid,
+        bank_payment_id: Some("pay-1".into()),
+        ..payment.clone()
+    };
+    let stale = store.finalize(&done_inbox, &inbox_version, &paid).await;
+    assert!(
+        matches!(stale, Err(StoreError::PreconditionFailed)),
+        "{stale:?}"
+    );
+    let p = store
+        .payment(claim_id(&claim), Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        p.record.status,
+        PaymentStatus::InProgress,
+        "payment changed by a refused finalize"
+    );
+    // The current owner finalizes both at once.
+    let current = store.inbox(&inbox.key()).await.unwrap().unwrap();
+    let done_inbox = InboxRecord {
+        owner: taken.owner,
+        ..done_inbox
+    };
+    store
+        .finalize(&done_inbox, &current.version, &paid)
+        .await
+        .unwrap();
+    let p = store
+        .payment(claim_id(&claim), Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.record.status, PaymentStatus::Paid);
+    assert_eq!(p.record.bank_payment_id.as_deref(), Some("pay-1"));
+    let i = store.inbox(&inbox.key()).await.unwrap().unwrap();
+    assert_eq!(i.record.status, InboxStatus::Completed);
+    assert_eq!(i.record.outcome.as_deref(), Some("paid"));
+}
+
+pub async fn record_handled_refuses_a_second_record(store: DynStore) {
+    let claim = common::new_claim();
+    let (inbox, _) = records(&claim, "m-9", AttemptId::new());
+    assert!(matches!(
+        store.record_handled(&inbox).await.unwrap(),
+        InsertResult::Inserted(_)
+    ));
+    let again = InboxRecord {
+        owner: AttemptId::new(),
+        ..inbox.clone()
+    };
+    match store.record_handled(&again).await.unwrap() {
+        InsertResult::AlreadyExists(seen) => assert_eq!(seen.record.owner, inbox.owner),
+        other => panic!("expected AlreadyExists, got {other:?}"),
+    }
+}
+
+pub async fn unusual_message_ids_round_trip(store: DynStore) {
+    let long: String = "ü€𝄞".repeat(42) + "xy"; // 128 characters, many UTF-8 bytes
+    for id in ["a/b?c#d\\e%20f", " spaced id ", long.as_str()] {
+        let claim = common::new_claim();
+        let (inbox, payment) = records(&claim, id, AttemptId::new());
+        assert!(
+            matches!(
+                store.claim(&inbox, &payment).await.unwrap(),
+                ClaimResult::Claimed { .. }
+            ),
+            "{id:?}"
+        );
+        let stored = store.inbox(&inbox.key()).await.unwrap().expect(id);
+        assert_eq!(stored.record.message_id.as_str(), id);
+        let (again, again_payment) = records(&claim, id, AttemptId::new());
+        assert!(
+            matches!(
+                store.claim(&again, &again_payment).await.unwrap(),
+                ClaimResult::InboxExists(_)
+            ),
+            "{id:?}"
+        );
+    }
+}
+
+pub async fn listings_return_what_was_stored(store: DynStore) {
+    let claims: Vec<String> = (0..3).map(|_| common::new_claim()).collect();
+    for (i, claim) in claims.iter().enumerate() {
+        let (inbox, payment) = records(claim, &format!("m-{i}"), AttemptId::new());
+        store.claim(&inbox, &payment).await.unwrap();
+    }
+    let mut listed: Vec<String> = store
+        .list_payments(100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.claim_id.to_string())
+        .collect();
+    listed.sort();
+    let mut expected = claims.clone();
+    expected.sort();
+    assert_eq!(listed, expected);
+    assert_eq!(store.list_inbox(100).await.unwrap().len(), 3);
+    assert_eq!(store.list_payments(2).await.unwrap().len(), 2);
+}
+
+pub async fn purge_never_touches_live_records_or_payments(store: DynStore) {
+    let claim = common::new_claim();
+    let (inbox, payment) = records(&claim, "m-1", AttemptId::new());
+    store.claim(&inbox, &payment).await.unwrap();
+    assert_eq!(
+        store
+            .purge_expired(OffsetDateTime::now_utc(), 10)
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(store.inbox(&inbox.key()).await.unwrap().is_some());
+    assert!(store
+        .payment(claim_id(&claim), Purpose::Payout)
+        .await
+        .unwrap()
+        .is_some());
+}
+
+// ---- the consumer on top of the store ----
+
+pub async fn five_deliveries_make_one_payment(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let consumer = common::bank_consumer(store.clone(), &bank);
+    let msg = common::message(&common::new_claim(), "250.10");
+    let mut labels = Vec::new();
+    for n in 1..=5 {
+        labels.push(
+            consumer
+                .handle(&msg, &common::delivery("evt-1", n))
+                .await
+                .label(),
+        );
+    }
+    assert_eq!(
+        labels,
+        ["paid", "duplicate", "duplicate", "duplicate", "duplicate"]
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+    assert_eq!(
+        bank.requests().len(),
+        1,
+        "duplicates must not call the bank"
+    );
+    let p = store
+        .payment(msg.claim_id, Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.record.status, PaymentStatus::Paid);
+    assert_eq!(p.record.amount, "250.10");
+}
+
+pub async fn crash_after_commit_then_redelivery_is_a_duplicate(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let crashed = Arc::new(AtomicUsize::new(0));
+    let hook_crashed = crashed.clone();
+    let consumer =
+        common::bank_consumer(store.clone(), &bank).with_crash_hook(Arc::new(move |step| {
+            step == Step::AfterFinalize && hook_crashed.fetch_add(1, Ordering::SeqCst) == 0
+        }));
+    let msg = common::message(&common::new_claim(), "10.00");
+    let first = consumer.handle(&msg, &common::delivery("evt-1", 1)).await;
+    assert_eq!(first.label(), "retry-later", "the host never got an answer");
+    let second = consumer.handle(&msg, &common::delivery("evt-1", 2)).await;
+    assert_eq!(second.label(), "duplicate");
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+pub async fn concurrent_deliveries_pay_exactly_once(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let consumer = common::bank_consumer(store.clone(), &bank);
+    let msg = common::message(&common::new_claim(), "99.99");
+    let tasks = 10;
+    let barrier = Arc::new(Barrier::new(tasks));
+    let mut handles = Vec::new();
+    for n in 0..tasks {
+        let (consumer, msg, barrier) = (consumer.clone(), msg.clone(), barrier.clone());
+        handles.push(tokio::spawn(async move {
+            barrier.wait().await;
+            consumer
+                .handle(&msg, &common::delivery("evt-1", n as u32 + 1))
+                .await
+        }));
+    }
+    let mut paid = 0;
+    for h in handles {
+        match h.await.unwrap() {
+            Outcome::Paid { .. } => paid += 1,
+            Outcome::Duplicate { .. } | Outcome::RetryLater { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(paid, 1);
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+pub async fn same_message_id_with_another_payload_is_a_conflict(store: DynStore) {
+    let consumer = common::ledger_consumer(store.clone());
+    let claim = common::new_claim();
+    assert_eq!(
+        consumer
+            .handle(
+                &common::message(&claim, "10.00"),
+                &common::delivery("evt-1", 1)
+            )
+            .await
+            .label(),
+        "recorded"
+    );
+    let outcome = consumer
+        .handle(
+            &common::message(&claim, "10.01"),
+            &common::delivery("evt-1", 2),
+        )
+        .await;
+    assert_eq!(outcome.label(), "conflict", "{outcome:?}");
+    let p = store
+        .payment(claim_id(&claim), Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.record.amount, "10.00");
+}
+
+pub async fn same_claim_under_a_new_message_is_a_business_duplicate(store: DynStore) {
+    let consumer = common::ledger_consumer(store.clone());
+    let claim = common::new_claim();
+    let msg = common::message(&claim, "10.00");
+    assert_eq!(
+        consumer
+            .handle(&msg, &common::delivery("evt-1", 1))
+            .await
+            .label(),
+        "recorded"
+    );
+    assert_eq!(
+        consumer
+            .handle(&msg, &common::delivery("evt-2", 1))
+            .await
+            .label(),
+        "business-duplicate"
+    );
+    // The new message is now recorded as handled, so its own redelivery is a plain duplicate.
+    assert_eq!(
+        consumer
+            .handle(&msg, &common::delivery("evt-2", 2))
+            .await
+            .label(),
+        "duplicate"
+    );
+    assert_eq!(store.list_payments(10).await.unwrap().len(), 1);
+}
+
+pub async fn same_claim_with_another_amount_is_a_conflict(store: DynStore) {
+    let consumer = common::ledger_consumer(store.clone());
+    let claim = common::new_claim();
+    consumer
+        .handle(
+            &common::message(&claim, "10.00"),
+            &common::delivery("evt-1", 1),
+        )
+        .await;
+    let outcome = consumer
+        .handle(
+            &common::message(&claim, "20.00"),
+            &common::delivery("evt-2", 1),
+        )
+        .await;
+    assert_eq!(outcome.label(), "conflict", "{outcome:?}");
+}
+
+async fn crash_once_at(store: DynStore, step: Step) -> (FakeBank, Vec<&'static str>) {
+    let bank = FakeBank::start().await;
+    let crashed = Arc::new(AtomicUsize::new(0));
+    let flag = crashed.clone();
+    let consumer =
+        common::bank_consumer(store.clone(), &bank).with_crash_hook(Arc::new(move |s| {
+            s == step && flag.fetch_add(1, Ordering::SeqCst) == 0
+        }));
+    let msg = common::message(&common::new_claim(), "42.00");
+    let mut labels = Vec::new();
+    for n in 1..=3 {
+        labels.push(
+            consumer
+                .handle(&msg, &common::delivery("evt-1", n))
+                .await
+                .label(),
+        );
+    }
+    let p = store
+        .payment(msg.claim_id, Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.record.status, PaymentStatus::Paid);
+    (bank, labels)
+}
+
+pub async fn crash_after_claim_then_takeover_pays_once(store: DynStore) {
+    // The redelivery meets a live lease, waits it out (inflight wait > lease), takes over.
+    let (bank, labels) = crash_once_at(store, Step::AfterClaim).await;
+    assert_eq!(labels, ["retry-later", "paid", "duplicate"]);
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+pub async fn crash_after_bank_call_then_takeover_pays_once(store: DynStore) {
+    let (bank, labels) = crash_once_at(store, Step::AfterBankCall).await;
+    assert_eq!(labels, ["retry-later", "paid", "duplicate"]);
+    assert_eq!(bank.effective_payouts(), 1);
+    let requests = bank.requests();
+    assert_eq!(requests.len(), 2, "the takeover asks the bank again");
+    assert_eq!(requests[0], requests[1], "same key, same bytes");
+}
+
+pub async fn lost_bank_answer_is_retried_under_the_same_key(store: DynStore) {
+    let bank = FakeBank::start().await;
+    bank.script([BankFault::LoseAnswer]);
+    let consumer = common::bank_consumer(store.clone(), &bank);
+    let msg = common::message(&common::new_claim(), "13.37");
+    let outcome = consumer.handle(&msg, &common::delivery("evt-1", 1)).await;
+    assert_eq!(outcome.label(), "paid", "{outcome:?}");
+    assert_eq!(bank.effective_payouts(), 1);
+    let requests = bank.requests();
+    assert!(requests.len() >= 2);
+    assert!(requests.iter().all(|r| r == &requests[0]));
+}
+
+pub async fn transient_bank_failures_are_retried(store: DynStore) {
+    let bank = FakeBank::start().await;
+    bank.script([BankFault::Unavailable, BankFault::Throttled]);
+    let consumer = common::bank_consumer(store.clone(), &bank);
+    let msg = common::message(&common::new_claim(), "1.00");
+    assert_eq!(
+        consumer
+            .handle(&msg, &common::delivery("evt-1", 1))
+            .await
+            .label(),
+        "paid"
+    );
+    assert_eq!(bank.requests().len(), 3);
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+pub async fn bank_rejection_is_recorded_and_final(store: DynStore) {
+    let bank = FakeBank::start().await;
+    bank.script([BankFault::Reject]);
+    let consumer = common::bank_consumer(store.clone(), &bank);
+    let msg = common::message(&common::new_claim(), "1.00");
+    assert_eq!(
+        consumer
+            .handle(&msg, &common::delivery("evt-1", 1))
+            .await
+            .label(),
+        "rejected"
+    );
+    assert_eq!(
+        consumer
+            .handle(&msg, &common::delivery("evt-1", 2))
+            .await
+            .label(),
+        "duplicate"
+    );
+    assert_eq!(bank.requests().len(), 1);
+    let p = store
+        .payment(msg.claim_id, Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.record.status, PaymentStatus::Rejected);
+    assert!(p.record.status_reason.unwrap().contains("400"));
+}
+
+pub async fn bank_outage_releases_the_lease_for_the_next_delivery(store: DynStore) {
+    let bank = FakeBank::start().await;
+    bank.always(Some(BankFault::Unavailable));
+    let consumer = common::bank_consumer(store.clone(), &bank);
+    let msg = common::message(&common::new_claim(), "5.00");
+    assert_eq!(
+        consumer
+            .handle(&msg, &common::delivery("evt-1", 1))
+            .await
+            .label(),
+        "retry-later"
+    );
+    let inbox = store
+        .inbox(&InboxKey {
+            consumer: "ClaimApprovedHandler".into(),
+            claim_id: msg.claim_id,
+            message_id: MessageId::parse("evt-1").unwrap(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !inbox.record.lease_alive(OffsetDateTime::now_utc()),
+        "lease was not released"
+    );
+    bank.always(None);
+    assert_eq!(
+        consumer
+            .handle(&msg, &common::delivery("evt-1", 2))
+            .await
+            .label(),
+        "paid"
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+pub async fn live_lease_makes_a_duplicate_wait_for_the_result(store: DynStore) {
+    let bank = FakeBank::start().await;
+    // Slow, but inside the client's timeout: the first attempt holds the lease meanwhile.
+    bank.script([BankFault::Slow(Duration::from_millis(40))]);
+    let consumer = common::bank_consumer(store.clone(), &bank);
+    let msg = common::message(&common::new_claim(), "7.00");
+    let first = {
+        let (consumer, msg) = (consumer.clone(), msg.clone());
+        tokio::spawn(async move { consumer.handle(&msg, &common::delivery("evt-1", 1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let second = consumer.handle(&msg, &common::delivery("evt-1", 2)).await;
+    let first = first.await.unwrap();
+    let mut labels = [first.label(), second.label()];
+    labels.sort();
+    assert_eq!(labels, ["duplicate", "paid"]);
+    assert_eq!(bank.effective_payouts(), 1);
+}
