@@ -38,6 +38,7 @@ use claims_payments::store::{
     AttemptId, ClaimResult, InboxRecord, InboxStatus, InsertResult, PaymentRecord, PaymentStatus,
     Store, StoreError, Version,
 };
+use claims_payments::telemetry::counters;
 use futures::FutureExt;
 use time::OffsetDateTime;
 
@@ -370,11 +371,17 @@ mod scenarios {
         let payment = payment_record(claim, "m-fresh");
 
         let (requests, wire) = (store.request_count(), env.wire_requests());
+        let charged = counters().cosmos_request_units.get();
         let version = claimed_version(store.claim(&inbox, &payment).await.unwrap());
         assert_eq!(
             store.request_count() - requests,
             1,
             "a fresh claim is one request"
+        );
+        // Process-wide and shared with concurrent tests, so only its growth is certain.
+        assert!(
+            counters().cosmos_request_units.get() > charged,
+            "the claim's RU charge is recorded"
         );
         if let (Some(before), Some(after)) = (wire, env.wire_requests()) {
             assert_eq!(
