@@ -53,7 +53,7 @@ impl InvalidSetting {
 }
 
 /// How the service authenticates to Cosmos DB.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum CosmosAuth {
     /// Account key (`COSMOS_KEY`): the emulator and development accounts.
     Key(Secret),
@@ -95,7 +95,7 @@ impl CosmosAuth {
 }
 
 /// Where and how to reach the container.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CosmosSettings {
     pub endpoint: Url,
     pub database: String,
