@@ -385,6 +385,53 @@ if errors:
 print(f"{len(names)} app settings checked; local sample has {len(lv)} values")
 PY
 
+check "local/: compose files parse; the Service Bus emulator declares CLAIM_APPROVED_QUEUE within its limits" "$PY" - <<'PY'
+import json, re, sys
+from pathlib import Path
+import yaml
+
+errors = []
+for f in ("local/docker-compose.yml", "local/servicebus/docker-compose.yml"):
+    services = (yaml.safe_load(Path(f).read_text()) or {}).get("services") or {}
+    if not services:
+        errors.append(f"{f}: no services")
+    for name, svc in services.items():
+        if not svc.get("image"):
+            errors.append(f"{f}: service {name} has no image")
+
+def seconds(v):
+    m = re.fullmatch(r"PT(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?", v)
+    if not m:
+        sys.exit(f"cannot parse {v!r}")
+    h, mi, s = (int(x or 0) for x in m.groups())
+    return h * 3600 + mi * 60 + s
+
+queue = json.loads(Path("local.settings.sample.json").read_text())["Values"]["CLAIM_APPROVED_QUEUE"]
+config = json.loads(Path("local/servicebus/Config.json").read_text())["UserConfig"]
+ns = config["Namespaces"]
+if len(ns) != 1 or ns[0]["Name"] != "sbemulatorns":
+    errors.append("the emulator supports exactly one namespace, named sbemulatorns")
+if config.get("Logging", {}).get("Type") not in ("File", "Console", "File,Console", "Console,File"):
+    errors.append("Logging.Type must be File, Console or both")
+queues = {q["Name"]: q.get("Properties", {}) for q in ns[0].get("Queues", [])}
+if queue not in queues:
+    errors.append(f"local/servicebus/Config.json does not declare queue {queue!r}")
+else:
+    p = queues[queue]
+    if not 1 <= p.get("MaxDeliveryCount", 3) <= 10:
+        errors.append("MaxDeliveryCount must be 1..10 in the emulator")
+    if not 5 <= seconds(p.get("LockDuration", "PT1M")) <= 300:
+        errors.append("LockDuration must be PT5S..PT5M")
+    if not 300 <= seconds(p.get("DefaultMessageTimeToLive", "PT1H")) <= 3600:
+        errors.append("DefaultMessageTimeToLive must be PT5M..PT1H in the emulator")
+    if not 5 <= seconds(p.get("DuplicateDetectionHistoryTimeWindow", "PT20S")) <= 300:
+        errors.append("DuplicateDetectionHistoryTimeWindow must be PT5S..PT5M in the emulator")
+    if p.get("RequiresDuplicateDetection") is not True or p.get("DeadLetteringOnMessageExpiration") is not True:
+        errors.append("the emulator queue should mirror Azure: duplicate detection and dead-lettering on expiry on")
+if errors:
+    sys.exit("\n".join(errors))
+PY
+
 echo "== (f) timing contract (host.json, queue, service settings)"
 check "own work < LEASE_MS < functionTimeout < maxAutoLockRenewalDuration; worst invocation < functionTimeout; lockDuration <= PT5M" "$PY" - <<'PY'
 import json, re, sys
