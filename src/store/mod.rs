@@ -9,6 +9,7 @@
 //! Adapters: [`sqlite`] (the embedded default) and [`cosmos`] (production). Both pass
 //! the same conformance suite (`tests/store_conformance.rs`).
 
+pub mod cosmos;
 pub mod sqlite;
 
 use std::fmt;

@@ -1,0 +1,635 @@
+//! [`CosmosStore`]: the [`Store`] port on one Cosmos DB container.
+//!
+//! Every trait method is one request, except where a refusal is followed by the read that
+//! returns the existing record (claim, record_handled). Batches are judged by their
+//! per-operation status codes: a refused batch comes back as `Ok` with status 207, whose
+//! `is_success()` is true.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use azure_core::http::StatusCode;
+use azure_data_cosmos::feed::FeedScope;
+use azure_data_cosmos::models::{
+    ItemResponse, TransactionalBatch, TransactionalBatchOperationResult,
+};
+use azure_data_cosmos::options::{BatchReplaceOptions, ItemWriteOptions, Precondition};
+use azure_data_cosmos::{ContainerClient, CosmosError, Query};
+use futures::StreamExt;
+use serde::de::DeserializeOwned;
+use time::OffsetDateTime;
+
+use super::container::check_properties;
+use super::documents::{
+    inbox_id, payment_id, InboxDoc, PaymentDoc, INBOX_DOC_TYPE, PAYMENT_DOC_TYPE,
+};
+use super::errors::{classify, describe, error_charge, is_transient_code, note, record_charge};
+use super::settings::{CosmosAuth, CosmosSettings};
+use crate::message::{ClaimId, Purpose};
+use crate::store::{
+    ClaimResult, InboxKey, InboxRecord, InsertResult, PaymentRecord, Store, StoreError,
+    StoreResult, Version, Versioned,
+};
+use crate::telemetry;
+
+/// The Cosmos DB store. Cheap to share behind an `Arc`; the SDK client inside is
+/// thread-safe and keeps its own connection pool.
+pub struct CosmosStore {
+    container: ContainerClient,
+    inbox_ttl_seconds: i32,
+    requests: AtomicU64,
+}
+
+/// What a claim batch found, before any follow-up read.
+enum BatchOutcome {
+    Committed(Version),
+    InboxConflict,
+    PaymentConflict,
+}
+
+impl CosmosStore {
+    /// Wraps an existing container client (tests, the emulator, callers that built their
+    /// own client). `retention` becomes the inbox documents' `ttl`.
+    pub fn from_container(container: ContainerClient, retention: Duration) -> anyhow::Result<Self> {
+        Ok(CosmosStore {
+            container,
+            inbox_ttl_seconds: ttl_seconds(retention)?,
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// Connects to the container described by `settings`, retrying an unreachable endpoint
+    /// within `settings.startup_budget` (the SDK's client build is eager, and an emulator in
+    /// docker-compose may still be starting). Then checks what would otherwise fail on the
+    /// first message: the container exists, matches the definition (partition key, unique
+    /// key, default TTL), and the identity may read items in it. Wrong keys, missing
+    /// containers and forbidden identities fail at once with a message saying what to fix.
+    pub async fn connect(settings: &CosmosSettings, retention: Duration) -> anyhow::Result<Self> {
+        let inbox_ttl_seconds = ttl_seconds(retention)?;
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(250);
+        loop {
+            match try_connect(settings).await {
+                Ok(container) => {
+                    tracing::info!(
+                        endpoint = %settings.endpoint,
+                        database = %settings.database,
+                        container = %settings.container,
+                        auth = %settings.auth.describe(),
+                        "connected to Cosmos DB"
+                    );
+                    return Ok(CosmosStore {
+                        container,
+                        inbox_ttl_seconds,
+                        requests: AtomicU64::new(0),
+                    });
+                }
+                Err(ConnectError::Fatal(error)) => return Err(error),
+                Err(ConnectError::Transient(reason)) => {
+                    if started.elapsed() + delay > settings.startup_budget {
+                        anyhow::bail!(
+                            "Cosmos DB at {} is unreachable after {:?}: {reason}",
+                            settings.endpoint,
+                            started.elapsed()
+                        );
+                    }
+                    tracing::warn!(endpoint = %settings.endpoint, %reason, "Cosmos DB not reachable yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(4));
+                }
+            }
+        }
+    }
+
+    /// How many requests this store has sent to Cosmos DB (one per SDK operation; the
+    /// SDK's own transparent retries of an operation are not counted separately).
+    pub fn request_count(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// The container this store writes to.
+    pub fn container(&self) -> &ContainerClient {
+        &self.container
+    }
+
+    /// The `ttl` written on inbox documents, in seconds.
+    pub fn inbox_ttl_seconds(&self) -> i32 {
+        self.inbox_ttl_seconds
+    }
+
+    fn begin(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        telemetry::counters().store_round_trips.inc();
+    }
+
+    fn fail(&self, op: &'static str, error: &CosmosError) -> StoreError {
+        record_charge(
+            op,
+            error_charge(error),
+            u16::from(error.status().status_code()),
+        );
+        note(classify(op, error))
+    }
+
+    async fn read_doc<T: DeserializeOwned>(
+        &self,
+        op: &'static str,
+        claim: ClaimId,
+        id: &str,
+    ) -> StoreResult<Option<(T, Version)>> {
+        self.begin();
+        match self.container.read_item(claim.to_string(), id, None).await {
+            Ok(response) => {
+                record_charge(
+                    op,
+                    response_charge(&response),
+                    u16::from(response.status().status_code()),
+                );
+                let etag = response_etag(op, &response)?;
+                let doc = response.into_model::<serde_json::Value>().map_err(|e| {
+                    StoreError::Permanent(format!("cosmos {op}: unreadable body: {e}"))
+                })?;
+                let doc = serde_json::from_value::<T>(doc).map_err(|e| {
+                    StoreError::Permanent(format!("cosmos {op}: corrupt document {id}: {e}"))
+                })?;
+                Ok(Some((doc, etag)))
+            }
+            Err(error) if error.status().is_not_found() => {
+                record_charge(op, error_charge(&error), 404);
+                Ok(None)
+            }
+            Err(error) => Err(self.fail(op, &error)),
+        }
+    }
+
+    async fn read_inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
+        let id = inbox_id(&key.consumer, &key.message_id);
+        let Some((doc, version)) = self
+            .read_doc::<InboxDoc>("read_inbox", key.claim_id, &id)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let record = doc.into_record(Some(key))?;
+        Ok(Some(Versioned { record, version }))
+    }
+
+    async fn read_payment(
+        &self,
+        claim: ClaimId,
+        purpose: Purpose,
+    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
+        let id = payment_id(purpose);
+        let Some((doc, version)) = self
+            .read_doc::<PaymentDoc>("read_payment", claim, &id)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let record = doc.into_record(Some(claim))?;
+        if record.purpose != purpose {
+            return Err(StoreError::Permanent(format!(
+                "corrupt payment document {id}: holds purpose {}",
+                record.purpose.as_str()
+            )));
+        }
+        Ok(Some(Versioned { record, version }))
+    }
+
+    /// Sends `batch` and returns its per-operation results, or the failure of the whole
+    /// request.
+    async fn execute_batch(
+        &self,
+        op: &'static str,
+        batch: TransactionalBatch,
+        expected_ops: usize,
+    ) -> StoreResult<Vec<TransactionalBatchOperationResult>> {
+        self.begin();
+        let response = match self
+            .container
+            .execute_transactional_batch(batch, None)
+            .await
+        {
+            Ok(response) => response,
+            Err(error) => return Err(self.fail(op, &error)),
+        };
+        let status = u16::from(response.status().status_code());
+        let charge = response.diagnostics().total_request_charge().value();
+        let charge = if charge > 0.0 {
+            charge
+        } else {
+            response
+                .headers()
+                .request_charge()
+                .map(|c| c.value())
+                .unwrap_or(0.0)
+        };
+        record_charge(op, charge, status);
+        let results = response.into_model().map_err(|e| {
+            StoreError::Permanent(format!("cosmos {op}: unreadable batch response: {e}"))
+        })?;
+        let results = results.results().to_vec();
+        if results.len() != expected_ops {
+            return Err(StoreError::Permanent(format!(
+                "cosmos {op}: batch answered {} results for {expected_ops} operations (status {status})",
+                results.len()
+            )));
+        }
+        Ok(results)
+    }
+
+    async fn claim_batch(
+        &self,
+        inbox: &InboxDoc,
+        payment: &PaymentDoc,
+    ) -> StoreResult<BatchOutcome> {
+        const OP: &str = "claim";
+        // The inbox goes first, so a redelivery is reported on operation 0 (and the
+        // payment, which would conflict too, only as 424 Failed Dependency).
+        let batch = TransactionalBatch::new(inbox.claim_id.clone())
+            .create_item(inbox)
+            .and_then(|b| b.create_item(payment))
+            .map_err(|e| {
+                StoreError::Permanent(format!("cosmos {OP}: cannot serialize documents: {e}"))
+            })?;
+        let results = self.execute_batch(OP, batch, 2).await?;
+        if results.iter().all(|r| r.is_success()) {
+            let etag = results[0].etag().ok_or_else(|| {
+                StoreError::Permanent(format!("cosmos {OP}: created inbox document has no ETag"))
+            })?;
+            return Ok(BatchOutcome::Committed(Version(etag.to_owned())));
+        }
+        match culprit(&results) {
+            Some((0, 409)) => Ok(BatchOutcome::InboxConflict),
+            Some((1, 409)) => Ok(BatchOutcome::PaymentConflict),
+            other => Err(note(batch_failure(OP, other, &results))),
+        }
+    }
+}
+
+/// The first operation that failed for its own reason (not 424 Failed Dependency).
+fn culprit(results: &[TransactionalBatchOperationResult]) -> Option<(usize, u16)> {
+    results
+        .iter()
+        .enumerate()
+        .find(|(_, r)| !r.is_success() && r.status_code() != 424)
+        .map(|(index, r)| (index, r.status_code()))
+}
+
+fn batch_failure(
+    op: &'static str,
+    culprit: Option<(usize, u16)>,
+    results: &[TransactionalBatchOperationResult],
+) -> StoreError {
+    let codes: Vec<String> = results
+        .iter()
+        .map(|r| match r.substatus_code() {
+            Some(sub) => format!("{}/{sub}", r.status_code()),
+            None => r.status_code().to_string(),
+        })
+        .collect();
+    let retry_after = results
+        .iter()
+        .filter_map(|r| r.retry_after())
+        .max()
+        .map(|d| format!(", server asked to retry after {} ms", d.as_millis()))
+        .unwrap_or_default();
+    let text = format!(
+        "cosmos {op}: batch refused, operation statuses [{}]{retry_after}",
+        codes.join(", ")
+    );
+    match culprit {
+        Some((_, 412)) => StoreError::PreconditionFailed,
+        Some((_, code)) if is_transient_code(code) => StoreError::Transient(text),
+        _ => StoreError::Permanent(text),
+    }
+}
+
+enum ConnectError {
+    Transient(String),
+    Fatal(anyhow::Error),
+}
+
+async fn try_connect(settings: &CosmosSettings) -> Result<ContainerClient, ConnectError> {
+    let client = settings.build_client().await.map_err(|error| {
+        match error.downcast_ref::<CosmosError>() {
+            Some(cosmos) => connect_failure(settings, "connect", cosmos),
+            None => ConnectError::Fatal(error),
+        }
+    })?;
+    let container = client
+        .database_client(settings.database.as_str())
+        .container_client(settings.container.as_str(), None)
+        .await
+        .map_err(|e| connect_failure(settings, "open_container", &e))?;
+    let properties = container
+        .read(None)
+        .await
+        .and_then(|r| r.into_model())
+        .map_err(|e| connect_failure(settings, "read_container", &e))?;
+    check_properties(&settings.database, &settings.container, &properties)
+        .map_err(ConnectError::Fatal)?;
+    // A data-plane read proves the identity may read items, not only metadata. The item
+    // does not exist; 404 is the expected answer.
+    let probe_claim = uuid::Uuid::nil().to_string();
+    match container
+        .read_item(probe_claim, "connect-probe", None)
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if e.status().is_not_found() => {}
+        Err(e) => return Err(connect_failure(settings, "read_item", &e)),
+    }
+    Ok(container)
+}
+
+fn connect_failure(settings: &CosmosSettings, step: &str, error: &CosmosError) -> ConnectError {
+    let status = error.status();
+    let code = u16::from(status.status_code());
+    let detail = describe(step, error);
+    let hint = match code {
+        401 => match settings.auth {
+            CosmosAuth::Key(_) => "the account refused the key: check COSMOS_KEY".to_owned(),
+            _ => format!("authentication failed with the {}", settings.auth.describe()),
+        },
+        403 => format!(
+            "forbidden for the {}: grant it the 'Cosmos DB Built-in Data Contributor' data-plane role \
+             on the account, and check the account's firewall / private endpoint settings",
+            settings.auth.describe()
+        ),
+        404 => format!(
+            "container {:?} in database {:?} does not exist at {}: deploy it with the Bicep \
+             (infra/cosmos-container.json), or run `cosmos-emulator --provision` / provision() for an emulator",
+            settings.container, settings.database, settings.endpoint
+        ),
+        _ if is_transient_code(code) => return ConnectError::Transient(detail),
+        _ => "cannot use the Cosmos DB container".to_owned(),
+    };
+    ConnectError::Fatal(anyhow::anyhow!("{hint} ({detail})"))
+}
+
+fn ttl_seconds(retention: Duration) -> anyhow::Result<i32> {
+    let seconds = retention.as_secs();
+    if seconds == 0 {
+        anyhow::bail!(
+            "inbox retention must be at least one second (Cosmos DB ttl is in whole seconds)"
+        );
+    }
+    i32::try_from(seconds).map_err(|_| {
+        anyhow::anyhow!(
+            "inbox retention of {seconds} s exceeds the Cosmos DB ttl maximum of {} s",
+            i32::MAX
+        )
+    })
+}
+
+fn response_charge(response: &ItemResponse) -> f64 {
+    let total = response.diagnostics().total_request_charge().value();
+    if total > 0.0 {
+        total
+    } else {
+        response
+            .headers()
+            .request_charge()
+            .map(|c| c.value())
+            .unwrap_or(0.0)
+    }
+}
+
+fn response_etag(op: &str, response: &ItemResponse) -> StoreResult<Version> {
+    response
+        .headers()
+        .etag()
+        .map(|etag| Version(etag.to_string()))
+        .ok_or_else(|| StoreError::Permanent(format!("cosmos {op}: response has no ETag")))
+}
+
+fn if_match(version: &Version) -> Precondition {
+    Precondition::if_match(version.0.clone())
+}
+
+#[async_trait]
+impl Store for CosmosStore {
+    async fn claim(
+        &self,
+        inbox: &InboxRecord,
+        payment: &PaymentRecord,
+    ) -> StoreResult<ClaimResult> {
+        if inbox.claim_id != payment.claim_id {
+            return Err(StoreError::Permanent(format!(
+                "claim: inbox record is for claim {} but payment record for claim {}",
+                inbox.claim_id, payment.claim_id
+            )));
+        }
+        let inbox_doc = InboxDoc::from_record(inbox, self.inbox_ttl_seconds);
+        let payment_doc = PaymentDoc::from_record(payment);
+        // A refusal is followed by a read of the record that caused it. If that record is
+        // gone by then (an inbox document whose TTL expired in between), the batch is
+        // tried once more; a second miss means a document holds the same unique key under
+        // another id, which no retry can fix.
+        for _ in 0..2 {
+            match self.claim_batch(&inbox_doc, &payment_doc).await? {
+                BatchOutcome::Committed(inbox_version) => {
+                    return Ok(ClaimResult::Claimed { inbox_version })
+                }
+                BatchOutcome::InboxConflict => {
+                    if let Some(existing) = self.read_inbox(&inbox.key()).await? {
+                        return Ok(ClaimResult::InboxExists(existing));
+                    }
+                }
+                BatchOutcome::PaymentConflict => {
+                    if let Some(existing) =
+                        self.read_payment(payment.claim_id, payment.purpose).await?
+                    {
+                        return Ok(ClaimResult::PaymentExists(existing));
+                    }
+                }
+            }
+        }
+        Err(StoreError::Permanent(format!(
+            "claim {}: the batch was refused with 409 twice but the conflicting document cannot be \
+             read by its id; another document holds the same (docType, dedupKey) under a different id",
+            inbox.claim_id
+        )))
+    }
+
+    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
+        self.read_inbox(key).await
+    }
+
+    async fn payment(
+        &self,
+        claim: ClaimId,
+        purpose: Purpose,
+    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
+        self.read_payment(claim, purpose).await
+    }
+
+    async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
+        const OP: &str = "record_handled";
+        let doc = InboxDoc::from_record(inbox, self.inbox_ttl_seconds);
+        for _ in 0..2 {
+            self.begin();
+            match self
+                .container
+                .create_item(doc.claim_id.clone(), &doc.id, &doc, None)
+                .await
+            {
+                Ok(response) => {
+                    record_charge(
+                        OP,
+                        response_charge(&response),
+                        u16::from(response.status().status_code()),
+                    );
+                    return Ok(InsertResult::Inserted(response_etag(OP, &response)?));
+                }
+                Err(error) if error.status().is_conflict() => {
+                    record_charge(OP, error_charge(&error), 409);
+                    if let Some(existing) = self.read_inbox(&inbox.key()).await? {
+                        return Ok(InsertResult::AlreadyExists(Box::new(existing)));
+                    }
+                }
+                Err(error) => return Err(self.fail(OP, &error)),
+            }
+        }
+        Err(StoreError::Permanent(format!(
+            "record_handled {}: refused with 409 twice but the inbox document cannot be read by its \
+             id; another document holds the same (docType, dedupKey) under a different id",
+            inbox.claim_id
+        )))
+    }
+
+    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version> {
+        const OP: &str = "replace_inbox";
+        let doc = InboxDoc::from_record(inbox, self.inbox_ttl_seconds);
+        let options = ItemWriteOptions::default().with_precondition(if_match(expected));
+        self.begin();
+        match self
+            .container
+            .replace_item(doc.claim_id.clone(), &doc.id, &doc, Some(options))
+            .await
+        {
+            Ok(response) => {
+                record_charge(
+                    OP,
+                    response_charge(&response),
+                    u16::from(response.status().status_code()),
+                );
+                response_etag(OP, &response)
+            }
+            // The record no longer exists, so it no longer carries `expected` either.
+            Err(error) if error.status().is_not_found() => {
+                record_charge(OP, error_charge(&error), 404);
+                Err(StoreError::PreconditionFailed)
+            }
+            Err(error) => Err(self.fail(OP, &error)),
+        }
+    }
+
+    async fn finalize(
+        &self,
+        inbox: &InboxRecord,
+        inbox_version: &Version,
+        payment: &PaymentRecord,
+    ) -> StoreResult<()> {
+        const OP: &str = "finalize";
+        if inbox.claim_id != payment.claim_id {
+            return Err(StoreError::Permanent(format!(
+                "finalize: inbox record is for claim {} but payment record for claim {}",
+                inbox.claim_id, payment.claim_id
+            )));
+        }
+        let inbox_doc = InboxDoc::from_record(inbox, self.inbox_ttl_seconds);
+        let payment_doc = PaymentDoc::from_record(payment);
+        let condition = BatchReplaceOptions::default().with_precondition(if_match(inbox_version));
+        let batch = TransactionalBatch::new(inbox_doc.claim_id.clone())
+            .replace_item(inbox_doc.id.clone(), &inbox_doc, Some(condition))
+            .and_then(|b| b.replace_item(payment_doc.id.clone(), &payment_doc, None))
+            .map_err(|e| {
+                StoreError::Permanent(format!("cosmos {OP}: cannot serialize documents: {e}"))
+            })?;
+        let results = self.execute_batch(OP, batch, 2).await?;
+        if results.iter().all(|r| r.is_success()) {
+            return Ok(());
+        }
+        match culprit(&results) {
+            // The inbox changed (a takeover) or vanished since our version was read.
+            Some((0, 412 | 404)) => Err(StoreError::PreconditionFailed),
+            other => Err(note(batch_failure(OP, other, &results))),
+        }
+    }
+
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
+        let docs: Vec<PaymentDoc> = self.list("list_payments", PAYMENT_DOC_TYPE, limit).await?;
+        docs.into_iter().map(|d| d.into_record(None)).collect()
+    }
+
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
+        let docs: Vec<InboxDoc> = self.list("list_inbox", INBOX_DOC_TYPE, limit).await?;
+        docs.into_iter().map(|d| d.into_record(None)).collect()
+    }
+
+    /// Cosmos DB deletes expired inbox documents itself: each carries `ttl` (the
+    /// retention, counted from its last write) in a container with `defaultTtl = -1`.
+    /// There is nothing to purge, and no request is sent.
+    async fn purge_expired(&self, _now: OffsetDateTime, _batch: usize) -> StoreResult<u64> {
+        Ok(0)
+    }
+}
+
+impl CosmosStore {
+    /// A cross-partition query for one document type, oldest first. Timestamps are
+    /// fixed-width UTC strings, so ordering by the string orders by time.
+    async fn list<T: DeserializeOwned>(
+        &self,
+        op: &'static str,
+        doc_type: &'static str,
+        limit: usize,
+    ) -> StoreResult<Vec<T>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let query = Query::from(format!(
+            "SELECT TOP {limit} * FROM c WHERE c.docType = @docType ORDER BY c.createdAt ASC"
+        ))
+        .with_parameter("@docType", doc_type)
+        .map_err(|e| StoreError::Permanent(format!("cosmos {op}: cannot build query: {e}")))?;
+        self.begin();
+        let pages = match self
+            .container
+            .query_items::<serde_json::Value>(query, FeedScope::full_container(), None)
+            .await
+        {
+            Ok(items) => items.into_pages(),
+            Err(error) => return Err(self.fail(op, &error)),
+        };
+        futures::pin_mut!(pages);
+        let mut docs = Vec::new();
+        let mut charge = 0.0;
+        while let Some(page) = pages.next().await {
+            let page = match page {
+                Ok(page) => page,
+                Err(error) => {
+                    telemetry::counters().cosmos_request_units.add(charge);
+                    return Err(self.fail(op, &error));
+                }
+            };
+            charge += page.diagnostics().total_request_charge().value();
+            for value in page.into_items() {
+                let doc = serde_json::from_value::<T>(value).map_err(|e| {
+                    StoreError::Permanent(format!("cosmos {op}: corrupt {doc_type} document: {e}"))
+                })?;
+                docs.push(doc);
+                if docs.len() == limit {
+                    break;
+                }
+            }
+            if docs.len() == limit {
+                break;
+            }
+        }
+        record_charge(op, charge, u16::from(StatusCode::Ok));
+        Ok(docs)
+    }
+}

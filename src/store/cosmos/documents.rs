@@ -1,0 +1,415 @@
+//! The Cosmos DB document shapes of the store records, their deterministic ids, and the
+//! conversions between them.
+//!
+//! Every document carries `docType` and `dedupKey`, the two paths of the container's
+//! unique key: a missing path counts as null, and null is a value too, so a document
+//! type without them would collide with its siblings in the same claim.
+//!
+//! Reading is strict: a document that does not parse into a valid record is reported as
+//! [`StoreError::Permanent`] naming the field, never a panic. It can only come from a
+//! bug or a hand edit, and retrying will not repair it.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use time::format_description::well_known::Rfc3339;
+use time::macros::format_description;
+use time::{OffsetDateTime, UtcOffset};
+
+use crate::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
+use crate::store::{
+    AttemptId, InboxKey, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus, StoreError,
+};
+
+pub const INBOX_DOC_TYPE: &str = "inbox";
+pub const PAYMENT_DOC_TYPE: &str = "payment";
+
+/// Cosmos DB refuses ids longer than this many characters.
+pub const MAX_ID_CHARS: usize = 255;
+
+const INBOX_ID_PREFIX: &str = "inbox:";
+/// Differs from [`INBOX_ID_PREFIX`] in its sixth character, so a hashed id can never
+/// equal an encoded one.
+const INBOX_HASHED_ID_PREFIX: &str = "inboxh:";
+
+/// The deterministic id of the inbox document of `(consumer, message)`, so a duplicate
+/// check is a point read.
+///
+/// Cosmos ids may not contain `/ \ ? #` and are at most 255 characters; a MessageId may be
+/// up to 128 arbitrary characters. Both parts are escaped byte-wise: ASCII letters,
+/// digits, `-`, `.` and `_` stay, every other UTF-8 byte becomes `~XX` (upper-case hex).
+/// `~` plays the role of `%` in percent-encoding because Cosmos gateways URL-decode `%`
+/// sequences in the resource path, which would make two different ids address one
+/// document. The escaping is injective and `:` (escaped inside the parts) separates them.
+/// When the result is too long, the id is `inboxh:` followed by the SHA-256 (hex) of the
+/// escaped form, which keeps it deterministic and collision-resistant. The guard does not
+/// depend on this encoding: the unique key `(docType, dedupKey)` holds the raw values.
+pub fn inbox_id(consumer: &str, message_id: &MessageId) -> String {
+    let mut id = String::with_capacity(INBOX_ID_PREFIX.len() + consumer.len() + 1 + 128);
+    id.push_str(INBOX_ID_PREFIX);
+    escape_into(&mut id, consumer);
+    id.push(':');
+    escape_into(&mut id, message_id.as_str());
+    if id.len() <= MAX_ID_CHARS {
+        return id;
+    }
+    let digest = Sha256::digest(id.as_bytes());
+    format!("{INBOX_HASHED_ID_PREFIX}{}", hex::encode(digest))
+}
+
+/// The raw unique-key value of an inbox document: consumer and MessageId as they are.
+pub fn inbox_dedup_key(consumer: &str, message_id: &MessageId) -> String {
+    format!("{consumer}/{}", message_id.as_str())
+}
+
+/// The deterministic id of the payment document of a claim (the claim is the partition).
+pub fn payment_id(purpose: Purpose) -> String {
+    format!("payment:{}", purpose.as_str())
+}
+
+pub fn payment_dedup_key(purpose: Purpose) -> String {
+    purpose.as_str().to_owned()
+}
+
+fn escape_into(out: &mut String, raw: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for byte in raw.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_') {
+            out.push(char::from(byte));
+        } else {
+            out.push('~');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
+    }
+}
+
+/// Timestamps are written in UTC with nine fraction digits, so that their string order
+/// is their time order (`ORDER BY c.createdAt` compares strings). Still RFC 3339.
+pub fn format_timestamp(t: OffsetDateTime) -> String {
+    let format =
+        format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:9]Z");
+    // Formatting a UTC date in the range `time` can represent only fails for years
+    // beyond 9999, which no claim timestamp reaches; fall back to plain RFC 3339.
+    let utc = t.to_offset(UtcOffset::UTC);
+    utc.format(&format)
+        .or_else(|_| utc.format(&Rfc3339))
+        .unwrap_or_else(|_| utc.unix_timestamp().to_string())
+}
+
+fn parse_timestamp(
+    doc: &str,
+    field: &'static str,
+    value: &str,
+) -> Result<OffsetDateTime, StoreError> {
+    OffsetDateTime::parse(value, &Rfc3339).map_err(|_| {
+        corrupt(
+            doc,
+            field,
+            format!("{value:?} is not an RFC 3339 timestamp"),
+        )
+    })
+}
+
+fn corrupt(doc: &str, field: &'static str, problem: impl std::fmt::Display) -> StoreError {
+    StoreError::Permanent(format!("corrupt {doc} document: {field}: {problem}"))
+}
+
+fn parse_purpose(doc: &str, value: &str) -> Result<Purpose, StoreError> {
+    match value {
+        "payout" => Ok(Purpose::Payout),
+        other => Err(corrupt(
+            doc,
+            "purpose",
+            format!("unknown purpose {other:?}"),
+        )),
+    }
+}
+
+/// The inbox document as stored. Unknown fields (the system properties `_rid`, `_etag`,
+/// `_ts`, ...) are ignored on read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboxDoc {
+    pub id: String,
+    pub claim_id: String,
+    pub doc_type: String,
+    pub dedup_key: String,
+    pub consumer: String,
+    pub message_id: String,
+    pub payload_hash: String,
+    pub status: String,
+    pub outcome: Option<String>,
+    pub owner: AttemptId,
+    pub lease_until: Option<String>,
+    pub first_delivery_count: u32,
+    pub last_delivery_count: u32,
+    pub created_at: String,
+    pub updated_at: String,
+    pub expires_at: String,
+    /// Seconds after the last write at which Cosmos deletes the document.
+    pub ttl: i32,
+}
+
+impl InboxDoc {
+    pub fn from_record(record: &InboxRecord, ttl_seconds: i32) -> Self {
+        InboxDoc {
+            id: inbox_id(&record.consumer, &record.message_id),
+            claim_id: record.claim_id.to_string(),
+            doc_type: INBOX_DOC_TYPE.to_owned(),
+            dedup_key: inbox_dedup_key(&record.consumer, &record.message_id),
+            consumer: record.consumer.clone(),
+            message_id: record.message_id.as_str().to_owned(),
+            payload_hash: record.payload_hash.as_str().to_owned(),
+            status: record.status.as_str().to_owned(),
+            outcome: record.outcome.clone(),
+            owner: record.owner,
+            lease_until: record.lease_until.map(format_timestamp),
+            first_delivery_count: record.first_delivery_count,
+            last_delivery_count: record.last_delivery_count,
+            created_at: format_timestamp(record.created_at),
+            updated_at: format_timestamp(record.updated_at),
+            expires_at: format_timestamp(record.expires_at),
+            ttl: ttl_seconds,
+        }
+    }
+
+    /// Checks the document against the key it was read by, then converts it.
+    pub fn into_record(self, expected: Option<&InboxKey>) -> Result<InboxRecord, StoreError> {
+        const DOC: &str = "inbox";
+        if self.doc_type != INBOX_DOC_TYPE {
+            return Err(corrupt(DOC, "docType", format!("is {:?}", self.doc_type)));
+        }
+        let claim_id = ClaimId::parse(&self.claim_id).map_err(|e| corrupt(DOC, "claimId", e))?;
+        let message_id =
+            MessageId::parse(&self.message_id).map_err(|e| corrupt(DOC, "messageId", e))?;
+        if let Some(key) = expected {
+            if key.claim_id != claim_id
+                || key.message_id != message_id
+                || key.consumer != self.consumer
+            {
+                return Err(corrupt(
+                    DOC,
+                    "id",
+                    format!("{} holds another message's record", self.id),
+                ));
+            }
+        }
+        let status = InboxStatus::parse(&self.status)
+            .ok_or_else(|| corrupt(DOC, "status", format!("unknown status {:?}", self.status)))?;
+        let lease_until = self
+            .lease_until
+            .as_deref()
+            .map(|t| parse_timestamp(DOC, "leaseUntil", t))
+            .transpose()?;
+        Ok(InboxRecord {
+            consumer: self.consumer,
+            claim_id,
+            message_id,
+            payload_hash: PayloadHash::from_stored(self.payload_hash),
+            status,
+            outcome: self.outcome,
+            owner: self.owner,
+            lease_until,
+            first_delivery_count: self.first_delivery_count,
+            last_delivery_count: self.last_delivery_count,
+            created_at: parse_timestamp(DOC, "createdAt", &self.created_at)?,
+            updated_at: parse_timestamp(DOC, "updatedAt", &self.updated_at)?,
+            expires_at: parse_timestamp(DOC, "expiresAt", &self.expires_at)?,
+        })
+    }
+}
+
+/// The payment document as stored. It has no `ttl` on purpose: with the container's
+/// `defaultTtl = -1` a document without `ttl` never expires, and the payment is the
+/// permanent guard behind the expiring inbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentDoc {
+    pub id: String,
+    pub claim_id: String,
+    pub doc_type: String,
+    pub dedup_key: String,
+    pub purpose: String,
+    pub tenant_id: Option<String>,
+    pub amount: String,
+    pub currency: String,
+    pub payee: Option<String>,
+    pub payload_hash: String,
+    pub message_id: String,
+    pub idempotency_key: String,
+    pub payout_request: Option<String>,
+    pub status: String,
+    pub bank_payment_id: Option<String>,
+    pub status_reason: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl PaymentDoc {
+    pub fn from_record(record: &PaymentRecord) -> Self {
+        PaymentDoc {
+            id: payment_id(record.purpose),
+            claim_id: record.claim_id.to_string(),
+            doc_type: PAYMENT_DOC_TYPE.to_owned(),
+            dedup_key: payment_dedup_key(record.purpose),
+            purpose: record.purpose.as_str().to_owned(),
+            tenant_id: record.tenant_id.clone(),
+            amount: record.amount.clone(),
+            currency: record.currency.clone(),
+            payee: record.payee.clone(),
+            payload_hash: record.payload_hash.as_str().to_owned(),
+            message_id: record.message_id.as_str().to_owned(),
+            idempotency_key: record.idempotency_key.as_str().to_owned(),
+            payout_request: record.payout_request.clone(),
+            status: record.status.as_str().to_owned(),
+            bank_payment_id: record.bank_payment_id.clone(),
+            status_reason: record.status_reason.clone(),
+            created_at: format_timestamp(record.created_at),
+            updated_at: format_timestamp(record.updated_at),
+        }
+    }
+
+    pub fn into_record(self, expected_claim: Option<ClaimId>) -> Result<PaymentRecord, StoreError> {
+        const DOC: &str = "payment";
+        if self.doc_type != PAYMENT_DOC_TYPE {
+            return Err(corrupt(DOC, "docType", format!("is {:?}", self.doc_type)));
+        }
+        let claim_id = ClaimId::parse(&self.claim_id).map_err(|e| corrupt(DOC, "claimId", e))?;
+        if expected_claim.is_some_and(|expected| expected != claim_id) {
+            return Err(corrupt(
+                DOC,
+                "claimId",
+                "differs from the partition it was read from",
+            ));
+        }
+        let status = PaymentStatus::parse(&self.status)
+            .ok_or_else(|| corrupt(DOC, "status", format!("unknown status {:?}", self.status)))?;
+        Ok(PaymentRecord {
+            claim_id,
+            purpose: parse_purpose(DOC, &self.purpose)?,
+            tenant_id: self.tenant_id,
+            amount: self.amount,
+            currency: self.currency,
+            payee: self.payee,
+            payload_hash: PayloadHash::from_stored(self.payload_hash),
+            message_id: MessageId::parse(&self.message_id)
+                .map_err(|e| corrupt(DOC, "messageId", e))?,
+            idempotency_key: IdempotencyKey::from_stored(self.idempotency_key),
+            payout_request: self.payout_request,
+            status,
+            bank_payment_id: self.bank_payment_id,
+            status_reason: self.status_reason,
+            created_at: parse_timestamp(DOC, "createdAt", &self.created_at)?,
+            updated_at: parse_timestamp(DOC, "updatedAt", &self.updated_at)?,
+        })
+    }
+}
+
+/// Decodes a document body read from Cosmos, naming the document kind on failure.
+pub fn decode<T: serde::de::DeserializeOwned>(kind: &str, body: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(body)
+        .map_err(|e| StoreError::Permanent(format!("corrupt {kind} document: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(s: &str) -> MessageId {
+        MessageId::parse(s).unwrap()
+    }
+
+    fn assert_legal(id: &str) {
+        assert!(id.chars().count() <= MAX_ID_CHARS, "{id} too long");
+        assert!(
+            !id.contains(['/', '\\', '?', '#', '%']),
+            "{id} has a reserved character"
+        );
+    }
+
+    #[test]
+    fn plain_ids_stay_readable() {
+        assert_eq!(
+            inbox_id("payments", &msg("m-1.a_b")),
+            "inbox:payments:m-1.a_b"
+        );
+    }
+
+    #[test]
+    fn reserved_characters_are_escaped_injectively() {
+        let weird = inbox_id("payments", &msg("a/b?c#d\\e"));
+        assert_eq!(weird, "inbox:payments:a~2Fb~3Fc~23d~5Ce");
+        assert_legal(&weird);
+        // The separator and the escape character themselves are escaped, so distinct
+        // (consumer, message) pairs never share an id.
+        assert_ne!(inbox_id("a:b", &msg("c")), inbox_id("a", &msg("b:c")));
+        assert_ne!(inbox_id("c", &msg("~2F")), inbox_id("c", &msg("/")));
+        assert_legal(&inbox_id("c", &msg("100% ~ sure")));
+    }
+
+    #[test]
+    fn long_ids_fall_back_to_a_hash() {
+        let emoji: String = "🦀".repeat(MessageId::MAX_CHARS);
+        let id = inbox_id("payments", &msg(&emoji));
+        assert!(id.starts_with(INBOX_HASHED_ID_PREFIX));
+        assert_eq!(id.len(), INBOX_HASHED_ID_PREFIX.len() + 64);
+        assert_legal(&id);
+        assert_eq!(id, inbox_id("payments", &msg(&emoji)));
+        let other: String = "🦀".repeat(MessageId::MAX_CHARS - 1) + "🐙";
+        assert_ne!(id, inbox_id("payments", &msg(&other)));
+        // A 128-character ASCII id still fits in the readable form.
+        let ascii = inbox_id("payments", &msg(&"x".repeat(128)));
+        assert!(ascii.starts_with(INBOX_ID_PREFIX));
+    }
+
+    #[test]
+    fn timestamps_sort_as_strings_and_round_trip() {
+        let whole = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let later = whole + time::Duration::milliseconds(500);
+        let (a, b) = (format_timestamp(whole), format_timestamp(later));
+        assert!(a < b, "{a} should sort before {b}");
+        assert_eq!(a, "2027-01-15T08:00:00.000000000Z");
+        let offset = later.to_offset(UtcOffset::from_hms(2, 0, 0).unwrap());
+        assert_eq!(format_timestamp(offset), b);
+        assert_eq!(parse_timestamp("t", "t", &b).unwrap(), later);
+    }
+
+    #[test]
+    fn corrupt_documents_name_the_field() {
+        let doc = PaymentDoc {
+            id: "payment:payout".into(),
+            claim_id: "not-a-uuid".into(),
+            doc_type: PAYMENT_DOC_TYPE.into(),
+            dedup_key: "payout".into(),
+            purpose: "payout".into(),
+            tenant_id: None,
+            amount: "1.00".into(),
+            currency: "EUR".into(),
+            payee: None,
+            payload_hash: "h".into(),
+            message_id: "m".into(),
+            idempotency_key: "k".into(),
+            payout_request: None,
+            status: "recorded".into(),
+            bank_payment_id: None,
+            status_reason: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            updated_at: "2026-01-01T00:00:00Z".into(),
+        };
+        let err = doc.clone().into_record(None).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Permanent(m) if m.contains("claimId")),
+            "{err}"
+        );
+        let mut bad_status = doc;
+        bad_status.claim_id = ClaimId::random().to_string();
+        bad_status.status = "lost".into();
+        let err = bad_status.into_record(None).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Permanent(m) if m.contains("status")),
+            "{err}"
+        );
+        let err = decode::<PaymentDoc>("payment", b"{\"id\": 3}").unwrap_err();
+        assert!(matches!(err, StoreError::Permanent(_)));
+    }
+}
