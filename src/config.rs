@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use reqwest::Url;
 
+use crate::store::cosmos::CosmosSettings;
 use crate::telemetry::LogFormat;
 
 /// A setting that cannot be used, named as the operator wrote it.
@@ -80,6 +81,8 @@ pub struct Settings {
     pub port: u16,
     pub store: StoreKind,
     pub sqlite_path: PathBuf,
+    /// Present when `PAYMENTS_STORE=cosmos`.
+    pub cosmos: Option<CosmosSettings>,
     pub inbox_retention: Duration,
     pub consumer_name: String,
     pub bank: Option<BankSettings>,
@@ -146,6 +149,13 @@ impl Settings {
         };
         let sqlite_path =
             PathBuf::from(get("PAYMENTS_SQLITE_PATH").unwrap_or_else(|| "payments.db".into()));
+        let cosmos = match store {
+            StoreKind::Sqlite => None,
+            StoreKind::Cosmos => Some(
+                CosmosSettings::from_lookup(&lookup)
+                    .map_err(|e| ConfigError::new(e.setting, e.problem))?,
+            ),
+        };
 
         let retention_days = match get("INBOX_RETENTION_DAYS") {
             None => 30,
@@ -280,6 +290,7 @@ impl Settings {
             port,
             store,
             sqlite_path,
+            cosmos,
             inbox_retention: Duration::from_secs(retention_days * 24 * 3600),
             consumer_name,
             bank,
@@ -337,6 +348,8 @@ mod tests {
             ("PAYMENTS_DEV_HANDLER", "fast"),
             ("PAYMENTS_FAULT_CRASH_AFTER_COMMIT", "2"),
         ];
+        let err = settings(&[("PAYMENTS_STORE", "cosmos")]).unwrap_err();
+        assert_eq!(err.setting, "COSMOS_ENDPOINT", "{err}");
         for (name, value) in cases {
             let err = settings(&[(name, value)]).expect_err(&format!("{name}={value}"));
             assert_eq!(err.setting, *name, "{err}");

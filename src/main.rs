@@ -38,6 +38,8 @@ enum Command {
     Inbox(ListArgs),
     /// Remove inbox records past INBOX_RETENTION_DAYS now (SQLite; Cosmos expires them itself).
     Purge,
+    /// Create (or verify) the Cosmos DB database and container, with COSMOS_KEY (emulator, dev accounts).
+    Provision,
 }
 
 fn main() -> ExitCode {
@@ -79,6 +81,13 @@ fn main() -> ExitCode {
             Command::Inbox(args) => {
                 let store = server::open_store(&settings).await?;
                 cli::inbox(&store, args.json, args.limit, &mut stdout()).await
+            }
+            Command::Provision => {
+                let cosmos = claims_payments::store::cosmos::CosmosSettings::from_env()
+                    .map_err(|e| anyhow::anyhow!("invalid setting {e}"))?;
+                let report = claims_payments::store::cosmos::provision(&cosmos).await?;
+                println!("{report}");
+                Ok(())
             }
             Command::Purge => {
                 let store = server::open_store(&settings).await?;
