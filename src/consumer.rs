@@ -275,7 +275,7 @@ impl Consumer {
                 self.after_claim(&attempt, inbox, inbox_version, payment)
                     .await
             }
-            ClaimResult::InboxExists(seen) => self.resolve_seen(&attempt, seen, payment).await,
+            ClaimResult::InboxExists(seen) => self.resolve_seen(&attempt, seen).await,
             ClaimResult::PaymentExists(existing) => {
                 self.business_duplicate(&attempt, existing).await
             }
@@ -355,24 +355,28 @@ impl Consumer {
         self.payout(a, inbox, version, payment).await
     }
 
-    async fn resolve_seen(
-        &self,
-        a: &Attempt<'_>,
-        mut seen: Versioned<InboxRecord>,
-        our_payment: PaymentRecord,
-    ) -> Flow {
+    async fn resolve_seen(&self, a: &Attempt<'_>, mut seen: Versioned<InboxRecord>) -> Flow {
         let wait_until = Instant::now() + self.policy.inflight_wait;
         let mut poll = POLL_FIRST;
         let mut waited = false;
         loop {
             let record = &seen.record;
             if record.owner == a.id {
-                // Our committed claim, reported as a conflict by a re-sent batch.
+                // Our own committed write, reported as a conflict (409) or a stale ETag
+                // (412) because the SDK re-sent it after an ambiguous timeout.
                 telemetry::counters().own_write_recognised.inc();
-                tracing::info!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, "own committed claim recognised after a re-sent write");
-                return self
-                    .after_claim(a, record.clone(), seen.version.clone(), our_payment)
-                    .await;
+                if record.status == InboxStatus::Completed {
+                    let payment = self
+                        .store
+                        .payment(a.msg.claim_id, Purpose::Payout)
+                        .await?
+                        .ok_or_else(|| {
+                            StoreError::Permanent("completed message without a payment".into())
+                        })?;
+                    return Ok(outcome_of(&payment.record));
+                }
+                tracing::info!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, "own committed write recognised after a re-sent request");
+                return self.resume(a, record.clone(), seen.version.clone()).await;
             }
             if record.payload_hash != a.hash {
                 return Ok(Outcome::Conflict {
@@ -571,7 +575,7 @@ impl Consumer {
                 // finishes. Judge the message by what is stored now.
                 tracing::warn!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, "lease lost before finalize; deferring to the new owner");
                 let seen = self.reread_inbox(a).await?;
-                Box::pin(self.resolve_seen(a, seen, final_payment)).await
+                Box::pin(self.resolve_seen(a, seen)).await
             }
             Err(e) => Err(e.into()),
         }
@@ -638,10 +642,12 @@ impl Consumer {
                     }
                     InsertResult::Inserted(_) => Ok(outcome),
                     InsertResult::AlreadyExists(seen) => {
-                        let payment = self.new_payment(a, now);
-                        Box::pin(self.resolve_seen(a, *seen, payment)).await
+                        Box::pin(self.resolve_seen(a, *seen)).await
                     }
                 };
+            }
+            if let Some(stopped) = self.adopt_orphaned_payout(a, &payment).await? {
+                return Ok(stopped);
             }
             let left = wait_until.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -660,6 +666,53 @@ impl Consumer {
                 .await?
                 .ok_or_else(|| StoreError::Permanent("a payment disappeared".into()))?
                 .record;
+        }
+    }
+}
+
+impl Consumer {
+    /// A payout owed by another message whose attempt died (expired lease) would wait
+    /// for that message's redelivery, which may never come (it may be dead-lettered).
+    /// Take its lease over and finish the payout under the same key. Returns an outcome
+    /// only when this delivery must stop (the payout could not finish now).
+    async fn adopt_orphaned_payout(
+        &self,
+        a: &Attempt<'_>,
+        payment: &PaymentRecord,
+    ) -> Result<Option<Outcome>, Failure> {
+        let owner_key = InboxKey {
+            message_id: payment.message_id.clone(),
+            ..a.key.clone()
+        };
+        let now = now();
+        let Some(owner) = self.store.inbox(&owner_key).await? else {
+            return Ok(None);
+        };
+        if owner.record.status != InboxStatus::InProgress || owner.record.lease_alive(now) {
+            return Ok(None);
+        }
+        let taken = InboxRecord {
+            owner: a.id,
+            lease_until: Some(now + self.policy.lease),
+            updated_at: now,
+            ..owner.record.clone()
+        };
+        match self.store.replace_inbox(&taken, &owner.version).await {
+            Ok(version) => {
+                telemetry::counters().takeovers.inc();
+                tracing::info!(
+                    claimId = %a.msg.claim_id,
+                    messageId = %a.delivery.message_id,
+                    ownerMessageId = %payment.message_id,
+                    "adopted an orphaned payout of another message"
+                );
+                match Box::pin(self.resume(a, taken, version)).await? {
+                    outcome @ Outcome::RetryLater { .. } => Ok(Some(outcome)),
+                    _ => Ok(None),
+                }
+            }
+            Err(StoreError::PreconditionFailed) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 }

@@ -53,13 +53,22 @@ pub fn ledger_consumer(store: DynStore) -> Consumer {
 }
 
 pub fn bank_consumer(store: DynStore, bank: &FakeBank) -> Consumer {
+    bank_consumer_with(store, bank, policy(), Duration::from_millis(60))
+}
+
+pub fn bank_consumer_with(
+    store: DynStore,
+    bank: &FakeBank,
+    policy: Policy,
+    timeout: Duration,
+) -> Consumer {
     let client = BankClient::new(&BankSettings {
         url: bank.url(),
-        timeout: Duration::from_millis(60),
+        timeout,
         key_window: Duration::from_secs(86_400),
     })
     .unwrap();
-    Consumer::new(store, Some(client), policy())
+    Consumer::new(store, Some(client), policy)
 }
 
 /// What the fake bank does with the next request.

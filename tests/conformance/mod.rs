@@ -53,6 +53,8 @@ macro_rules! store_conformance {
             bank_rejection_is_recorded_and_final,
             bank_outage_releases_the_lease_for_the_next_delivery,
             live_lease_makes_a_duplicate_wait_for_the_result,
+            takeover_while_the_first_worker_is_alive_pays_once,
+            business_duplicate_finishes_an_orphaned_payout,
         );
     };
     (@tests $make:path; $($name:ident),* $(,)?) => {
@@ -732,4 +734,85 @@ pub async fn live_lease_makes_a_duplicate_wait_for_the_result(store: DynStore) {
     labels.sort();
     assert_eq!(labels, ["duplicate", "paid"]);
     assert_eq!(bank.effective_payouts(), 1);
+}
+
+pub async fn takeover_while_the_first_worker_is_alive_pays_once(store: DynStore) {
+    // The first worker stalls at the bank past its lease (a GC pause, a slow network):
+    // a second delivery takes over and pays under the same key; the first worker's
+    // finalize is refused and it defers to the new owner.
+    let bank = FakeBank::start().await;
+    bank.script([BankFault::Slow(Duration::from_millis(400))]);
+    let policy = claims_payments::consumer::Policy {
+        lease: Duration::from_millis(100),
+        retry_budget: Duration::from_secs(3),
+        ..common::policy()
+    };
+    let consumer = common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_secs(2));
+    let msg = common::message(&common::new_claim(), "64.00");
+    let first = {
+        let (consumer, msg) = (consumer.clone(), msg.clone());
+        tokio::spawn(async move { consumer.handle(&msg, &common::delivery("evt-1", 1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = consumer.handle(&msg, &common::delivery("evt-1", 2)).await;
+    let first = first.await.unwrap();
+    assert_eq!(second.label(), "paid", "{second:?}");
+    assert_eq!(first.label(), "duplicate", "{first:?}");
+    assert_eq!(bank.effective_payouts(), 1);
+    let requests = bank.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0], requests[1], "same key, same bytes");
+    let p = store
+        .payment(msg.claim_id, Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.record.status, PaymentStatus::Paid);
+}
+
+pub async fn business_duplicate_finishes_an_orphaned_payout(store: DynStore) {
+    // evt-1 dies after its claim; before Service Bus brings it back, evt-2 for the same
+    // claim arrives. It must not wait on a message that may be dead-lettered: it takes
+    // the expired lease over and pays under the same key.
+    let bank = FakeBank::start().await;
+    let policy = claims_payments::consumer::Policy {
+        lease: Duration::from_millis(100),
+        ..common::policy()
+    };
+    let consumer =
+        common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_millis(200));
+    let msg = common::message(&common::new_claim(), "81.00");
+    let dying = consumer
+        .clone()
+        .with_crash_hook(Arc::new(|s| s == Step::AfterClaim));
+    assert_eq!(
+        dying
+            .handle(&msg, &common::delivery("evt-1", 1))
+            .await
+            .label(),
+        "retry-later"
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        consumer
+            .handle(&msg, &common::delivery("evt-2", 1))
+            .await
+            .label(),
+        "business-duplicate"
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+    let p = store
+        .payment(msg.claim_id, Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.record.status, PaymentStatus::Paid);
+    assert_eq!(
+        consumer
+            .handle(&msg, &common::delivery("evt-1", 2))
+            .await
+            .label(),
+        "duplicate"
+    );
+    assert_eq!(bank.requests().len(), 1);
 }
