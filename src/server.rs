@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -225,7 +225,14 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<DynStore> {
     let store: DynStore = match settings.store {
         StoreKind::Sqlite => crate::store::sqlite::SqliteStore::open(&settings.sqlite_path)?,
         StoreKind::Cosmos => {
-            anyhow::bail!("PAYMENTS_STORE=cosmos: the Cosmos DB adapter is not in this build yet")
+            let cosmos = settings
+                .cosmos
+                .as_ref()
+                .ok_or_else(|| anyhow::anyhow!("PAYMENTS_STORE=cosmos without Cosmos settings"))?;
+            Arc::new(
+                crate::store::cosmos::CosmosStore::connect(cosmos, settings.inbox_retention)
+                    .await?,
+            )
         }
     };
     #[cfg(feature = "dev-tools")]
@@ -260,6 +267,9 @@ pub fn consumer_for(settings: &Settings, store: DynStore) -> anyhow::Result<Cons
 
 /// Runs the custom handler until SIGTERM or SIGINT.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    // Installed before the port opens: a SIGTERM that arrives right after the host sees
+    // us ready must drain, not kill.
+    let shutdown = shutdown_signal()?;
     let store = open_store(&settings).await?;
     let consumer = consumer_for(&settings, store.clone())?;
     let state = AppState::new(
@@ -291,7 +301,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     });
 
     axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await?;
     retention_task.abort();
     counters_task.abort();
@@ -316,29 +326,15 @@ async fn purge_periodically(store: DynStore) {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
         }
-    };
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("shutdown requested; draining in-flight invocations");
-}
-
-/// Content type check helper for tests and tools that play the host.
-pub fn is_json_response(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"))
+        tracing::info!("shutdown requested; draining in-flight invocations");
+    })
 }

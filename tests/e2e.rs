@@ -13,6 +13,75 @@ use serde_json::{json, Value};
 use common::FakeBank;
 
 const EXE: &str = env!("CARGO_BIN_EXE_claims-payments");
+const COSMOS_EMULATOR: &str = env!("CARGO_BIN_EXE_cosmos-emulator");
+
+/// Where the handler keeps its state: a SQLite file, or a Cosmos endpoint served by the
+/// `cosmos-emulator` dev binary over real HTTP in a third process.
+struct Backend {
+    env: Vec<(String, String)>,
+    _dir: tempfile::TempDir,
+    emulator: Option<Child>,
+}
+
+impl Backend {
+    fn sqlite() -> Backend {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir
+            .path()
+            .join("payments.db")
+            .to_string_lossy()
+            .into_owned();
+        Backend {
+            env: vec![("PAYMENTS_SQLITE_PATH".into(), db)],
+            _dir: dir,
+            emulator: None,
+        }
+    }
+
+    fn cosmos() -> Backend {
+        use std::io::BufRead;
+        let mut child = Command::new(COSMOS_EMULATOR)
+            .args(["--port", "0", "--provision"])
+            .env("RUST_LIB_BACKTRACE", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn cosmos-emulator");
+        let mut env = vec![("PAYMENTS_STORE".to_owned(), "cosmos".to_owned())];
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        for line in lines {
+            let line = line.unwrap();
+            if line == "ready" {
+                break;
+            }
+            if let Some((k, v)) = line.split_once('=') {
+                env.push((k.to_owned(), v.to_owned()));
+            }
+        }
+        assert_eq!(env.len(), 3, "cosmos-emulator printed {env:?}");
+        Backend {
+            env,
+            _dir: tempfile::tempdir().unwrap(),
+            emulator: Some(child),
+        }
+    }
+
+    fn env(&self) -> Vec<(&str, &str)> {
+        self.env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.emulator {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -30,17 +99,23 @@ struct Handler {
 
 impl Handler {
     fn start(db: &Path, extra_env: &[(&str, &str)]) -> Handler {
+        let db = db.to_string_lossy();
+        let mut env = vec![("PAYMENTS_SQLITE_PATH", db.as_ref())];
+        env.extend_from_slice(extra_env);
+        Handler::start_on(&env)
+    }
+
+    fn start_on(env: &[(&str, &str)]) -> Handler {
         let port = free_port();
         let mut cmd = Command::new(EXE);
         cmd.arg("serve")
             .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
-            .env("PAYMENTS_SQLITE_PATH", db)
             .env("LOG_FORMAT", "json")
             .env("RUST_LIB_BACKTRACE", "0")
             .env_remove("BANK_API_URL")
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        for (k, v) in extra_env {
+        for (k, v) in env {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn claims-payments serve");
@@ -143,9 +218,13 @@ fn outcome(answer: &Value) -> &str {
 }
 
 fn ledger(db: &Path) -> Vec<Value> {
+    ledger_on(&[("PAYMENTS_SQLITE_PATH", &db.to_string_lossy())])
+}
+
+fn ledger_on(env: &[(&str, &str)]) -> Vec<Value> {
     let out = Command::new(EXE)
         .args(["ledger", "--json"])
-        .env("PAYMENTS_SQLITE_PATH", db)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(
@@ -166,10 +245,8 @@ fn temp_db() -> (tempfile::TempDir, PathBuf) {
     (dir, db)
 }
 
-#[tokio::test]
-async fn five_deliveries_of_one_message_make_one_ledger_row() {
-    let (_dir, db) = temp_db();
-    let handler = Handler::start(&db, &[]);
+async fn five_deliveries_of_one_message_make_one_ledger_row(backend: Backend) {
+    let handler = Handler::start_on(&backend.env());
     let client = reqwest::Client::new();
     let claim = common::new_claim();
     let body = claim_body(&claim, "1250.50");
@@ -197,7 +274,7 @@ async fn five_deliveries_of_one_message_make_one_ledger_row() {
         ]
     );
     handler.kill();
-    let rows = ledger(&db);
+    let rows = ledger_on(&backend.env());
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["claimId"], claim);
     assert_eq!(rows[0]["amount"], "1250.50");
@@ -205,6 +282,16 @@ async fn five_deliveries_of_one_message_make_one_ledger_row() {
     assert_eq!(rows[0]["status"], "recorded");
     assert_eq!(rows[0]["messageId"], "claim-approved-1");
     assert_eq!(rows[0]["bankPaymentId"], Value::Null);
+}
+
+#[tokio::test]
+async fn five_deliveries_make_one_ledger_row_on_sqlite() {
+    five_deliveries_of_one_message_make_one_ledger_row(Backend::sqlite()).await;
+}
+
+#[tokio::test]
+async fn five_deliveries_make_one_ledger_row_on_cosmos_over_http() {
+    five_deliveries_of_one_message_make_one_ledger_row(Backend::cosmos()).await;
 }
 
 #[tokio::test]
@@ -222,13 +309,13 @@ async fn default_data_type_double_encoded_body_is_understood() {
     assert_eq!((status, outcome(&answer)), (200, "recorded"), "{answer}");
 }
 
-#[tokio::test]
-async fn sigkill_after_commit_then_restart_on_the_same_database_skips_the_duplicate() {
-    let (_dir, db) = temp_db();
+async fn sigkill_after_commit_then_restart_skips_the_duplicate(backend: Backend) {
     let client = reqwest::Client::new();
     let body = claim_body(&common::new_claim(), "77.70");
 
-    let doomed = Handler::start(&db, &[("PAYMENTS_FAULT_CRASH_AFTER_COMMIT", "1")]);
+    let mut doomed_env = backend.env();
+    doomed_env.push(("PAYMENTS_FAULT_CRASH_AFTER_COMMIT", "1"));
+    let doomed = Handler::start_on(&doomed_env);
     let lost = invoke(&client, &doomed, &host_envelope(&body, "evt-crash", 1)).await;
     assert!(
         lost.is_err(),
@@ -237,13 +324,23 @@ async fn sigkill_after_commit_then_restart_on_the_same_database_skips_the_duplic
     doomed.kill();
 
     // The host restarts the handler and Service Bus redelivers the abandoned message.
-    let restarted = Handler::start(&db, &[]);
+    let restarted = Handler::start_on(&backend.env());
     let (status, answer) = invoke(&client, &restarted, &host_envelope(&body, "evt-crash", 2))
         .await
         .unwrap();
     assert_eq!((status, outcome(&answer)), (200, "duplicate"), "{answer}");
     restarted.kill();
-    assert_eq!(ledger(&db).len(), 1);
+    assert_eq!(ledger_on(&backend.env()).len(), 1);
+}
+
+#[tokio::test]
+async fn sigkill_after_commit_then_restart_on_the_same_sqlite_file_skips_the_duplicate() {
+    sigkill_after_commit_then_restart_skips_the_duplicate(Backend::sqlite()).await;
+}
+
+#[tokio::test]
+async fn sigkill_after_commit_then_restart_on_cosmos_skips_the_duplicate() {
+    sigkill_after_commit_then_restart_skips_the_duplicate(Backend::cosmos()).await;
 }
 
 #[tokio::test]
