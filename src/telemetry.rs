@@ -91,6 +91,10 @@ pub struct Counters {
     pub bank_retries: Counter,
     pub store_transient_errors: Counter,
     pub store_round_trips: Counter,
+    /// SQLite group commits, and the write jobs they carried: jobs / commits is the
+    /// average group size, i.e. how many invocations shared one fsync.
+    pub sqlite_commits: Counter,
+    pub sqlite_committed_jobs: Counter,
     pub cosmos_request_units: RequestUnits,
 }
 
@@ -114,6 +118,8 @@ pub struct CountersSnapshot {
     pub bank_retries: u64,
     pub store_transient_errors: u64,
     pub store_round_trips: u64,
+    pub sqlite_commits: u64,
+    pub sqlite_committed_jobs: u64,
     pub cosmos_request_units: f64,
 }
 
@@ -137,6 +143,8 @@ impl Counters {
             bank_retries: self.bank_retries.get(),
             store_transient_errors: self.store_transient_errors.get(),
             store_round_trips: self.store_round_trips.get(),
+            sqlite_commits: self.sqlite_commits.get(),
+            sqlite_committed_jobs: self.sqlite_committed_jobs.get(),
             cosmos_request_units: self.cosmos_request_units.get(),
         }
     }

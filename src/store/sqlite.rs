@@ -236,6 +236,11 @@ fn run_group(conn: &mut Connection, jobs: Vec<WriteJob>) {
         let _ = conn.execute_batch("ROLLBACK");
         map_sqlite_error(e)
     });
+    if commit_error.is_none() {
+        let counters = telemetry::counters();
+        counters.sqlite_commits.inc();
+        counters.sqlite_committed_jobs.add(replies.len() as u64);
+    }
     for reply in replies {
         reply(commit_error.clone());
     }
