@@ -230,9 +230,6 @@ impl Consumer {
                 reason: format!("simulated crash {step:?}"),
             },
             Err(Failure::Store(e)) => {
-                if matches!(e, StoreError::Transient(_)) {
-                    telemetry::counters().store_transient_errors.inc();
-                }
                 tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, error = %e, "store failed");
                 Outcome::RetryLater {
                     reason: e.to_string(),
@@ -594,6 +591,51 @@ impl Consumer {
         }
     }
 
+    /// A payout owed by another message whose attempt died (expired lease) would wait
+    /// for that message's redelivery, which may never come (it may be dead-lettered).
+    /// Take its lease over and finish the payout under the same key. Returns an outcome
+    /// only when this delivery must stop (the payout could not finish now).
+    async fn adopt_orphaned_payout(
+        &self,
+        a: &Attempt<'_>,
+        payment: &PaymentRecord,
+    ) -> Result<Option<Outcome>, Failure> {
+        let owner_key = InboxKey {
+            message_id: payment.message_id.clone(),
+            ..a.key.clone()
+        };
+        let now = now();
+        let Some(owner) = self.store.inbox(&owner_key).await? else {
+            return Ok(None);
+        };
+        if owner.record.status != InboxStatus::InProgress || owner.record.lease_alive(now) {
+            return Ok(None);
+        }
+        let taken = InboxRecord {
+            owner: a.id,
+            lease_until: Some(now + self.policy.lease),
+            updated_at: now,
+            ..owner.record.clone()
+        };
+        match self.store.replace_inbox(&taken, &owner.version).await {
+            Ok(version) => {
+                telemetry::counters().takeovers.inc();
+                tracing::info!(
+                    claimId = %a.msg.claim_id,
+                    messageId = %a.delivery.message_id,
+                    ownerMessageId = %payment.message_id,
+                    "adopted an orphaned payout of another message"
+                );
+                match Box::pin(self.resume(a, taken, version)).await? {
+                    outcome @ Outcome::RetryLater { .. } => Ok(Some(outcome)),
+                    _ => Ok(None),
+                }
+            }
+            Err(StoreError::PreconditionFailed) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn business_duplicate(
         &self,
         a: &Attempt<'_>,
@@ -666,53 +708,6 @@ impl Consumer {
                 .await?
                 .ok_or_else(|| StoreError::Permanent("a payment disappeared".into()))?
                 .record;
-        }
-    }
-}
-
-impl Consumer {
-    /// A payout owed by another message whose attempt died (expired lease) would wait
-    /// for that message's redelivery, which may never come (it may be dead-lettered).
-    /// Take its lease over and finish the payout under the same key. Returns an outcome
-    /// only when this delivery must stop (the payout could not finish now).
-    async fn adopt_orphaned_payout(
-        &self,
-        a: &Attempt<'_>,
-        payment: &PaymentRecord,
-    ) -> Result<Option<Outcome>, Failure> {
-        let owner_key = InboxKey {
-            message_id: payment.message_id.clone(),
-            ..a.key.clone()
-        };
-        let now = now();
-        let Some(owner) = self.store.inbox(&owner_key).await? else {
-            return Ok(None);
-        };
-        if owner.record.status != InboxStatus::InProgress || owner.record.lease_alive(now) {
-            return Ok(None);
-        }
-        let taken = InboxRecord {
-            owner: a.id,
-            lease_until: Some(now + self.policy.lease),
-            updated_at: now,
-            ..owner.record.clone()
-        };
-        match self.store.replace_inbox(&taken, &owner.version).await {
-            Ok(version) => {
-                telemetry::counters().takeovers.inc();
-                tracing::info!(
-                    claimId = %a.msg.claim_id,
-                    messageId = %a.delivery.message_id,
-                    ownerMessageId = %payment.message_id,
-                    "adopted an orphaned payout of another message"
-                );
-                match Box::pin(self.resume(a, taken, version)).await? {
-                    outcome @ Outcome::RetryLater { .. } => Ok(Some(outcome)),
-                    _ => Ok(None),
-                }
-            }
-            Err(StoreError::PreconditionFailed) => Ok(None),
-            Err(e) => Err(e.into()),
         }
     }
 }
