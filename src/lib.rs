@@ -18,5 +18,6 @@ pub mod consumer;
 pub mod host;
 pub mod message;
 pub mod server;
+pub mod sim;
 pub mod store;
 pub mod telemetry;

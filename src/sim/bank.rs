@@ -1,0 +1,509 @@
+//! The sandbox bank: a payment provider's payout API, with idempotency keys and faults.
+//!
+//! It behaves like a real provider so the service's payout client is tested against
+//! the contract, not against a mock that agrees with it:
+//! - `POST /payments` with an `Idempotency-Key` header and a JSON body
+//!   `{"claimId","amount" (string),"currency","payee"}` pays once per key and answers
+//!   201 `{"paymentId":"..."}`;
+//! - a replay of the key with the same body answers 200 with the same paymentId and
+//!   pays nothing; the same key with another body answers 422; the same key while the
+//!   first request is still being processed answers 409;
+//! - a closed payee account (payee `CLOSED-...`) is refused with 403, for good (and the
+//!   refusal is replayed for the key);
+//! - faults, decided per (key, attempt) from the seed: 503, 429 with Retry-After, and
+//!   "answer lost": the payout is made but the client never learns it (the answer
+//!   comes after the client's timeout, or the connection is cut mid-body), or the
+//!   request stays "processing" past the client's timeout before it pays.
+//!
+//! It keeps two ledgers: every request (key, body bytes, what was answered) and every
+//! effective payout (one per key). Payouts are made in tasks detached from the HTTP
+//! request, so a client that hangs up cannot leave a key half processed.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use rust_decimal::Decimal;
+use serde::Serialize;
+use tokio::task::JoinHandle;
+
+use super::chance;
+
+/// Fault knobs. Rates are probabilities per request.
+#[derive(Debug, Clone)]
+pub struct BankSettings {
+    pub seed: u64,
+    pub error_5xx_rate: f64,
+    pub rate_429: f64,
+    pub lost_answer_rate: f64,
+    /// Processing time of a new payout, uniform in `latency_min_ms..=latency_max_ms`.
+    pub latency_min_ms: u64,
+    pub latency_max_ms: u64,
+    /// The service's `BANK_TIMEOUT_MS`: a lost answer arrives this long plus a margin
+    /// after the request, i.e. after the client gave up.
+    pub client_timeout_ms: u64,
+    pub retry_after_secs: u64,
+}
+
+impl Default for BankSettings {
+    fn default() -> Self {
+        BankSettings {
+            seed: 0,
+            error_5xx_rate: 0.0,
+            rate_429: 0.0,
+            lost_answer_rate: 0.0,
+            latency_min_ms: 0,
+            latency_max_ms: 0,
+            client_timeout_ms: 1_000,
+            retry_after_secs: 1,
+        }
+    }
+}
+
+/// One effective payout: money that left the bank.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Payout {
+    pub payment_id: String,
+    pub idempotency_key: String,
+    pub claim_id: String,
+    pub amount: Decimal,
+    pub currency: String,
+    pub payee: String,
+}
+
+/// What the bank answered (or did) for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BankAnswer {
+    /// 201: a new payout.
+    Paid,
+    /// 200: the key was paid before; same paymentId, nothing paid.
+    Replayed,
+    /// 403: the payee account is closed.
+    Rejected,
+    /// 403 again for a key that was refused before.
+    RejectedReplay,
+    /// 409: the key is still being processed.
+    KeyInProgress,
+    /// 422: the key was used with another body.
+    KeyReused,
+    /// 400: no key, or a body that breaks the contract.
+    InvalidRequest,
+    /// Injected 503.
+    Injected5xx,
+    /// Injected 429 with Retry-After.
+    Injected429,
+    /// Paid, then answered after the client's timeout.
+    LostAfterPay,
+    /// Paid, then the connection was cut in the middle of the answer.
+    CutAfterPay,
+    /// Kept "processing" past the client's timeout, then paid.
+    LostWhileProcessing,
+}
+
+impl BankAnswer {
+    /// The fault kinds the sandbox injected on purpose.
+    pub fn is_injected_fault(&self) -> bool {
+        matches!(
+            self,
+            BankAnswer::Injected5xx
+                | BankAnswer::Injected429
+                | BankAnswer::LostAfterPay
+                | BankAnswer::CutAfterPay
+                | BankAnswer::LostWhileProcessing
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BankRequest {
+    pub idempotency_key: Option<String>,
+    #[serde(skip)]
+    pub body: Vec<u8>,
+    pub answer: BankAnswer,
+    /// For replays: whether the body bytes were identical to the first request's
+    /// (the service promises to re-send the stored bytes unchanged).
+    pub byte_identical: Option<bool>,
+}
+
+/// Everything the bank saw and did.
+#[derive(Debug, Clone, Default)]
+pub struct BankLedger {
+    pub payouts: Vec<Payout>,
+    pub requests: Vec<BankRequest>,
+}
+
+#[derive(Debug, Clone)]
+enum KeyState {
+    Processing,
+    Paid(String),
+    Rejected,
+}
+
+#[derive(Debug)]
+struct KeyEntry {
+    request: serde_json::Value,
+    body: Vec<u8>,
+    state: KeyState,
+}
+
+#[derive(Debug, Default)]
+struct Books {
+    keys: HashMap<String, KeyEntry>,
+    attempts: HashMap<String, u64>,
+    payouts: Vec<Payout>,
+    requests: Vec<BankRequest>,
+}
+
+#[derive(Debug)]
+struct Bank {
+    settings: BankSettings,
+    books: Mutex<Books>,
+}
+
+impl Bank {
+    fn books(&self) -> MutexGuard<'_, Books> {
+        self.books.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(
+        &self,
+        key: Option<&str>,
+        body: &[u8],
+        answer: BankAnswer,
+        byte_identical: Option<bool>,
+    ) {
+        self.books().requests.push(BankRequest {
+            idempotency_key: key.map(str::to_owned),
+            body: body.to_vec(),
+            answer,
+            byte_identical,
+        });
+    }
+
+    /// Makes the payout for `key` (which must be Processing) and returns its id.
+    fn pay(&self, key: &str, request: &ValidRequest) -> String {
+        let mut books = self.books();
+        let payment_id = format!("pay_{:07}", books.payouts.len() + 1);
+        books.payouts.push(Payout {
+            payment_id: payment_id.clone(),
+            idempotency_key: key.to_owned(),
+            claim_id: request.claim_id.clone(),
+            amount: request.amount,
+            currency: request.currency.clone(),
+            payee: request.payee.clone(),
+        });
+        if let Some(entry) = books.keys.get_mut(key) {
+            entry.state = KeyState::Paid(payment_id.clone());
+        }
+        payment_id
+    }
+}
+
+/// A running sandbox bank on an ephemeral loopback port. Stops when dropped.
+pub struct SandboxBank {
+    addr: SocketAddr,
+    bank: Arc<Bank>,
+    server: JoinHandle<()>,
+}
+
+impl Drop for SandboxBank {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl SandboxBank {
+    pub async fn start(settings: BankSettings) -> anyhow::Result<SandboxBank> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let bank = Arc::new(Bank {
+            settings,
+            books: Mutex::new(Books::default()),
+        });
+        let app = Router::new()
+            .route("/payments", post(payments))
+            .with_state(bank.clone());
+        let server = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "sandbox bank stopped");
+            }
+        });
+        Ok(SandboxBank { addr, bank, server })
+    }
+
+    /// The base URL to give the service as `BANK_API_URL`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn ledger(&self) -> BankLedger {
+        let books = self.bank.books();
+        BankLedger {
+            payouts: books.payouts.clone(),
+            requests: books.requests.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ValidRequest {
+    claim_id: String,
+    amount: Decimal,
+    currency: String,
+    payee: String,
+}
+
+fn validate(body: &[u8]) -> Result<(serde_json::Value, ValidRequest), String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let field = |name: &str| -> Result<String, String> {
+        match value.get(name) {
+            Some(serde_json::Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
+            Some(serde_json::Value::String(_)) => Err(format!("{name} is empty")),
+            Some(other) => Err(format!("{name} must be a string, got {other}")),
+            None => Err(format!("{name} is missing")),
+        }
+    };
+    let claim_id = field("claimId")?;
+    uuid::Uuid::try_parse(&claim_id).map_err(|_| format!("claimId {claim_id:?} is not a UUID"))?;
+    let amount_text = field("amount")?;
+    let amount = Decimal::from_str(&amount_text)
+        .map_err(|_| format!("amount {amount_text:?} is not a decimal string"))?;
+    if amount <= Decimal::ZERO || amount.normalize().scale() > 2 {
+        return Err(format!(
+            "amount {amount_text} must be positive with at most 2 fraction digits"
+        ));
+    }
+    let currency = field("currency")?;
+    if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(format!("currency {currency:?} is not an ISO 4217 code"));
+    }
+    let payee = field("payee")?;
+    Ok((
+        value,
+        ValidRequest {
+            claim_id,
+            amount,
+            currency,
+            payee,
+        },
+    ))
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Response {
+    (status, axum::Json(value)).into_response()
+}
+
+fn error(status: StatusCode, message: &str, code: &str) -> Response {
+    json(status, serde_json::json!({"error": message, "code": code}))
+}
+
+enum Step {
+    New,
+    Replay(String),
+    RejectedReplay,
+    InProgress,
+    Reused,
+}
+
+async fn payments(State(bank): State<Arc<Bank>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= 255)
+        .map(str::to_owned);
+    let Some(key) = key else {
+        bank.record(None, &body, BankAnswer::InvalidRequest, None);
+        return error(
+            StatusCode::BAD_REQUEST,
+            "an Idempotency-Key header (1 to 255 characters) is required",
+            "idempotency_key_missing",
+        );
+    };
+    let s = &bank.settings;
+    let attempt = {
+        let mut books = bank.books();
+        let n = books.attempts.entry(key.clone()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let k = key.as_bytes();
+
+    if chance::hit(s.error_5xx_rate, s.seed, "bank-5xx", k, attempt) {
+        bank.record(Some(&key), &body, BankAnswer::Injected5xx, None);
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "payment engine unavailable",
+            "unavailable",
+        );
+    }
+    if chance::hit(s.rate_429, s.seed, "bank-429", k, attempt) {
+        bank.record(Some(&key), &body, BankAnswer::Injected429, None);
+        let mut response = error(StatusCode::TOO_MANY_REQUESTS, "slow down", "rate_limited");
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            header::HeaderValue::from(s.retry_after_secs),
+        );
+        return response;
+    }
+
+    let (value, request) = match validate(&body) {
+        Ok(ok) => ok,
+        Err(problem) => {
+            bank.record(Some(&key), &body, BankAnswer::InvalidRequest, None);
+            return error(StatusCode::BAD_REQUEST, &problem, "invalid_request");
+        }
+    };
+
+    let (step, identical) = {
+        let mut books = bank.books();
+        match books.keys.get(&key) {
+            Some(entry) if entry.request != value => (Step::Reused, None),
+            Some(entry) => {
+                let identical = Some(entry.body == body.as_ref());
+                match &entry.state {
+                    KeyState::Processing => (Step::InProgress, identical),
+                    KeyState::Paid(id) => (Step::Replay(id.clone()), identical),
+                    KeyState::Rejected => (Step::RejectedReplay, identical),
+                }
+            }
+            None => {
+                books.keys.insert(
+                    key.clone(),
+                    KeyEntry {
+                        request: value,
+                        body: body.to_vec(),
+                        state: KeyState::Processing,
+                    },
+                );
+                (Step::New, None)
+            }
+        }
+    };
+
+    match step {
+        Step::Reused => {
+            bank.record(Some(&key), &body, BankAnswer::KeyReused, Some(false));
+            error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "this Idempotency-Key was used with a different request body",
+                "idempotency_key_reused",
+            )
+        }
+        Step::InProgress => {
+            bank.record(Some(&key), &body, BankAnswer::KeyInProgress, identical);
+            error(
+                StatusCode::CONFLICT,
+                "a request with this Idempotency-Key is still being processed",
+                "idempotency_key_in_use",
+            )
+        }
+        Step::Replay(payment_id) => {
+            bank.record(Some(&key), &body, BankAnswer::Replayed, identical);
+            let mut response = json(
+                StatusCode::OK,
+                serde_json::json!({"paymentId": payment_id, "status": "paid"}),
+            );
+            response.headers_mut().insert(
+                "idempotent-replayed",
+                header::HeaderValue::from_static("true"),
+            );
+            response
+        }
+        Step::RejectedReplay => {
+            bank.record(Some(&key), &body, BankAnswer::RejectedReplay, identical);
+            error(
+                StatusCode::FORBIDDEN,
+                "payee account closed",
+                "account_closed",
+            )
+        }
+        Step::New => process_new(bank, key, body, request, attempt).await,
+    }
+}
+
+/// Processes a first request for a key. The work runs in its own task so it always
+/// finishes (and the key never stays "processing") even if the client hangs up.
+async fn process_new(
+    bank: Arc<Bank>,
+    key: String,
+    body: Bytes,
+    request: ValidRequest,
+    attempt: u64,
+) -> Response {
+    let s = bank.settings.clone();
+    let k = key.as_bytes().to_vec();
+    let spread = s.latency_max_ms.saturating_sub(s.latency_min_ms);
+    let latency = s.latency_min_ms + chance::upto(spread, s.seed, "bank-latency", &k, attempt);
+    let lost = chance::hit(s.lost_answer_rate, s.seed, "bank-lost", &k, attempt);
+    let lost_mode = chance::upto(2, s.seed, "bank-lost-mode", &k, attempt);
+    let past_timeout = Duration::from_millis(s.client_timeout_ms + 200);
+
+    let work = tokio::spawn(async move {
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
+        if request.payee.starts_with("CLOSED") {
+            if let Some(entry) = bank.books().keys.get_mut(&key) {
+                entry.state = KeyState::Rejected;
+            }
+            bank.record(Some(&key), &body, BankAnswer::Rejected, None);
+            return error(
+                StatusCode::FORBIDDEN,
+                "payee account closed",
+                "account_closed",
+            );
+        }
+        if lost && lost_mode == 0 {
+            // Still "processing" when the client gives up; its retries meet 409.
+            tokio::time::sleep(past_timeout).await;
+            let id = bank.pay(&key, &request);
+            bank.record(Some(&key), &body, BankAnswer::LostWhileProcessing, None);
+            return paid(&id);
+        }
+        let id = bank.pay(&key, &request);
+        if lost && lost_mode == 1 {
+            bank.record(Some(&key), &body, BankAnswer::LostAfterPay, None);
+            tokio::time::sleep(past_timeout).await;
+            return paid(&id);
+        }
+        if lost {
+            bank.record(Some(&key), &body, BankAnswer::CutAfterPay, None);
+            let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+                Ok(Bytes::from_static(b"{\"paymentId\":\"pay_")),
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "sandbox bank cut the connection",
+                )),
+            ];
+            return Response::builder()
+                .status(StatusCode::CREATED)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from_stream(futures::stream::iter(chunks)))
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+        }
+        bank.record(Some(&key), &body, BankAnswer::Paid, None);
+        paid(&id)
+    });
+    work.await
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn paid(payment_id: &str) -> Response {
+    json(
+        StatusCode::CREATED,
+        serde_json::json!({"paymentId": payment_id, "status": "paid"}),
+    )
+}

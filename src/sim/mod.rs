@@ -1,0 +1,510 @@
+//! `claims-payments simulate`: an at-least-once delivery simulator that proves (or
+//! disproves) that each approved claim is paid exactly once.
+//!
+//! It runs the real handler (`claims-payments serve`, a separate process, on a SQLite
+//! file), a sandbox bank ([`bank`]) and a fake Functions host with a Service Bus queue
+//! ([`driver`], [`queue`]) that invokes the handler over the real custom-handler
+//! protocol while injecting the faults of the failure matrix: producer re-sends,
+//! business duplicates, conflicting payloads, invalid messages, lock expiry while the
+//! handler still works, crashes after the store commit, random kills, a slow store and
+//! a flaky bank. After the queue is drained it re-drives the dead-letter queue once and
+//! reconciles producer, broker, ledger and bank ([`report`]).
+//!
+//! The seed decides the messages and every fault the driver and the bank inject (see
+//! [`chance`]); process crashes land wherever the scheduler puts them.
+
+pub mod bank;
+pub mod chance;
+pub mod driver;
+pub mod process;
+pub mod queue;
+pub mod report;
+pub mod scenario;
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::store::{PaymentRecord, Store};
+use bank::{BankSettings, SandboxBank};
+use driver::{DataType, Host, HostSettings};
+use process::{ServeSpec, Supervisor, TempDir};
+use queue::Queue;
+use report::{LedgerRow, Report};
+use scenario::ScenarioSettings;
+
+/// Which consumer the handler runs (`PAYMENTS_DEV_HANDLER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HandlerKind {
+    /// The idempotent consumer (the product).
+    Consumer,
+    /// Check-then-insert without the atomic guard: the usual hand-written baseline,
+    /// here to show that the verifier catches double payments.
+    Naive,
+}
+
+impl HandlerKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            HandlerKind::Consumer => "consumer",
+            HandlerKind::Naive => "naive",
+        }
+    }
+}
+
+/// `claims-payments simulate`: every option has a default that makes a chaotic run
+/// finish in well under a minute.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimulateArgs {
+    /// Distinct MessageIds the producer sends (re-sends and conflicting copies come on top).
+    #[arg(long, default_value_t = 500)]
+    pub messages: usize,
+    /// Concurrent invocations, like the host's maxConcurrentCalls.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Share of messages the producer sends twice (same MessageId, same bytes).
+    #[arg(long, default_value_t = 0.10)]
+    pub duplicate_rate: f64,
+    /// Share of MessageIds that repeat an earlier claim (same payment, new MessageId).
+    #[arg(long, default_value_t = 0.02)]
+    pub business_duplicate_rate: f64,
+    /// Share of messages re-sent under the same MessageId with a different amount.
+    #[arg(long, default_value_t = 0.01)]
+    pub conflict_rate: f64,
+    /// Share of MessageIds whose body breaks the ClaimApproved contract.
+    #[arg(long, default_value_t = 0.01)]
+    pub invalid_rate: f64,
+    /// Probability that the handler SIGKILLs itself after a store commit, before answering.
+    #[arg(long, default_value_t = 0.01)]
+    pub crash_rate: f64,
+    /// Probability per delivery that the driver SIGKILLs the handler mid-flight.
+    #[arg(long, default_value_t = 0.003)]
+    pub kill_rate: f64,
+    /// Probability per delivery that its lock expires while the handler still works.
+    #[arg(long, default_value_t = 0.02)]
+    pub lock_expiry_rate: f64,
+    /// Probability per bank request of a 503.
+    #[arg(long = "bank-5xx-rate", default_value_t = 0.05)]
+    pub bank_5xx_rate: f64,
+    /// Probability per bank request of a 429 with Retry-After.
+    #[arg(long = "bank-429-rate", default_value_t = 0.02)]
+    pub bank_429_rate: f64,
+    /// Probability per new payout that the bank pays but the answer is lost.
+    #[arg(long, default_value_t = 0.03)]
+    pub bank_lost_answer_rate: f64,
+    /// Share of claims whose payee account is closed (the bank refuses them for good).
+    #[arg(long, default_value_t = 0.01)]
+    pub bank_reject_rate: f64,
+    /// Bank processing time per new payout, uniform 0..=N ms.
+    #[arg(long, default_value_t = 3)]
+    pub bank_latency_ms: u64,
+    /// Extra delay per store operation in the handler (PAYMENTS_FAULT_STORE_DELAY_MS).
+    #[arg(long, default_value_t = 0)]
+    pub slow_store_ms: u64,
+    /// The queue's MaxDeliveryCount.
+    #[arg(long, default_value_t = 10)]
+    pub max_delivery_count: u32,
+    /// Seed for the messages and the injected faults (random if not given; printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// No bank: the handler only records payments in the ledger.
+    #[arg(long)]
+    pub ledger_only: bool,
+    /// The consumer under test.
+    #[arg(long, value_enum, default_value_t = HandlerKind::Consumer)]
+    pub handler: HandlerKind,
+    /// SQLite file for the ledger (must not exist yet); default: a temporary file.
+    #[arg(long)]
+    pub sqlite_path: Option<PathBuf>,
+    /// How the trigger passes the body (function.json dataType).
+    #[arg(long, value_enum, default_value_t = DataType::Binary)]
+    pub data_type: DataType,
+    /// Keep the handler's stdout/stderr in this file (default: a temporary file).
+    #[arg(long)]
+    pub serve_log: Option<PathBuf>,
+    /// The handler's LEASE_MS: how long a crashed delivery blocks its message.
+    #[arg(long, default_value_t = 3_000)]
+    pub lease_ms: u64,
+    /// The handler's INFLIGHT_WAIT_MS.
+    #[arg(long, default_value_t = 1_000)]
+    pub inflight_wait_ms: u64,
+    /// The handler's BANK_TIMEOUT_MS.
+    #[arg(long, default_value_t = 300)]
+    pub bank_timeout_ms: u64,
+    /// The handler's RETRY_BUDGET_MS.
+    #[arg(long, default_value_t = 1_500)]
+    pub retry_budget_ms: u64,
+    /// The host's functionTimeout; a longer invocation fails and the handler is restarted.
+    #[arg(long, default_value_t = 30_000)]
+    pub function_timeout_ms: u64,
+    /// Give up (error, exit 1) if the queue is not drained within this time.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_secs: u64,
+    /// The claims-payments executable to run as the handler (default: this one).
+    #[arg(long, hide = true)]
+    pub exe: Option<PathBuf>,
+}
+
+impl Default for SimulateArgs {
+    fn default() -> Self {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: SimulateArgs,
+        }
+        Wrapper::parse_from(["simulate"]).args
+    }
+}
+
+/// The simulator's options: the CLI arguments, and a progress bar choice.
+pub type SimulateOptions = SimulateArgs;
+
+fn rate(name: &str, value: f64) -> anyhow::Result<()> {
+    ensure!(
+        (0.0..=1.0).contains(&value),
+        "--{name} must be between 0 and 1, got {value}"
+    );
+    Ok(())
+}
+
+impl SimulateArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        ensure!(self.messages >= 1, "--messages must be at least 1");
+        ensure!(
+            (1..=512).contains(&self.concurrency),
+            "--concurrency must be between 1 and 512"
+        );
+        ensure!(
+            self.max_delivery_count >= 1,
+            "--max-delivery-count must be at least 1"
+        );
+        for (name, value) in [
+            ("duplicate-rate", self.duplicate_rate),
+            ("business-duplicate-rate", self.business_duplicate_rate),
+            ("conflict-rate", self.conflict_rate),
+            ("invalid-rate", self.invalid_rate),
+            ("crash-rate", self.crash_rate),
+            ("kill-rate", self.kill_rate),
+            ("lock-expiry-rate", self.lock_expiry_rate),
+            ("bank-5xx-rate", self.bank_5xx_rate),
+            ("bank-429-rate", self.bank_429_rate),
+            ("bank-lost-answer-rate", self.bank_lost_answer_rate),
+            ("bank-reject-rate", self.bank_reject_rate),
+        ] {
+            rate(name, value)?;
+        }
+        ensure!(
+            self.invalid_rate + self.business_duplicate_rate <= 1.0,
+            "--invalid-rate plus --business-duplicate-rate must not exceed 1"
+        );
+        Ok(())
+    }
+
+    fn faults(&self) -> BTreeMap<String, String> {
+        let mut f = BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            f.insert(k.to_owned(), v);
+        };
+        put("duplicate", self.duplicate_rate.to_string());
+        put(
+            "business-duplicate",
+            self.business_duplicate_rate.to_string(),
+        );
+        put("conflict", self.conflict_rate.to_string());
+        put("invalid", self.invalid_rate.to_string());
+        put("crash", self.crash_rate.to_string());
+        put("kill", self.kill_rate.to_string());
+        put("lock-expiry", self.lock_expiry_rate.to_string());
+        put("slow-store-ms", self.slow_store_ms.to_string());
+        if !self.ledger_only {
+            put("bank-5xx", self.bank_5xx_rate.to_string());
+            put("bank-429", self.bank_429_rate.to_string());
+            put("bank-lost-answer", self.bank_lost_answer_rate.to_string());
+            put("bank-reject", self.bank_reject_rate.to_string());
+        }
+        f
+    }
+}
+
+/// Converts the store's payment records into the verifier's rows.
+pub fn ledger_rows(records: &[PaymentRecord]) -> anyhow::Result<Vec<LedgerRow>> {
+    records
+        .iter()
+        .map(|r| {
+            Ok(LedgerRow {
+                claim_id: r.claim_id.to_string(),
+                amount: r
+                    .amount
+                    .parse()
+                    .with_context(|| format!("ledger amount {:?} is not a decimal", r.amount))?,
+                currency: r.currency.clone(),
+                status: r.status.as_str().to_owned(),
+                message_id: r.message_id.to_string(),
+                bank_payment_id: r.bank_payment_id.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Reads every payment from a SQLite ledger file.
+pub async fn read_sqlite_ledger(
+    path: &std::path::Path,
+    limit: usize,
+) -> anyhow::Result<Vec<LedgerRow>> {
+    let store = crate::store::sqlite::SqliteStore::open(path)
+        .with_context(|| format!("cannot open the ledger {}", path.display()))?;
+    let records = store
+        .list_payments(limit)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot list payments: {e}"))?;
+    ledger_rows(&records)
+}
+
+fn progress_bar(length: u64, visible: bool) -> ProgressBar {
+    let target = if visible {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(length), target);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:40}] {pos}/{len} messages settled {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+fn median_ms(micros: &[u64]) -> f64 {
+    if micros.is_empty() {
+        return 0.0;
+    }
+    let mut v = micros.to_vec();
+    v.sort_unstable();
+    v[v.len() / 2] as f64 / 1000.0
+}
+
+/// Runs one simulation and reconciles it. Errors mean the run could not be carried
+/// out (the handler does not start, the queue does not drain in time); a run that
+/// completes returns a report whose verdict may be yes or no.
+pub async fn run(opts: SimulateOptions) -> anyhow::Result<Report> {
+    run_with_progress(opts, false).await
+}
+
+async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow::Result<Report> {
+    opts.validate()?;
+    let started = Instant::now();
+    let seed = opts.seed.unwrap_or_else(rand::random);
+    let with_bank = !opts.ledger_only;
+
+    let plan = scenario::plan(&ScenarioSettings {
+        messages: opts.messages,
+        duplicate_rate: opts.duplicate_rate,
+        business_duplicate_rate: opts.business_duplicate_rate,
+        conflict_rate: opts.conflict_rate,
+        invalid_rate: opts.invalid_rate,
+        closed_account_rate: if with_bank {
+            opts.bank_reject_rate
+        } else {
+            0.0
+        },
+        allow_non_utf8: opts.data_type == DataType::Binary,
+        race_window: opts.concurrency,
+        seed,
+    });
+
+    let temp = TempDir::new("claims-payments-sim").context("cannot create a temp dir")?;
+    let db = match &opts.sqlite_path {
+        Some(path) => {
+            ensure!(
+                !path.exists(),
+                "{} exists; the simulator needs a new ledger to reconcile against",
+                path.display()
+            );
+            path.clone()
+        }
+        None => temp.path().join("payments.db"),
+    };
+    let exe = match &opts.exe {
+        Some(exe) => exe.clone(),
+        None => std::env::current_exe().context("cannot find the claims-payments executable")?,
+    };
+
+    let bank = if with_bank {
+        Some(
+            SandboxBank::start(BankSettings {
+                seed,
+                error_5xx_rate: opts.bank_5xx_rate,
+                rate_429: opts.bank_429_rate,
+                lost_answer_rate: opts.bank_lost_answer_rate,
+                latency_min_ms: 0,
+                latency_max_ms: opts.bank_latency_ms,
+                client_timeout_ms: opts.bank_timeout_ms,
+                retry_after_secs: 1,
+            })
+            .await?,
+        )
+    } else {
+        None
+    };
+
+    let mut spec = ServeSpec::new(exe)
+        .env("PAYMENTS_STORE", "sqlite")
+        .env("PAYMENTS_SQLITE_PATH", db.to_string_lossy())
+        .env("BANK_TIMEOUT_MS", opts.bank_timeout_ms.to_string())
+        .env("RETRY_BUDGET_MS", opts.retry_budget_ms.to_string())
+        .env("LEASE_MS", opts.lease_ms.to_string())
+        .env("INFLIGHT_WAIT_MS", opts.inflight_wait_ms.to_string())
+        .env("LOG_FORMAT", "json")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .env("PAYMENTS_DEV_HANDLER", opts.handler.as_str())
+        .env(
+            "PAYMENTS_FAULT_CRASH_AFTER_COMMIT",
+            opts.crash_rate.to_string(),
+        )
+        .env(
+            "PAYMENTS_FAULT_STORE_DELAY_MS",
+            opts.slow_store_ms.to_string(),
+        );
+    if let Some(bank) = &bank {
+        spec = spec.env("BANK_API_URL", bank.url());
+    }
+    spec.log = Some(
+        opts.serve_log
+            .clone()
+            .unwrap_or_else(|| temp.path().join("serve.log")),
+    );
+    // Crashes are bounded by the fault rates; this cap only stops a crash loop.
+    let max_restarts = 50 + (opts.messages as u64) * 2;
+    let supervisor = Arc::new(Supervisor::start(spec, max_restarts).await?);
+
+    let queue = Arc::new(Queue::new(opts.max_delivery_count));
+    for &i in &plan.send_order {
+        let copy = &plan.copies[i];
+        queue.send(i, &copy.message_id, &copy.body, false);
+    }
+    let progress = progress_bar(plan.copies.len() as u64, show_progress);
+    let host = Host::new(
+        queue.clone(),
+        supervisor.clone(),
+        HostSettings {
+            function_name: "ClaimApproved".to_owned(),
+            concurrency: opts.concurrency,
+            data_type: opts.data_type,
+            function_timeout: Duration::from_millis(opts.function_timeout_ms),
+            lock_expiry_rate: opts.lock_expiry_rate,
+            lock_expiry_max_ms: 5,
+            kill_rate: opts.kill_rate,
+            kill_max_delay_ms: 20,
+            seed,
+        },
+        progress.clone(),
+    )?;
+
+    let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
+    host.run_until_settled(deadline).await?;
+    // The operator re-drives the dead-letter queue once.
+    let redriven = queue.redrive_dead_letters();
+    if redriven > 0 {
+        progress.inc_length(redriven as u64);
+        progress.set_message("(dead-letter re-drive)");
+        host.run_until_settled(deadline).await?;
+    }
+    host.stop();
+    progress.finish_and_clear();
+    supervisor.stop().await;
+
+    let entries = queue.entries();
+    let ledger = read_sqlite_ledger(&db, entries.len() * 2 + 1_000).await?;
+    let bank_ledger = bank.as_ref().map(SandboxBank::ledger);
+    let verification = report::verify(&report::Evidence {
+        plan: &plan,
+        entries: &entries,
+        ledger: &ledger,
+        bank: bank_ledger.as_ref(),
+    });
+
+    let stats = &supervisor.stats;
+    let processes = report::ProcessSummary {
+        starts: stats.starts.load(Ordering::Relaxed),
+        crash_after_commit: stats.self_kills.load(Ordering::Relaxed),
+        chaos_kills: stats.chaos_kills.load(Ordering::Relaxed),
+        timeout_restarts: stats.timeout_kills.load(Ordering::Relaxed),
+        unexpected_exits: stats.unexpected_exits.load(Ordering::Relaxed),
+        unexpected_exit_statuses: stats
+            .unexpected_exit_statuses
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default(),
+        startup_median_ms: median_ms(
+            &stats
+                .startup_micros
+                .lock()
+                .map(|v| v.clone())
+                .unwrap_or_default(),
+        ),
+    };
+    let host_stats = host.stats();
+    let elapsed = started.elapsed();
+    if opts.sqlite_path.is_some() || opts.serve_log.is_some() {
+        // The caller asked to keep these files; the rest of the temp dir goes.
+        tracing::debug!(ledger = %db.display(), "ledger kept");
+    }
+    Ok(Report {
+        exactly_once: verification.exactly_once,
+        seed,
+        handler: opts.handler.as_str().to_owned(),
+        mode: if with_bank {
+            "SQLite ledger + sandbox bank".to_owned()
+        } else {
+            "SQLite ledger only (no bank)".to_owned()
+        },
+        data_type: match opts.data_type {
+            DataType::Binary => "binary".to_owned(),
+            DataType::String => "string".to_owned(),
+        },
+        concurrency: opts.concurrency,
+        faults: opts.faults(),
+        producer: report::producer_summary(&plan),
+        broker: report::broker_summary(&entries, opts.max_delivery_count),
+        payments: ledger.len(),
+        bank: bank_ledger.as_ref().map(report::bank_summary),
+        processes,
+        deliveries_per_second: host_stats.deliveries as f64 / elapsed.as_secs_f64().max(1e-9),
+        host: host_stats,
+        verification,
+        duration_ms: elapsed.as_millis() as u64,
+    })
+}
+
+/// The `simulate` subcommand: runs, prints the report (text or `--json`) and returns
+/// exit code 0 when the verdict is "exactly once: yes", 1 otherwise.
+pub async fn main(args: SimulateArgs) -> anyhow::Result<std::process::ExitCode> {
+    let json = args.json;
+    let show_progress = !json && std::io::stderr().is_terminal();
+    let report = tokio::select! {
+        report = run_with_progress(args, show_progress) => report?,
+        _ = tokio::signal::ctrl_c() => bail!("interrupted; the handler process was stopped"),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render_text());
+    }
+    Ok(if report.exactly_once {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(1)
+    })
+}

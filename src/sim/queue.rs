@@ -1,0 +1,381 @@
+//! The Service Bus queue, as far as a peek-lock receiver can tell.
+//!
+//! - A receive locks one message and increments its DeliveryCount.
+//! - Complete settles it, but only with the current lock token: after the lock expired
+//!   (and the message went to another receiver) the old token is refused with
+//!   "lock lost", exactly what the host sees when it completes too late.
+//! - Abandon releases the lock at once and the message is the next one delivered
+//!   (Service Bus applies no back-off); once DeliveryCount reached MaxDeliveryCount the
+//!   broker moves it to the dead-letter queue instead, with the reason.
+//! - A re-drive sends every dead-lettered message again as a new message (same
+//!   MessageId and body, DeliveryCount from zero), like an operator resubmitting the DLQ.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use time::OffsetDateTime;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+/// One message on the queue.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub sequence_number: u64,
+    /// Which producer copy this is (index into the plan), so outcomes map back.
+    pub copy: usize,
+    pub message_id: Arc<str>,
+    pub body: Arc<[u8]>,
+    pub enqueued_at: OffsetDateTime,
+    /// Sent again by a dead-letter re-drive.
+    pub redrive: bool,
+}
+
+/// A locked message handed to a receiver.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub entry: usize,
+    pub lock_token: Uuid,
+    pub delivery_count: u32,
+    pub message: Message,
+}
+
+/// Why a delivery failed, as the host saw it. `kind` groups failures for the report
+/// (`503 retry-later`, `transport: connection closed`); `detail` is the specific text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub kind: String,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    Completed {
+        label: String,
+        delivery_count: u32,
+    },
+    DeadLettered {
+        /// The last failure before the broker gave up.
+        last: Failure,
+        delivery_count: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockLost;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abandoned {
+    Redelivered,
+    DeadLettered,
+}
+
+#[derive(Debug)]
+struct Entry {
+    message: Message,
+    delivery_count: u32,
+    lock: Option<Uuid>,
+    last_failure: Option<Failure>,
+    settled: Option<Settled>,
+    /// A re-drive already sent this dead-lettered message again.
+    redriven: bool,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    entries: Vec<Entry>,
+    available: VecDeque<usize>,
+    active: usize,
+}
+
+/// A snapshot of one queue message after the run.
+#[derive(Debug, Clone)]
+pub struct EntryView {
+    pub message: Message,
+    pub delivery_count: u32,
+    pub settled: Option<Settled>,
+    pub redriven: bool,
+}
+
+#[derive(Debug)]
+pub struct Queue {
+    inner: Mutex<Inner>,
+    changed: Notify,
+    max_delivery_count: u32,
+    next_sequence: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadlinePassed;
+
+impl Queue {
+    pub fn new(max_delivery_count: u32) -> Self {
+        Queue {
+            inner: Mutex::new(Inner::default()),
+            changed: Notify::new(),
+            max_delivery_count: max_delivery_count.max(1),
+            next_sequence: AtomicU64::new(1),
+        }
+    }
+
+    pub fn max_delivery_count(&self) -> u32 {
+        self.max_delivery_count
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data; keep going with it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn send(&self, copy: usize, message_id: &str, body: &[u8], redrive: bool) {
+        let message = Message {
+            sequence_number: self.next_sequence.fetch_add(1, Ordering::Relaxed),
+            copy,
+            message_id: Arc::from(message_id),
+            body: Arc::from(body),
+            enqueued_at: OffsetDateTime::now_utc(),
+            redrive,
+        };
+        let mut inner = self.lock();
+        let index = inner.entries.len();
+        inner.entries.push(Entry {
+            message,
+            delivery_count: 0,
+            lock: None,
+            last_failure: None,
+            settled: None,
+            redriven: false,
+        });
+        inner.available.push_back(index);
+        inner.active += 1;
+        drop(inner);
+        self.changed.notify_waiters();
+    }
+
+    /// Messages not yet completed or dead-lettered.
+    pub fn active(&self) -> usize {
+        self.lock().active
+    }
+
+    /// Locks the next available message. `Ok(None)` once every message is settled;
+    /// while some are locked by other receivers, waits for them to settle or return.
+    pub async fn receive(&self, deadline: Instant) -> Result<Option<Delivery>, DeadlinePassed> {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut inner = self.lock();
+                if let Some(index) = inner.available.pop_front() {
+                    let entry = &mut inner.entries[index];
+                    entry.delivery_count += 1;
+                    let token = Uuid::new_v4();
+                    entry.lock = Some(token);
+                    return Ok(Some(Delivery {
+                        entry: index,
+                        lock_token: token,
+                        delivery_count: entry.delivery_count,
+                        message: entry.message.clone(),
+                    }));
+                }
+                if inner.active == 0 {
+                    return Ok(None);
+                }
+            }
+            if tokio::time::timeout_at(deadline.into(), notified)
+                .await
+                .is_err()
+            {
+                return Err(DeadlinePassed);
+            }
+        }
+    }
+
+    fn holds_lock(entry: &Entry, token: Uuid) -> bool {
+        entry.settled.is_none() && entry.lock == Some(token)
+    }
+
+    /// Completes the message if `delivery` still holds its lock.
+    pub fn complete(&self, delivery: &Delivery, label: &str) -> Result<(), LockLost> {
+        let mut inner = self.lock();
+        let entry = &mut inner.entries[delivery.entry];
+        if !Self::holds_lock(entry, delivery.lock_token) {
+            return Err(LockLost);
+        }
+        entry.lock = None;
+        entry.settled = Some(Settled::Completed {
+            label: label.to_owned(),
+            delivery_count: delivery.delivery_count,
+        });
+        inner.active -= 1;
+        drop(inner);
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Releases the lock after a failed delivery: the message is delivered again at
+    /// once, or dead-lettered when it has used up MaxDeliveryCount.
+    pub fn abandon(&self, delivery: &Delivery, failure: Failure) -> Result<Abandoned, LockLost> {
+        let mut inner = self.lock();
+        let entry = &mut inner.entries[delivery.entry];
+        if !Self::holds_lock(entry, delivery.lock_token) {
+            return Err(LockLost);
+        }
+        let result = self.release(&mut inner, delivery.entry, failure);
+        drop(inner);
+        self.changed.notify_waiters();
+        Ok(result)
+    }
+
+    /// The lock of `delivery` expired while its receiver still works on it: the broker
+    /// makes the message available to others. False if it was settled meanwhile.
+    pub fn expire_lock(&self, delivery: &Delivery) -> bool {
+        let mut inner = self.lock();
+        if !Self::holds_lock(&inner.entries[delivery.entry], delivery.lock_token) {
+            return false;
+        }
+        let failure = Failure {
+            kind: "lock expired".to_owned(),
+            detail: format!(
+                "the lock of delivery {} expired while the handler was still working",
+                delivery.delivery_count
+            ),
+        };
+        self.release(&mut inner, delivery.entry, failure);
+        drop(inner);
+        self.changed.notify_waiters();
+        true
+    }
+
+    fn release(&self, inner: &mut Inner, index: usize, failure: Failure) -> Abandoned {
+        let max = self.max_delivery_count;
+        let entry = &mut inner.entries[index];
+        entry.lock = None;
+        if entry.delivery_count >= max {
+            entry.settled = Some(Settled::DeadLettered {
+                last: failure,
+                delivery_count: entry.delivery_count,
+            });
+            inner.active -= 1;
+            Abandoned::DeadLettered
+        } else {
+            entry.last_failure = Some(failure);
+            // Abandon puts the message back at the head: it is the next one delivered.
+            inner.available.push_front(index);
+            Abandoned::Redelivered
+        }
+    }
+
+    /// Sends every dead-lettered message that was not re-driven yet once more.
+    /// Returns how many were sent.
+    pub fn redrive_dead_letters(&self) -> usize {
+        let to_send: Vec<(usize, Message)> = {
+            let mut inner = self.lock();
+            inner
+                .entries
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, e)| {
+                    !e.redriven && matches!(e.settled, Some(Settled::DeadLettered { .. }))
+                })
+                .map(|(i, e)| {
+                    e.redriven = true;
+                    (i, e.message.clone())
+                })
+                .collect()
+        };
+        for (_, message) in &to_send {
+            self.send(message.copy, &message.message_id, &message.body, true);
+        }
+        to_send.len()
+    }
+
+    pub fn entries(&self) -> Vec<EntryView> {
+        self.lock()
+            .entries
+            .iter()
+            .map(|e| EntryView {
+                message: e.message.clone(),
+                delivery_count: e.delivery_count,
+                settled: e.settled.clone(),
+                redriven: e.redriven,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    fn failure() -> Failure {
+        Failure {
+            kind: "503 retry-later".into(),
+            detail: "busy".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn abandon_redelivers_then_dead_letters_at_max_delivery_count() {
+        let q = Queue::new(3);
+        q.send(0, "m", b"{}", false);
+        for expected in 1..=3u32 {
+            let d = q.receive(soon()).await.unwrap().unwrap();
+            assert_eq!(d.delivery_count, expected);
+            let r = q.abandon(&d, failure()).unwrap();
+            assert_eq!(r == Abandoned::DeadLettered, expected == 3);
+        }
+        assert!(q.receive(soon()).await.unwrap().is_none());
+        let views = q.entries();
+        assert!(matches!(
+            &views[0].settled,
+            Some(Settled::DeadLettered { delivery_count: 3, last }) if last.kind == "503 retry-later"
+        ));
+        assert_eq!(q.redrive_dead_letters(), 1);
+        assert_eq!(q.redrive_dead_letters(), 0);
+        let d = q.receive(soon()).await.unwrap().unwrap();
+        assert!(d.message.redrive);
+        assert_eq!(d.delivery_count, 1);
+        q.complete(&d, "paid").unwrap();
+        assert_eq!(q.active(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_expired_lock_goes_to_a_second_receiver_and_the_first_cannot_settle() {
+        let q = Queue::new(10);
+        q.send(0, "m", b"{}", false);
+        let first = q.receive(soon()).await.unwrap().unwrap();
+        assert!(q.expire_lock(&first));
+        let second = q.receive(soon()).await.unwrap().unwrap();
+        assert_eq!(second.delivery_count, 2);
+        assert_eq!(q.complete(&first, "paid"), Err(LockLost));
+        assert_eq!(q.abandon(&first, failure()), Err(LockLost));
+        q.complete(&second, "duplicate").unwrap();
+        assert!(!q.expire_lock(&second));
+        assert!(q.receive(soon()).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn receive_waits_while_others_hold_locks() {
+        let q = Arc::new(Queue::new(10));
+        q.send(0, "m", b"{}", false);
+        let d = q.receive(soon()).await.unwrap().unwrap();
+        let q2 = q.clone();
+        let waiter = tokio::spawn(async move { q2.receive(soon()).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished());
+        q.abandon(&d, failure()).unwrap();
+        let again = waiter.await.unwrap().unwrap().unwrap();
+        assert_eq!(again.delivery_count, 2);
+        let err = Queue::new(1)
+            .receive(Instant::now() + Duration::from_millis(1))
+            .await;
+        assert!(matches!(err, Ok(None)));
+    }
+}
