@@ -12,6 +12,7 @@
 //! - [`cli`]: the operator commands (`ledger`, `inbox`, `purge`).
 
 pub mod bank;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod consumer;
