@@ -43,7 +43,7 @@ use crate::sim::queue::{Delivery, Message};
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Invocations per variant and phase (fresh, duplicate), split evenly over the rounds.
-    #[arg(long, default_value_t = 6_000)]
+    #[arg(long, default_value_t = 30_000)]
     pub requests: usize,
     /// Requests in flight at any time (closed loop).
     #[arg(long, default_value_t = 32)]
@@ -123,6 +123,10 @@ pub struct PhaseFigures {
     pub p99_ms: f64,
     /// Store calls per invocation, from the handler's counters.
     pub store_round_trips_per_message: f64,
+    /// CPU time (user + system) the serve process spent per invocation.
+    pub server_cpu_us_per_message: f64,
+    /// CPU time the load generator (this process) spent per invocation.
+    pub generator_cpu_us_per_message: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -316,7 +320,7 @@ fn percentile_ms(sorted_us: &[u64], p: usize) -> f64 {
     sorted_us[rank - 1] as f64 / 1000.0
 }
 
-/// The handler's counters (`GET /metrics`).
+/// The handler's counters (`GET /metrics`), plus the CPU time of both processes.
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
     invocations: f64,
@@ -325,9 +329,11 @@ struct Counters {
     request_units: f64,
     commits: f64,
     committed_jobs: f64,
+    server_cpu_us: f64,
+    generator_cpu_us: f64,
 }
 
-async fn counters(client: &reqwest::Client, base_url: &str) -> anyhow::Result<Counters> {
+async fn counters(client: &reqwest::Client, base_url: &str, pid: u32) -> anyhow::Result<Counters> {
     let value: serde_json::Value = client
         .get(format!("{base_url}/metrics"))
         .timeout(Duration::from_secs(10))
@@ -349,7 +355,21 @@ async fn counters(client: &reqwest::Client, base_url: &str) -> anyhow::Result<Co
         request_units: f("cosmosRequestUnits"),
         commits: f("sqliteCommits"),
         committed_jobs: f("sqliteCommittedJobs"),
+        server_cpu_us: cpu_us(pid).unwrap_or(0.0),
+        generator_cpu_us: cpu_us(std::process::id()).unwrap_or(0.0),
     })
+}
+
+/// CPU time (user + system, all threads) of a process so far, in microseconds, from
+/// `/proc/<pid>/stat`. The kernel reports it in USER_HZ ticks, which Linux fixes at 100
+/// per second; phases last long enough that the 10 ms granularity stays small.
+fn cpu_us(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces; fields are counted after its closing ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) * 10_000.0)
 }
 
 fn per(numerator: f64, messages: f64) -> f64 {
@@ -363,14 +383,15 @@ fn per(numerator: f64, messages: f64) -> f64 {
 /// One measured phase: load plus the counter deltas around it.
 async fn measured(
     client: &reqwest::Client,
-    base_url: &str,
+    process: &ServeProcess,
     bodies: Arc<Vec<Bytes>>,
     concurrency: usize,
     expected: &'static str,
 ) -> anyhow::Result<(Run, Counters)> {
-    let before = counters(client, base_url).await?;
-    let run = load(client, base_url, bodies, concurrency, expected).await;
-    let after = counters(client, base_url).await?;
+    let base_url = process.base_url();
+    let before = counters(client, &base_url, process.pid).await?;
+    let run = load(client, &base_url, bodies, concurrency, expected).await;
+    let after = counters(client, &base_url, process.pid).await?;
     let delta = Counters {
         invocations: after.invocations - before.invocations,
         round_trips: after.round_trips - before.round_trips,
@@ -378,6 +399,8 @@ async fn measured(
         request_units: after.request_units - before.request_units,
         commits: after.commits - before.commits,
         committed_jobs: after.committed_jobs - before.committed_jobs,
+        server_cpu_us: after.server_cpu_us - before.server_cpu_us,
+        generator_cpu_us: after.generator_cpu_us - before.generator_cpu_us,
     };
     Ok((run, delta))
 }
@@ -415,6 +438,8 @@ struct Accumulated {
     unexpected: usize,
     round_trips: f64,
     invocations: f64,
+    server_cpu_us: f64,
+    generator_cpu_us: f64,
 }
 
 impl Accumulated {
@@ -425,6 +450,8 @@ impl Accumulated {
         self.unexpected += run.unexpected;
         self.round_trips += delta.round_trips;
         self.invocations += delta.invocations;
+        self.server_cpu_us += delta.server_cpu_us;
+        self.generator_cpu_us += delta.generator_cpu_us;
     }
 
     fn figures(mut self) -> PhaseFigures {
@@ -438,6 +465,11 @@ impl Accumulated {
             p50_ms: percentile_ms(&self.latencies_us, 50),
             p99_ms: percentile_ms(&self.latencies_us, 99),
             store_round_trips_per_message: per(self.round_trips, self.invocations),
+            server_cpu_us_per_message: per(self.server_cpu_us, self.latencies_us.len() as f64),
+            generator_cpu_us_per_message: per(
+                self.generator_cpu_us,
+                self.latencies_us.len() as f64,
+            ),
         }
     }
 }
@@ -518,10 +550,9 @@ async fn throughput(
         }
         for &i in &order {
             let bodies = Arc::new(firsts[i].take().unwrap_or_default());
-            let url = processes[i].base_url();
             let (run, delta) = measured(
                 client,
-                &url,
+                &processes[i],
                 bodies,
                 args.concurrency,
                 Variant::ALL[i].expected(false),
@@ -531,10 +562,9 @@ async fn throughput(
         }
         for &i in &order {
             let bodies = Arc::new(seconds[i].take().unwrap_or_default());
-            let url = processes[i].base_url();
             let (run, delta) = measured(
                 client,
-                &url,
+                &processes[i],
                 bodies,
                 args.concurrency,
                 Variant::ALL[i].expected(true),
@@ -559,6 +589,29 @@ async fn throughput(
     Ok(figures)
 }
 
+/// `sample` new messages, then the same again as duplicates.
+async fn fresh_then_duplicate(
+    client: &reqwest::Client,
+    process: &ServeProcess,
+    sample: usize,
+    concurrency: usize,
+    expected_fresh: &'static str,
+) -> anyhow::Result<(RoundTrips, RoundTrips)> {
+    let (first, second) = envelopes(sample, "round-trips");
+    let (run, delta) = measured(
+        client,
+        process,
+        Arc::new(first),
+        concurrency,
+        expected_fresh,
+    )
+    .await?;
+    let fresh = round_trips(&run, &delta);
+    let (run, delta) =
+        measured(client, process, Arc::new(second), concurrency, "duplicate").await?;
+    Ok((fresh, round_trips(&run, &delta)))
+}
+
 /// Round trips per message for one store: fresh and duplicate, ledger-only and with a
 /// payout through a fault-free sandbox bank.
 async fn store_round_trips(
@@ -573,21 +626,10 @@ async fn store_round_trips(
     let with_bank =
         ServeProcess::start(&make_spec("with-bank").env("BANK_API_URL", bank.url())).await?;
 
-    let measure = |process: &ServeProcess, expected_fresh: &'static str| {
-        let url = process.base_url();
-        let client = client.clone();
-        async move {
-            let (first, second) = envelopes(sample, "round-trips");
-            let (run, delta) =
-                measured(&client, &url, Arc::new(first), concurrency, expected_fresh).await?;
-            let fresh = round_trips(&run, &delta);
-            let (run, delta) =
-                measured(&client, &url, Arc::new(second), concurrency, "duplicate").await?;
-            anyhow::Ok((fresh, round_trips(&run, &delta)))
-        }
-    };
-    let (fresh, duplicate) = measure(&ledger_only, "recorded").await?;
-    let (fresh_with_payout, duplicate_with_payout) = measure(&with_bank, "paid").await?;
+    let (fresh, duplicate) =
+        fresh_then_duplicate(client, &ledger_only, sample, concurrency, "recorded").await?;
+    let (fresh_with_payout, duplicate_with_payout) =
+        fresh_then_duplicate(client, &with_bank, sample, concurrency, "paid").await?;
     ledger_only.stop().await;
     with_bank.stop().await;
     Ok(StoreRoundTrips {
@@ -813,8 +855,17 @@ impl BenchReport {
         );
         let _ = writeln!(
             o,
-            "{:<16}{:>10}{:>9}{:>9}  {:>10}{:>9}{:>9}  {:>10}",
-            "", "fresh/s", "p50 ms", "p99 ms", "dup/s", "p50 ms", "p99 ms", "peak RSS"
+            "{:<16}{:>9}{:>8}{:>8}{:>8}  {:>9}{:>8}{:>8}{:>8}  {:>9}",
+            "",
+            "fresh/s",
+            "p50 ms",
+            "p99 ms",
+            "cpu us",
+            "dup/s",
+            "p50 ms",
+            "p99 ms",
+            "cpu us",
+            "peak RSS"
         );
         for v in &self.variants {
             let name = match v.variant {
@@ -827,14 +878,16 @@ impl BenchReport {
             });
             let _ = writeln!(
                 o,
-                "{:<16}{:>10.0}{:>9.2}{:>9.2}  {:>10.0}{:>9.2}{:>9.2}  {:>10}",
+                "{:<16}{:>9.0}{:>8.2}{:>8.2}{:>8.0}  {:>9.0}{:>8.2}{:>8.2}{:>8.0}  {:>9}",
                 name,
                 v.fresh.invocations_per_second,
                 v.fresh.p50_ms,
                 v.fresh.p99_ms,
+                v.fresh.server_cpu_us_per_message,
                 v.duplicate.invocations_per_second,
                 v.duplicate.p50_ms,
                 v.duplicate.p99_ms,
+                v.duplicate.server_cpu_us_per_message,
                 rss
             );
             let problems = v.fresh.errors
@@ -849,6 +902,21 @@ impl BenchReport {
                 );
             }
         }
+        let generator: Vec<String> = self
+            .variants
+            .iter()
+            .map(|v| {
+                format!(
+                    "{:.0}/{:.0}",
+                    v.fresh.generator_cpu_us_per_message, v.duplicate.generator_cpu_us_per_message
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            o,
+            "cpu us = serve CPU (user+system) per invocation; the load generator shares the cores and spent {} us per request (fresh/dup, same order)",
+            generator.join(", ")
+        );
         let _ = writeln!(
             o,
             "ours/ceiling    fresh {:.0}%, duplicate {:.0}%",

@@ -12,6 +12,7 @@
 //! - [`cli`]: the operator commands (`ledger`, `inbox`, `purge`).
 
 pub mod bank;
+#[cfg(feature = "dev-tools")]
 pub mod bench;
 pub mod cli;
 pub mod config;
@@ -19,6 +20,7 @@ pub mod consumer;
 pub mod host;
 pub mod message;
 pub mod server;
+#[cfg(feature = "dev-tools")]
 pub mod sim;
 pub mod store;
 pub mod telemetry;

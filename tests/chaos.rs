@@ -8,6 +8,8 @@
 //! naive one about 15 s. The tests assert outcomes only, never timings. Set
 //! `CHAOS_MESSAGES` to run larger or smaller.
 
+#![cfg(feature = "dev-tools")]
+
 use claims_payments::sim::bank::BankAnswer;
 use claims_payments::sim::report::Report;
 use claims_payments::sim::{self, HandlerKind, SimulateArgs};

@@ -4,6 +4,8 @@
 //! faults that follow the seed. If the sandbox were lenient, the chaos test would
 //! prove nothing about the real payout client.
 
+#![cfg(feature = "dev-tools")]
+
 use std::time::Duration;
 
 use claims_payments::sim::bank::{BankAnswer, BankSettings, SandboxBank};

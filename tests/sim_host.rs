@@ -2,6 +2,8 @@
 //! settles messages the way the host and Service Bus do. Each test drives an
 //! in-process fake handler whose behaviour depends on the MessageId.
 
+#![cfg(feature = "dev-tools")]
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

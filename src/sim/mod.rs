@@ -85,7 +85,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0.01)]
     pub crash_rate: f64,
     /// Probability per delivery that the driver SIGKILLs the handler mid-flight.
-    #[arg(long, default_value_t = 0.003)]
+    #[arg(long, default_value_t = 0.005)]
     pub kill_rate: f64,
     /// Probability per delivery that its lock expires while the handler still works.
     #[arg(long, default_value_t = 0.02)]
@@ -167,7 +167,8 @@ impl Default for SimulateArgs {
     }
 }
 
-/// The simulator's options: the CLI arguments, and a progress bar choice.
+/// The simulator's options are its CLI arguments; library callers (tests) start from
+/// `SimulateArgs::default()`, which holds the same defaults as the command line.
 pub type SimulateOptions = SimulateArgs;
 
 fn rate(name: &str, value: f64) -> anyhow::Result<()> {
@@ -457,10 +458,6 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     };
     let host_stats = host.stats();
     let elapsed = started.elapsed();
-    if opts.sqlite_path.is_some() || opts.serve_log.is_some() {
-        // The caller asked to keep these files; the rest of the temp dir goes.
-        tracing::debug!(ledger = %db.display(), "ledger kept");
-    }
     Ok(Report {
         exactly_once: verification.exactly_once,
         seed,
@@ -507,4 +504,71 @@ pub async fn main(args: SimulateArgs) -> anyhow::Result<std::process::ExitCode> 
     } else {
         std::process::ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_command_line() {
+        let args = SimulateArgs::default();
+        args.validate().unwrap();
+        assert_eq!(args.messages, 500);
+        assert_eq!(args.max_delivery_count, 10);
+        assert_eq!(args.handler, HandlerKind::Consumer);
+        assert!(!args.ledger_only && !args.json);
+        // Every fault kind is on by default.
+        for rate in [
+            args.duplicate_rate,
+            args.business_duplicate_rate,
+            args.conflict_rate,
+            args.invalid_rate,
+            args.crash_rate,
+            args.kill_rate,
+            args.lock_expiry_rate,
+            args.bank_5xx_rate,
+            args.bank_429_rate,
+            args.bank_lost_answer_rate,
+            args.bank_reject_rate,
+        ] {
+            assert!(rate > 0.0);
+        }
+    }
+
+    #[test]
+    fn out_of_range_options_are_refused_with_their_flag() {
+        let bad = SimulateArgs {
+            crash_rate: 1.5,
+            ..SimulateArgs::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--crash-rate"));
+        let bad = SimulateArgs {
+            concurrency: 0,
+            ..SimulateArgs::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn the_clap_definitions_are_consistent() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: Sub,
+        }
+        #[derive(clap::Subcommand)]
+        enum Sub {
+            Simulate(SimulateArgs),
+            Bench(crate::bench::BenchArgs),
+        }
+        Cli::command().debug_assert();
+        let bench = crate::bench::BenchArgs::default();
+        assert_eq!((bench.concurrency, bench.rounds), (32, 3));
+    }
 }
