@@ -40,6 +40,39 @@ enum Command {
     Purge,
     /// Create (or verify) the Cosmos DB database and container, with COSMOS_KEY (emulator, dev accounts).
     Provision,
+    /// Simulate at-least-once delivery with faults against `serve` and verify that every claim is paid exactly once (exit 1 if not).
+    #[cfg(feature = "dev-tools")]
+    Simulate(claims_payments::sim::SimulateArgs),
+    /// Measure `serve` on the full HTTP path: throughput, latency, round trips, start-up, memory.
+    #[cfg(feature = "dev-tools")]
+    Bench(claims_payments::bench::BenchArgs),
+}
+
+/// Runs `simulate` or `bench`. They configure the processes they start themselves, so
+/// they run before (and without) the settings from this process's environment.
+#[cfg(feature = "dev-tools")]
+fn dev_tool(command: Command) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("claims-payments: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match command {
+            Command::Simulate(args) => claims_payments::sim::main(args).await,
+            Command::Bench(args) => claims_payments::bench::main(args).await,
+            _ => unreachable!("only simulate and bench are dev tools"),
+        }
+    });
+    result.unwrap_or_else(|e| {
+        eprintln!("claims-payments: {e:#}");
+        ExitCode::FAILURE
+    })
 }
 
 fn main() -> ExitCode {
@@ -49,6 +82,10 @@ fn main() -> ExitCode {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     let cli = Cli::parse();
+    #[cfg(feature = "dev-tools")]
+    if let Command::Simulate(_) | Command::Bench(_) = &cli.command {
+        return dev_tool(cli.command);
+    }
     let settings = match Settings::from_env() {
         Ok(s) => s,
         Err(e) => {
@@ -92,6 +129,10 @@ fn main() -> ExitCode {
             Command::Purge => {
                 let store = server::open_store(&settings).await?;
                 cli::purge(&store, &mut stdout()).await
+            }
+            #[cfg(feature = "dev-tools")]
+            Command::Simulate(_) | Command::Bench(_) => {
+                unreachable!("dispatched before the settings are read")
             }
         }
     });

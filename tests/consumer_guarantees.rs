@@ -2,6 +2,8 @@
 //! random delivery orders with duplicates and crashes (property test), the naive
 //! baseline that pays twice without the guard, and redelivery after the inbox expired.
 
+#![cfg(feature = "dev-tools")]
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,6 +2,8 @@
 //! the first attempt committed, the re-send meets a 409 (batch) or 412 (ETag), and the
 //! consumer must recognise its own write instead of treating it as someone else's.
 
+#![cfg(feature = "dev-tools")]
+
 mod common;
 
 use std::sync::Arc;

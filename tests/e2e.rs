@@ -1,6 +1,8 @@
 //! The real binary as a separate process, driven over HTTP exactly as the Functions
 //! host drives it: readiness probe, invocation envelopes, SIGKILL and restart.
 
+#![cfg(feature = "dev-tools")]
+
 mod common;
 
 use std::path::{Path, PathBuf};
