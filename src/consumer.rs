@@ -182,12 +182,23 @@ struct Attempt<'a> {
     key: InboxKey,
 }
 
+/// Messages this process saw completed: (payload hash, first outcome).
+///
+/// A completed inbox record never changes again, so a redelivery of a message in this
+/// cache is answered without a store round trip. Anything else (a different payload, a
+/// message seen in progress, a miss) goes through the store as usual, where the guard is.
+type CompletedCache = quick_cache::sync::Cache<InboxKey, (PayloadHash, Option<String>)>;
+
+/// Enough for the redeliveries of the last few minutes at full speed, a few MiB.
+const COMPLETED_CACHE_ENTRIES: usize = 20_000;
+
 #[derive(Clone)]
 pub struct Consumer {
     store: DynStore,
     bank: Option<BankClient>,
     policy: Policy,
     crash_hook: Option<CrashHook>,
+    completed: Arc<CompletedCache>,
 }
 
 fn now() -> OffsetDateTime {
@@ -201,6 +212,7 @@ impl Consumer {
             bank,
             policy,
             crash_hook: None,
+            completed: Arc::new(CompletedCache::new(COMPLETED_CACHE_ENTRIES)),
         }
     }
 
@@ -224,7 +236,20 @@ impl Consumer {
 
     /// Handles one delivery. Never panics on data; every path ends in an outcome.
     pub async fn handle(&self, msg: &ClaimApproved, delivery: &Delivery) -> Outcome {
-        let outcome = match self.process(msg, delivery).await {
+        let key = InboxKey {
+            consumer: self.policy.consumer_name.clone(),
+            claim_id: msg.claim_id,
+            message_id: delivery.message_id.clone(),
+        };
+        let hash = msg.payload_hash();
+        if let Some((seen_hash, first_outcome)) = self.completed.get(&key) {
+            if seen_hash == hash {
+                let outcome = Outcome::Duplicate { first_outcome };
+                outcome.count();
+                return outcome;
+            }
+        }
+        let outcome = match self.process(msg, delivery, key.clone(), hash.clone()).await {
             Ok(outcome) => outcome,
             Err(Failure::Crashed(step)) => Outcome::RetryLater {
                 reason: format!("simulated crash {step:?}"),
@@ -236,6 +261,13 @@ impl Consumer {
                 }
             }
         };
+        if outcome.completes_message() {
+            let first = match &outcome {
+                Outcome::Duplicate { first_outcome } => first_outcome.clone(),
+                other => Some(other.label().to_owned()),
+            };
+            self.completed.insert(key, (hash, first));
+        }
         outcome.count();
         outcome
     }
@@ -247,7 +279,13 @@ impl Consumer {
         }
     }
 
-    async fn process(&self, msg: &ClaimApproved, delivery: &Delivery) -> Flow {
+    async fn process(
+        &self,
+        msg: &ClaimApproved,
+        delivery: &Delivery,
+        key: InboxKey,
+        hash: PayloadHash,
+    ) -> Flow {
         if self.bank.is_some() && msg.payee.is_none() {
             return Ok(Outcome::InvalidMessage {
                 reason: "payee: is missing, and payouts are enabled (BANK_API_URL is set)".into(),
@@ -257,12 +295,8 @@ impl Consumer {
             msg,
             delivery,
             id: AttemptId::new(),
-            hash: msg.payload_hash(),
-            key: InboxKey {
-                consumer: self.policy.consumer_name.clone(),
-                claim_id: msg.claim_id,
-                message_id: delivery.message_id.clone(),
-            },
+            hash,
+            key,
         };
         let now = now();
         let inbox = self.new_inbox(&attempt, now);

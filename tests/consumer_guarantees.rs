@@ -77,7 +77,9 @@ async fn redelivery_after_the_inbox_record_expired_is_still_a_duplicate() {
     let later = OffsetDateTime::now_utc() + Duration::from_secs(31 * 86_400);
     assert_eq!(store.purge_expired(later, 10).await.unwrap(), 1);
     assert!(store.list_inbox(10).await.unwrap().is_empty());
-    // A DLQ re-drive weeks later meets the permanent payment record.
+    // A DLQ re-drive weeks later (another instance, or after a restart: nothing in
+    // memory) meets the permanent payment record.
+    let consumer = common::ledger_consumer(store.clone());
     assert_eq!(
         consumer
             .handle(&msg, &common::delivery("evt-1", 1))

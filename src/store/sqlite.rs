@@ -13,8 +13,8 @@
 //! themselves, so the fsync cost is shared instead of serialising every invocation.
 //!
 //! Reads never queue behind writes: they use a pool of read-only connections, which
-//! WAL lets run concurrently with the writer. A duplicate delivery is answered from a
-//! read alone and never takes the write lock.
+//! WAL lets run concurrently with the writer. A refused claim reads the existing row in
+//! its own job; a group whose jobs changed nothing commits without an fsync.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -569,12 +569,9 @@ impl Store for SqliteStore {
         inbox: &InboxRecord,
         payment: &PaymentRecord,
     ) -> StoreResult<ClaimResult> {
-        // A redelivery is the common repeat: answer it from a read, without the write lock.
-        // This read is an optimisation only; the primary keys below are the guard.
-        let key = inbox.key();
-        if let Some(existing) = self.read(move |c| read_inbox(c, &key)).await? {
-            return Ok(ClaimResult::InboxExists(existing));
-        }
+        // Write first: a fresh message costs one write job and no read. A refused insert
+        // reads the existing row inside the same job (the consumer keeps messages it saw
+        // completed in memory, so most redeliveries never get here).
         let (inbox, payment) = (inbox.clone(), payment.clone());
         self.write(move |conn| {
             if !insert_inbox(conn, &inbox)? {
