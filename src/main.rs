@@ -48,19 +48,23 @@ enum Command {
     Bench(claims_payments::bench::BenchArgs),
 }
 
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("claims-payments: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        })
+}
+
 /// Runs `simulate` or `bench`. They configure the processes they start themselves, so
 /// they run before (and without) the settings from this process's environment.
 #[cfg(feature = "dev-tools")]
 fn dev_tool(command: Command) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("claims-payments: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let result = runtime.block_on(async move {
         match command {
@@ -93,15 +97,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("claims-payments: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let result = runtime.block_on(async move {
         // Not locked for `serve`: the log writer needs stdout from every thread.

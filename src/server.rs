@@ -85,6 +85,23 @@ fn status_for(outcome: &Outcome) -> StatusCode {
     }
 }
 
+/// Refuses an invocation that cannot even be read: permanent, so the host's redeliveries
+/// end in the dead-letter queue, with the reason in every log line.
+fn refuse(status: StatusCode, invocation_id: &str, reason: String) -> Response {
+    tracing::error!(invocationId = %invocation_id, outcome = "invalid-message", reason = %reason, "invocation finished");
+    telemetry::counters().invalid_messages.inc();
+    answer(
+        status,
+        OutcomeSummary {
+            outcome: "invalid-message".into(),
+            claim_id: None,
+            message_id: None,
+            delivery_count: None,
+            detail: Some(reason),
+        },
+    )
+}
+
 async fn invoke(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     telemetry::counters().invocations.inc();
     let invocation_id = headers
@@ -95,19 +112,11 @@ async fn invoke(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bo
     let bytes: Bytes = match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
         Ok(b) => b,
         Err(e) => {
-            let reason = format!("request body refused (limit {MAX_REQUEST_BYTES} bytes): {e}");
-            tracing::error!(invocationId = %invocation_id, outcome = "invalid-message", reason = %reason, "invocation finished");
-            telemetry::counters().invalid_messages.inc();
-            return answer(
+            return refuse(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                OutcomeSummary {
-                    outcome: "invalid-message".into(),
-                    claim_id: None,
-                    message_id: None,
-                    delivery_count: None,
-                    detail: Some(reason),
-                },
-            );
+                &invocation_id,
+                format!("request body refused (limit {MAX_REQUEST_BYTES} bytes): {e}"),
+            )
         }
     };
     if state.handler == HandlerKind::Noop {
@@ -126,19 +135,11 @@ async fn invoke(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bo
     let invocation = match Invocation::decode(&bytes) {
         Ok(inv) => inv,
         Err(e) => {
-            let reason = format!("undecodable invocation: {e}");
-            tracing::error!(invocationId = %invocation_id, outcome = "invalid-message", reason = %reason, "invocation finished");
-            telemetry::counters().invalid_messages.inc();
-            return answer(
+            return refuse(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                OutcomeSummary {
-                    outcome: "invalid-message".into(),
-                    claim_id: None,
-                    message_id: None,
-                    delivery_count: None,
-                    detail: Some(reason),
-                },
-            );
+                &invocation_id,
+                format!("undecodable invocation: {e}"),
+            )
         }
     };
     if !invocation.shadowed_metadata.is_empty() {
