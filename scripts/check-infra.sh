@@ -240,16 +240,16 @@ PY
 }
 expect_red "self-test: a zip without Unix exec bits (Windows-made) is reported" "FAIL  claims-payments: zip entry carries no Unix mode" zip_without_modes
 
-# The route check needs a running handler; a tiny stub stands in for the Rust server
+# The route check needs a running handler; a tiny stand-in handler replaces the Rust server
 # so the probe logic (start, poll GET /, POST per folder, 404 verdict, kill) is tested here.
-cat >"$WORK/stub-handler" <<'PY'
+cat >"$WORK/standin-handler" <<'PY'
 #!/usr/bin/env python3
 import json, os, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 if sys.argv[1:] != ["serve"]:
     sys.exit(f"expected 'serve', got {sys.argv[1:]}")
-routes = {"/" + r for r in os.environ.get("STUB_ROUTES", "").split(",") if r}
+routes = {"/" + r for r in os.environ.get("STANDIN_ROUTES", "").split(",") if r}
 
 class Handler(BaseHTTPRequestHandler):
     def answer(self, code):
@@ -272,18 +272,18 @@ class Handler(BaseHTTPRequestHandler):
 
 ThreadingHTTPServer(("127.0.0.1", int(os.environ["FUNCTIONS_CUSTOMHANDLER_PORT"])), Handler).serve_forever()
 PY
-chmod +x "$WORK/stub-handler"
-stub_package() {
-  bash scripts/package.sh --binary "$WORK/stub-handler" --out "$WORK/stub" --allow-non-elf >/dev/null
+chmod +x "$WORK/standin-handler"
+standin_package() {
+  bash scripts/package.sh --binary "$WORK/standin-handler" --out "$WORK/standin" --allow-non-elf >/dev/null
 }
-stub_serves_route() {
-  stub_package && STUB_ROUTES=ClaimApproved python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/stub/functionapp.zip"
+standin_serves_route() {
+  standin_package && STANDIN_ROUTES=ClaimApproved python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/standin/functionapp.zip"
 }
-check "route check: a handler serving POST /ClaimApproved passes (stub handler)" stub_serves_route
-stub_misses_route() {
-  stub_package && STUB_ROUTES=SomethingElse python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/stub/functionapp.zip"
+check "route check: a handler serving POST /ClaimApproved passes (stand-in handler)" standin_serves_route
+standin_misses_route() {
+  standin_package && STANDIN_ROUTES=SomethingElse python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/standin/functionapp.zip"
 }
-expect_red "self-test: a handler answering 404 on POST /ClaimApproved is reported" "FAIL  POST /ClaimApproved answered 404" stub_misses_route
+expect_red "self-test: a handler answering 404 on POST /ClaimApproved is reported" "FAIL  POST /ClaimApproved answered 404" standin_misses_route
 
 echo "== (e) settings contract (function.json, Bicep app settings, local.settings.sample.json)"
 check "app settings: identity-based connections, every service setting, nothing Flex forbids; local sample complete" "$PY" - <<'PY'

@@ -373,7 +373,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="Check an Azure Functions custom-handler package (directory or zip).")
     ap.add_argument("package", type=Path, help="package directory (dist/functionapp) or zip (dist/functionapp.zip)")
     ap.add_argument("--static-only", action="store_true", help="skip starting the executable")
-    ap.add_argument("--allow-non-elf", action="store_true", help="accept an executable that is not a Linux x86-64 ELF file (script stubs in self-tests)")
+    ap.add_argument("--allow-non-elf", action="store_true", help="accept an executable that is not a Linux x86-64 ELF file (stand-in scripts in self-tests)")
     ap.add_argument("--startup-timeout", type=float, default=30.0, help="seconds to wait for GET / (the host waits 30 s)")
     ap.add_argument("--request-timeout", type=float, default=15.0, help="seconds to wait for each POST")
     args = ap.parse_args()
