@@ -445,27 +445,10 @@ impl Consumer {
                     poll = (poll * 2).min(POLL_MAX);
                     seen = self.reread_inbox(a).await?;
                 }
-                InboxStatus::InProgress => {
-                    let taken = InboxRecord {
-                        owner: a.id,
-                        lease_until: Some(now + self.policy.lease),
-                        ..self.touched(a, record, now)
-                    };
-                    match self.store.replace_inbox(&taken, &seen.version).await {
-                        Ok(version) => {
-                            telemetry::counters().takeovers.inc();
-                            tracing::info!(
-                                claimId = %a.msg.claim_id,
-                                messageId = %a.delivery.message_id,
-                                previousOwner = %record.owner,
-                                "took over an expired lease"
-                            );
-                            return self.resume(a, taken, version).await;
-                        }
-                        Err(StoreError::PreconditionFailed) => seen = self.reread_inbox(a).await?,
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+                InboxStatus::InProgress => match self.take_over(a, &seen, true).await? {
+                    Some((taken, version)) => return self.resume(a, taken, version).await,
+                    None => seen = self.reread_inbox(a).await?,
+                },
             }
         }
     }
@@ -645,25 +628,50 @@ impl Consumer {
         if owner.record.status != InboxStatus::InProgress || owner.record.lease_alive(now) {
             return Ok(None);
         }
+        match self.take_over(a, &owner, false).await? {
+            Some((taken, version)) => match Box::pin(self.resume(a, taken, version)).await? {
+                outcome @ Outcome::RetryLater { .. } => Ok(Some(outcome)),
+                _ => Ok(None),
+            },
+            None => Ok(None),
+        }
+    }
+
+    /// Takes an expired lease over with a write conditional on the version we read.
+    /// `None`: another attempt moved first. `own_message`: the record is this delivery's
+    /// own, so its delivery count is recorded too.
+    async fn take_over(
+        &self,
+        a: &Attempt<'_>,
+        seen: &Versioned<InboxRecord>,
+        own_message: bool,
+    ) -> Result<Option<(InboxRecord, Version)>, Failure> {
+        let now = now();
+        let base = if own_message {
+            self.touched(a, &seen.record, now)
+        } else {
+            InboxRecord {
+                updated_at: now,
+                expires_at: now + self.policy.inbox_retention,
+                ..seen.record.clone()
+            }
+        };
         let taken = InboxRecord {
             owner: a.id,
             lease_until: Some(now + self.policy.lease),
-            updated_at: now,
-            ..owner.record.clone()
+            ..base
         };
-        match self.store.replace_inbox(&taken, &owner.version).await {
+        match self.store.replace_inbox(&taken, &seen.version).await {
             Ok(version) => {
                 telemetry::counters().takeovers.inc();
                 tracing::info!(
                     claimId = %a.msg.claim_id,
                     messageId = %a.delivery.message_id,
-                    ownerMessageId = %payment.message_id,
-                    "adopted an orphaned payout of another message"
+                    leaseOf = %seen.record.message_id,
+                    previousOwner = %seen.record.owner,
+                    "took over an expired lease"
                 );
-                match Box::pin(self.resume(a, taken, version)).await? {
-                    outcome @ Outcome::RetryLater { .. } => Ok(Some(outcome)),
-                    _ => Ok(None),
-                }
+                Ok(Some((taken, version)))
             }
             Err(StoreError::PreconditionFailed) => Ok(None),
             Err(e) => Err(e.into()),
