@@ -7,7 +7,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,12 +31,8 @@ fn sqlite() -> (DynStore, tempfile::TempDir) {
 async fn without_the_guard_a_redelivery_after_a_crash_pays_twice() {
     let (store, _dir) = sqlite();
     let bank = FakeBank::start().await;
-    let crashed = Arc::new(AtomicUsize::new(0));
-    let flag = crashed.clone();
-    let consumer =
-        common::bank_consumer(store.clone(), &bank).with_crash_hook(Arc::new(move |s| {
-            s == Step::AfterBankCall && flag.fetch_add(1, Ordering::SeqCst) == 0
-        }));
+    let consumer = common::bank_consumer(store.clone(), &bank)
+        .with_crash_hook(common::crash_once_at(Step::AfterBankCall));
     let msg = common::message(&common::new_claim(), "500.00");
     let first = naive::handle(&consumer, &msg, &common::delivery("evt-1", 1)).await;
     let second = naive::handle(&consumer, &msg, &common::delivery("evt-1", 2)).await;
@@ -51,10 +46,8 @@ async fn without_the_guard_a_redelivery_after_a_crash_pays_twice() {
     // The same deliveries through the guarded consumer: one payout.
     let (store, _dir2) = sqlite();
     let bank = FakeBank::start().await;
-    let crashed = Arc::new(AtomicUsize::new(0));
-    let consumer = common::bank_consumer(store, &bank).with_crash_hook(Arc::new(move |s| {
-        s == Step::AfterBankCall && crashed.fetch_add(1, Ordering::SeqCst) == 0
-    }));
+    let consumer = common::bank_consumer(store, &bank)
+        .with_crash_hook(common::crash_once_at(Step::AfterBankCall));
     consumer.handle(&msg, &common::delivery("evt-1", 1)).await;
     consumer.handle(&msg, &common::delivery("evt-1", 2)).await;
     assert_eq!(bank.effective_payouts(), 1);
@@ -67,10 +60,7 @@ async fn redelivery_after_the_inbox_record_expired_is_still_a_duplicate() {
     let claim = common::new_claim();
     let msg = common::message(&claim, "10.00");
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-1", 1))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-1", 1).await,
         "recorded"
     );
     // Past the retention: the inbox record is purged; the payment stays.
@@ -81,25 +71,16 @@ async fn redelivery_after_the_inbox_record_expired_is_still_a_duplicate() {
     // memory) meets the permanent payment record.
     let consumer = common::ledger_consumer(store.clone());
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-1", 1))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-1", 1).await,
         "duplicate"
     );
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-2", 1))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-2", 1).await,
         "business-duplicate"
     );
     let conflicting = common::message(&claim, "11.00");
     assert_eq!(
-        consumer
-            .handle(&conflicting, &common::delivery("evt-3", 1))
-            .await
-            .label(),
+        common::deliver(&consumer, &conflicting, "evt-3", 1).await,
         "conflict"
     );
     assert_eq!(store.list_payments(10).await.unwrap().len(), 1);

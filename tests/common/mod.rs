@@ -14,7 +14,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use claims_payments::bank::BankClient;
 use claims_payments::config::BankSettings;
-use claims_payments::consumer::{Consumer, Delivery, Policy};
+use claims_payments::consumer::{Consumer, CrashHook, Delivery, Policy, Step};
 use claims_payments::message::{ClaimApproved, MessageId};
 use claims_payments::store::DynStore;
 
@@ -199,4 +199,23 @@ async fn pay(
             .into_response(),
         Err(()) => (StatusCode::UNPROCESSABLE_ENTITY, "same key, different body").into_response(),
     }
+}
+
+/// Delivers `msg` under `message_id` (delivery `count`) and returns the outcome's label.
+pub async fn deliver(
+    consumer: &Consumer,
+    msg: &ClaimApproved,
+    message_id: &str,
+    count: u32,
+) -> &'static str {
+    consumer
+        .handle(msg, &delivery(message_id, count))
+        .await
+        .label()
+}
+
+/// A crash hook that fires the first time `step` is reached, and never again.
+pub fn crash_once_at(step: Step) -> CrashHook {
+    let fired = std::sync::atomic::AtomicBool::new(false);
+    Arc::new(move |s| s == step && !fired.swap(true, std::sync::atomic::Ordering::SeqCst))
 }

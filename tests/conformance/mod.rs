@@ -435,12 +435,7 @@ pub async fn five_deliveries_make_one_payment(store: DynStore) {
     let msg = common::message(&common::new_claim(), "250.10");
     let mut labels = Vec::new();
     for n in 1..=5 {
-        labels.push(
-            consumer
-                .handle(&msg, &common::delivery("evt-1", n))
-                .await
-                .label(),
-        );
+        labels.push(common::deliver(&consumer, &msg, "evt-1", n).await);
     }
     assert_eq!(
         labels,
@@ -463,12 +458,8 @@ pub async fn five_deliveries_make_one_payment(store: DynStore) {
 
 pub async fn crash_after_commit_then_redelivery_is_a_duplicate(store: DynStore) {
     let bank = FakeBank::start().await;
-    let crashed = Arc::new(AtomicUsize::new(0));
-    let hook_crashed = crashed.clone();
-    let consumer =
-        common::bank_consumer(store.clone(), &bank).with_crash_hook(Arc::new(move |step| {
-            step == Step::AfterFinalize && hook_crashed.fetch_add(1, Ordering::SeqCst) == 0
-        }));
+    let consumer = common::bank_consumer(store.clone(), &bank)
+        .with_crash_hook(common::crash_once_at(Step::AfterFinalize));
     let msg = common::message(&common::new_claim(), "10.00");
     let first = consumer.handle(&msg, &common::delivery("evt-1", 1)).await;
     assert_eq!(first.label(), "retry-later", "the host never got an answer");
@@ -509,13 +500,7 @@ pub async fn same_message_id_with_another_payload_is_a_conflict(store: DynStore)
     let consumer = common::ledger_consumer(store.clone());
     let claim = common::new_claim();
     assert_eq!(
-        consumer
-            .handle(
-                &common::message(&claim, "10.00"),
-                &common::delivery("evt-1", 1)
-            )
-            .await
-            .label(),
+        common::deliver(&consumer, &common::message(&claim, "10.00"), "evt-1", 1).await,
         "recorded"
     );
     let outcome = consumer
@@ -538,25 +523,16 @@ pub async fn same_claim_under_a_new_message_is_a_business_duplicate(store: DynSt
     let claim = common::new_claim();
     let msg = common::message(&claim, "10.00");
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-1", 1))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-1", 1).await,
         "recorded"
     );
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-2", 1))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-2", 1).await,
         "business-duplicate"
     );
     // The new message is now recorded as handled, so its own redelivery is a plain duplicate.
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-2", 2))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-2", 2).await,
         "duplicate"
     );
     assert_eq!(store.list_payments(10).await.unwrap().len(), 1);
@@ -582,21 +558,12 @@ pub async fn same_claim_with_another_amount_is_a_conflict(store: DynStore) {
 
 async fn crash_once_at(store: DynStore, step: Step) -> (FakeBank, Vec<&'static str>) {
     let bank = FakeBank::start().await;
-    let crashed = Arc::new(AtomicUsize::new(0));
-    let flag = crashed.clone();
     let consumer =
-        common::bank_consumer(store.clone(), &bank).with_crash_hook(Arc::new(move |s| {
-            s == step && flag.fetch_add(1, Ordering::SeqCst) == 0
-        }));
+        common::bank_consumer(store.clone(), &bank).with_crash_hook(common::crash_once_at(step));
     let msg = common::message(&common::new_claim(), "42.00");
     let mut labels = Vec::new();
     for n in 1..=3 {
-        labels.push(
-            consumer
-                .handle(&msg, &common::delivery("evt-1", n))
-                .await
-                .label(),
-        );
+        labels.push(common::deliver(&consumer, &msg, "evt-1", n).await);
     }
     let p = store
         .payment(msg.claim_id, Purpose::Payout)
@@ -641,13 +608,7 @@ pub async fn transient_bank_failures_are_retried(store: DynStore) {
     bank.script([BankFault::Unavailable, BankFault::Throttled]);
     let consumer = common::bank_consumer(store.clone(), &bank);
     let msg = common::message(&common::new_claim(), "1.00");
-    assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-1", 1))
-            .await
-            .label(),
-        "paid"
-    );
+    assert_eq!(common::deliver(&consumer, &msg, "evt-1", 1).await, "paid");
     assert_eq!(bank.requests().len(), 3);
     assert_eq!(bank.effective_payouts(), 1);
 }
@@ -658,17 +619,11 @@ pub async fn bank_rejection_is_recorded_and_final(store: DynStore) {
     let consumer = common::bank_consumer(store.clone(), &bank);
     let msg = common::message(&common::new_claim(), "1.00");
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-1", 1))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-1", 1).await,
         "rejected"
     );
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-1", 2))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-1", 2).await,
         "duplicate"
     );
     assert_eq!(bank.requests().len(), 1);
@@ -687,10 +642,7 @@ pub async fn bank_outage_releases_the_lease_for_the_next_delivery(store: DynStor
     let consumer = common::bank_consumer(store.clone(), &bank);
     let msg = common::message(&common::new_claim(), "5.00");
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-1", 1))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-1", 1).await,
         "retry-later"
     );
     let inbox = store
@@ -707,13 +659,7 @@ pub async fn bank_outage_releases_the_lease_for_the_next_delivery(store: DynStor
         "lease was not released"
     );
     bank.always(None);
-    assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-1", 2))
-            .await
-            .label(),
-        "paid"
-    );
+    assert_eq!(common::deliver(&consumer, &msg, "evt-1", 2).await, "paid");
     assert_eq!(bank.effective_payouts(), 1);
 }
 
@@ -786,18 +732,12 @@ pub async fn business_duplicate_finishes_an_orphaned_payout(store: DynStore) {
         .clone()
         .with_crash_hook(Arc::new(|s| s == Step::AfterClaim));
     assert_eq!(
-        dying
-            .handle(&msg, &common::delivery("evt-1", 1))
-            .await
-            .label(),
+        common::deliver(&dying, &msg, "evt-1", 1).await,
         "retry-later"
     );
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-2", 1))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-2", 1).await,
         "business-duplicate"
     );
     assert_eq!(bank.effective_payouts(), 1);
@@ -808,10 +748,7 @@ pub async fn business_duplicate_finishes_an_orphaned_payout(store: DynStore) {
         .unwrap();
     assert_eq!(p.record.status, PaymentStatus::Paid);
     assert_eq!(
-        consumer
-            .handle(&msg, &common::delivery("evt-1", 2))
-            .await
-            .label(),
+        common::deliver(&consumer, &msg, "evt-1", 2).await,
         "duplicate"
     );
     assert_eq!(bank.requests().len(), 1);
