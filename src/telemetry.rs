@@ -92,9 +92,10 @@ pub struct Counters {
     pub store_transient_errors: Counter,
     pub store_round_trips: Counter,
     /// SQLite group commits, and the write jobs they carried: jobs / commits is the
-    /// average group size, i.e. how many invocations shared one fsync.
+    /// average group size. Syncs (`fdatasync` of the WAL) each cover one or more groups.
     pub sqlite_commits: Counter,
     pub sqlite_committed_jobs: Counter,
+    pub sqlite_syncs: Counter,
     pub cosmos_request_units: RequestUnits,
 }
 
@@ -120,6 +121,7 @@ pub struct CountersSnapshot {
     pub store_round_trips: u64,
     pub sqlite_commits: u64,
     pub sqlite_committed_jobs: u64,
+    pub sqlite_syncs: u64,
     pub cosmos_request_units: f64,
 }
 
@@ -145,6 +147,7 @@ impl Counters {
             store_round_trips: self.store_round_trips.get(),
             sqlite_commits: self.sqlite_commits.get(),
             sqlite_committed_jobs: self.sqlite_committed_jobs.get(),
+            sqlite_syncs: self.sqlite_syncs.get(),
             cosmos_request_units: self.cosmos_request_units.get(),
         }
     }

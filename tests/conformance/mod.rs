@@ -72,7 +72,7 @@ fn claim_id(s: &str) -> ClaimId {
     ClaimId::parse(s).unwrap()
 }
 
-fn records(claim: &str, message_id: &str, owner: AttemptId) -> (InboxRecord, PaymentRecord) {
+pub fn records(claim: &str, message_id: &str, owner: AttemptId) -> (InboxRecord, PaymentRecord) {
     let msg = common::message(claim, "100.00");
     let now = OffsetDateTime::now_utc();
     let inbox = InboxRecord {
