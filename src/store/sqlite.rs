@@ -1,7 +1,7 @@
 //! The embedded store: SQLite, for local runs and single-instance deployments.
 //!
-//! The guard is the schema: the inbox's primary key (consumer, claim, message) and the
-//! payment's primary key (claim, purpose). The claim step inserts both rows in one
+//! The guard is the schema: the inbox's unique key (consumer, claim, message) and the
+//! payment's unique key (claim, purpose). The claim step inserts both rows in one
 //! transaction; a refused insert rolls the whole step back.
 //!
 //! Durability and throughput come from **pipelined group commit**. One writer thread owns
@@ -285,11 +285,6 @@ impl SqliteStore {
     pub fn pause_syncs(&self) -> SyncPause {
         *lock(&self.durability.sync_gate.paused) = true;
         SyncPause(self.durability.clone())
-    }
-
-    /// Groups the writer has committed so far.
-    pub fn committed_groups(&self) -> u64 {
-        self.durability.committed.load(Ordering::SeqCst)
     }
 
     async fn write<T: Send + 'static>(
