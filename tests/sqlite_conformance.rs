@@ -76,3 +76,59 @@ async fn no_answer_before_the_commit_it_relies_on_is_synced() {
     let stored = read.await.unwrap().unwrap().expect("the claimed inbox row");
     assert_eq!(stored.record.message_id.as_str(), "m-sync");
 }
+
+/// A caller may give up on a write (its invocation was cancelled) and the store may be
+/// dropped before the syncer reaches that group. SQLite then deletes the WAL on its last
+/// close, after checkpointing it; the syncer must take that as nothing left to flush, not
+/// as a failed sync (which exits the process), and the committed row must survive.
+#[cfg(feature = "dev-tools")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_dropped_with_a_group_still_to_sync_keeps_the_commit() {
+    use std::time::Duration;
+
+    use claims_payments::store::{AttemptId, Store};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let (inbox, payment) =
+        conformance::records(&common::new_claim(), "m-dropped", AttemptId::new());
+    let key = inbox.key();
+
+    let gate = store.pause_syncs();
+    let claim = tokio::spawn({
+        let store = store.clone();
+        async move { store.claim(&inbox, &payment).await }
+    });
+    {
+        let observer = rusqlite::Connection::open(&path).unwrap();
+        while observer
+            .query_row(
+                "SELECT count(*) FROM inbox WHERE message_id = 'm-dropped'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+            == 0
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    claim.abort();
+    assert!(claim.await.unwrap_err().is_cancelled());
+    drop(store);
+    // Every connection closes (the checkpointer's within one round), which deletes the WAL.
+    let wal = dir.path().join("payments.db-wal");
+    while wal.exists() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(gate);
+
+    let reopened = SqliteStore::open(&path).unwrap();
+    let stored = reopened
+        .inbox(&key)
+        .await
+        .unwrap()
+        .expect("the committed claim");
+    assert_eq!(stored.record.message_id.as_str(), "m-dropped");
+}

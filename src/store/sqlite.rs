@@ -396,10 +396,22 @@ impl WalFile {
 
     /// Flushes every frame written so far. SQLite keeps the WAL file while the writer's
     /// connection is open; should it ever be replaced, the new file is the one to flush.
+    /// It deletes the file only when its last connection closes, after checkpointing it
+    /// into the database file, so a missing WAL leaves nothing to flush.
     fn sync(&mut self) -> std::io::Result<()> {
+        use std::io::ErrorKind::NotFound;
         use std::os::unix::fs::MetadataExt;
-        if std::fs::metadata(&self.path)?.ino() != self.file.metadata()?.ino() {
-            self.file = File::open(&self.path)?;
+        let replaced = match std::fs::metadata(&self.path) {
+            Ok(current) => current.ino() != self.file.metadata()?.ino(),
+            Err(e) if e.kind() == NotFound => false,
+            Err(e) => return Err(e),
+        };
+        if replaced {
+            match File::open(&self.path) {
+                Ok(file) => self.file = file,
+                Err(e) if e.kind() == NotFound => {}
+                Err(e) => return Err(e),
+            }
         }
         self.file.sync_data()
     }
