@@ -15,6 +15,57 @@ async fn make_store() -> (DynStore, conformance::Keep) {
 
 store_conformance!(make_store);
 
+/// A claim whose group the writer has committed (visible to any connection) while the
+/// syncer is held back, so the commit is not yet durable.
+#[cfg(feature = "dev-tools")]
+struct CommittedNotSynced {
+    dir: tempfile::TempDir,
+    store: std::sync::Arc<SqliteStore>,
+    key: claims_payments::store::InboxKey,
+    pause: claims_payments::store::sqlite::SyncPause,
+    claim: tokio::task::JoinHandle<
+        claims_payments::store::StoreResult<claims_payments::store::ClaimResult>,
+    >,
+}
+
+#[cfg(feature = "dev-tools")]
+impl CommittedNotSynced {
+    async fn start(message_id: &str) -> Self {
+        use claims_payments::store::{AttemptId, Store};
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("payments.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let (inbox, payment) =
+            conformance::records(&common::new_claim(), message_id, AttemptId::new());
+        let key = inbox.key();
+        let pause = store.pause_syncs();
+        let claim = tokio::spawn({
+            let store = store.clone();
+            async move { store.claim(&inbox, &payment).await }
+        });
+        let observer = rusqlite::Connection::open(&path).unwrap();
+        while observer
+            .query_row(
+                "SELECT count(*) FROM inbox WHERE message_id = ?1",
+                [message_id],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+            == 0
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        CommittedNotSynced {
+            dir,
+            store,
+            key,
+            pause,
+            claim,
+        }
+    }
+}
+
 /// Pipelined group commit: the writer commits a group and moves on while the syncer
 /// flushes the WAL. Neither the claim nor a read that sees the claimed rows may be
 /// answered before that flush; otherwise a power cut could undo what an answer (and the
@@ -23,43 +74,17 @@ store_conformance!(make_store);
 #[cfg(feature = "dev-tools")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_answer_before_the_commit_it_relies_on_is_synced() {
-    use std::time::Duration;
+    use claims_payments::store::{ClaimResult, Store};
 
-    use claims_payments::store::{AttemptId, ClaimResult, Store};
-
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("payments.db");
-    let store = SqliteStore::open(&path).unwrap();
-    let (inbox, payment) = conformance::records(&common::new_claim(), "m-sync", AttemptId::new());
-    let key = inbox.key();
-
-    let gate = store.pause_syncs();
-    let claim = tokio::spawn({
-        let store = store.clone();
-        async move { store.claim(&inbox, &payment).await }
-    });
-    let observer = rusqlite::Connection::open(&path).unwrap();
-    loop {
-        let committed: i64 = observer
-            .query_row(
-                "SELECT count(*) FROM inbox WHERE message_id = 'm-sync'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        if committed == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let held = CommittedNotSynced::start("m-sync").await;
     let read = tokio::spawn({
-        let store = store.clone();
+        let (store, key) = (held.store.clone(), held.key.clone());
         async move { store.inbox(&key).await }
     });
     // Without the guard both answers arrive within microseconds of the commit.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert!(
-        !claim.is_finished(),
+        !held.claim.is_finished(),
         "the claim was answered before its commit was synced"
     );
     assert!(
@@ -67,8 +92,8 @@ async fn no_answer_before_the_commit_it_relies_on_is_synced() {
         "a read was answered from a commit not yet synced"
     );
 
-    drop(gate);
-    let claimed = claim.await.unwrap().unwrap();
+    drop(held.pause);
+    let claimed = held.claim.await.unwrap().unwrap();
     assert!(
         matches!(claimed, ClaimResult::Claimed { .. }),
         "{claimed:?}"
@@ -84,49 +109,22 @@ async fn no_answer_before_the_commit_it_relies_on_is_synced() {
 #[cfg(feature = "dev-tools")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_dropped_with_a_group_still_to_sync_keeps_the_commit() {
-    use std::time::Duration;
+    use claims_payments::store::Store;
 
-    use claims_payments::store::{AttemptId, Store};
-
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("payments.db");
-    let store = SqliteStore::open(&path).unwrap();
-    let (inbox, payment) =
-        conformance::records(&common::new_claim(), "m-dropped", AttemptId::new());
-    let key = inbox.key();
-
-    let gate = store.pause_syncs();
-    let claim = tokio::spawn({
-        let store = store.clone();
-        async move { store.claim(&inbox, &payment).await }
-    });
-    {
-        let observer = rusqlite::Connection::open(&path).unwrap();
-        while observer
-            .query_row(
-                "SELECT count(*) FROM inbox WHERE message_id = 'm-dropped'",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .unwrap()
-            == 0
-        {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-    claim.abort();
-    assert!(claim.await.unwrap_err().is_cancelled());
-    drop(store);
+    let held = CommittedNotSynced::start("m-dropped").await;
+    held.claim.abort();
+    assert!(held.claim.await.unwrap_err().is_cancelled());
+    drop(held.store);
     // Every connection closes (the checkpointer's within one round), which deletes the WAL.
-    let wal = dir.path().join("payments.db-wal");
+    let wal = held.dir.path().join("payments.db-wal");
     while wal.exists() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    drop(gate);
+    drop(held.pause);
 
-    let reopened = SqliteStore::open(&path).unwrap();
+    let reopened = SqliteStore::open(held.dir.path().join("payments.db")).unwrap();
     let stored = reopened
-        .inbox(&key)
+        .inbox(&held.key)
         .await
         .unwrap()
         .expect("the committed claim");

@@ -379,6 +379,7 @@ fn run_group(conn: &mut Connection, jobs: Vec<WriteJob>, committed: &AtomicU64) 
 }
 
 /// The WAL file, opened a second time so the syncer can flush it while the writer runs.
+/// The path is kept for error messages.
 struct WalFile {
     path: PathBuf,
     file: File,
@@ -394,32 +395,18 @@ impl WalFile {
         Ok(WalFile { path, file })
     }
 
-    /// Flushes every frame written so far. SQLite keeps the WAL file while the writer's
-    /// connection is open; should it ever be replaced, the new file is the one to flush.
-    /// It deletes the file only when its last connection closes, after checkpointing it
-    /// into the database file, so a missing WAL leaves nothing to flush.
-    fn sync(&mut self) -> std::io::Result<()> {
-        use std::io::ErrorKind::NotFound;
-        use std::os::unix::fs::MetadataExt;
-        let replaced = match std::fs::metadata(&self.path) {
-            Ok(current) => current.ino() != self.file.metadata()?.ino(),
-            Err(e) if e.kind() == NotFound => false,
-            Err(e) => return Err(e),
-        };
-        if replaced {
-            match File::open(&self.path) {
-                Ok(file) => self.file = file,
-                Err(e) if e.kind() == NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
+    /// Flushes every frame written so far. SQLite never replaces the WAL while the
+    /// writer's connection is open; it unlinks the file only when its last connection
+    /// closes, after checkpointing it into the database file, and a flush of the unlinked
+    /// file then succeeds with nothing left to do.
+    fn sync(&self) -> std::io::Result<()> {
         self.file.sync_data()
     }
 }
 
 /// Makes committed groups durable, as many per `fdatasync` as have queued up, and only
 /// then answers their jobs.
-fn run_syncer(mut wal: WalFile, groups: std_mpsc::Receiver<Committed>, durability: &Durability) {
+fn run_syncer(wal: WalFile, groups: std_mpsc::Receiver<Committed>, durability: &Durability) {
     while let Ok(first) = groups.recv() {
         let mut batch = vec![first];
         batch.extend(groups.try_iter());
