@@ -127,6 +127,60 @@ pub struct PhaseFigures {
     pub server_cpu_us_per_message: f64,
     /// CPU time the load generator (this process) spent per invocation.
     pub generator_cpu_us_per_message: f64,
+    /// `server_cpu_us_per_message` split by the serve threads that spent it.
+    pub server_cpu_us_by_thread: ThreadCpu,
+}
+
+/// CPU time of the serve process by thread kind, from `/proc/<pid>/task/*`.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ThreadCpu {
+    /// Tokio workers: HTTP, decoding, the consumer, logs (and blocking reads).
+    pub runtime: f64,
+    /// The SQLite writer: every write job and commit.
+    pub sqlite_writer: f64,
+    /// The SQLite syncer: WAL `fdatasync`s and waking the answers.
+    pub sqlite_syncer: f64,
+    /// Everything else (checkpointer, read pool, main thread).
+    pub other: f64,
+}
+
+impl ThreadCpu {
+    fn of(pid: u32) -> Self {
+        let mut cpu = ThreadCpu::default();
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return cpu;
+        };
+        for task in tasks.flatten() {
+            let path = task.path();
+            let (Ok(comm), Some(us)) = (
+                std::fs::read_to_string(path.join("comm")),
+                stat_cpu_us(&path.join("stat")),
+            ) else {
+                continue;
+            };
+            *match comm.trim() {
+                "tokio-rt-worker" => &mut cpu.runtime,
+                "sqlite-writer" => &mut cpu.sqlite_writer,
+                "sqlite-syncer" => &mut cpu.sqlite_syncer,
+                _ => &mut cpu.other,
+            } += us;
+        }
+        cpu
+    }
+
+    fn combine(self, other: ThreadCpu, f: impl Fn(f64, f64) -> f64) -> ThreadCpu {
+        ThreadCpu {
+            runtime: f(self.runtime, other.runtime),
+            sqlite_writer: f(self.sqlite_writer, other.sqlite_writer),
+            sqlite_syncer: f(self.sqlite_syncer, other.sqlite_syncer),
+            other: f(self.other, other.other),
+        }
+    }
+
+    fn per(self, messages: f64) -> ThreadCpu {
+        self.combine(ThreadCpu::default(), |us, _| per(us, messages))
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -333,6 +387,7 @@ struct Counters {
     committed_jobs: f64,
     syncs: f64,
     server_cpu_us: f64,
+    server_threads: ThreadCpu,
     generator_cpu_us: f64,
 }
 
@@ -360,6 +415,7 @@ async fn counters(client: &reqwest::Client, base_url: &str, pid: u32) -> anyhow:
         committed_jobs: f("sqliteCommittedJobs"),
         syncs: f("sqliteSyncs"),
         server_cpu_us: cpu_us(pid).unwrap_or(0.0),
+        server_threads: ThreadCpu::of(pid),
         generator_cpu_us: cpu_us(std::process::id()).unwrap_or(0.0),
     })
 }
@@ -368,7 +424,12 @@ async fn counters(client: &reqwest::Client, base_url: &str, pid: u32) -> anyhow:
 /// `/proc/<pid>/stat`. The kernel reports it in USER_HZ ticks, which Linux fixes at 100
 /// per second; phases last long enough that the 10 ms granularity stays small.
 fn cpu_us(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_us(Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// CPU time from a process's or thread's `stat` file.
+fn stat_cpu_us(path: &Path) -> Option<f64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // The command name may contain spaces; fields are counted after its closing ')'.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let utime: f64 = fields.get(11)?.parse().ok()?;
@@ -405,6 +466,9 @@ async fn measured(
         committed_jobs: after.committed_jobs - before.committed_jobs,
         syncs: after.syncs - before.syncs,
         server_cpu_us: after.server_cpu_us - before.server_cpu_us,
+        server_threads: after
+            .server_threads
+            .combine(before.server_threads, |a, b| a - b),
         generator_cpu_us: after.generator_cpu_us - before.generator_cpu_us,
     };
     Ok((run, delta))
@@ -445,6 +509,7 @@ struct Accumulated {
     round_trips: f64,
     invocations: f64,
     server_cpu_us: f64,
+    server_threads: ThreadCpu,
     generator_cpu_us: f64,
 }
 
@@ -457,6 +522,9 @@ impl Accumulated {
         self.round_trips += delta.round_trips;
         self.invocations += delta.invocations;
         self.server_cpu_us += delta.server_cpu_us;
+        self.server_threads = self
+            .server_threads
+            .combine(delta.server_threads, |a, b| a + b);
         self.generator_cpu_us += delta.generator_cpu_us;
     }
 
@@ -476,6 +544,7 @@ impl Accumulated {
                 self.generator_cpu_us,
                 self.latencies_us.len() as f64,
             ),
+            server_cpu_us_by_thread: self.server_threads.per(self.latencies_us.len() as f64),
         }
     }
 }
@@ -923,6 +992,24 @@ impl BenchReport {
             "cpu us = serve CPU (user+system) per invocation; the load generator shares the cores and spent {} us per request (fresh/dup, same order)",
             generator.join(", ")
         );
+        if let Some(consumer) = self
+            .variants
+            .iter()
+            .find(|v| v.variant == Variant::Consumer)
+        {
+            let split = |t: &ThreadCpu| {
+                format!(
+                    "runtime {:.0}, sqlite-writer {:.0}, sqlite-syncer {:.0}, other {:.0}",
+                    t.runtime, t.sqlite_writer, t.sqlite_syncer, t.other
+                )
+            };
+            let _ = writeln!(
+                o,
+                "consumer cpu us by thread: fresh {}; duplicate {}",
+                split(&consumer.fresh.server_cpu_us_by_thread),
+                split(&consumer.duplicate.server_cpu_us_by_thread)
+            );
+        }
         let _ = writeln!(
             o,
             "ours/ceiling    fresh {:.0}%, duplicate {:.0}%",

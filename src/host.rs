@@ -13,6 +13,7 @@
 //! Answers are always JSON with `Outputs`, `Logs` and `ReturnValue`: a 2xx completes the
 //! message; anything else makes the host abandon it (an empty 200 would hang the host).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use base64::Engine;
@@ -45,8 +46,91 @@ impl EnvelopeError {
 struct RawEnvelope<'a> {
     #[serde(rename = "Data", alias = "data", borrow, default)]
     data: HashMap<String, &'a RawValue>,
-    #[serde(rename = "Metadata", alias = "metadata", default)]
-    metadata: HashMap<String, serde_json::Value>,
+    #[serde(rename = "Metadata", alias = "metadata", borrow, default)]
+    metadata: TrustedMetadata<'a>,
+}
+
+/// The Metadata entries we read, still encoded; the host sends a score of others (actions,
+/// client, properties), which are skipped without being decoded.
+#[derive(Default)]
+struct TrustedMetadata<'a> {
+    message_id: Option<Entry<'a>>,
+    delivery_count: Option<Entry<'a>>,
+}
+
+/// A Metadata value and whether its key matched exactly (which beats a match ignoring case).
+#[derive(Clone, Copy)]
+struct Entry<'a> {
+    value: &'a RawValue,
+    exact: bool,
+}
+
+impl<'a> TrustedMetadata<'a> {
+    fn slot(&mut self, key: &str) -> Option<(&mut Option<Entry<'a>>, bool)> {
+        let [message_id, delivery_count] = TRUSTED_METADATA;
+        if key.eq_ignore_ascii_case(message_id) {
+            Some((&mut self.message_id, key == message_id))
+        } else if key.eq_ignore_ascii_case(delivery_count) {
+            Some((&mut self.delivery_count, key == delivery_count))
+        } else {
+            None
+        }
+    }
+}
+
+/// A map key, borrowed from the request unless it holds escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(key)))
+            }
+            fn visit_str<E>(self, key: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(key.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(Visitor)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for TrustedMetadata<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
+            type Value = TrustedMetadata<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("the Metadata object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut found = TrustedMetadata::default();
+                while let Some(Key(key)) = map.next_key()? {
+                    match found.slot(&key) {
+                        Some((slot, exact)) => {
+                            let value: &'de RawValue = map.next_value()?;
+                            if slot.is_none_or(|earlier| !earlier.exact) {
+                                *slot = Some(Entry { value, exact });
+                            }
+                        }
+                        None => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(found)
+            }
+        }
+        deserializer.deserialize_map(Visitor(std::marker::PhantomData))
+    }
 }
 
 /// How the message body was encoded in `Data.msg`.
@@ -80,26 +164,15 @@ pub struct Invocation {
 const TRUSTED_METADATA: [&str; 2] = ["MessageId", "DeliveryCount"];
 
 /// Unwraps a Metadata value: `"\"abc\""` → `abc`, `"3"` → `3`, plain values unchanged.
-fn metadata_text(value: &serde_json::Value) -> Option<String> {
-    match value {
-        serde_json::Value::String(s) => match serde_json::from_str::<serde_json::Value>(s) {
+fn metadata_text(entry: Entry<'_>) -> Option<String> {
+    match serde_json::from_str::<serde_json::Value>(entry.value.get()).ok()? {
+        serde_json::Value::String(s) => match serde_json::from_str::<serde_json::Value>(&s) {
             Ok(serde_json::Value::String(inner)) => Some(inner),
-            _ => Some(s.clone()),
+            _ => Some(s),
         },
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     }
-}
-
-fn metadata<'m>(
-    map: &'m HashMap<String, serde_json::Value>,
-    key: &str,
-) -> Option<&'m serde_json::Value> {
-    map.get(key).or_else(|| {
-        map.iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(key))
-            .map(|(_, v)| v)
-    })
 }
 
 fn looks_like_object(text: &str) -> bool {
@@ -176,18 +249,23 @@ impl Invocation {
             })?;
         let (body, encoding) = decode_body(raw)?;
 
-        let message_id = metadata(&envelope.metadata, "MessageId")
+        let message_id = envelope
+            .metadata
+            .message_id
             .and_then(metadata_text)
             .ok_or_else(|| EnvelopeError::new("Metadata.MessageId", "is missing"))?;
         let message_id = MessageId::parse(&message_id)
             .map_err(|e| EnvelopeError::new("Metadata.MessageId", e.problem))?;
 
-        let delivery_count = match metadata(&envelope.metadata, "DeliveryCount") {
+        let delivery_count = match envelope.metadata.delivery_count {
             None => 0,
-            Some(v) => metadata_text(v)
+            Some(entry) => metadata_text(entry)
                 .and_then(|t| t.trim().parse::<u32>().ok())
                 .ok_or_else(|| {
-                    EnvelopeError::new("Metadata.DeliveryCount", format!("is not a count: {v}"))
+                    EnvelopeError::new(
+                        "Metadata.DeliveryCount",
+                        format!("is not a count: {}", entry.value.get()),
+                    )
                 })?,
         };
 
@@ -313,6 +391,23 @@ mod tests {
         let inv = Invocation::decode(&envelope(BODY.into(), meta)).unwrap();
         assert_eq!(inv.message_id.as_str(), "m-2");
         assert_eq!(inv.delivery_count, 1);
+    }
+
+    #[test]
+    fn an_exact_metadata_key_beats_one_in_another_case() {
+        // `Message\u0049d` is `MessageId` spelled with an escape, which cannot be borrowed.
+        for metadata in [
+            r#"{"messageid":"\"lower\"","Message\u0049d":"\"exact\"","UserProperties":{"a":[1,{"b":null}]},"deliverycount":"2"}"#,
+            r#"{"MessageId":"\"exact\"","UserProperties":{},"messageid":"\"lower\"","deliverycount":"2"}"#,
+        ] {
+            let body = format!(
+                r#"{{"Data":{{"msg":{}}},"Metadata":{metadata}}}"#,
+                serde_json::json!(BODY)
+            );
+            let inv = Invocation::decode(body.as_bytes()).unwrap();
+            assert_eq!(inv.message_id.as_str(), "exact", "{metadata}");
+            assert_eq!(inv.delivery_count, 2, "{metadata}");
+        }
     }
 
     #[test]
