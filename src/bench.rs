@@ -179,7 +179,12 @@ impl ThreadCpu {
     }
 
     fn per(self, messages: f64) -> ThreadCpu {
-        self.combine(ThreadCpu::default(), |us, _| per(us, messages))
+        ThreadCpu {
+            runtime: per(self.runtime, messages),
+            sqlite_writer: per(self.sqlite_writer, messages),
+            sqlite_syncer: per(self.sqlite_syncer, messages),
+            other: per(self.other, messages),
+        }
     }
 }
 
