@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use reqwest::Url;
+use secrecy::{ExposeSecret, SecretString};
 
 use crate::store::cosmos::CosmosSettings;
 use crate::telemetry::LogFormat;
@@ -34,14 +35,28 @@ pub enum StoreKind {
 }
 
 /// Where payouts go. Absent: ledger-only mode (payments are recorded, no bank is called).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct BankSettings {
+    /// Scheme, host and path only: a credential never travels in the URL.
     pub url: Url,
+    /// `BANK_API_KEY`, sent as `Authorization: Bearer`. Never logged or echoed
+    /// (`SecretString` prints as redacted).
+    pub api_key: Option<SecretString>,
     /// Per request.
     pub timeout: Duration,
     /// How long after a payout was first requested the bank still recognises its
     /// Idempotency-Key. Past it, resending could pay twice, so we stop and reconcile.
     pub key_window: Duration,
+}
+
+impl PartialEq for BankSettings {
+    fn eq(&self, other: &Self) -> bool {
+        self.url == other.url
+            && self.api_key.as_ref().map(|k| k.expose_secret())
+                == other.api_key.as_ref().map(|k| k.expose_secret())
+            && self.timeout == other.timeout
+            && self.key_window == other.key_window
+    }
 }
 
 /// Which handler answers invocations. Only `Consumer` exists outside dev builds.
@@ -92,6 +107,9 @@ pub struct Settings {
     pub lease: Duration,
     /// How long a delivery waits for another live attempt of the same message.
     pub inflight_wait: Duration,
+    /// The queue's maxDeliveryCount (`MAX_DELIVERY_COUNT`, set by the Bicep from the
+    /// queue's own value).
+    pub max_delivery_count: u32,
     pub log_format: LogFormat,
     pub dev: DevSettings,
 }
@@ -112,6 +130,37 @@ fn millis(setting: &'static str, value: &str, min: u64, max: u64) -> Result<Dura
         ));
     }
     Ok(Duration::from_millis(ms))
+}
+
+/// `BANK_API_URL`: an http(s) URL with a host, and no credential in it (userinfo or a
+/// query string): the credential goes in `BANK_API_KEY`. Errors never echo the value,
+/// which is exactly what could hold a secret.
+fn bank_url(value: &str) -> Result<Url, ConfigError> {
+    let url = Url::parse(value.trim()).map_err(|e| {
+        ConfigError::new(
+            "BANK_API_URL",
+            format!("is not a URL ({e}); the value is not shown"),
+        )
+    })?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(ConfigError::new(
+            "BANK_API_URL",
+            "must be an http(s) URL with a host",
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ConfigError::new(
+            "BANK_API_URL",
+            "carries a user name or password; put the credential in BANK_API_KEY (a Key Vault reference in Azure); the value is not shown",
+        ));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(ConfigError::new(
+            "BANK_API_URL",
+            "carries a query string or fragment, where keys hide; put the credential in BANK_API_KEY (a Key Vault reference in Azure); the value is not shown",
+        ));
+    }
+    Ok(url)
 }
 
 impl Settings {
@@ -137,8 +186,32 @@ impl Settings {
             })?,
         };
 
-        let store = match get("PAYMENTS_STORE").as_deref().map(str::trim) {
-            None | Some("sqlite") => StoreKind::Sqlite,
+        // The guard depends on the store, so it is never chosen by accident: a blank
+        // value is an error, and in Azure it must be named (see `in_azure`).
+        let in_azure = get("WEBSITE_INSTANCE_ID").is_some();
+        let store = match lookup("PAYMENTS_STORE").as_deref().map(str::trim) {
+            None if in_azure => {
+                return Err(ConfigError::new(
+                    "PAYMENTS_STORE",
+                    "is not set; in Azure it must name the store (cosmos)",
+                ))
+            }
+            None => StoreKind::Sqlite,
+            Some("") => {
+                return Err(ConfigError::new(
+                    "PAYMENTS_STORE",
+                    "is blank; name the store (sqlite or cosmos) or remove the setting",
+                ))
+            }
+            Some("sqlite") if in_azure => {
+                return Err(ConfigError::new(
+                    "PAYMENTS_STORE",
+                    "sqlite is refused in Azure (WEBSITE_INSTANCE_ID is set): each instance \
+                     would keep its own guard on its own disk, and a redelivery to another \
+                     instance or after a recycle would pay the claim again; use cosmos",
+                ))
+            }
+            Some("sqlite") => StoreKind::Sqlite,
             Some("cosmos") => StoreKind::Cosmos,
             Some(other) => {
                 return Err(ConfigError::new(
@@ -195,28 +268,29 @@ impl Settings {
         };
         let bank = match get("BANK_API_URL") {
             None => None,
-            Some(v) => {
-                let url = Url::parse(v.trim()).map_err(|e| {
-                    ConfigError::new("BANK_API_URL", format!("{v:?} is not a URL: {e}"))
-                })?;
-                if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-                    return Err(ConfigError::new(
-                        "BANK_API_URL",
-                        "must be an http(s) URL with a host",
-                    ));
-                }
-                Some(BankSettings {
-                    url,
-                    timeout: bank_timeout,
-                    key_window,
-                })
-            }
+            Some(v) => Some(BankSettings {
+                url: bank_url(&v)?,
+                api_key: get("BANK_API_KEY").map(|k| SecretString::from(k.trim().to_owned())),
+                timeout: bank_timeout,
+                key_window,
+            }),
         };
 
         let retry_budget = match get("RETRY_BUDGET_MS") {
             None => Duration::from_millis(60_000),
             Some(v) => millis("RETRY_BUDGET_MS", &v, 0, 600_000)?,
         };
+        // A budget shorter than one request would give up on a payout the bank makes.
+        if retry_budget < bank_timeout {
+            return Err(ConfigError::new(
+                "RETRY_BUDGET_MS",
+                format!(
+                    "{} ms is shorter than BANK_TIMEOUT_MS ({} ms); it must allow at least one full bank request",
+                    retry_budget.as_millis(),
+                    bank_timeout.as_millis()
+                ),
+            ));
+        }
         let lease = match get("LEASE_MS") {
             None => retry_budget + bank_timeout + Duration::from_secs(25),
             Some(v) => millis("LEASE_MS", &v, 100, 3_600_000)?,
@@ -236,6 +310,21 @@ impl Settings {
             None => Duration::from_millis(5_000),
             Some(v) => millis("INFLIGHT_WAIT_MS", &v, 0, 600_000)?,
         };
+        let max_delivery_count = match get("MAX_DELIVERY_COUNT") {
+            None => 10,
+            Some(v) => parse_u64("MAX_DELIVERY_COUNT", &v)?,
+        };
+        // A delivery whose attempt died is taken over by the next delivery of the same
+        // message (a higher DeliveryCount, see the consumer): there must be one.
+        if !(2..=2000).contains(&max_delivery_count) {
+            return Err(ConfigError::new(
+                "MAX_DELIVERY_COUNT",
+                format!(
+                    "{max_delivery_count} is outside 2..=2000; with fewer than 2 deliveries a \
+                     message whose handler died would be dead-lettered instead of taken over"
+                ),
+            ));
+        }
 
         let log_format = match get("LOG_FORMAT").as_deref().map(str::trim) {
             None | Some("json") => LogFormat::Json,
@@ -297,6 +386,7 @@ impl Settings {
             retry_budget,
             lease,
             inflight_wait,
+            max_delivery_count: max_delivery_count as u32,
             log_format,
             dev,
         })
@@ -357,9 +447,75 @@ mod tests {
     }
 
     #[test]
-    fn blank_values_count_as_unset() {
-        let s = settings(&[("BANK_API_URL", " "), ("PAYMENTS_STORE", "")]).unwrap();
+    fn blank_values_count_as_unset_except_the_store() {
+        let s = settings(&[("BANK_API_URL", " "), ("LEASE_MS", "")]).unwrap();
         assert_eq!(s.bank, None);
-        assert_eq!(s.store, StoreKind::Sqlite);
+        let err = settings(&[("PAYMENTS_STORE", " ")]).unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_STORE", "{err}");
+        assert!(err.problem.contains("blank"), "{err}");
+    }
+
+    #[test]
+    fn in_azure_the_store_must_be_named_and_cannot_be_sqlite() {
+        let azure = ("WEBSITE_INSTANCE_ID", "a1b2c3");
+        for store in [None, Some("sqlite"), Some("")] {
+            let mut pairs = vec![azure];
+            pairs.extend(store.map(|v| ("PAYMENTS_STORE", v)));
+            let err = settings(&pairs).expect_err(&format!("{store:?}"));
+            assert_eq!(err.setting, "PAYMENTS_STORE", "{err}");
+        }
+        let err = settings(&[azure, ("PAYMENTS_STORE", "sqlite")]).unwrap_err();
+        assert!(err.problem.contains("pay the claim again"), "{err}");
+        // Named explicitly, the production store passes this check (and then needs its own settings).
+        let err = settings(&[azure, ("PAYMENTS_STORE", "cosmos")]).unwrap_err();
+        assert_eq!(err.setting, "COSMOS_ENDPOINT", "{err}");
+        // Locally (no WEBSITE_INSTANCE_ID) the embedded store stays the default.
+        assert_eq!(settings(&[]).unwrap().store, StoreKind::Sqlite);
+    }
+
+    #[test]
+    fn a_retry_budget_shorter_than_one_bank_request_is_refused() {
+        let err = settings(&[("RETRY_BUDGET_MS", "0")]).unwrap_err();
+        assert_eq!(err.setting, "RETRY_BUDGET_MS", "{err}");
+        let err =
+            settings(&[("RETRY_BUDGET_MS", "4999"), ("BANK_TIMEOUT_MS", "5000")]).unwrap_err();
+        assert_eq!(err.setting, "RETRY_BUDGET_MS", "{err}");
+        let s = settings(&[("RETRY_BUDGET_MS", "5000"), ("BANK_TIMEOUT_MS", "5000")]).unwrap();
+        assert_eq!(s.retry_budget, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn max_delivery_count_leaves_room_for_a_takeover() {
+        assert_eq!(settings(&[]).unwrap().max_delivery_count, 10);
+        for bad in ["0", "1", "many"] {
+            let err = settings(&[("MAX_DELIVERY_COUNT", bad)]).unwrap_err();
+            assert_eq!(err.setting, "MAX_DELIVERY_COUNT", "{err}");
+        }
+    }
+
+    #[test]
+    fn bank_credentials_never_ride_in_the_url_nor_appear_in_errors() {
+        for url in [
+            "https://user:pw-SECRET@bank.example/api",
+            "https://bank.example/api?code=KEY-SECRET",
+            "https://bank.example/api#KEY-SECRET",
+            "https://bank.example:notaport/SECRET",
+            "SECRET not a url",
+        ] {
+            let err = settings(&[("BANK_API_URL", url)]).expect_err(url);
+            assert_eq!(err.setting, "BANK_API_URL");
+            assert!(!err.to_string().contains("SECRET"), "{url}: {err}");
+        }
+        let s = settings(&[
+            ("BANK_API_URL", "https://bank.example/api"),
+            ("BANK_API_KEY", " key-SECRET "),
+        ])
+        .unwrap();
+        let bank = s.bank.as_ref().unwrap();
+        assert_eq!(bank.api_key.as_ref().unwrap().expose_secret(), "key-SECRET");
+        assert!(
+            !format!("{s:?}").contains("SECRET"),
+            "Debug must redact the key"
+        );
     }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
-use crate::bank::{BankClient, PayoutOutcome};
+use crate::bank::{BankClient, PayoutOutcome, SendWindow};
 use crate::message::{ClaimApproved, MessageId, PayloadHash, Purpose};
 use crate::store::{
     AttemptId, ClaimResult, DynStore, InboxKey, InboxRecord, InboxStatus, InsertResult,
@@ -66,6 +66,10 @@ pub enum Outcome {
     InvalidMessage { reason: String },
     /// Transient: the broker should deliver again later.
     RetryLater { reason: String },
+    /// The store failed in a way no retry heals (read-only, corrupt, missing). The
+    /// message is refused on every delivery and ends in the dead-letter queue, to be
+    /// re-driven once the store is repaired.
+    StoreFailure { reason: String },
 }
 
 impl Outcome {
@@ -80,6 +84,7 @@ impl Outcome {
             Outcome::Conflict { .. } => "conflict",
             Outcome::InvalidMessage { .. } => "invalid-message",
             Outcome::RetryLater { .. } => "retry-later",
+            Outcome::StoreFailure { .. } => "store-failure",
         }
     }
 
@@ -87,7 +92,10 @@ impl Outcome {
     pub fn completes_message(&self) -> bool {
         !matches!(
             self,
-            Outcome::Conflict { .. } | Outcome::InvalidMessage { .. } | Outcome::RetryLater { .. }
+            Outcome::Conflict { .. }
+                | Outcome::InvalidMessage { .. }
+                | Outcome::RetryLater { .. }
+                | Outcome::StoreFailure { .. }
         )
     }
 
@@ -95,7 +103,9 @@ impl Outcome {
     pub fn is_permanent_failure(&self) -> bool {
         matches!(
             self,
-            Outcome::Conflict { .. } | Outcome::InvalidMessage { .. }
+            Outcome::Conflict { .. }
+                | Outcome::InvalidMessage { .. }
+                | Outcome::StoreFailure { .. }
         )
     }
 
@@ -113,7 +123,8 @@ impl Outcome {
             | Outcome::NeedsReconciliation { reason }
             | Outcome::Conflict { reason }
             | Outcome::InvalidMessage { reason }
-            | Outcome::RetryLater { reason } => Some(reason.clone()),
+            | Outcome::RetryLater { reason }
+            | Outcome::StoreFailure { reason } => Some(reason.clone()),
         }
     }
 
@@ -129,6 +140,7 @@ impl Outcome {
             Outcome::Conflict { .. } => c.conflicts.inc(),
             Outcome::InvalidMessage { .. } => c.invalid_messages.inc(),
             Outcome::RetryLater { .. } => c.retry_later.inc(),
+            Outcome::StoreFailure { .. } => c.store_permanent_errors.inc(),
         }
     }
 }
@@ -180,6 +192,22 @@ struct Attempt<'a> {
     id: AttemptId,
     hash: PayloadHash,
     key: InboxKey,
+}
+
+impl Attempt<'_> {
+    /// Whether this delivery comes after the one that holds the record's lease.
+    ///
+    /// Service Bus hands a message out again only once the previous delivery's lock is
+    /// gone (abandoned, expired, or its process died), numbering it one higher. So a
+    /// higher DeliveryCount than the holder recorded means the holder's delivery is
+    /// over, and waiting out its lease (minutes, with production settings) would only
+    /// spend the remaining deliveries and dead-letter the message. Taking over early is
+    /// safe even if the old attempt still runs: the bank request carries the same
+    /// Idempotency-Key, and its finalize is conditional on a version it no longer holds.
+    /// A count of 0 means the host did not say; then only the lease decides.
+    fn supersedes(&self, holder: &InboxRecord) -> bool {
+        holder.last_delivery_count > 0 && self.delivery.delivery_count > holder.last_delivery_count
+    }
 }
 
 /// Messages this process saw completed: (payload hash, first outcome).
@@ -254,8 +282,14 @@ impl Consumer {
             Err(Failure::Crashed(step)) => Outcome::RetryLater {
                 reason: format!("simulated crash {step:?}"),
             },
+            Err(Failure::Store(e @ StoreError::Permanent(_))) => {
+                tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, storeError = "permanent", error = %e, "store failed; no retry can heal this");
+                Outcome::StoreFailure {
+                    reason: e.to_string(),
+                }
+            }
             Err(Failure::Store(e)) => {
-                tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, error = %e, "store failed");
+                tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, storeError = "transient", error = %e, "store failed");
                 Outcome::RetryLater {
                     reason: e.to_string(),
                 }
@@ -424,7 +458,7 @@ impl Consumer {
                         first_outcome: record.outcome.clone(),
                     })
                 }
-                InboxStatus::InProgress if record.lease_alive(now) => {
+                InboxStatus::InProgress if record.lease_alive(now) && !a.supersedes(record) => {
                     let left = wait_until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Ok(Outcome::RetryLater {
@@ -514,19 +548,12 @@ impl Consumer {
             ))
             .into());
         };
-        let age = now() - payment.created_at;
-        let result = if age > self.policy.bank_key_window {
-            // Resending now could pay twice: the bank may have forgotten the key.
-            PayoutOutcome::KeyMismatch {
-                reason: format!(
-                    "payout first requested {}h ago, beyond the bank's Idempotency-Key window; check the bank before paying",
-                    age.whole_hours()
-                ),
-            }
-        } else {
-            let deadline = Instant::now() + self.policy.retry_budget;
-            bank.pay(&payment.idempotency_key, &body, deadline).await
-        };
+        let window = SendWindow::new(
+            self.policy.retry_budget,
+            payment.created_at,
+            self.policy.bank_key_window,
+        );
+        let result = bank.pay(&payment.idempotency_key, &body, window).await;
         self.crash_point(Step::AfterBankCall)?;
 
         let (status, bank_payment_id, reason, outcome) = match result {
@@ -550,6 +577,32 @@ impl Consumer {
                 Some(reason.clone()),
                 Outcome::NeedsReconciliation { reason },
             ),
+            PayoutOutcome::KeyWindowClosed {
+                attempts,
+                last_error,
+            } => {
+                // Resending now could pay twice: the bank may have forgotten the key.
+                let reason = format!(
+                    "payout first requested at {}, and the bank's Idempotency-Key window ({}h) closes before another request could leave ({attempts} sent now{}); check the bank before paying",
+                    payment.created_at,
+                    self.policy.bank_key_window.as_secs() / 3600,
+                    if last_error.is_empty() { String::new() } else { format!(", last: {last_error}") },
+                );
+                (
+                    PaymentStatus::NeedsReconciliation,
+                    None,
+                    Some(reason.clone()),
+                    Outcome::NeedsReconciliation { reason },
+                )
+            }
+            PayoutOutcome::ServiceFault { status, reason } => {
+                // Our own fault (credential, URL): not a verdict on the payment. Keep
+                // the message on the queue and let the next delivery go at once.
+                self.release(&inbox, &version).await;
+                return Ok(Outcome::RetryLater {
+                    reason: format!("bank refused the service's request ({status}): {reason}"),
+                });
+            }
             PayoutOutcome::GaveUp {
                 attempts,
                 last_error,
@@ -664,12 +717,20 @@ impl Consumer {
         match self.store.replace_inbox(&taken, &seen.version).await {
             Ok(version) => {
                 telemetry::counters().takeovers.inc();
+                let reason = if seen.record.lease_alive(now) {
+                    "later-delivery"
+                } else {
+                    "lease-expired"
+                };
                 tracing::info!(
                     claimId = %a.msg.claim_id,
                     messageId = %a.delivery.message_id,
+                    deliveryCount = a.delivery.delivery_count,
                     leaseOf = %seen.record.message_id,
                     previousOwner = %seen.record.owner,
-                    "took over an expired lease"
+                    previousDeliveryCount = seen.record.last_delivery_count,
+                    reason,
+                    "took over the lease of an earlier attempt"
                 );
                 Ok(Some((taken, version)))
             }
@@ -821,8 +882,12 @@ pub mod naive {
         if let Some(bank) = &consumer.bank {
             let fresh_key = IdempotencyKey::from_stored(AttemptId::new().to_string());
             let body = msg.payout_request_body();
-            let deadline = Instant::now() + consumer.policy.retry_budget;
-            match bank.pay(&fresh_key, &body, deadline).await {
+            let window = SendWindow::new(
+                consumer.policy.retry_budget,
+                now,
+                consumer.policy.bank_key_window,
+            );
+            match bank.pay(&fresh_key, &body, window).await {
                 PayoutOutcome::Paid { payment_id } => {
                     payment.status = PaymentStatus::Paid;
                     payment.bank_payment_id = Some(payment_id.clone());

@@ -89,7 +89,11 @@ pub struct Counters {
     pub own_write_recognised: Counter,
     pub bank_calls: Counter,
     pub bank_retries: Counter,
+    /// Bank answers that are the service's own fault (credential, URL, method, format).
+    pub bank_service_faults: Counter,
     pub store_transient_errors: Counter,
+    /// Store errors that no retry can heal (read-only, corrupt or missing database).
+    pub store_permanent_errors: Counter,
     pub store_round_trips: Counter,
     /// SQLite group commits, and the write jobs they carried: jobs / commits is the
     /// average group size. Syncs (`fdatasync` of the WAL) each cover one or more groups.
@@ -117,7 +121,9 @@ pub struct CountersSnapshot {
     pub own_write_recognised: u64,
     pub bank_calls: u64,
     pub bank_retries: u64,
+    pub bank_service_faults: u64,
     pub store_transient_errors: u64,
+    pub store_permanent_errors: u64,
     pub store_round_trips: u64,
     pub sqlite_commits: u64,
     pub sqlite_committed_jobs: u64,
@@ -143,7 +149,9 @@ impl Counters {
             own_write_recognised: self.own_write_recognised.get(),
             bank_calls: self.bank_calls.get(),
             bank_retries: self.bank_retries.get(),
+            bank_service_faults: self.bank_service_faults.get(),
             store_transient_errors: self.store_transient_errors.get(),
+            store_permanent_errors: self.store_permanent_errors.get(),
             store_round_trips: self.store_round_trips.get(),
             sqlite_commits: self.sqlite_commits.get(),
             sqlite_committed_jobs: self.sqlite_committed_jobs.get(),
@@ -175,7 +183,9 @@ pub fn log_counters() {
         needsReconciliation = c.needs_reconciliation,
         takeovers = c.takeovers,
         bankRetries = c.bank_retries,
+        bankServiceFaults = c.bank_service_faults,
         storeTransientErrors = c.store_transient_errors,
+        storePermanentErrors = c.store_permanent_errors,
         cosmosRequestUnits = c.cosmos_request_units,
         "counters"
     );

@@ -10,11 +10,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use claims_payments::bank::{BankClient, PayoutOutcome, SendWindow};
+use claims_payments::config::BankSettings;
 use claims_payments::consumer::{naive, Policy, Step};
-use claims_payments::message::ClaimApproved;
+use claims_payments::message::{ClaimApproved, IdempotencyKey};
 use claims_payments::store::sqlite::SqliteStore;
 use claims_payments::store::{DynStore, PaymentStatus};
-use common::FakeBank;
+use common::{BankFault, FakeBank};
 use proptest::prelude::*;
 use time::OffsetDateTime;
 
@@ -241,5 +243,104 @@ proptest! {
     fn ledger_equals_the_distinct_claims_whatever_the_deliveries((n, waves) in schedule()) {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         runtime.block_on(run_schedule(n, waves))?;
+    }
+}
+
+fn bank_client(bank: &FakeBank, timeout: Duration, api_key: Option<&str>) -> BankClient {
+    BankClient::new(&BankSettings {
+        url: bank.url(),
+        api_key: api_key.map(|k| secrecy::SecretString::from(k.to_owned())),
+        timeout,
+        key_window: Duration::from_secs(86_400),
+    })
+    .unwrap()
+}
+
+fn window(budget: Duration) -> SendWindow {
+    SendWindow::new(
+        budget,
+        OffsetDateTime::now_utc(),
+        Duration::from_secs(86_400),
+    )
+}
+
+/// A `Retry-After` of u64::MAX seconds once overflowed `Instant + wait` and killed the
+/// invocation (and every takeover after it). It is capped: the budget ends the attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_retry_after_ends_the_attempt_without_panicking() {
+    let bank = FakeBank::start().await;
+    let key = IdempotencyKey::from_stored("claim-payment-x".into());
+    for after in ["18446744073709551615", "Fri, 31 Dec 9999 23:59:59 GMT"] {
+        bank.script([BankFault::ThrottledFor(after.into())]);
+        let client = bank_client(&bank, Duration::from_secs(1), None);
+        let outcome = client.pay(&key, "{}", window(Duration::from_secs(2))).await;
+        assert!(
+            matches!(&outcome, PayoutOutcome::GaveUp { attempts: 1, .. }),
+            "{after}: {outcome:?}"
+        );
+    }
+    // The guarded consumer turns it into a redelivery, not a crash.
+    let (store, _dir) = sqlite();
+    bank.script([BankFault::ThrottledFor("18446744073709551615".into())]);
+    let consumer = common::bank_consumer(store, &bank);
+    let msg = common::message(&common::new_claim(), "2.00");
+    assert_eq!(
+        common::deliver(&consumer, &msg, "evt-1", 1).await,
+        "retry-later"
+    );
+}
+
+/// With a budget shorter than the bank's answer time, the first request once got only
+/// what was left of the budget (20 ms), timed out although the bank paid, and the
+/// message dead-lettered with the payment in progress. Every request gets its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_bank_request_always_gets_its_full_timeout() {
+    let bank = FakeBank::start().await;
+    bank.script([BankFault::Slow(Duration::from_millis(300))]);
+    let client = bank_client(&bank, Duration::from_secs(10), None);
+    let key = IdempotencyKey::from_stored("claim-payment-y".into());
+    let outcome = client.pay(&key, "{}", window(Duration::ZERO)).await;
+    assert!(matches!(outcome, PayoutOutcome::Paid { .. }), "{outcome:?}");
+    assert_eq!(bank.requests().len(), 1);
+}
+
+/// The credential rides in its own header from BANK_API_KEY, and no error names a URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bank_credential_is_a_header_and_errors_carry_no_url() {
+    let bank = FakeBank::start().await;
+    let client = bank_client(&bank, Duration::from_secs(5), Some("s3cr3t-token"));
+    let key = IdempotencyKey::from_stored("claim-payment-z".into());
+    let outcome = client.pay(&key, "{}", window(Duration::from_secs(5))).await;
+    assert!(matches!(outcome, PayoutOutcome::Paid { .. }), "{outcome:?}");
+    assert_eq!(
+        bank.authorizations(),
+        [Some("Bearer s3cr3t-token".to_owned())]
+    );
+
+    // Nothing listens on this port: a connection error, described without the URL.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url: reqwest::Url = format!("http://{}/private-path/", dead.local_addr().unwrap())
+        .parse()
+        .unwrap();
+    drop(dead);
+    let client = BankClient::new(&BankSettings {
+        url,
+        api_key: None,
+        timeout: Duration::from_millis(500),
+        key_window: Duration::from_secs(86_400),
+    })
+    .unwrap();
+    match client
+        .pay(&key, "{}", window(Duration::from_millis(300)))
+        .await
+    {
+        PayoutOutcome::GaveUp { last_error, .. } => {
+            assert!(!last_error.is_empty());
+            assert!(
+                !last_error.contains("private-path") && !last_error.contains("127.0.0.1"),
+                "{last_error}"
+            );
+        }
+        other => panic!("expected GaveUp, got {other:?}"),
     }
 }

@@ -127,7 +127,7 @@ async fn a_closed_account_is_refused_for_good_and_never_paid() {
     let c = client(Duration::from_secs(5));
     for _ in 0..2 {
         let (status, json, _) = post(&c, &bank, Some("c"), body("5.00", "CLOSED-1")).await;
-        assert_eq!(status, 403);
+        assert_eq!(status, 402);
         assert_eq!(json["code"], "account_closed");
     }
     let ledger = bank.ledger();

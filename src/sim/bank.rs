@@ -8,7 +8,7 @@
 //! - a replay of the key with the same body answers 200 with the same paymentId and
 //!   pays nothing; the same key with another body answers 422; the same key while the
 //!   first request is still being processed answers 409;
-//! - a closed payee account (payee `CLOSED-...`) is refused with 403, for good (and the
+//! - a closed payee account (payee `CLOSED-...`) is refused with 402, for good (and the
 //!   refusal is replayed for the key);
 //! - faults, decided per (key, attempt) from the seed: 503, 429 with Retry-After, and
 //!   "answer lost": the payout is made but the client never learns it (the answer
@@ -88,9 +88,9 @@ pub enum BankAnswer {
     Paid,
     /// 200: the key was paid before; same paymentId, nothing paid.
     Replayed,
-    /// 403: the payee account is closed.
+    /// 402: the payee account is closed.
     Rejected,
-    /// 403 again for a key that was refused before.
+    /// 402 again for a key that was refused before.
     RejectedReplay,
     /// 409: the key is still being processed.
     KeyInProgress,
@@ -425,7 +425,7 @@ async fn payments(State(bank): State<Arc<Bank>>, headers: HeaderMap, body: Bytes
         Step::RejectedReplay => {
             bank.record(Some(&key), &body, BankAnswer::RejectedReplay, identical);
             error(
-                StatusCode::FORBIDDEN,
+                StatusCode::PAYMENT_REQUIRED,
                 "payee account closed",
                 "account_closed",
             )
@@ -461,7 +461,7 @@ async fn process_new(
             }
             bank.record(Some(&key), &body, BankAnswer::Rejected, None);
             return error(
-                StatusCode::FORBIDDEN,
+                StatusCode::PAYMENT_REQUIRED,
                 "payee account closed",
                 "account_closed",
             );

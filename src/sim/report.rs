@@ -682,7 +682,7 @@ impl Report {
             let a = |k: BankAnswer| bank.answers.get(&k).copied().unwrap_or(0);
             let _ = writeln!(
                 o,
-                "bank       {} requests, {} effective payouts: {} paid, {} replays, {} x 409 in progress, {} x 422 key reuse, {} x 403 rejected, {} x 400 invalid; {} repeats of a known key, {} byte-identical",
+                "bank       {} requests, {} effective payouts: {} paid, {} replays, {} x 409 in progress, {} x 422 key reuse, {} x 402 rejected, {} x 400 invalid; {} repeats of a known key, {} byte-identical",
                 bank.requests,
                 bank.effective_payouts,
                 a(BankAnswer::Paid),

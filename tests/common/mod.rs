@@ -64,6 +64,7 @@ pub fn bank_consumer_with(
 ) -> Consumer {
     let client = BankClient::new(&BankSettings {
         url: bank.url(),
+        api_key: None,
         timeout,
         key_window: Duration::from_secs(86_400),
     })
@@ -84,12 +85,20 @@ pub enum BankFault {
     Reject,
     /// Waits this long before handling the request normally.
     Slow(Duration),
+    /// Answers this status without paying (401, 404, 402, ...).
+    Status(u16),
+    /// 429 with this Retry-After value, without paying.
+    ThrottledFor(String),
 }
 
 #[derive(Default)]
 struct BankState {
     /// Every request: (Idempotency-Key, body).
     requests: Vec<(String, String)>,
+    /// When each request arrived, in the same order.
+    arrivals: Vec<time::OffsetDateTime>,
+    /// The Authorization header of each request, in the same order.
+    authorizations: Vec<Option<String>>,
     /// Effective payouts by key: (body, payment id).
     payouts: HashMap<String, (String, String)>,
     script: VecDeque<BankFault>,
@@ -138,6 +147,14 @@ impl FakeBank {
         self.state.lock().unwrap().requests.clone()
     }
 
+    pub fn arrivals(&self) -> Vec<time::OffsetDateTime> {
+        self.state.lock().unwrap().arrivals.clone()
+    }
+
+    pub fn authorizations(&self) -> Vec<Option<String>> {
+        self.state.lock().unwrap().authorizations.clone()
+    }
+
     pub fn payout_for(&self, key: &str) -> Option<(String, String)> {
         self.state.lock().unwrap().payouts.get(key).cloned()
     }
@@ -156,6 +173,13 @@ async fn pay(
     let fault = {
         let mut s = state.lock().unwrap();
         s.requests.push((key.clone(), body.clone()));
+        s.arrivals.push(time::OffsetDateTime::now_utc());
+        s.authorizations.push(
+            headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        );
         s.script.pop_front().or_else(|| s.always.clone())
     };
     match fault {
@@ -172,6 +196,17 @@ async fn pay(
         }
         Some(BankFault::Reject) => {
             return (StatusCode::BAD_REQUEST, "payee account closed").into_response()
+        }
+        Some(BankFault::Status(status)) => {
+            return (StatusCode::from_u16(status).unwrap(), "refused").into_response()
+        }
+        Some(BankFault::ThrottledFor(after)) => {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", after)],
+                "slow down",
+            )
+                .into_response()
         }
         Some(BankFault::Slow(d)) => tokio::time::sleep(d).await,
         Some(BankFault::LoseAnswer) | None => {}

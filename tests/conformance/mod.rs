@@ -55,6 +55,9 @@ macro_rules! store_conformance {
             live_lease_makes_a_duplicate_wait_for_the_result,
             takeover_while_the_first_worker_is_alive_pays_once,
             business_duplicate_finishes_an_orphaned_payout,
+            a_later_delivery_takes_over_a_dead_attempt_at_once,
+            a_bank_fault_of_our_own_never_rejects_the_payment,
+            no_payout_request_leaves_after_the_key_window,
         );
     };
     (@tests $make:path; $($name:ident),* $(,)?) => {
@@ -575,7 +578,7 @@ async fn crash_once_at(store: DynStore, step: Step) -> (FakeBank, Vec<&'static s
 }
 
 pub async fn crash_after_claim_then_takeover_pays_once(store: DynStore) {
-    // The redelivery meets a live lease, waits it out (inflight wait > lease), takes over.
+    // The redelivery (a higher DeliveryCount) takes the dead attempt's lease over.
     let (bank, labels) = crash_once_at(store, Step::AfterClaim).await;
     assert_eq!(labels, ["retry-later", "paid", "duplicate"]);
     assert_eq!(bank.effective_payouts(), 1);
@@ -674,7 +677,9 @@ pub async fn live_lease_makes_a_duplicate_wait_for_the_result(store: DynStore) {
         tokio::spawn(async move { consumer.handle(&msg, &common::delivery("evt-1", 1)).await })
     };
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let second = consumer.handle(&msg, &common::delivery("evt-1", 2)).await;
+    // A producer's re-send of the same MessageId: its own first delivery, so not
+    // later than the holder's (see the takeover by DeliveryCount below).
+    let second = consumer.handle(&msg, &common::delivery("evt-1", 1)).await;
     let first = first.await.unwrap();
     let mut labels = [first.label(), second.label()];
     labels.sort();
@@ -752,4 +757,109 @@ pub async fn business_duplicate_finishes_an_orphaned_payout(store: DynStore) {
         "duplicate"
     );
     assert_eq!(bank.requests().len(), 1);
+}
+
+pub async fn a_later_delivery_takes_over_a_dead_attempt_at_once(store: DynStore) {
+    // The deployed timings (infra/main.bicepparam): a 120 s lease and a 5 s in-flight
+    // wait. The handler dies mid-payout, leaving a live lease; the host redelivers at
+    // once with DeliveryCount + 1. Waiting on the dead lease would answer 503 to every
+    // delivery until the message is dead-lettered; a later delivery takes over instead.
+    let bank = FakeBank::start().await;
+    let policy = claims_payments::consumer::Policy {
+        lease: Duration::from_secs(120),
+        inflight_wait: Duration::from_secs(5),
+        retry_budget: Duration::from_secs(60),
+        ..common::policy()
+    };
+    let consumer = common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_secs(5));
+    let msg = common::message(&common::new_claim(), "120.00");
+    let dying = consumer
+        .clone()
+        .with_crash_hook(common::crash_once_at(Step::AfterBankCall));
+    assert_eq!(
+        common::deliver(&dying, &msg, "evt-1", 1).await,
+        "retry-later"
+    );
+    assert_eq!(common::deliver(&consumer, &msg, "evt-1", 2).await, "paid");
+    assert_eq!(bank.effective_payouts(), 1);
+    let requests = bank.requests();
+    assert_eq!(requests.len(), 2, "the takeover asks the bank again");
+    assert_eq!(requests[0], requests[1], "same key, same bytes");
+    assert_eq!(
+        common::deliver(&consumer, &msg, "evt-1", 3).await,
+        "duplicate"
+    );
+}
+
+pub async fn a_bank_fault_of_our_own_never_rejects_the_payment(store: DynStore) {
+    // An expired credential (401), a wrong URL (404), a proxy redirect: the service's
+    // fault, not a verdict on the payment. The message stays on the queue.
+    let bank = FakeBank::start().await;
+    let consumer = common::bank_consumer(store.clone(), &bank);
+    let msg = common::message(&common::new_claim(), "9.00");
+    for (count, status) in [(1, 401), (2, 403), (3, 404), (4, 405), (5, 302)] {
+        bank.script([BankFault::Status(status)]);
+        assert_eq!(
+            common::deliver(&consumer, &msg, "evt-1", count).await,
+            "retry-later",
+            "{status}"
+        );
+        let p = store
+            .payment(msg.claim_id, Purpose::Payout)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.record.status, PaymentStatus::InProgress, "{status}");
+    }
+    assert_eq!(
+        bank.requests().len(),
+        5,
+        "a fault of our own is not retried in place"
+    );
+    // Once the credential is fixed, the next delivery pays at once (the lease was released).
+    assert_eq!(common::deliver(&consumer, &msg, "evt-1", 6).await, "paid");
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+pub async fn no_payout_request_leaves_after_the_key_window(store: DynStore) {
+    // The bank is down while the key window runs out (here a 3 s window; 24 h deployed).
+    // Retries stop before the window ends, and the payment needs reconciliation: a
+    // request after the window could pay a second time.
+    let bank = FakeBank::start().await;
+    bank.always(Some(BankFault::Unavailable));
+    let window = Duration::from_secs(3);
+    let policy = claims_payments::consumer::Policy {
+        retry_budget: Duration::from_secs(20),
+        lease: Duration::from_secs(30),
+        bank_key_window: window,
+        ..common::policy()
+    };
+    let consumer = common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_secs(1));
+    let msg = common::message(&common::new_claim(), "3.00");
+    assert_eq!(
+        common::deliver(&consumer, &msg, "evt-1", 1).await,
+        "needs-reconciliation"
+    );
+    let p = store
+        .payment(msg.claim_id, Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.record.status, PaymentStatus::NeedsReconciliation);
+    let window_end = p.record.created_at + window;
+    let arrivals = bank.arrivals();
+    assert!(
+        arrivals.len() >= 2,
+        "the bank was retried inside the window"
+    );
+    assert!(
+        arrivals.iter().all(|t| *t < window_end),
+        "a request left after the key window ended at {window_end}: {arrivals:?}"
+    );
+    // A redelivery does not ask the bank again either.
+    assert_eq!(
+        common::deliver(&consumer, &msg, "evt-1", 2).await,
+        "duplicate"
+    );
+    assert_eq!(bank.arrivals().len(), arrivals.len());
 }
