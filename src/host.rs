@@ -164,14 +164,19 @@ pub struct Invocation {
 const TRUSTED_METADATA: [&str; 2] = ["MessageId", "DeliveryCount"];
 
 /// Unwraps a Metadata value: `"\"abc\""` → `abc`, `"3"` → `3`, plain values unchanged.
-fn metadata_text(entry: Entry<'_>) -> Option<String> {
-    match serde_json::from_str::<serde_json::Value>(entry.value.get()).ok()? {
-        serde_json::Value::String(s) => match serde_json::from_str::<serde_json::Value>(&s) {
-            Ok(serde_json::Value::String(inner)) => Some(inner),
-            _ => Some(s),
+/// Anything else is named by its JSON kind, for the error that refuses it.
+fn metadata_text(entry: Entry<'_>) -> Result<String, &'static str> {
+    match serde_json::from_str::<serde_json::Value>(entry.value.get()) {
+        Ok(serde_json::Value::String(s)) => match serde_json::from_str::<serde_json::Value>(&s) {
+            Ok(serde_json::Value::String(inner)) => Ok(inner),
+            _ => Ok(s),
         },
-        serde_json::Value::Number(n) => Some(n.to_string()),
-        _ => None,
+        Ok(serde_json::Value::Number(n)) => Ok(n.to_string()),
+        Ok(serde_json::Value::Object(_)) => Err("a JSON object"),
+        Ok(serde_json::Value::Array(_)) => Err("a JSON array"),
+        Ok(serde_json::Value::Bool(_)) => Err("a JSON boolean"),
+        Ok(serde_json::Value::Null) => Err("null"),
+        Err(_) => Err("not JSON"),
     }
 }
 
@@ -249,24 +254,36 @@ impl Invocation {
             })?;
         let (body, encoding) = decode_body(raw)?;
 
-        let message_id = envelope
-            .metadata
-            .message_id
-            .and_then(metadata_text)
-            .ok_or_else(|| EnvelopeError::new("Metadata.MessageId", "is missing"))?;
-        let message_id = MessageId::parse(&message_id)
-            .map_err(|e| EnvelopeError::new("Metadata.MessageId", e.problem))?;
+        let message_id = match envelope.metadata.message_id.map(metadata_text) {
+            None => return Err(EnvelopeError::new("Metadata.MessageId", "is missing")),
+            Some(Err(kind)) => {
+                return Err(EnvelopeError::new(
+                    "Metadata.MessageId",
+                    format!("is {kind}, not a string"),
+                ))
+            }
+            Some(Ok(text)) => MessageId::parse(&text)
+                .map_err(|e| EnvelopeError::new("Metadata.MessageId", e.problem))?,
+        };
 
+        // Informational (the broker's count; the consumer only compares counts to let a
+        // later delivery take over): an odd value is logged and read as "unknown" (0),
+        // never a reason to refuse, and so dead-letter, a valid message.
         let delivery_count = match envelope.metadata.delivery_count {
             None => 0,
-            Some(entry) => metadata_text(entry)
-                .and_then(|t| t.trim().parse::<u32>().ok())
-                .ok_or_else(|| {
-                    EnvelopeError::new(
-                        "Metadata.DeliveryCount",
-                        format!("is not a count: {}", entry.value.get()),
-                    )
-                })?,
+            Some(entry) => {
+                let count = metadata_text(entry)
+                    .ok()
+                    .and_then(|t| t.trim().parse::<u32>().ok());
+                count.unwrap_or_else(|| {
+                    tracing::warn!(
+                        messageId = %message_id,
+                        deliveryCount = %preview(entry.value.get()),
+                        "Metadata.DeliveryCount is not a count; carrying on as unknown (0)"
+                    );
+                    0
+                })
+            }
         };
 
         let shadowed_metadata = if encoding == BodyEncoding::Base64 {
@@ -436,17 +453,42 @@ mod tests {
                 envelope(BODY.into(), serde_json::json!({"MessageId": "\"\""})),
                 "Metadata.MessageId",
             ),
-            (
-                envelope(
-                    BODY.into(),
-                    serde_json::json!({"MessageId": "\"a\"", "DeliveryCount": "many"}),
-                ),
-                "Metadata.DeliveryCount",
-            ),
         ];
         for (body, field) in cases {
             let err = Invocation::decode(&body).unwrap_err();
             assert_eq!(err.field, field, "{err}");
+        }
+    }
+
+    #[test]
+    fn a_message_id_that_is_not_text_is_named_for_what_it_is() {
+        for (id, kind) in [
+            (serde_json::json!({"a": 1}), "a JSON object"),
+            (serde_json::json!(["a"]), "a JSON array"),
+            (serde_json::json!(true), "a JSON boolean"),
+        ] {
+            let meta = serde_json::json!({"MessageId": id, "DeliveryCount": "1"});
+            let err = Invocation::decode(&envelope(BODY.into(), meta)).unwrap_err();
+            assert_eq!(err.field, "Metadata.MessageId");
+            assert!(err.problem.contains(kind), "{err}");
+            assert!(!err.problem.contains("missing"), "{err}");
+        }
+    }
+
+    #[test]
+    fn an_odd_delivery_count_is_unknown_not_a_refusal() {
+        for count in [
+            serde_json::json!("many"),
+            serde_json::json!(1e3),
+            serde_json::json!("4294967296"),
+            serde_json::json!(-1),
+            serde_json::json!({"n": 1}),
+            serde_json::json!(null),
+        ] {
+            let meta = serde_json::json!({"MessageId": "\"a\"", "DeliveryCount": count});
+            let inv = Invocation::decode(&envelope(BODY.into(), meta))
+                .unwrap_or_else(|e| panic!("{count}: {e}"));
+            assert_eq!(inv.delivery_count, 0, "{count}");
         }
     }
 

@@ -43,9 +43,15 @@ pub struct ClaimId(Uuid);
 
 impl ClaimId {
     pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
-        Uuid::try_parse(s.trim())
-            .map(ClaimId)
-            .map_err(|_| InvalidMessage::new("claimId", format!("{s:?} is not a UUID")))
+        let uuid = Uuid::try_parse(s.trim())
+            .map_err(|_| InvalidMessage::new("claimId", format!("{s:?} is not a UUID")))?;
+        if uuid.is_nil() {
+            return Err(InvalidMessage::new(
+                "claimId",
+                "is the nil UUID, which names no claim",
+            ));
+        }
+        Ok(ClaimId(uuid))
     }
 
     pub fn random() -> Self {
@@ -198,8 +204,11 @@ impl fmt::Display for Money {
     }
 }
 
-/// Parses an amount from the raw JSON text: a string (`"12.50"`) or a number
-/// (`12.5`, `1.25e1`), without ever going through `f64`.
+/// Parses an amount from the raw JSON text: a string (`"12.50"`) or a number (`12.5`),
+/// without ever going through `f64`. One strict grammar for both: an optional `-` (so
+/// a negative amount is refused as such), digits, and optionally `.` and more digits.
+/// No exponent, sign `+`, separators, spaces or a bare `.`: money from another system
+/// that does not match is refused, never guessed at.
 fn parse_amount(raw: &RawValue) -> Result<Decimal, InvalidMessage> {
     let text = raw.get().trim();
     let literal = if text.starts_with('"') {
@@ -213,14 +222,26 @@ fn parse_amount(raw: &RawValue) -> Result<Decimal, InvalidMessage> {
             format!("must be a decimal number or a string holding one, got {text}"),
         ));
     };
-    let literal = literal.trim();
-    let parsed = if literal.contains(['e', 'E']) {
-        Decimal::from_scientific(literal)
-    } else {
-        Decimal::from_str_exact(literal)
-    };
-    parsed
-        .map_err(|_| InvalidMessage::new("amount", format!("{literal:?} is not a decimal number")))
+    if !is_plain_decimal(&literal) {
+        return Err(InvalidMessage::new(
+            "amount",
+            format!(
+                "{literal:?} is not a plain decimal number (digits, optionally '.' and digits)"
+            ),
+        ));
+    }
+    Decimal::from_str_exact(&literal)
+        .map_err(|_| InvalidMessage::new("amount", format!("{literal:?} is out of range")))
+}
+
+/// `-?[0-9]+(\.[0-9]+)?`
+fn is_plain_decimal(s: &str) -> bool {
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    let unsigned = s.strip_prefix('-').unwrap_or(s);
+    match unsigned.split_once('.') {
+        Some((whole, fraction)) => digits(whole) && digits(fraction),
+        None => digits(unsigned),
+    }
 }
 
 fn bounded_text(
@@ -576,10 +597,54 @@ mod tests {
                 "approvedAt",
             ),
             (serde_json::json!([1, 2]), "body"),
+            (
+                serde_json::json!({"claimId": "00000000-0000-0000-0000-000000000000", "amount": "1", "currency": "EUR"}),
+                "claimId",
+            ),
         ];
         for (body, field) in cases {
             let err = parse(body.clone()).expect_err(&body.to_string());
             assert_eq!(err.field, field, "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn amounts_follow_one_strict_grammar() {
+        let amount = |raw: &str| {
+            ClaimApproved::parse(&format!(
+                r#"{{"claimId":"{CLAIM}","amount":{raw},"currency":"EUR"}}"#
+            ))
+            .map(|m| m.money.amount_string())
+        };
+        for ok in [
+            r#""5""#,
+            r#""5.5""#,
+            r#""0.01""#,
+            "5",
+            "5.25",
+            r#""007.50""#,
+        ] {
+            assert!(amount(ok).is_ok(), "{ok}: {:?}", amount(ok));
+        }
+        for bad in [
+            r#""1_000""#,
+            r#""+5""#,
+            r#"".5""#,
+            r#""5.""#,
+            r#""1e2""#,
+            r#"" 5""#,
+            r#""5 ""#,
+            r#""1,000.00""#,
+            r#""0x10""#,
+            r#""5..1""#,
+            r#""-""#,
+            r#""""#,
+            "1e2",
+            "1.5E1",
+            "-0.5",
+        ] {
+            let err = amount(bad).expect_err(bad);
+            assert_eq!(err.field, "amount", "{bad}: {err}");
         }
     }
 

@@ -29,6 +29,15 @@ use crate::telemetry;
 pub const FUNCTION_NAME: &str = "ClaimApproved";
 /// Service Bus messages are at most 256 KB (Standard) and base64 adds a third.
 pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+/// A connection must deliver its request headers within this time. The host sends
+/// them at once; a caller that trickles them is cut off instead of holding a socket.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The whole request body must arrive within this time after the headers.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// After SIGTERM, in-flight invocations get this long to finish. It stays below the
+/// platform's shutdown grace so the process exits on its own terms; an invocation cut
+/// short is redelivered and resumes from the stored state (a later delivery takes over).
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(25);
 
 pub struct AppState {
     consumer: Consumer,
@@ -88,7 +97,7 @@ fn status_for(outcome: &Outcome) -> StatusCode {
 /// Refuses an invocation that cannot even be read: permanent, so the host's redeliveries
 /// end in the dead-letter queue, with the reason in every log line.
 fn refuse(status: StatusCode, invocation_id: &str, reason: String) -> Response {
-    tracing::error!(invocationId = %invocation_id, outcome = "invalid-message", reason = %reason, "invocation finished");
+    tracing::error!(invocationId = %invocation_id, trigger = "servicebus", outcome = "invalid-message", reason = %reason, "invocation finished");
     telemetry::counters().invalid_messages.inc();
     answer(
         status,
@@ -109,9 +118,23 @@ async fn invoke(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bo
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    let bytes: Bytes = match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
-        Ok(b) => b,
-        Err(e) => {
+    let read = tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        axum::body::to_bytes(body, MAX_REQUEST_BYTES),
+    );
+    let bytes: Bytes = match read.await {
+        Ok(Ok(b)) => b,
+        Err(_) => {
+            // A caller that trickles its body must not hold a worker; the host retries.
+            telemetry::counters().retry_later.inc();
+            tracing::warn!(invocationId = %invocation_id, trigger = "servicebus", outcome = "retry-later", "request body not received within {} s", BODY_READ_TIMEOUT.as_secs());
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                Json(serde_json::json!({"error": format!("request body not received within {} s", BODY_READ_TIMEOUT.as_secs())})),
+            )
+                .into_response();
+        }
+        Ok(Err(e)) => {
             return refuse(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &invocation_id,
@@ -187,11 +210,11 @@ async fn invoke(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bo
         outcome.label(),
     );
     if outcome.completes_message() {
-        tracing::info!(invocationId = %invocation_id, claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+        tracing::info!(invocationId = %invocation_id, trigger = "servicebus", claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
     } else if outcome.is_permanent_failure() {
-        tracing::error!(invocationId = %invocation_id, claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+        tracing::error!(invocationId = %invocation_id, trigger = "servicebus", claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
     } else {
-        tracing::warn!(invocationId = %invocation_id, claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+        tracing::warn!(invocationId = %invocation_id, trigger = "servicebus", claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
     }
     answer(
         status,
@@ -301,14 +324,69 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     });
 
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    run(listener, router(state), shutdown).await;
     retention_task.abort();
     counters_task.abort();
     telemetry::log_counters();
     tracing::info!("drained in-flight invocations; stopping");
     Ok(())
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains for at most
+/// [`SHUTDOWN_DRAIN`]. Unlike `axum::serve`, every connection has a header read timeout,
+/// so neither a slow client nor a shutdown waits on one for ever.
+pub async fn run(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drainSeconds = SHUTDOWN_DRAIN.as_secs(),
+            "in-flight work did not finish within the drain; stopping anyway (it will be redelivered)"
+        );
+    }
 }
 
 /// SQLite has no TTL: apply the inbox retention hourly, in small batches.

@@ -451,3 +451,108 @@ fn sigterm_drains_and_exits_zero() {
     let status = handler.child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+/// The deployed timings (infra/main.bicepparam): a plain SIGKILL of `serve` while the
+/// payout is at the bank leaves the inbox record under a live 120 s lease. The host
+/// restarts the handler and redelivers at once, DeliveryCount + 1 each time; waiting on
+/// the dead lease would spend all ten deliveries in 50 s and dead-letter the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_payout_with_production_timings_is_taken_over_by_the_next_delivery() {
+    let bank = FakeBank::start().await;
+    // The first request stays at the bank (which pays it later) while the handler dies.
+    bank.script([common::BankFault::Slow(Duration::from_secs(8))]);
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let production = [
+        ("BANK_API_URL", url.as_str()),
+        ("LEASE_MS", "120000"),
+        ("INFLIGHT_WAIT_MS", "5000"),
+        ("BANK_TIMEOUT_MS", "5000"),
+        ("RETRY_BUDGET_MS", "60000"),
+        ("MAX_DELIVERY_COUNT", "10"),
+    ];
+    let client = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "410.00");
+    let handler = Handler::start(&db, &production);
+    let first = tokio::spawn({
+        let (client, envelope, url) = (
+            client.clone(),
+            host_envelope(&body, "evt-kill", 1),
+            handler.url("/ClaimApproved"),
+        );
+        async move { client.post(url).json(&envelope).send().await }
+    });
+    while bank.requests().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    handler.kill();
+    assert!(
+        first.await.unwrap().is_err(),
+        "the killed handler never answers"
+    );
+
+    let handler = Handler::start(&db, &production);
+    let mut answers = Vec::new();
+    for count in 2..=10 {
+        let (status, answer) = invoke(&client, &handler, &host_envelope(&body, "evt-kill", count))
+            .await
+            .unwrap();
+        answers.push(outcome(&answer).to_owned());
+        if status == 200 {
+            break;
+        }
+    }
+    assert_eq!(
+        answers,
+        ["paid"],
+        "the first redelivery takes over and pays"
+    );
+    handler.kill();
+    assert_eq!(ledger(&db)[0]["status"], "paid");
+    // The killed attempt's request is still at the bank; when it lands, the same key
+    // makes it a replay, not a second payout.
+    while bank.requests().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+/// A client that trickles its request headers is cut off, and cannot hold a SIGTERM.
+#[test]
+fn a_slow_client_is_cut_off_and_cannot_hold_the_shutdown() {
+    use std::io::{Read, Write};
+    let (_dir, db) = temp_db();
+    let mut handler = Handler::start(&db, &[]);
+    let trickle = |port: u16| {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .write_all(b"POST /ClaimApproved HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .unwrap();
+        let mut writer = stream.try_clone().unwrap();
+        std::thread::spawn(move || {
+            // One header byte a second, until the server hangs up.
+            while writer.write_all(b"X").is_ok() {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        });
+        stream
+    };
+    let mut slow = trickle(handler.port);
+    // A safety net for the test itself: without the header timeout the read never ends.
+    slow.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = slow.read_to_end(&mut answer);
+    assert!(
+        !matches!(&read, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "the server kept a trickling client: {read:?}"
+    );
+
+    let _held = trickle(handler.port);
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(handler.child.id() as i32, libc::SIGTERM);
+    }
+    let status = handler.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
