@@ -1,8 +1,43 @@
 // claims-payments: Service Bus queue -> Flex Consumption function app (Rust
 // custom handler) -> Cosmos DB, all reached with one user-assigned identity.
-// Deploy: az deployment group create -g <rg> -f infra/main.bicep -p infra/main.bicepparam
+// Two network profiles (networkProfile):
+//   public  - infra/main.bicepparam: services on their public endpoints, Entra ID
+//             only, keys off. For development and evaluation.
+//   private - infra/main.private.bicepparam (production): VNet integration, NAT
+//             gateway with a static outbound IP, private endpoints and private
+//             DNS zones for Cosmos DB, host storage, Service Bus (Premium), Key
+//             Vault and the app itself; public network access off everywhere.
+// Deploy: az deployment group create -g <rg> -f infra/main.bicep -p infra/main.private.bicepparam
 // Values and their reasons: docs/deploy.md.
 targetScope = 'resourceGroup'
+
+@description('public: public endpoints (development). private: VNet, private endpoints, public access off (production).')
+@allowed([
+  'public'
+  'private'
+])
+param networkProfile string = 'public'
+
+@description('Private profile: address space of the virtual network.')
+param vnetAddressPrefix string = '10.42.0.0/16'
+
+@description('Private profile: subnet delegated to the Flex Consumption app (Microsoft.App/environments).')
+param appSubnetPrefix string = '10.42.0.0/24'
+
+@description('Private profile: subnet for the private endpoints.')
+param privateEndpointSubnetPrefix string = '10.42.1.0/24'
+
+@description('Private profile: subnet for deployment runners or a jump host.')
+param toolsSubnetPrefix string = '10.42.2.0/24'
+
+@description('Zone-redundant Flex Consumption plan (needs Standard_ZRS host storage and a region that supports it; keeps at least two always-ready instances per function group, billed).')
+param planZoneRedundant bool = false
+
+@description('Zone-redundant Cosmos DB region. Fixed when the account is created; changing it later is a region remove/add, not a redeploy.')
+param cosmosZoneRedundant bool = false
+
+@description('CanNotDelete lock on the Cosmos DB account: the payment ledger is permanent.')
+param cosmosDeleteLock bool = false
 
 @description('Azure region for every resource; it must offer Flex Consumption.')
 param location string = resourceGroup().location
@@ -118,8 +153,27 @@ param inboxRetentionDays int = 30
 @description('CONSUMER_NAME stored in inbox documents.')
 param consumerName string = 'ClaimApprovedHandler'
 
-@description('Action group resource id for the dead-letter alert; empty = alert without notification.')
+@description('Bank credential (BANK_API_KEY), written to Key Vault. Empty: keep the current secret version. Never put it in a parameter file; read it from the environment.')
+@secure()
+param bankApiKey string
+
+@description('Existing action group for every alert; empty = create one that e-mails alertEmailAddress.')
 param alertActionGroupId string = ''
+
+@description('E-mail receiver of the created action group (ignored when alertActionGroupId is set). No default: every parameter file decides; the production one must name a receiver.')
+param alertEmailAddress string
+
+@description('Spike alert: retry-later or duplicate outcomes in 15 minutes below which nothing is reported.')
+@minValue(1)
+param spikeMinCount int = 20
+
+@description('Spike alert: fire above this multiple of the previous day\'s average 15-minute count.')
+@minValue(1)
+param spikeFactor int = 3
+
+@description('Cosmos throttling alert: 429 answers on the payments container in 5 minutes above which it fires.')
+@minValue(0)
+param cosmosThrottleThreshold int = 10
 
 var suffix = uniqueString(resourceGroup().id, baseName)
 var allTags = union(tags, {
@@ -130,6 +184,10 @@ var allTags = union(tags, {
 var cosmosDatabaseName = 'payments'
 var cosmosContainerName = 'payments'
 var deploymentContainerName = 'app-package'
+var bankApiKeySecretName = 'bank-api-key'
+var privateNetworking = networkProfile == 'private'
+var publicAccess = privateNetworking ? 'Disabled' : 'Enabled'
+var storageSuffix = environment().suffixes.storage
 
 module identity 'modules/identity.bicep' = {
   name: 'identity'
@@ -137,6 +195,21 @@ module identity 'modules/identity.bicep' = {
     name: 'id-${baseName}-${suffix}'
     location: location
     tags: allTags
+  }
+}
+
+module network 'modules/network.bicep' = if (privateNetworking) {
+  name: 'network'
+  params: {
+    vnetName: 'vnet-${baseName}-${suffix}'
+    natGatewayName: 'ng-${baseName}-${suffix}'
+    publicIpName: 'pip-ng-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    addressPrefix: vnetAddressPrefix
+    appSubnetPrefix: appSubnetPrefix
+    privateEndpointSubnetPrefix: privateEndpointSubnetPrefix
+    toolsSubnetPrefix: toolsSubnetPrefix
   }
 }
 
@@ -159,6 +232,8 @@ module storage 'modules/storage.bicep' = {
     tags: allTags
     skuName: storageSkuName
     deploymentContainerName: deploymentContainerName
+    publicNetworkAccess: publicAccess
+    networkDefaultAction: privateNetworking ? 'Deny' : 'Allow'
   }
 }
 
@@ -174,6 +249,8 @@ module serviceBus 'modules/servicebus.bicep' = {
     duplicateDetectionHistoryTimeWindow: duplicateDetectionHistoryTimeWindow
     defaultMessageTimeToLive: messageTimeToLive
     workspaceId: monitoring.outputs.workspaceId
+    skuName: privateNetworking ? 'Premium' : 'Standard'
+    publicNetworkAccess: publicAccess
   }
 }
 
@@ -187,6 +264,109 @@ module cosmos 'modules/cosmos.bicep' = {
     autoscaleMaxThroughput: cosmosAutoscaleMaxThroughput
     consistencyLevel: cosmosConsistencyLevel
     databaseName: cosmosDatabaseName
+    publicNetworkAccess: publicAccess
+    zoneRedundant: cosmosZoneRedundant
+    deleteLock: cosmosDeleteLock
+  }
+}
+
+module keyVault 'modules/keyvault.bicep' = {
+  name: 'keyvault'
+  params: {
+    name: take('kv${baseName}${suffix}', 24)
+    location: location
+    tags: allTags
+    publicNetworkAccess: publicAccess
+    networkDefaultAction: privateNetworking ? 'Deny' : 'Allow'
+    bankApiKeySecretName: bankApiKeySecretName
+    bankApiKey: bankApiKey
+    workspaceId: monitoring.outputs.workspaceId
+  }
+}
+
+// Private endpoints, each with its private DNS zone linked to the VNet. The
+// storage endpoints exist before the app, whose host needs them on first start.
+module cosmosPrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
+  name: 'pl-cosmos'
+  params: {
+    name: 'pe-cosmos-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    subnetId: network.outputs.privateEndpointSubnetId
+    vnetId: network.outputs.vnetId
+    targetResourceId: cosmos.outputs.accountId
+    groupId: 'Sql'
+    privateDnsZoneName: 'privatelink.documents.azure.com'
+  }
+}
+
+module blobPrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
+  name: 'pl-blob'
+  params: {
+    name: 'pe-blob-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    subnetId: network.outputs.privateEndpointSubnetId
+    vnetId: network.outputs.vnetId
+    targetResourceId: storage.outputs.id
+    groupId: 'blob'
+    privateDnsZoneName: 'privatelink.blob.${storageSuffix}'
+  }
+}
+
+module queuePrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
+  name: 'pl-queue'
+  params: {
+    name: 'pe-queue-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    subnetId: network.outputs.privateEndpointSubnetId
+    vnetId: network.outputs.vnetId
+    targetResourceId: storage.outputs.id
+    groupId: 'queue'
+    privateDnsZoneName: 'privatelink.queue.${storageSuffix}'
+  }
+}
+
+module tablePrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
+  name: 'pl-table'
+  params: {
+    name: 'pe-table-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    subnetId: network.outputs.privateEndpointSubnetId
+    vnetId: network.outputs.vnetId
+    targetResourceId: storage.outputs.id
+    groupId: 'table'
+    privateDnsZoneName: 'privatelink.table.${storageSuffix}'
+  }
+}
+
+module serviceBusPrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
+  name: 'pl-servicebus'
+  params: {
+    name: 'pe-sb-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    subnetId: network.outputs.privateEndpointSubnetId
+    vnetId: network.outputs.vnetId
+    targetResourceId: serviceBus.outputs.namespaceId
+    groupId: 'namespace'
+    privateDnsZoneName: 'privatelink.servicebus.windows.net'
+  }
+}
+
+module keyVaultPrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
+  name: 'pl-keyvault'
+  params: {
+    name: 'pe-kv-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    subnetId: network.outputs.privateEndpointSubnetId
+    vnetId: network.outputs.vnetId
+    targetResourceId: keyVault.outputs.id
+    groupId: 'vault'
+    privateDnsZoneName: 'privatelink.vaultcore.azure.net'
   }
 }
 
@@ -200,14 +380,23 @@ module rbac 'modules/rbac.bicep' = {
     cosmosAccountName: cosmos.outputs.accountName
     cosmosDatabaseName: cosmos.outputs.databaseName
     appInsightsName: monitoring.outputs.appInsightsName
+    keyVaultName: keyVault.outputs.name
   }
 }
 
 module functionApp 'modules/functionapp.bicep' = {
   name: 'functionapp'
-  // Roles first: the host authenticates with the identity on its first start.
+  // Roles and private endpoints first: the host authenticates with the identity
+  // on its first start and, in the private profile, reaches its storage, the
+  // queue, Cosmos DB and Key Vault only through their private endpoints.
   dependsOn: [
     rbac
+    cosmosPrivateLink
+    blobPrivateLink
+    queuePrivateLink
+    tablePrivateLink
+    serviceBusPrivateLink
+    keyVaultPrivateLink
   ]
   params: {
     name: 'func-${baseName}-${suffix}'
@@ -236,17 +425,46 @@ module functionApp 'modules/functionapp.bicep' = {
     retryBudgetMs: retryBudgetMs
     leaseMs: leaseMs
     inflightWaitMs: inflightWaitMs
+    bankApiKeySecretUri: keyVault.outputs.bankApiKeySecretUri
+    publicNetworkAccess: publicAccess
+    virtualNetworkSubnetId: privateNetworking ? network.outputs.appSubnetId : ''
+    zoneRedundant: planZoneRedundant
+  }
+}
+
+// Inbound: POST /api/payments and the SCM (one-deploy) endpoint, from the VNet only.
+module sitePrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
+  name: 'pl-site'
+  params: {
+    name: 'pe-func-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    subnetId: network.outputs.privateEndpointSubnetId
+    vnetId: network.outputs.vnetId
+    targetResourceId: functionApp.outputs.id
+    groupId: 'sites'
+    privateDnsZoneName: 'privatelink.azurewebsites.net'
   }
 }
 
 module alerts 'modules/alerts.bicep' = {
   name: 'alerts'
   params: {
-    name: 'alert-${baseName}-dead-letters'
+    namePrefix: 'alert-${baseName}'
+    location: location
     tags: allTags
+    actionGroupId: alertActionGroupId
+    alertEmailAddress: alertEmailAddress
+    actionGroupName: 'ag-${baseName}-${suffix}'
     serviceBusNamespaceId: serviceBus.outputs.namespaceId
     queueName: serviceBus.outputs.queueName
-    actionGroupId: alertActionGroupId
+    cosmosAccountId: cosmos.outputs.accountId
+    cosmosDatabaseName: cosmos.outputs.databaseName
+    cosmosContainerName: cosmos.outputs.containerName
+    appInsightsId: monitoring.outputs.appInsightsId
+    spikeMinCount: spikeMinCount
+    spikeFactor: spikeFactor
+    cosmosThrottleThreshold: cosmosThrottleThreshold
   }
 }
 
@@ -259,3 +477,8 @@ output serviceBusQueueName string = serviceBus.outputs.queueName
 output identityClientId string = identity.outputs.clientId
 output storageAccountName string = storage.outputs.name
 output appInsightsName string = monitoring.outputs.appInsightsName
+output keyVaultName string = keyVault.outputs.name
+output actionGroupId string = alerts.outputs.actionGroupId
+output networkProfile string = networkProfile
+// Private profile: the static public IP every outbound call (the bank's included) leaves from.
+output outboundPublicIp string = privateNetworking ? network.outputs.natPublicIp : ''

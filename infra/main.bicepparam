@@ -1,11 +1,14 @@
 using 'main.bicep'
 
-// Production-shaped values. Every one is explained in docs/deploy.md; the
+// Public profile: development and evaluation. Services keep their public
+// endpoints (Entra ID only, keys and SAS off). Production uses
+// infra/main.private.bicepparam. Every value is explained in docs/deploy.md; the
 // timing values must keep: worst-case invocation < LEASE_MS < functionTimeout
 // (host.json) < maxAutoLockRenewalDuration (host.json).
 
+param networkProfile = 'public'
 param baseName = 'claimspay'
-param environmentName = 'prod'
+param environmentName = 'dev'
 
 param queueName = 'claim-approved'
 param maxDeliveryCount = 10
@@ -16,11 +19,14 @@ param messageTimeToLive = 'P14D'
 param cosmosCapacityMode = 'serverless'
 param cosmosAutoscaleMaxThroughput = 1000
 param cosmosConsistencyLevel = 'Strong'
+param cosmosZoneRedundant = false
+param cosmosDeleteLock = false
 
 param maximumInstanceCount = 10
 param instanceMemoryMB = 2048
-param storageSkuName = 'Standard_ZRS'
-param logRetentionDays = 90
+param planZoneRedundant = false
+param storageSkuName = 'Standard_LRS'
+param logRetentionDays = 30
 param allowBasicPublishingCredentials = false
 
 // Empty = ledger only: payments are recorded but no bank payout is sent.
@@ -34,6 +40,14 @@ param inflightWaitMs = 5000
 param inboxRetentionDays = 30
 param consumerName = 'ClaimApprovedHandler'
 
-// Resource id of an existing action group (e.g. the payments on-call); empty
-// creates the dead-letter alert without notifications.
+// The bank credential never lives in a file: export BANK_API_KEY before the
+// deployment to write a new secret version; unset, the current one stays.
+param bankApiKey = readEnvironmentVariable('BANK_API_KEY', '')
+
+// Alerts go to the action group this template creates. Without an address it
+// has no receiver, which is accepted for development only.
 param alertActionGroupId = ''
+param alertEmailAddress = readEnvironmentVariable('ALERT_EMAIL_ADDRESS', '')
+param spikeMinCount = 20
+param spikeFactor = 3
+param cosmosThrottleThreshold = 10

@@ -89,15 +89,28 @@ except Exception as exc:  # lark reports UnexpectedToken/UnexpectedCharacters wi
 ' "$f"
 done
 
-check "infra/main.bicepparam uses main.bicep, sets only declared params, values fit their type, @allowed and @min/@maxValue" "$PY" - <<'PY'
+# The two deployment profiles: one parameter file each.
+#   public  = infra/main.bicepparam          (development and evaluation)
+#   private = infra/main.private.bicepparam  (production)
+PROFILES=(public private)
+declare -A PARAM_FILE=([public]=infra/main.bicepparam [private]=infra/main.private.bicepparam)
+
+# check_param_file FILE: the file uses main.bicep, sets only declared parameters with
+# values of the right type within @allowed/@min/@max, sets every parameter that has no
+# default, and feeds @secure() parameters only from the environment (never a literal).
+check_param_file() {
+  "$PY" - "$1" <<'PY'
 import re, sys
 from pathlib import Path
 from pycep import BicepParser
 
+path = Path(sys.argv[1])
 params = BicepParser().parse(file_path=Path("infra/main.bicep"))["parameters"]
-text = Path("infra/main.bicepparam").read_text()
+text = path.read_text()
 if not re.search(r"^using\s+'main\.bicep'\s*$", text, re.M):
-    sys.exit("main.bicepparam must start with: using 'main.bicep'")
+    sys.exit(f"{path} must start with: using 'main.bicep'")
+
+ENV = re.compile(r"readEnvironmentVariable\(\s*'([A-Z0-9_]+)'\s*(?:,\s*'((?:[^'\\]|\\.)*)'\s*)?\)")
 
 def literal(raw):
     raw = raw.strip()
@@ -108,7 +121,10 @@ def literal(raw):
     m = re.fullmatch(r"'((?:[^'\\]|\\.)*)'", raw)
     if m:
         return m.group(1), "string"
-    sys.exit(f"unsupported value in main.bicepparam (only literals are checked): {raw}")
+    m = ENV.fullmatch(raw)
+    if m:  # decided at deployment; only its default (if any) can be checked here
+        return m.group(2), "env"
+    sys.exit(f"unsupported value in {path} (only literals and readEnvironmentVariable are checked): {raw}")
 
 errors, assigned = [], set()
 for name, raw in re.findall(r"^param\s+(\w+)\s*=\s*(.+?)\s*$", text, re.M):
@@ -118,10 +134,18 @@ for name, raw in re.findall(r"^param\s+(\w+)\s*=\s*(.+?)\s*$", text, re.M):
         continue
     value, kind = literal(raw)
     decl = params[name]
+    decorators = {d["type"]: d.get("argument") for d in decl.get("decorators", [])}
+    if "secure" in decorators and kind != "env":
+        errors.append(f"{name}: a @secure() parameter must come from readEnvironmentVariable, never a literal in a file")
+    if kind == "env":
+        if decl["type"] != "string":
+            errors.append(f"{name}: readEnvironmentVariable gives a string, the parameter is {decl['type']}")
+        if value is None:
+            continue
+        kind = "string"
     if decl["type"] != kind:
         errors.append(f"{name}: {kind} value for a {decl['type']} parameter")
-    for deco in decl.get("decorators", []):
-        t, arg = deco["type"], deco.get("argument")
+    for t, arg in decorators.items():
         if t == "allowed" and value not in arg:
             errors.append(f"{name}: {value!r} not in @allowed {arg}")
         if t == "min_value" and value < int(arg):
@@ -136,21 +160,249 @@ missing = [n for n, d in params.items() if d.get("default") is None and n not in
 if missing:
     errors.append(f"parameters without default and not set: {', '.join(missing)}")
 if errors:
-    sys.exit("\n".join(errors))
-print(f"{len(assigned)} parameters set, all declared and within their constraints")
+    sys.exit("\n".join(f"{path}: {e}" for e in errors))
+print(f"{path}: {len(assigned)} parameters set, all declared and within their constraints")
+PY
+}
+for profile in "${PROFILES[@]}"; do
+  check "${PARAM_FILE[$profile]} ($profile) uses main.bicep, sets only declared params within their constraints, secrets only from the environment" \
+    check_param_file "${PARAM_FILE[$profile]}"
+done
+literal_secret() {
+  sed "s#^param bankApiKey = .*#param bankApiKey = 'not-a-real-key'#" "${PARAM_FILE[private]}" >"$WORK/literal-secret.bicepparam"
+  check_param_file "$WORK/literal-secret.bicepparam"
+}
+expect_red "self-test: a secret written as a literal in a parameter file is reported" "bankApiKey: a @secure\(\) parameter must come from readEnvironmentVariable" literal_secret
+
+# check_production FILE: what production cannot do without. Pure text checks on the
+# parameter file, so a missing receiver is caught before anyone deploys.
+check_production() {
+  "$PY" - "$1" <<'PY'
+import re, sys
+from pathlib import Path
+
+path = Path(sys.argv[1])
+values = dict(re.findall(r"^param\s+(\w+)\s*=\s*(.+?)\s*$", path.read_text(), re.M))
+errors = []
+def want(name, expected, why):
+    if values.get(name) != expected:
+        errors.append(f"{name} must be {expected} ({why}), is {values.get(name)}")
+want("networkProfile", "'private'", "production runs in the private network profile")
+want("planZoneRedundant", "true", "zone-redundant plan")
+want("cosmosZoneRedundant", "true", "zone-redundant Cosmos DB; fixed when the account is created")
+want("storageSkuName", "'Standard_ZRS'", "a zone-redundant plan needs zone-redundant host storage")
+want("cosmosDeleteLock", "true", "the payment ledger is permanent")
+# Alerts must reach someone: an existing action group, a literal address, or an address
+# the deployment cannot start without (readEnvironmentVariable with no default).
+group = values.get("alertActionGroupId", "''")
+email = values.get("alertEmailAddress", "''")
+has_group = re.fullmatch(r"'/subscriptions/[^']+/providers/microsoft\.insights/actiongroups/[^']+'", group, re.I)
+has_email = re.fullmatch(r"'[^'@\s]+@[^'@\s]+\.[^'@\s]+'", email) or re.fullmatch(r"readEnvironmentVariable\(\s*'[A-Z0-9_]+'\s*\)", email)
+if not (has_group or has_email):
+    errors.append("alerts would reach no one: set alertActionGroupId to an action group id, or alertEmailAddress to an "
+                  "address or to readEnvironmentVariable('NAME') without a default (the deployment then needs it)")
+if errors:
+    sys.exit("\n".join(f"{path}: {e}" for e in errors))
+print(f"{path}: private profile, zone-redundant plan/Cosmos/storage, ledger lock, alerts reach {'an action group' if has_group else 'an e-mail receiver'}")
+PY
+}
+check "production (${PARAM_FILE[private]}): private profile, zone redundancy, ZRS storage, Cosmos delete lock, alerts reach a receiver" \
+  check_production "${PARAM_FILE[private]}"
+no_receiver() {
+  sed "s#^param alertEmailAddress = .*#param alertEmailAddress = readEnvironmentVariable('ALERT_EMAIL_ADDRESS', '')#" \
+    "${PARAM_FILE[private]}" >"$WORK/no-receiver.bicepparam"
+  check_production "$WORK/no-receiver.bicepparam"
+}
+expect_red "self-test: a production file whose alerts reach no one is reported" "alerts would reach no one" no_receiver
+
+echo "== (b) checkov (offline, bicep), per profile"
+# checkov reads no .bicepparam file, evaluates no expression and scans every module
+# file on its own, so each profile's values are first rendered into a copy of infra/.
+cat >"$WORK/render_profile.py" <<'PY'
+"""Render infra/ for one parameter file, so checkov sees that profile's values.
+
+checkov's Bicep support substitutes a parameter's *default* where a property names
+the parameter directly, but it reads no .bicepparam file, evaluates no expression
+(`cond ? 'a' : 'b'`), scans each module file on its own, and checks a conditional
+resource (`= if (c) {`) with an empty body. So this copies every .bicep file and:
+  - writes the parameter file's values as main.bicep's defaults;
+  - writes, as a module parameter's default, the value main.bicep passes when it can
+    be evaluated from literals, parameters and variables (==, !=, !, &&, ||, ?:,
+    empty()) and every call of that module agrees; anything else (resource outputs,
+    interpolation) stays as it is;
+  - scans conditional resources as deployed (drops the `if (...)`).
+@secure() parameters are never rendered. Modules therefore take the security-relevant
+values (publicNetworkAccess, firewall defaults, zone redundancy) as plain parameters
+that main.bicep computes from networkProfile.
+
+usage: render_profile.py INFRA_DIR PARAM_FILE OUT_DIR
+"""
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from pycep import BicepParser
+from pycep.transformer import BicepElement
+
+UNSET = object()
+CONDITIONAL_RESOURCE = re.compile(r"^(resource\s+\w+\s+'[^']+'\s*=\s*)if\s*\(.*\)\s*\{[ \t]*$", re.M)
+
+
+class Unknown(Exception):
+    pass
+
+
+def param_file_values(path):
+    values = {}
+    for name, raw in re.findall(r"^param\s+(\w+)\s*=\s*(.+?)\s*$", path.read_text(), re.M):
+        raw = raw.strip()
+        if raw in ("true", "false"):
+            values[name] = raw == "true"
+        elif re.fullmatch(r"-?\d+", raw):
+            values[name] = int(raw)
+        elif m := re.fullmatch(r"'((?:[^'\\]|\\.)*)'", raw):
+            values[name] = m.group(1).replace("\\'", "'").replace("\\\\", "\\")
+        elif m := re.fullmatch(r"readEnvironmentVariable\(\s*'([^']+)'\s*(?:,\s*'((?:[^'\\]|\\.)*)'\s*)?\)", raw):
+            values[name] = m.group(2) if m.group(2) is not None else UNSET  # known only at deployment
+        else:
+            sys.exit(f"{path}: cannot read the value of {name}: {raw}")
+    return values
+
+
+class Evaluator:
+    def __init__(self, params, variables, values):
+        self.params, self.variables, self.values, self.memo = params, variables, values, {}
+
+    def identifier(self, name):
+        if name in self.values:
+            if self.values[name] is UNSET:
+                raise Unknown(name)
+            return self.values[name]
+        if name in self.params:
+            default = self.params[name].get("default")
+            if isinstance(default, (bool, int)) or (isinstance(default, str) and not isinstance(default, BicepElement) and "${" not in default):
+                return default
+            raise Unknown(name)
+        if name in self.variables:
+            if name not in self.memo:
+                self.memo[name] = self.eval(self.variables[name]["value"])
+            return self.memo[name]
+        raise Unknown(name)
+
+    def eval(self, node):
+        if isinstance(node, (bool, int)):
+            return node
+        if isinstance(node, BicepElement):
+            return self.identifier(str(node))
+        if isinstance(node, str):
+            if "${" in node:
+                raise Unknown(node)
+            return node
+        if isinstance(node, dict) and "operator" in node:
+            kind, args = node["operator"]["type"], node["operator"]["operands"]
+            if kind == "conditional":
+                return self.eval(args["true_value"] if self.eval(args["condition"]) else args["false_value"])
+            if kind == "not":
+                return not self.eval(args["bool_value"])
+            if kind in ("equals", "not_equals"):
+                equal = self.eval(args["operand_1"]) == self.eval(args["operand_2"])
+                return equal if kind == "equals" else not equal
+            if kind == "and":
+                return self.eval(args["operand_1"]) and self.eval(args["operand_2"])
+            if kind == "or":
+                return self.eval(args["operand_1"]) or self.eval(args["operand_2"])
+            raise Unknown(kind)
+        if isinstance(node, dict) and "function" in node and node["function"]["type"] == "empty":
+            return len(self.eval(node["function"]["parameters"]["item_to_test"])) == 0
+        raise Unknown(repr(node)[:80])
+
+
+def literal(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def secure_params(parsed):
+    return {n for n, d in parsed["parameters"].items() if any(x["type"] == "secure" for x in d.get("decorators", []))}
+
+
+def set_defaults(path, values, secure):
+    text, done = path.read_text(), []
+    for name, value in values.items():
+        if name in secure:
+            continue
+        pattern = re.compile(rf"^(param\s+{name}\s+(?:string|int|bool))(?:\s*=\s*[^\n]*)?$", re.M)
+        text, n = pattern.subn(lambda m: f"{m.group(1)} = {literal(value)}", text)
+        if n == 1:
+            done.append(name)
+    path.write_text(text)
+    return done
+
+
+def main():
+    infra, param_file, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    if out.exists():
+        shutil.rmtree(out)
+    unwrapped = 0
+    for src in infra.rglob("*.bicep"):
+        dst = out / src.relative_to(infra)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        text, n = CONDITIONAL_RESOURCE.subn(r"\1{", src.read_text())
+        unwrapped += n
+        dst.write_text(text)
+
+    parsed = BicepParser().parse(file_path=infra / "main.bicep")
+    params, variables = parsed["parameters"], parsed.get("variables", {})
+    values = param_file_values(param_file)
+    stray = sorted(set(values) - set(params))
+    if stray:
+        sys.exit(f"{param_file}: not parameters of main.bicep: {stray}")
+    known = {n: v for n, v in values.items() if v is not UNSET}
+    rendered = set_defaults(out / "main.bicep", known, secure_params(parsed))
+    print(f"rendered {param_file}: main.bicep {len(rendered)} parameters; {unwrapped} conditional resources scanned as deployed")
+
+    evaluator, calls = Evaluator(params, variables, values), {}
+    for mod in parsed.get("modules", {}).values():
+        if mod.get("type") != "local" or "loop_type" in mod["config"]:
+            continue
+        config = mod["config"].get("config", mod["config"])  # `= if (cond) {...}` nests the body
+        for pname, node in config.get("params", {}).items():
+            try:
+                value = evaluator.eval(node)
+            except Unknown:
+                value = UNSET
+            calls.setdefault(mod["detail"]["path"], {}).setdefault(pname, []).append(value)
+    for target, by_param in sorted(calls.items()):
+        agreed = {p: v[0] for p, v in by_param.items()
+                  if UNSET not in v and all(x == v[0] and type(x) is type(v[0]) for x in v)}
+        done = set_defaults(out / target, agreed, secure_params(BicepParser().parse(file_path=infra / target)))
+        if done:
+            print(f"  {target}: " + ", ".join(f"{n}={agreed[n]!r}" for n in sorted(done)))
+
+
+if __name__ == "__main__":
+    main()
 PY
 
-echo "== (b) checkov (offline, bicep)"
+# run_checkov PROFILE [PARAM_FILE]: render, scan, and judge against the profile's accepted
+# findings in infra/checkov-skips.txt. Prints every passed check and every accepted
+# failure with its reason.
 run_checkov() {
-  local out="$WORK/checkov.json"
-  # checkov exits 1 when a check fails; the verdict is ours (accepted skips), so ignore its code.
-  BC_SKIP_MAPPING=TRUE "$VENV/bin/checkov" -d infra --framework bicep --skip-download --compact \
-    -o json >"$out" 2>"$WORK/checkov.err" || true
-  "$PY" - "$out" infra/checkov-skips.txt <<'PY'
+  local profile="$1" params="${2:-${PARAM_FILE[$1]}}"
+  local out="$WORK/checkov-$profile.json" rendered="$WORK/rendered-$profile"
+  "$PY" "$WORK/render_profile.py" infra "$params" "$rendered" || return 1
+  # checkov exits 1 when a check fails; the verdict is ours (accepted findings), so ignore its code.
+  BC_SKIP_MAPPING=TRUE "$VENV/bin/checkov" -d "$rendered" --framework bicep --skip-download --compact \
+    -o json >"$out" 2>"$WORK/checkov-$profile.err" || true
+  "$PY" - "$out" infra/checkov-skips.txt "$profile" <<'PY'
 import json, re, sys
 from pathlib import Path
 
-out, skips_file = Path(sys.argv[1]), Path(sys.argv[2])
+out, skips_file, profile = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 try:
     data = json.loads(out.read_text())
 except json.JSONDecodeError:
@@ -158,35 +410,50 @@ except json.JSONDecodeError:
 reports = data if isinstance(data, list) else [data]
 if not reports or all(r.get("check_type") != "bicep" for r in reports):
     sys.exit(f"checkov reported no bicep results: {json.dumps(data)[:500]}")
-skips = {}
+skips, listed = {}, set()
 for n, line in enumerate(skips_file.read_text().splitlines(), 1):
     if not line.strip() or line.lstrip().startswith("#"):
         continue
-    m = re.fullmatch(r"\s*(CKV2?_[A-Z0-9_]+)\s+#\s*(\S.*)", line)
+    m = re.fullmatch(r"\s*(CKV2?_[A-Z0-9_]+)\s+((?:public|private)(?:,(?:public|private))*)\s+#\s*(\S.*)", line)
     if not m:
-        sys.exit(f"{skips_file}:{n}: expected 'CKV_...  # reason', got: {line}")
-    skips[m.group(1)] = m.group(2)
-failed, passed, errors = [], 0, []
+        sys.exit(f"{skips_file}:{n}: expected 'CKV_...  public|private|public,private  # reason', got: {line}")
+    if m.group(1) in listed:
+        sys.exit(f"{skips_file}:{n}: {m.group(1)} listed twice")
+    listed.add(m.group(1))
+    if profile in m.group(2).split(","):
+        skips[m.group(1)] = m.group(3)
+failed, passed, errors = [], [], []
 for r in reports:
     results = r.get("results", {})
-    passed += len(results.get("passed_checks", []))
+    passed += results.get("passed_checks", [])
     failed += results.get("failed_checks", [])
     errors += results.get("parsing_errors", []) or []
 if errors:
     sys.exit(f"checkov could not parse: {errors}")
 unaccepted = [c for c in failed if c["check_id"] not in skips]
 stale = sorted(set(skips) - {c["check_id"] for c in failed})
-for c in failed:
-    tag = "accepted" if c["check_id"] in skips else "FAILED"
-    print(f"  {tag:8} {c['check_id']} {c['resource']} ({c['file_path']}): {c['check_name']}")
+print(f"  passed ({len(passed)}): " + ", ".join(sorted({f"{c['check_id']}" for c in passed}, key=lambda s: int(re.sub(r'\D', '', s)))))
+for c in sorted(failed, key=lambda c: c["check_id"]):
+    if c["check_id"] in skips:
+        print(f"  accepted {c['check_id']} {c['resource']}: {c['check_name']}\n           reason: {skips[c['check_id']]}")
+    else:
+        print(f"  FAILED   {c['check_id']} {c['resource']} ({c['file_path']}): {c['check_name']}")
 if stale:
-    print(f"  listed in {skips_file} but no longer failing (remove them): {', '.join(stale)}")
-print(f"  checkov: {passed} passed, {len(failed)} failed, {len(failed) - len(unaccepted)} of them accepted")
+    print(f"  listed for {profile} in {skips_file} but no longer failing (remove them): {', '.join(stale)}")
+print(f"  checkov ({profile}): {len(passed)} passed, {len(failed)} failed, {len(failed) - len(unaccepted)} of them accepted, 0 skipped by checkov")
 sys.exit(1 if unaccepted or stale else 0)
 PY
 }
-check "checkov finds no failure outside infra/checkov-skips.txt (and every skip still applies)" run_checkov
-[[ $LAST_OK -eq 1 ]] && sed -n 's/^ *\(checkov:.*\)/      \1/p' "$WORK/check-$N.log"
+for profile in "${PROFILES[@]}"; do
+  check "checkov, $profile profile (${PARAM_FILE[$profile]}): no failure outside infra/checkov-skips.txt, every listed one still applies" \
+    run_checkov "$profile"
+  [[ $LAST_OK -eq 1 ]] && sed 's/^/      /' "$WORK/check-$N.log"
+done
+public_values_in_private() {
+  sed "s#^param networkProfile = .*#param networkProfile = 'public'#" "${PARAM_FILE[private]}" >"$WORK/private-made-public.bicepparam"
+  run_checkov private "$WORK/private-made-public.bicepparam"
+}
+expect_red "self-test: the private profile with public endpoints is reported (rendering reaches checkov)" "FAILED   CKV_AZURE_101 " public_values_in_private
 
 echo "== (c) Cosmos container contract"
 check "infra container resource equals infra/cosmos-container.json" "$PY" scripts/check_container_definition.py
@@ -295,7 +562,7 @@ REQUIRED = [
     "AzureWebJobsStorage__credential", "AzureWebJobsStorage__clientId", "AzureWebJobsStorage__blobServiceUri",
     "AzureWebJobsStorage__queueServiceUri", "AzureWebJobsStorage__tableServiceUri",
     "CLAIM_APPROVED_QUEUE", "PAYMENTS_STORE", "COSMOS_ENDPOINT", "COSMOS_DATABASE", "COSMOS_CONTAINER",
-    "COSMOS_MANAGED_IDENTITY_CLIENT_ID", "INBOX_RETENTION_DAYS", "CONSUMER_NAME", "BANK_API_URL", "BANK_TIMEOUT_MS",
+    "COSMOS_MANAGED_IDENTITY_CLIENT_ID", "INBOX_RETENTION_DAYS", "CONSUMER_NAME", "BANK_API_URL", "BANK_API_KEY", "BANK_TIMEOUT_MS",
     "BANK_KEY_WINDOW_HOURS", "RETRY_BUDGET_MS", "LEASE_MS", "INFLIGHT_WAIT_MS", "LOG_FORMAT", "RUST_LIB_BACKTRACE",
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
 ]
@@ -351,6 +618,11 @@ for n, v in FIXED.items():
 for n, v in values.items():
     if n.endswith("__credential") and v != "managedidentity":
         errors.append(f"{n} must be 'managedidentity'")
+# The bank credential is a Key Vault reference resolved with the app's user-assigned identity.
+if not str(values.get("BANK_API_KEY", "")).startswith("@Microsoft.KeyVault(SecretUri="):
+    errors.append(f"BANK_API_KEY must be a Key Vault reference (@Microsoft.KeyVault(SecretUri=...)), is {values.get('BANK_API_KEY')!r}")
+if str(props.get("keyVaultReferenceIdentity")) != "identityId":
+    errors.append("keyVaultReferenceIdentity must be the user-assigned identity (identityId): the app has no system-assigned identity")
 runtime = props.get("functionAppConfig", {}).get("runtime")
 if runtime != {"name": "custom", "version": "1.0"}:
     errors.append(f"functionAppConfig.runtime must be custom 1.0, is {runtime}")
@@ -460,11 +732,13 @@ host = json.loads(Path("host.json").read_text())
 T = timespan(host["functionTimeout"])
 R = timespan(host["extensions"]["serviceBus"]["maxAutoLockRenewalDuration"])
 params = BicepParser().parse(file_path=Path("infra/main.bicep"))["parameters"]
-over = dict(re.findall(r"^param\s+(\w+)\s*=\s*'?([^'\n]*?)'?\s*$", Path("infra/main.bicepparam").read_text(), re.M))
+def overrides(path):
+    return dict(re.findall(r"^param\s+(\w+)\s*=\s*'?([^'\n]*?)'?\s*$", Path(path).read_text(), re.M))
 local = json.loads(Path("local.settings.sample.json").read_text())["Values"]
 sets = {
     "main.bicep defaults": {k: params[k]["default"] for k in KEYS},
-    "main.bicepparam": {k: over.get(k, params[k]["default"]) for k in KEYS},
+    **{Path(f).name: {k: overrides(f).get(k, params[k]["default"]) for k in KEYS}
+       for f in ("infra/main.bicepparam", "infra/main.private.bicepparam")},
     "local.settings.sample.json": {"retryBudgetMs": local["RETRY_BUDGET_MS"], "bankTimeoutMs": local["BANK_TIMEOUT_MS"],
                                    "leaseMs": local["LEASE_MS"], "inflightWaitMs": local["INFLIGHT_WAIT_MS"],
                                    "lockDuration": params["lockDuration"]["default"]},

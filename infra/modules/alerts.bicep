@@ -1,11 +1,31 @@
-// Alert as soon as anything sits in the dead-letter queue: a dead-lettered
-// ClaimApproved message is an approved claim that was not paid.
+// Alerts that reach someone: every rule below notifies one action group, either
+// an existing one (actionGroupId) or the one created here with an e-mail
+// receiver. Each rule has a runbook paragraph in docs/deploy.md ("Alerts and
+// runbooks"); the rule descriptions point there.
+//
+// Log rules read the handler's JSON lines, which the Functions host forwards to
+// Application Insights as traces (category Host.Function.Console, the line in
+// `message`). Every query returns only the rows that need attention (no
+// summarize without `by`, which would return a row even for zero), and every
+// log rule fires when it returns at least one row.
 
-@description('Alert rule name.')
-param name string
+@description('Prefix of the alert rule names.')
+param namePrefix string
 
-@description('Tags applied to the alert rule.')
+@description('Azure region of the scheduled query rules (the Application Insights region).')
+param location string
+
+@description('Tags applied to every rule and the action group.')
 param tags object
+
+@description('Existing action group resource id; empty = create one with alertEmailAddress as receiver.')
+param actionGroupId string
+
+@description('E-mail receiver of the created action group. Empty creates it without a receiver (never in production: scripts/check-infra.sh rejects that for infra/main.private.bicepparam).')
+param alertEmailAddress string
+
+@description('Name of the action group created when actionGroupId is empty.')
+param actionGroupName string
 
 @description('Resource id of the Service Bus namespace.')
 param serviceBusNamespaceId string
@@ -13,15 +33,58 @@ param serviceBusNamespaceId string
 @description('Queue whose dead-letter count is watched (metric dimension EntityName).')
 param queueName string
 
-@description('Action group resource id to notify; empty creates the rule without notifications.')
-param actionGroupId string
+@description('Resource id of the Cosmos DB account.')
+param cosmosAccountId string
 
+@description('Cosmos database of the payments container (metric dimension DatabaseName).')
+param cosmosDatabaseName string
+
+@description('Cosmos container (metric dimension CollectionName).')
+param cosmosContainerName string
+
+@description('Resource id of the Application Insights component that receives the handler logs.')
+param appInsightsId string
+
+@description('Retry-later or duplicate outcomes in 15 minutes below which no spike is reported.')
+@minValue(1)
+param spikeMinCount int
+
+@description('A spike is more than this many times the average 15-minute count of the previous day.')
+@minValue(1)
+param spikeFactor int
+
+@description('Cosmos 429 answers on the payments container in 5 minutes above which the throttling alert fires.')
+@minValue(0)
+param cosmosThrottleThreshold int
+
+var createActionGroup = empty(actionGroupId)
+var notify = createActionGroup ? actionGroup.id : actionGroupId
+var runbook = 'Runbook: docs/deploy.md, section "Alerts and runbooks"'
+
+resource actionGroup 'Microsoft.Insights/actionGroups@2023-01-01' = if (createActionGroup) {
+  name: actionGroupName
+  location: 'Global'
+  tags: tags
+  properties: {
+    groupShortName: take('claimspay', 12)
+    enabled: true
+    emailReceivers: empty(alertEmailAddress) ? [] : [
+      {
+        name: 'payments-on-call'
+        emailAddress: alertEmailAddress
+        useCommonAlertSchema: true
+      }
+    ]
+  }
+}
+
+// A dead-lettered ClaimApproved message is an approved claim that was not paid.
 resource deadLetterAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
-  name: name
+  name: '${namePrefix}-dead-letters'
   location: 'global'
   tags: tags
   properties: {
-    description: 'Messages in the dead-letter queue of ${queueName}: approved claims that were not paid. Inspect and re-drive (docs/deploy.md, Operations).'
+    description: 'Messages in the dead-letter queue of ${queueName}: approved claims that were not paid. ${runbook} ("Dead-lettered messages").'
     severity: 1
     enabled: true
     scopes: [
@@ -53,12 +116,188 @@ resource deadLetterAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
         }
       ]
     }
-    actions: empty(actionGroupId) ? [] : [
+    actions: [
       {
-        actionGroupId: actionGroupId
+        actionGroupId: notify
       }
     ]
   }
 }
 
-output id string = deadLetterAlert.id
+// Requests on the payments container answered 429 (request rate too large).
+// The SDK retries them; sustained 429s eat the retry budget and turn into
+// retry-later outcomes.
+resource cosmosThrottleAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
+  name: '${namePrefix}-cosmos-throttling'
+  location: 'global'
+  tags: tags
+  properties: {
+    description: 'Cosmos DB answered more than ${cosmosThrottleThreshold} requests on ${cosmosDatabaseName}/${cosmosContainerName} with 429 in 5 minutes. ${runbook} ("Cosmos DB throttling").'
+    severity: 2
+    enabled: true
+    scopes: [
+      cosmosAccountId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT5M'
+    autoMitigate: true
+    criteria: {
+      'odata.type': 'Microsoft.Azure.Monitor.SingleResourceMultipleMetricCriteria'
+      allOf: [
+        {
+          criterionType: 'StaticThresholdCriterion'
+          name: 'Throttled'
+          metricNamespace: 'Microsoft.DocumentDB/databaseAccounts'
+          metricName: 'TotalRequests'
+          dimensions: [
+            {
+              name: 'StatusCode'
+              operator: 'Include'
+              values: [
+                '429'
+              ]
+            }
+            {
+              name: 'DatabaseName'
+              operator: 'Include'
+              values: [
+                cosmosDatabaseName
+              ]
+            }
+            {
+              name: 'CollectionName'
+              operator: 'Include'
+              values: [
+                cosmosContainerName
+              ]
+            }
+          ]
+          operator: 'GreaterThan'
+          threshold: cosmosThrottleThreshold
+          timeAggregation: 'Count'
+        }
+      ]
+    }
+    actions: [
+      {
+        actionGroupId: notify
+      }
+    ]
+  }
+}
+
+// Every handler line, parsed. The JSON is parsed from the first "{" so a
+// host-added prefix does not matter. __NEEDLE__ is a word of the line, used to
+// filter cheaply before parsing.
+var lines = 'traces | where tostring(customDimensions.Category) == "Host.Function.Console" and message has "__NEEDLE__" | extend line = parse_json(substring(message, indexof(message, "{")))'
+var finished = '${replace(lines, '__NEEDLE__', 'finished')} | where tostring(line.message) == "invocation finished" | extend outcome = tostring(line.outcome), claimId = tostring(line.claimId), messageId = tostring(line.messageId), deliveryCount = toint(line.deliveryCount), triggeredBy = tostring(line.trigger), why = coalesce(tostring(line.detail), tostring(line.reason))'
+var reconciled = '${replace(lines, '__NEEDLE__', 'reconcile')} | where tostring(line.message) == "reconcile finished" | extend examined = toint(line.examined), paidByLookup = toint(line.paidByLookup), paidNow = toint(line.paidNow), stillUnknown = toint(line.stillUnknown), mismatches = toint(line.mismatches), orphanedInProgress = toint(line.orphanedInProgress)'
+
+var logRules = [
+  {
+    key: 'needs-reconciliation'
+    severity: 1
+    frequency: 'PT5M'
+    window: 'PT5M'
+    timeRange: ''
+    description: 'A payment ended as needs-reconciliation: the bank may or may not have paid it and no resend is allowed. A person must settle it. ${runbook} ("needs-reconciliation").'
+    query: '${finished} | where outcome == "needs-reconciliation" | project timestamp, claimId, messageId, deliveryCount, triggeredBy, why, cloud_RoleInstance'
+  }
+  {
+    key: 'conflict-or-invalid'
+    severity: 2
+    frequency: 'PT5M'
+    window: 'PT5M'
+    timeRange: ''
+    description: 'A message was refused as conflict (same key, different payload) or invalid-message. It fails every delivery and will be dead-lettered. ${runbook} ("conflict or invalid-message").'
+    query: '${finished} | where outcome in ("conflict", "invalid-message") | project timestamp, outcome, claimId, messageId, deliveryCount, triggeredBy, why'
+  }
+  {
+    key: 'retry-or-duplicate-spike'
+    severity: 2
+    frequency: 'PT5M'
+    window: 'PT15M'
+    // The query compares the last 15 minutes with the previous day, so it needs more than the window.
+    timeRange: 'P2D'
+    description: 'retry-later or duplicate outcomes in the last 15 minutes are at least ${spikeMinCount} and more than ${spikeFactor} times the average 15 minutes of the previous day. ${runbook} ("retry-later or duplicate spike").'
+    query: 'let recent = 15m; let history = 1d; let outcomes = ${finished} | where timestamp > ago(history + recent) and outcome in ("retry-later", "duplicate"); let lastWindow = outcomes | where timestamp > ago(recent) | summarize current = count() by outcome; let previousDay = outcomes | where timestamp <= ago(recent) | summarize baseline = todouble(count()) / (history / recent) by outcome; lastWindow | join kind=leftouter previousDay on outcome | extend baseline = coalesce(baseline, 0.0) | where current >= ${spikeMinCount} and current > ${spikeFactor} * baseline | project outcome, current, baseline'
+  }
+  {
+    key: 'payments-stuck'
+    severity: 2
+    frequency: 'PT15M'
+    window: 'PT1H'
+    timeRange: ''
+    description: 'The reconcile run found payments in progress past their lease (orphanedInProgress) or payouts whose outcome the bank lookup could not settle (stillUnknown). ${runbook} ("payments stuck in progress or unknown").'
+    query: '${reconciled} | where orphanedInProgress > 0 or stillUnknown > 0 | project timestamp, examined, orphanedInProgress, stillUnknown, paidByLookup, paidNow, cloud_RoleInstance'
+  }
+  {
+    key: 'reconcile-mismatch'
+    severity: 1
+    frequency: 'PT15M'
+    window: 'PT1H'
+    timeRange: ''
+    description: 'The reconcile run found payments whose bank record does not match the ledger (mismatches). ${runbook} ("reconcile mismatch").'
+    query: '${reconciled} | where mismatches > 0 | project timestamp, examined, mismatches, cloud_RoleInstance'
+  }
+  {
+    key: 'bank-service-fault'
+    severity: 1
+    frequency: 'PT5M'
+    window: 'PT5M'
+    timeRange: ''
+    description: 'The bank refused the service\'s own request (401/403 credential, 404/405 URL or method, 407 proxy, 413/415 format). No payout goes out until it is fixed. ${runbook} ("bank-service-fault").'
+    query: '${replace(lines, '__NEEDLE__', 'bank')} | where tostring(line.event) == "bank-service-fault" | summarize faults = count(), first = min(timestamp), last = max(timestamp), example = take_any(tostring(line.reason)) by bankStatus = toint(line.bankStatus)'
+  }
+  {
+    key: 'handler-restarts'
+    severity: 2
+    frequency: 'PT10M'
+    window: 'PT30M'
+    timeRange: ''
+    description: 'The custom handler started more than once on one instance within 30 minutes: it crashed or hit functionTimeout and was restarted. ${runbook} ("handler restarts").'
+    query: '${replace(lines, '__NEEDLE__', 'listening')} | where tostring(line.message) == "claims-payments custom handler listening" | summarize starts = count(), first = min(timestamp), last = max(timestamp) by cloud_RoleInstance | where starts > 1'
+  }
+]
+
+resource logAlerts 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = [for rule in logRules: {
+  name: '${namePrefix}-${rule.key}'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: '${namePrefix}-${rule.key}'
+    description: rule.description
+    severity: rule.severity
+    enabled: true
+    scopes: [
+      appInsightsId
+    ]
+    evaluationFrequency: rule.frequency
+    windowSize: rule.window
+    overrideQueryTimeRange: empty(rule.timeRange) ? null : rule.timeRange
+    autoMitigate: true
+    criteria: {
+      allOf: [
+        {
+          query: rule.query
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    actions: {
+      actionGroups: [
+        notify
+      ]
+    }
+  }
+}]
+
+output actionGroupId string = notify
+output logAlertNames array = [for rule in logRules: '${namePrefix}-${rule.key}']

@@ -1,5 +1,9 @@
 // Cosmos DB for NoSQL: the idempotency store. Keys are disabled; the app uses
 // Entra ID with the built-in Data Contributor role (assigned in rbac.bicep).
+// In the private profile public network access is off and the account is
+// reached through its private endpoint (main.bicep). The payment documents are
+// the permanent ledger: the production profile puts a CanNotDelete lock on the
+// account.
 // The container below must stay equal to infra/cosmos-container.json, which
 // scripts/check_container_definition.py enforces in CI: the partition key and
 // the unique key policy cannot be changed after creation.
@@ -38,6 +42,19 @@ param consistencyLevel string
 @description('Database name (COSMOS_DATABASE).')
 param databaseName string
 
+@description('Enabled (public profile) or Disabled (private profile: private endpoint only).')
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+param publicNetworkAccess string
+
+@description('Spread the replicas over availability zones. Fixed when the account (region) is created.')
+param zoneRedundant bool
+
+@description('Put a CanNotDelete lock on the account (the payment ledger is permanent).')
+param deleteLock bool
+
 var serverless = capacityMode == 'serverless'
 
 resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
@@ -54,7 +71,7 @@ resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
       {
         locationName: location
         failoverPriority: 0
-        isZoneRedundant: false
+        isZoneRedundant: zoneRedundant
       }
     ]
     capabilities: serverless ? [
@@ -65,7 +82,7 @@ resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
     disableLocalAuth: true
     disableKeyBasedMetadataWriteAccess: true
     minimalTlsVersion: 'Tls12'
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: publicNetworkAccess
     enableAutomaticFailover: false
     enableMultipleWriteLocations: false
     enableFreeTier: false
@@ -141,7 +158,20 @@ resource container 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/container
   }
 }
 
+// The account, its database and container (children are covered by the lock).
+// Deleting them needs the lock removed first, which needs
+// Microsoft.Authorization/locks/delete (Owner or User Access Administrator).
+resource ledgerLock 'Microsoft.Authorization/locks@2020-05-01' = if (deleteLock) {
+  name: 'payments-ledger-cannot-delete'
+  scope: account
+  properties: {
+    level: 'CanNotDelete'
+    notes: 'Payment documents are the permanent ledger of claims paid; they must never be deleted with the account.'
+  }
+}
+
 output accountName string = account.name
+output accountId string = account.id
 output endpoint string = account.properties.documentEndpoint
 output databaseName string = database.name
 output containerName string = container.name

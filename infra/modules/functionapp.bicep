@@ -2,6 +2,11 @@
 // custom handler. On Flex the runtime lives in functionAppConfig.runtime, so
 // FUNCTIONS_WORKER_RUNTIME, FUNCTIONS_EXTENSION_VERSION, WEBSITE_RUN_FROM_PACKAGE
 // and WEBSITE_CONTENT* must not be app settings.
+//
+// Private profile: the app joins the delegated subnet (virtualNetworkSubnetId;
+// Flex routes all outbound traffic through it, so vnetRouteAllEnabled is not
+// set) and public network access is off; callers of POST /api/payments and the
+// one-deploy client reach it through its private endpoint (main.bicep).
 
 @description('Function app name (also the default host name).')
 param name string
@@ -88,6 +93,22 @@ param leaseMs int
 @description('Wait for a live attempt of the same message in ms.')
 param inflightWaitMs int
 
+@description('Key Vault secret URI of the bank credential, without a version (the app follows the current version).')
+param bankApiKeySecretUri string
+
+@description('Enabled (public profile) or Disabled (private profile: private endpoint only, for the app and its SCM/one-deploy endpoint).')
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+param publicNetworkAccess string
+
+@description('Subnet delegated to Microsoft.App/environments for VNet integration; empty = none (public profile).')
+param virtualNetworkSubnetId string
+
+@description('Zone-redundant plan (needs a region that supports it and ZRS host storage; keeps at least two always-ready instances per function group, which are billed).')
+param zoneRedundant bool
+
 var storageSuffix = environment().suffixes.storage
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
@@ -101,6 +122,7 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   }
   properties: {
     reserved: true
+    zoneRedundant: zoneRedundant
   }
 }
 
@@ -119,6 +141,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
     serverFarmId: plan.id
     httpsOnly: true
     clientCertEnabled: false
+    publicNetworkAccess: publicNetworkAccess
+    virtualNetworkSubnetId: empty(virtualNetworkSubnetId) ? null : virtualNetworkSubnetId
+    // Key Vault references (BANK_API_KEY) resolve with the user-assigned identity.
+    keyVaultReferenceIdentity: identityId
     siteConfig: {
       minTlsVersion: '1.2'
       ftpsState: 'Disabled'
@@ -191,6 +217,11 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'BANK_API_URL'
           value: bankApiUrl
+        }
+        {
+          // Resolved by the platform from Key Vault; the value never appears in the template or the settings.
+          name: 'BANK_API_KEY'
+          value: '@Microsoft.KeyVault(SecretUri=${bankApiKeySecretUri})'
         }
         {
           name: 'BANK_TIMEOUT_MS'
@@ -270,4 +301,5 @@ resource ftpBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@20
 }
 
 output name string = site.name
+output id string = site.id
 output defaultHostName string = site.properties.defaultHostName

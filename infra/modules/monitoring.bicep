@@ -48,4 +48,5 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
 
 output workspaceId string = workspace.id
 output appInsightsName string = appInsights.name
+output appInsightsId string = appInsights.id
 output connectionString string = appInsights.properties.ConnectionString

@@ -23,6 +23,9 @@ param cosmosDatabaseName string
 @description('Application Insights component the host sends telemetry to with Entra auth.')
 param appInsightsName string
 
+@description('Key Vault that holds the bank credential.')
+param keyVaultName string
+
 // Built-in role definition ids (identical in every tenant).
 var storageBlobDataOwner = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
 var storageQueueDataContributor = '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
@@ -31,6 +34,8 @@ var serviceBusDataReceiver = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
 var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb'
 // Cosmos DB Built-in Data Contributor (data plane: items and metadata reads, no control plane).
 var cosmosDataContributor = '00000000-0000-0000-0000-000000000002'
+// Key Vault Secrets User: read secret values, nothing else.
+var keyVaultSecretsUser = '4633458b-17de-408a-b874-0445c86b69e6'
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
@@ -51,6 +56,10 @@ resource cosmos 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' existing = {
 
 resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
   name: appInsightsName
+}
+
+resource keyVault 'Microsoft.KeyVault/vaults@2023-07-01' existing = {
+  name: keyVaultName
 }
 
 // Host storage: blob leases, keys and the deployment package (Blob Data Owner),
@@ -118,5 +127,16 @@ resource cosmosData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@20
     principalId: principalId
     roleDefinitionId: '${cosmos.id}/sqlRoleDefinitions/${cosmosDataContributor}'
     scope: '${cosmos.id}/dbs/${cosmosDatabaseName}'
+  }
+}
+
+// Key Vault references (BANK_API_KEY): read secrets of this one vault only.
+resource kvSecretsUser 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(keyVault.id, principalId, keyVaultSecretsUser)
+  scope: keyVault
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: principalId
+    principalType: 'ServicePrincipal'
   }
 }

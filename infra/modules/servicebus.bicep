@@ -1,6 +1,9 @@
-// Service Bus namespace (Standard: duplicate detection needs Standard or
-// Premium) and the ClaimApproved queue. Local SAS auth is off; the app and the
-// producers use Entra ID. docs/deploy.md explains every queue value.
+// Service Bus namespace and the ClaimApproved queue. Standard in the public
+// profile (duplicate detection needs Standard or Premium); Premium in the
+// private profile, because only Premium namespaces take private endpoints.
+// Local SAS auth is off; the app and the producers use Entra ID. In the private
+// profile public network access is off: producers must send through a private
+// endpoint too. docs/deploy.md explains every queue value.
 
 @description('Namespace name (6-50 characters, starts with a letter).')
 @minLength(6)
@@ -33,18 +36,39 @@ param defaultMessageTimeToLive string
 @description('Log Analytics workspace that receives the namespace logs and exportable metrics.')
 param workspaceId string
 
+@description('Standard (public profile) or Premium (private profile; private endpoints need Premium). Changing an existing namespace is a migration, not a redeploy.')
+@allowed([
+  'Standard'
+  'Premium'
+])
+param skuName string
+
+@description('Enabled (public profile) or Disabled (private profile: private endpoint only).')
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+param publicNetworkAccess string
+
+var premium = skuName == 'Premium'
+
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
   name: namespaceName
   location: location
   tags: tags
-  sku: {
+  // One messaging unit: the smallest Premium size, far above this queue's volume.
+  sku: premium ? {
+    name: 'Premium'
+    tier: 'Premium'
+    capacity: 1
+  } : {
     name: 'Standard'
     tier: 'Standard'
   }
   properties: {
     disableLocalAuth: true
     minimumTlsVersion: '1.2'
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: publicNetworkAccess
   }
 }
 

@@ -1,6 +1,9 @@
 // Host storage (AzureWebJobsStorage: leases, locks, keys) and the Flex
 // Consumption deployment container. Shared keys are disabled: the host and the
-// deployment service reach it only with the managed identity.
+// deployment service reach it only with the managed identity. In the private
+// profile public network access is off and the blob, queue and table endpoints
+// are reached through private endpoints (main.bicep); the Flex deployment
+// service writes the package into the container over the app's VNet integration.
 
 @description('Storage account name (3-24 lowercase letters and digits).')
 @minLength(3)
@@ -23,6 +26,20 @@ param skuName string
 @description('Blob container that holds the deployed package (functionAppConfig.deployment).')
 param deploymentContainerName string
 
+@description('Enabled (public profile) or Disabled (private profile: private endpoints only).')
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+param publicNetworkAccess string
+
+@description('Firewall default: Allow (public profile) or Deny (private profile).')
+@allowed([
+  'Allow'
+  'Deny'
+])
+param networkDefaultAction string
+
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   name: name
   location: location
@@ -39,9 +56,10 @@ resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     defaultToOAuthAuthentication: true
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: publicNetworkAccess
     networkAcls: {
-      defaultAction: 'Allow'
+      defaultAction: networkDefaultAction
+      // Trusted Azure services still need an Entra role: shared keys are off.
       bypass: 'AzureServices'
     }
     encryption: {

@@ -1,0 +1,65 @@
+using 'main.bicep'
+
+// PRODUCTION parameter file. Private profile: the app runs VNet-integrated
+// behind a NAT gateway (static outbound IP for the bank's allow list), and
+// Cosmos DB, host storage, Service Bus (Premium), Key Vault and the app itself
+// are reachable only through private endpoints. docs/deploy.md ("Networking",
+// "Deploying from outside the VNet", "Secrets", "Alerts and runbooks") explains
+// every value. scripts/check-infra.sh enforces what production needs here:
+// private profile, zone redundancy, ZRS storage, the Cosmos delete lock and an
+// alert receiver.
+
+param networkProfile = 'private'
+param vnetAddressPrefix = '10.42.0.0/16'
+param appSubnetPrefix = '10.42.0.0/24'
+param privateEndpointSubnetPrefix = '10.42.1.0/24'
+param toolsSubnetPrefix = '10.42.2.0/24'
+
+param baseName = 'claimspay'
+param environmentName = 'prod'
+
+param queueName = 'claim-approved'
+param maxDeliveryCount = 10
+param lockDuration = 'PT1M'
+param duplicateDetectionHistoryTimeWindow = 'PT1H'
+param messageTimeToLive = 'P14D'
+
+param cosmosCapacityMode = 'serverless'
+param cosmosAutoscaleMaxThroughput = 1000
+param cosmosConsistencyLevel = 'Strong'
+// Fixed at account creation: decide before the first deployment.
+param cosmosZoneRedundant = true
+// The payment ledger is permanent.
+param cosmosDeleteLock = true
+
+param maximumInstanceCount = 10
+param instanceMemoryMB = 2048
+// Needs a region listed by: az functionapp list-flexconsumption-locations --zone-redundant=true
+param planZoneRedundant = true
+param storageSkuName = 'Standard_ZRS'
+param logRetentionDays = 90
+param allowBasicPublishingCredentials = false
+
+// Empty = ledger only: payments are recorded but no bank payout is sent.
+param bankApiUrl = ''
+param bankTimeoutMs = 5000
+// Set to the bank's documented Idempotency-Key retention.
+param bankKeyWindowHours = 24
+param retryBudgetMs = 60000
+param leaseMs = 120000
+param inflightWaitMs = 5000
+param inboxRetentionDays = 30
+param consumerName = 'ClaimApprovedHandler'
+
+// The bank credential never lives in a file: export BANK_API_KEY before the
+// deployment to write a new secret version; unset, the current one stays.
+param bankApiKey = readEnvironmentVariable('BANK_API_KEY', '')
+
+// Alerts must reach someone: either name an existing action group (the
+// payments on-call) here, or export ALERT_EMAIL_ADDRESS. Without a default the
+// deployment cannot even start when the variable is missing.
+param alertActionGroupId = ''
+param alertEmailAddress = readEnvironmentVariable('ALERT_EMAIL_ADDRESS')
+param spikeMinCount = 20
+param spikeFactor = 3
+param cosmosThrottleThreshold = 10

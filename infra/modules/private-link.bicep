@@ -1,0 +1,100 @@
+// One private endpoint with its private DNS zone: the zone (for example
+// privatelink.documents.azure.com), its link to the virtual network, the
+// endpoint in the private-endpoint subnet and the zone group that writes the
+// endpoint's A records into the zone. Every target service has its own zone,
+// so each call creates exactly one zone.
+
+@description('Private endpoint name.')
+param name string
+
+@description('Azure region of the endpoint (the zone and its link are global).')
+param location string
+
+@description('Tags applied to every resource.')
+param tags object
+
+@description('Resource id of the subnet that holds private endpoints.')
+param subnetId string
+
+@description('Resource id of the virtual network that resolves the zone.')
+param vnetId string
+
+@description('Resource id of the service the endpoint connects to.')
+param targetResourceId string
+
+@description('Private link sub-resource: Sql, blob, queue, table, namespace, vault or sites.')
+@allowed([
+  'Sql'
+  'blob'
+  'queue'
+  'table'
+  'namespace'
+  'vault'
+  'sites'
+])
+param groupId string
+
+@description('Private DNS zone of that sub-resource, for example privatelink.blob.core.windows.net.')
+param privateDnsZoneName string
+
+resource zone 'Microsoft.Network/privateDnsZones@2020-06-01' = {
+  name: privateDnsZoneName
+  location: 'global'
+  tags: tags
+}
+
+resource vnetLink 'Microsoft.Network/privateDnsZones/virtualNetworkLinks@2020-06-01' = {
+  parent: zone
+  name: 'link-${last(split(vnetId, '/'))}'
+  location: 'global'
+  tags: tags
+  properties: {
+    registrationEnabled: false
+    virtualNetwork: {
+      id: vnetId
+    }
+  }
+}
+
+resource endpoint 'Microsoft.Network/privateEndpoints@2024-05-01' = {
+  name: name
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: subnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: name
+        properties: {
+          privateLinkServiceId: targetResourceId
+          groupIds: [
+            groupId
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource zoneGroup 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024-05-01' = {
+  parent: endpoint
+  name: 'default'
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: replace(privateDnsZoneName, '.', '-')
+        properties: {
+          privateDnsZoneId: zone.id
+        }
+      }
+    ]
+  }
+  dependsOn: [
+    vnetLink
+  ]
+}
+
+output endpointId string = endpoint.id
+output zoneId string = zone.id
