@@ -143,7 +143,7 @@ param leaseMs int = 120000
 @description('INFLIGHT_WAIT_MS: how long a delivery waits for another live attempt of the same message before failing.')
 @minValue(0)
 @maxValue(600000)
-param inflightWaitMs int = 5000
+param inflightWaitMs int = 15000
 
 @description('INBOX_RETENTION_DAYS: lifetime of inbox documents (Cosmos ttl).')
 @minValue(1)

@@ -36,7 +36,7 @@ param bankTimeoutMs = 5000
 param bankKeyWindowHours = 24
 param retryBudgetMs = 60000
 param leaseMs = 120000
-param inflightWaitMs = 5000
+param inflightWaitMs = 15000
 param inboxRetentionDays = 30
 param consumerName = 'ClaimApprovedHandler'
 

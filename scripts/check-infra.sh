@@ -767,6 +767,65 @@ if errors:
     sys.exit("\n".join(errors))
 PY
 
+echo "== (g) alerts contract (infra/modules/alerts.bicep, docs/deploy.md, the handler's log lines)"
+# check_alerts ALERTS_BICEP: every rule notifies the action group, has a runbook entry in
+# docs/deploy.md, and every log query returns rows only when something needs attention.
+check_alerts() {
+  "$PY" - "$1" <<'PY'
+import re, sys
+from pathlib import Path
+from pycep import BicepParser
+
+path = Path(sys.argv[1])
+parsed = BicepParser().parse(file_path=path)
+docs = Path("docs/deploy.md").read_text()
+rules = parsed["variables"]["logRules"]["value"]
+errors = []
+resources = parsed["resources"]
+alert_resources = [r for r in resources.values() if r["type"] in ("Microsoft.Insights/metricAlerts", "Microsoft.Insights/scheduledQueryRules")]
+keys = []
+for name, r in resources.items():
+    body = r["config"].get("config", r["config"])
+    if r["type"] == "Microsoft.Insights/metricAlerts":
+        keys.append(re.sub(r"^\$\{namePrefix\}-", "", body["name"]))
+        actions = body["properties"].get("actions", [])
+        if [str(a.get("actionGroupId")) for a in actions] != ["notify"]:
+            errors.append(f"{name}: must notify exactly the action group (notify)")
+    elif r["type"] == "Microsoft.Insights/scheduledQueryRules":
+        props = body["properties"]
+        if [str(g) for g in props["actions"]["actionGroups"]] != ["notify"]:
+            errors.append(f"{name}: must notify exactly the action group (notify)")
+for rule in rules:
+    key, query = rule["key"], rule["query"]
+    keys.append(key)
+    if not rule["description"].endswith("${runbook} " + key + "."):
+        errors.append(f"{key}: description must end with its runbook entry: ${{runbook}} {key}.")
+    # A summarize without `by` returns one row even over no input, which would fire the alert.
+    for part in re.split(r"\|", query):
+        if re.match(r"\s*summarize\b", part) and not re.search(r"\bby\b", part):
+            errors.append(f"{key}: a summarize without `by` returns a row even when nothing happened: {part.strip()[:80]}")
+for key in keys:
+    if not re.search(rf"^#### `{re.escape(key)}`", docs, re.M):
+        errors.append(f"{key}: no runbook entry (#### `{key}`: ...) in docs/deploy.md")
+# The handler's side of the log contract (lines the queries look for), read from the Rust sources.
+src = "\n".join(f.read_text() for f in Path("src").rglob("*.rs"))
+for line in ("invocation finished", "claims-payments custom handler listening", "bank-service-fault", "bankStatus"):
+    if line not in src:
+        errors.append(f"the alerts look for {line!r}, which no file under src/ writes")
+if errors:
+    sys.exit("\n".join(errors))
+print(f"{len(alert_resources)} alert resources, {len(keys)} rules with runbooks: {', '.join(keys)}")
+PY
+}
+check "alerts: every rule notifies the action group, has a runbook in docs/deploy.md, queries return rows only on trouble, log lines exist in src/" \
+  check_alerts infra/modules/alerts.bicep
+summarize_without_by() {
+  sed 's/ by bankStatus = toint(line.bankStatus)//' infra/modules/alerts.bicep >"$WORK/alerts-no-by.bicep"
+  grep -q "take_any(tostring(line.reason))'" "$WORK/alerts-no-by.bicep" || { echo "could not remove the by clause"; return 0; }
+  check_alerts "$WORK/alerts-no-by.bicep"
+}
+expect_red "self-test: a log query whose summarize has no by clause is reported" "bank-service-fault: a summarize without .by." summarize_without_by
+
 echo "== done in $((SECONDS - START))s"
 echo "$PASSED passed, $FAILED failed"
 [[ $FAILED -eq 0 ]]

@@ -59,7 +59,7 @@ param cosmosThrottleThreshold int
 
 var createActionGroup = empty(actionGroupId)
 var notify = createActionGroup ? actionGroup.id : actionGroupId
-var runbook = 'Runbook: docs/deploy.md, section "Alerts and runbooks"'
+var runbook = 'Runbook: docs/deploy.md, 8.6 "Alerts and runbooks", entry'
 
 resource actionGroup 'Microsoft.Insights/actionGroups@2023-01-01' = if (createActionGroup) {
   name: actionGroupName
@@ -84,7 +84,7 @@ resource deadLetterAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
   location: 'global'
   tags: tags
   properties: {
-    description: 'Messages in the dead-letter queue of ${queueName}: approved claims that were not paid. ${runbook} ("Dead-lettered messages").'
+    description: 'Messages in the dead-letter queue of ${queueName}: approved claims that were not paid. ${runbook} dead-letters.'
     severity: 1
     enabled: true
     scopes: [
@@ -132,7 +132,7 @@ resource cosmosThrottleAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
   location: 'global'
   tags: tags
   properties: {
-    description: 'Cosmos DB answered more than ${cosmosThrottleThreshold} requests on ${cosmosDatabaseName}/${cosmosContainerName} with 429 in 5 minutes. ${runbook} ("Cosmos DB throttling").'
+    description: 'Cosmos DB answered more than ${cosmosThrottleThreshold} requests on ${cosmosDatabaseName}/${cosmosContainerName} with 429 in 5 minutes. ${runbook} cosmos-throttling.'
     severity: 2
     enabled: true
     scopes: [
@@ -200,7 +200,7 @@ var logRules = [
     frequency: 'PT5M'
     window: 'PT5M'
     timeRange: ''
-    description: 'A payment ended as needs-reconciliation: the bank may or may not have paid it and no resend is allowed. A person must settle it. ${runbook} ("needs-reconciliation").'
+    description: 'A payment ended as needs-reconciliation: the bank may or may not have paid it and no resend is allowed. A person must settle it. ${runbook} needs-reconciliation.'
     query: '${finished} | where outcome == "needs-reconciliation" | project timestamp, claimId, messageId, deliveryCount, triggeredBy, why, cloud_RoleInstance'
   }
   {
@@ -209,7 +209,7 @@ var logRules = [
     frequency: 'PT5M'
     window: 'PT5M'
     timeRange: ''
-    description: 'A message was refused as conflict (same key, different payload) or invalid-message. It fails every delivery and will be dead-lettered. ${runbook} ("conflict or invalid-message").'
+    description: 'A message was refused as conflict (same key, different payload) or invalid-message. It fails every delivery and will be dead-lettered. ${runbook} conflict-or-invalid.'
     query: '${finished} | where outcome in ("conflict", "invalid-message") | project timestamp, outcome, claimId, messageId, deliveryCount, triggeredBy, why'
   }
   {
@@ -219,7 +219,7 @@ var logRules = [
     window: 'PT15M'
     // The query compares the last 15 minutes with the previous day, so it needs more than the window.
     timeRange: 'P2D'
-    description: 'retry-later or duplicate outcomes in the last 15 minutes are at least ${spikeMinCount} and more than ${spikeFactor} times the average 15 minutes of the previous day. ${runbook} ("retry-later or duplicate spike").'
+    description: 'retry-later or duplicate outcomes in the last 15 minutes are at least ${spikeMinCount} and more than ${spikeFactor} times the average 15 minutes of the previous day. ${runbook} retry-or-duplicate-spike.'
     query: 'let recent = 15m; let history = 1d; let outcomes = ${finished} | where timestamp > ago(history + recent) and outcome in ("retry-later", "duplicate"); let lastWindow = outcomes | where timestamp > ago(recent) | summarize current = count() by outcome; let previousDay = outcomes | where timestamp <= ago(recent) | summarize baseline = todouble(count()) / (history / recent) by outcome; lastWindow | join kind=leftouter previousDay on outcome | extend baseline = coalesce(baseline, 0.0) | where current >= ${spikeMinCount} and current > ${spikeFactor} * baseline | project outcome, current, baseline'
   }
   {
@@ -228,7 +228,7 @@ var logRules = [
     frequency: 'PT15M'
     window: 'PT1H'
     timeRange: ''
-    description: 'The reconcile run found payments in progress past their lease (orphanedInProgress) or payouts whose outcome the bank lookup could not settle (stillUnknown). ${runbook} ("payments stuck in progress or unknown").'
+    description: 'The reconcile run found payments in progress past their lease (orphanedInProgress) or payouts whose outcome the bank lookup could not settle (stillUnknown). ${runbook} payments-stuck.'
     query: '${reconciled} | where orphanedInProgress > 0 or stillUnknown > 0 | project timestamp, examined, orphanedInProgress, stillUnknown, paidByLookup, paidNow, cloud_RoleInstance'
   }
   {
@@ -237,7 +237,7 @@ var logRules = [
     frequency: 'PT15M'
     window: 'PT1H'
     timeRange: ''
-    description: 'The reconcile run found payments whose bank record does not match the ledger (mismatches). ${runbook} ("reconcile mismatch").'
+    description: 'The reconcile run found payments whose bank record does not match the ledger (mismatches). ${runbook} reconcile-mismatch.'
     query: '${reconciled} | where mismatches > 0 | project timestamp, examined, mismatches, cloud_RoleInstance'
   }
   {
@@ -246,8 +246,8 @@ var logRules = [
     frequency: 'PT5M'
     window: 'PT5M'
     timeRange: ''
-    description: 'The bank refused the service\'s own request (401/403 credential, 404/405 URL or method, 407 proxy, 413/415 format). No payout goes out until it is fixed. ${runbook} ("bank-service-fault").'
-    query: '${replace(lines, '__NEEDLE__', 'bank')} | where tostring(line.event) == "bank-service-fault" | summarize faults = count(), first = min(timestamp), last = max(timestamp), example = take_any(tostring(line.reason)) by bankStatus = toint(line.bankStatus)'
+    description: 'The bank refused the service\'s own request (401/403 credential, 404/405 URL or method, 407 proxy, 413/415 format). No payout goes out until it is fixed. ${runbook} bank-service-fault.'
+    query: '${replace(lines, '__NEEDLE__', 'bank')} | where tostring(line.event) == "bank-service-fault" | summarize faults = count(), firstSeen = min(timestamp), lastSeen = max(timestamp), example = take_any(tostring(line.reason)) by bankStatus = toint(line.bankStatus)'
   }
   {
     key: 'handler-restarts'
@@ -255,8 +255,8 @@ var logRules = [
     frequency: 'PT10M'
     window: 'PT30M'
     timeRange: ''
-    description: 'The custom handler started more than once on one instance within 30 minutes: it crashed or hit functionTimeout and was restarted. ${runbook} ("handler restarts").'
-    query: '${replace(lines, '__NEEDLE__', 'listening')} | where tostring(line.message) == "claims-payments custom handler listening" | summarize starts = count(), first = min(timestamp), last = max(timestamp) by cloud_RoleInstance | where starts > 1'
+    description: 'The custom handler started more than once on one instance within 30 minutes: it crashed or hit functionTimeout and was restarted. ${runbook} handler-restarts.'
+    query: '${replace(lines, '__NEEDLE__', 'listening')} | where tostring(line.message) == "claims-payments custom handler listening" | summarize starts = count(), firstSeen = min(timestamp), lastSeen = max(timestamp) by cloud_RoleInstance | where starts > 1'
   }
 ]
 
