@@ -307,7 +307,7 @@ impl Settings {
             ));
         }
         let inflight_wait = match get("INFLIGHT_WAIT_MS") {
-            None => Duration::from_millis(5_000),
+            None => Duration::from_millis(15_000),
             Some(v) => millis("INFLIGHT_WAIT_MS", &v, 0, 600_000)?,
         };
         let max_delivery_count = match get("MAX_DELIVERY_COUNT") {
@@ -322,6 +322,26 @@ impl Settings {
                 format!(
                     "{max_delivery_count} is outside 2..=2000; with fewer than 2 deliveries a \
                      message whose handler died would be dead-lettered instead of taken over"
+                ),
+            ));
+        }
+        // Where the DeliveryCount cannot tell (a DLQ re-drive or a producer's re-send is a
+        // new broker message, counting from 1 again), only the lease frees a message
+        // whose attempt died. The deliveries left must be able to wait it out, or the
+        // message would be dead-lettered with its payout in progress.
+        let waits = inflight_wait * (max_delivery_count as u32 - 1);
+        if waits <= lease {
+            return Err(ConfigError::new(
+                "INFLIGHT_WAIT_MS",
+                format!(
+                    "{} ms x {} remaining deliveries (MAX_DELIVERY_COUNT - 1) = {} ms does not outlast \
+                     LEASE_MS ({} ms): a message whose handler died would be dead-lettered before its \
+                     lease runs out; raise INFLIGHT_WAIT_MS above {} ms",
+                    inflight_wait.as_millis(),
+                    max_delivery_count - 1,
+                    waits.as_millis(),
+                    lease.as_millis(),
+                    lease.as_millis() / u128::from(max_delivery_count - 1)
                 ),
             ));
         }
@@ -482,6 +502,23 @@ mod tests {
         assert_eq!(err.setting, "RETRY_BUDGET_MS", "{err}");
         let s = settings(&[("RETRY_BUDGET_MS", "5000"), ("BANK_TIMEOUT_MS", "5000")]).unwrap();
         assert_eq!(s.retry_budget, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn the_deliveries_left_outlast_a_dead_attempts_lease() {
+        // The deployed values (infra/main.bicepparam) pass: 9 x 15 s > 120 s.
+        let s = settings(&[("LEASE_MS", "120000"), ("INFLIGHT_WAIT_MS", "15000")]).unwrap();
+        assert_eq!(s.inflight_wait, Duration::from_secs(15));
+        // 9 x 5 s < 120 s: a re-driven message would meet the dead lease on every delivery.
+        let err = settings(&[("LEASE_MS", "120000"), ("INFLIGHT_WAIT_MS", "5000")]).unwrap_err();
+        assert_eq!(err.setting, "INFLIGHT_WAIT_MS", "{err}");
+        let err = settings(&[
+            ("LEASE_MS", "120000"),
+            ("INFLIGHT_WAIT_MS", "15000"),
+            ("MAX_DELIVERY_COUNT", "5"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.setting, "INFLIGHT_WAIT_MS", "{err}");
     }
 
     #[test]

@@ -466,7 +466,7 @@ async fn sigkill_mid_payout_with_production_timings_is_taken_over_by_the_next_de
     let production = [
         ("BANK_API_URL", url.as_str()),
         ("LEASE_MS", "120000"),
-        ("INFLIGHT_WAIT_MS", "5000"),
+        ("INFLIGHT_WAIT_MS", "15000"),
         ("BANK_TIMEOUT_MS", "5000"),
         ("RETRY_BUDGET_MS", "60000"),
         ("MAX_DELIVERY_COUNT", "10"),

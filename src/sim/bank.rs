@@ -51,6 +51,9 @@ pub struct BankSettings {
     /// after the request, i.e. after the client gave up.
     pub client_timeout_ms: u64,
     pub retry_after_secs: u64,
+    /// Probability per new payout that the bank pays and then the handler that asked
+    /// dies before the answer reaches it (see [`SandboxBank::on_mid_payout`]).
+    pub kill_mid_payout_rate: f64,
 }
 
 impl Default for BankSettings {
@@ -64,6 +67,7 @@ impl Default for BankSettings {
             latency_max_ms: 0,
             client_timeout_ms: 1_000,
             retry_after_secs: 1,
+            kill_mid_payout_rate: 0.0,
         }
     }
 }
@@ -165,10 +169,21 @@ struct Books {
     requests: Vec<BankRequest>,
 }
 
-#[derive(Debug)]
+/// Called while the bank holds a payout it has made, before answering.
+pub type MidPayoutHook = Arc<dyn Fn() + Send + Sync>;
+
 struct Bank {
     settings: BankSettings,
     books: Mutex<Books>,
+    mid_payout: Mutex<Option<MidPayoutHook>>,
+}
+
+impl std::fmt::Debug for Bank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bank")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Bank {
@@ -230,6 +245,7 @@ impl SandboxBank {
         let bank = Arc::new(Bank {
             settings,
             books: Mutex::new(Books::default()),
+            mid_payout: Mutex::new(None),
         });
         let app = Router::new()
             .route("/payments", post(payments))
@@ -240,6 +256,14 @@ impl SandboxBank {
             }
         });
         Ok(SandboxBank { addr, bank, server })
+    }
+
+    /// What a mid-payout fault does while the bank holds the request: the simulator
+    /// kills the handler process that sent it.
+    pub fn on_mid_payout(&self, hook: MidPayoutHook) {
+        if let Ok(mut slot) = self.bank.mid_payout.lock() {
+            *slot = Some(hook);
+        }
     }
 
     /// The base URL to give the service as `BANK_API_URL`.
@@ -450,6 +474,15 @@ async fn process_new(
     let lost = chance::hit(s.lost_answer_rate, s.seed, "bank-lost", &k, attempt);
     let lost_mode = chance::upto(2, s.seed, "bank-lost-mode", &k, attempt);
     let past_timeout = Duration::from_millis(s.client_timeout_ms + 200);
+    let mid_payout = chance::hit(
+        s.kill_mid_payout_rate,
+        s.seed,
+        "bank-kill-mid-payout",
+        &k,
+        attempt,
+    )
+    .then(|| bank.mid_payout.lock().ok().and_then(|h| h.clone()))
+    .flatten();
 
     let work = tokio::spawn(async move {
         if latency > 0 {
@@ -474,6 +507,13 @@ async fn process_new(
             return paid(&id);
         }
         let id = bank.pay(&key, &request);
+        if let Some(kill) = mid_payout {
+            // The money moved; the handler that asked dies before it hears so.
+            bank.record(Some(&key), &body, BankAnswer::LostAfterPay, None);
+            kill();
+            tokio::time::sleep(past_timeout).await;
+            return paid(&id);
+        }
         if lost && lost_mode == 1 {
             bank.record(Some(&key), &body, BankAnswer::LostAfterPay, None);
             tokio::time::sleep(past_timeout).await;

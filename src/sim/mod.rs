@@ -21,6 +21,30 @@ pub mod queue;
 pub mod report;
 pub mod scenario;
 
+/// The timings `infra/` deploys (main.bicepparam and host.json; a test keeps them
+/// equal). The simulator runs with these unless told otherwise, so a guarantee that
+/// only holds with short test leases shows up as a failed verdict.
+pub mod deployed {
+    pub const LEASE_MS: u64 = 120_000;
+    pub const INFLIGHT_WAIT_MS: u64 = 15_000;
+    pub const BANK_TIMEOUT_MS: u64 = 5_000;
+    pub const RETRY_BUDGET_MS: u64 = 60_000;
+    pub const MAX_DELIVERY_COUNT: u32 = 10;
+    /// host.json `functionTimeout` (00:03:00).
+    pub const FUNCTION_TIMEOUT_MS: u64 = 180_000;
+}
+
+/// The handler and host timings of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Timings {
+    pub lease_ms: u64,
+    pub inflight_wait_ms: u64,
+    pub bank_timeout_ms: u64,
+    pub retry_budget_ms: u64,
+    pub function_timeout_ms: u64,
+}
+
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -108,9 +132,13 @@ pub struct SimulateArgs {
     /// Extra delay per store operation in the handler (PAYMENTS_FAULT_STORE_DELAY_MS).
     #[arg(long, default_value_t = 0)]
     pub slow_store_ms: u64,
-    /// The queue's MaxDeliveryCount.
-    #[arg(long, default_value_t = 10)]
+    /// The queue's MaxDeliveryCount (default: the deployed value).
+    #[arg(long, default_value_t = deployed::MAX_DELIVERY_COUNT)]
     pub max_delivery_count: u32,
+    /// Probability per new payout that the handler is killed while the bank holds the
+    /// request (after the bank paid): a plain crash mid-payout.
+    #[arg(long, default_value_t = 0.01)]
+    pub kill_mid_payout_rate: f64,
     /// Seed for the messages and the injected faults (random if not given; printed).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -132,21 +160,26 @@ pub struct SimulateArgs {
     /// Keep the handler's stdout/stderr in this file (default: a temporary file).
     #[arg(long)]
     pub serve_log: Option<PathBuf>,
-    /// The handler's LEASE_MS: how long a crashed delivery blocks its message.
-    #[arg(long, default_value_t = 3_000)]
-    pub lease_ms: u64,
-    /// The handler's INFLIGHT_WAIT_MS.
-    #[arg(long, default_value_t = 1_000)]
-    pub inflight_wait_ms: u64,
-    /// The handler's BANK_TIMEOUT_MS.
-    #[arg(long, default_value_t = 300)]
-    pub bank_timeout_ms: u64,
-    /// The handler's RETRY_BUDGET_MS.
-    #[arg(long, default_value_t = 1_500)]
-    pub retry_budget_ms: u64,
-    /// The host's functionTimeout; a longer invocation fails and the handler is restarted.
-    #[arg(long, default_value_t = 30_000)]
-    pub function_timeout_ms: u64,
+    /// Run with short test timings (lease 3 s, in-flight wait 1 s, bank timeout 300 ms,
+    /// retry budget 1.5 s, function timeout 30 s) instead of the deployed ones.
+    #[arg(long)]
+    pub short_timings: bool,
+    /// The handler's LEASE_MS (default: the deployed value, see [`deployed`]).
+    #[arg(long)]
+    pub lease_ms: Option<u64>,
+    /// The handler's INFLIGHT_WAIT_MS (default: deployed).
+    #[arg(long)]
+    pub inflight_wait_ms: Option<u64>,
+    /// The handler's BANK_TIMEOUT_MS (default: deployed).
+    #[arg(long)]
+    pub bank_timeout_ms: Option<u64>,
+    /// The handler's RETRY_BUDGET_MS (default: deployed).
+    #[arg(long)]
+    pub retry_budget_ms: Option<u64>,
+    /// The host's functionTimeout; a longer invocation fails and the handler is
+    /// restarted (default: host.json's).
+    #[arg(long)]
+    pub function_timeout_ms: Option<u64>,
     /// Give up (error, exit 1) if the queue is not drained within this time.
     #[arg(long, default_value_t = 300)]
     pub timeout_secs: u64,
@@ -180,6 +213,34 @@ fn rate(name: &str, value: f64) -> anyhow::Result<()> {
 }
 
 impl SimulateArgs {
+    /// The deployed timings, or the short ones, with any explicit option on top.
+    pub fn timings(&self) -> Timings {
+        let base = if self.short_timings {
+            Timings {
+                lease_ms: 3_000,
+                inflight_wait_ms: 1_000,
+                bank_timeout_ms: 300,
+                retry_budget_ms: 1_500,
+                function_timeout_ms: 30_000,
+            }
+        } else {
+            Timings {
+                lease_ms: deployed::LEASE_MS,
+                inflight_wait_ms: deployed::INFLIGHT_WAIT_MS,
+                bank_timeout_ms: deployed::BANK_TIMEOUT_MS,
+                retry_budget_ms: deployed::RETRY_BUDGET_MS,
+                function_timeout_ms: deployed::FUNCTION_TIMEOUT_MS,
+            }
+        };
+        Timings {
+            lease_ms: self.lease_ms.unwrap_or(base.lease_ms),
+            inflight_wait_ms: self.inflight_wait_ms.unwrap_or(base.inflight_wait_ms),
+            bank_timeout_ms: self.bank_timeout_ms.unwrap_or(base.bank_timeout_ms),
+            retry_budget_ms: self.retry_budget_ms.unwrap_or(base.retry_budget_ms),
+            function_timeout_ms: self.function_timeout_ms.unwrap_or(base.function_timeout_ms),
+        }
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         ensure!(self.messages >= 1, "--messages must be at least 1");
         ensure!(
@@ -198,6 +259,7 @@ impl SimulateArgs {
             ("crash-rate", self.crash_rate),
             ("kill-rate", self.kill_rate),
             ("lock-expiry-rate", self.lock_expiry_rate),
+            ("kill-mid-payout-rate", self.kill_mid_payout_rate),
             ("bank-5xx-rate", self.bank_5xx_rate),
             ("bank-429-rate", self.bank_429_rate),
             ("bank-lost-answer-rate", self.bank_lost_answer_rate),
@@ -226,6 +288,9 @@ impl SimulateArgs {
         put("invalid", self.invalid_rate.to_string());
         put("crash", self.crash_rate.to_string());
         put("kill", self.kill_rate.to_string());
+        if !self.ledger_only {
+            put("kill-mid-payout", self.kill_mid_payout_rate.to_string());
+        }
         put("lock-expiry", self.lock_expiry_rate.to_string());
         put("slow-store-ms", self.slow_store_ms.to_string());
         if !self.ledger_only {
@@ -307,6 +372,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     opts.validate()?;
     let started = Instant::now();
     let seed = opts.seed.unwrap_or_else(rand::random);
+    let timings = opts.timings();
     let with_bank = !opts.ledger_only;
 
     let plan = scenario::plan(&ScenarioSettings {
@@ -351,8 +417,9 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
                 lost_answer_rate: opts.bank_lost_answer_rate,
                 latency_min_ms: 0,
                 latency_max_ms: opts.bank_latency_ms,
-                client_timeout_ms: opts.bank_timeout_ms,
+                client_timeout_ms: timings.bank_timeout_ms,
                 retry_after_secs: 1,
+                kill_mid_payout_rate: opts.kill_mid_payout_rate,
             })
             .await?,
         )
@@ -363,10 +430,11 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     let mut spec = ServeSpec::new(exe)
         .env("PAYMENTS_STORE", "sqlite")
         .env("PAYMENTS_SQLITE_PATH", db.to_string_lossy())
-        .env("BANK_TIMEOUT_MS", opts.bank_timeout_ms.to_string())
-        .env("RETRY_BUDGET_MS", opts.retry_budget_ms.to_string())
-        .env("LEASE_MS", opts.lease_ms.to_string())
-        .env("INFLIGHT_WAIT_MS", opts.inflight_wait_ms.to_string())
+        .env("BANK_TIMEOUT_MS", timings.bank_timeout_ms.to_string())
+        .env("RETRY_BUDGET_MS", timings.retry_budget_ms.to_string())
+        .env("LEASE_MS", timings.lease_ms.to_string())
+        .env("INFLIGHT_WAIT_MS", timings.inflight_wait_ms.to_string())
+        .env("MAX_DELIVERY_COUNT", opts.max_delivery_count.to_string())
         .env("LOG_FORMAT", "json")
         .env("RUST_LIB_BACKTRACE", "0")
         .env("PAYMENTS_DEV_HANDLER", opts.handler.as_str())
@@ -389,6 +457,14 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     // Crashes are bounded by the fault rates; this cap only stops a crash loop.
     let max_restarts = 50 + (opts.messages as u64) * 2;
     let supervisor = Arc::new(Supervisor::start(spec, max_restarts).await?);
+    if let Some(bank) = &bank {
+        let supervisor = Arc::downgrade(&supervisor);
+        bank.on_mid_payout(Arc::new(move || {
+            if let Some(supervisor) = supervisor.upgrade() {
+                supervisor.kill_current(process::KillReason::MidPayout);
+            }
+        }));
+    }
 
     let queue = Arc::new(Queue::new(opts.max_delivery_count));
     for &i in &plan.send_order {
@@ -403,7 +479,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             function_name: "ClaimApproved".to_owned(),
             concurrency: opts.concurrency,
             data_type: opts.data_type,
-            function_timeout: Duration::from_millis(opts.function_timeout_ms),
+            function_timeout: Duration::from_millis(timings.function_timeout_ms),
             lock_expiry_rate: opts.lock_expiry_rate,
             lock_expiry_max_ms: 5,
             kill_rate: opts.kill_rate,
@@ -441,6 +517,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         starts: stats.starts.load(Ordering::Relaxed),
         crash_after_commit: stats.self_kills.load(Ordering::Relaxed),
         chaos_kills: stats.chaos_kills.load(Ordering::Relaxed),
+        mid_payout_kills: stats.mid_payout_kills.load(Ordering::Relaxed),
         timeout_restarts: stats.timeout_kills.load(Ordering::Relaxed),
         unexpected_exits: stats.unexpected_exits.load(Ordering::Relaxed),
         unexpected_exit_statuses: stats
@@ -472,6 +549,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             DataType::String => "string".to_owned(),
         },
         concurrency: opts.concurrency,
+        timings,
         faults: opts.faults(),
         producer: report::producer_summary(&plan),
         broker: report::broker_summary(&entries, opts.max_delivery_count),
@@ -527,6 +605,7 @@ mod tests {
             args.crash_rate,
             args.kill_rate,
             args.lock_expiry_rate,
+            args.kill_mid_payout_rate,
             args.bank_5xx_rate,
             args.bank_429_rate,
             args.bank_lost_answer_rate,
@@ -534,6 +613,44 @@ mod tests {
         ] {
             assert!(rate > 0.0);
         }
+    }
+
+    #[test]
+    fn the_default_timings_are_the_deployed_ones() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let params = std::fs::read_to_string(root.join("infra/main.bicepparam")).unwrap();
+        let param = |name: &str| -> u64 {
+            let prefix = format!("param {name} = ");
+            params
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(&prefix))
+                .unwrap_or_else(|| panic!("infra/main.bicepparam has no {name}"))
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        let host: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(root.join("host.json")).unwrap())
+                .unwrap();
+        let timeout = host["functionTimeout"].as_str().unwrap();
+        let hms: Vec<u64> = timeout.split(':').map(|p| p.parse().unwrap()).collect();
+        let function_timeout_ms = ((hms[0] * 60 + hms[1]) * 60 + hms[2]) * 1000;
+
+        let t = SimulateArgs::default().timings();
+        assert_eq!(
+            t,
+            Timings {
+                lease_ms: param("leaseMs"),
+                inflight_wait_ms: param("inflightWaitMs"),
+                bank_timeout_ms: param("bankTimeoutMs"),
+                retry_budget_ms: param("retryBudgetMs"),
+                function_timeout_ms,
+            }
+        );
+        assert_eq!(
+            u64::from(SimulateArgs::default().max_delivery_count),
+            param("maxDeliveryCount")
+        );
     }
 
     #[test]

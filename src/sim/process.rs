@@ -279,6 +279,8 @@ pub enum KillReason {
     Chaos,
     /// An invocation exceeded functionTimeout: the host restarts the worker.
     FunctionTimeout,
+    /// The sandbox bank holds a payout request of this process: it dies mid-payout.
+    MidPayout,
 }
 
 enum Control {
@@ -293,6 +295,7 @@ pub struct ProcessStats {
     /// Died of SIGKILL that the driver did not send: the crash-after-commit fault.
     pub self_kills: AtomicU64,
     pub chaos_kills: AtomicU64,
+    pub mid_payout_kills: AtomicU64,
     pub timeout_kills: AtomicU64,
     /// Any other exit (a panic, an error exit): always a finding.
     pub unexpected_exits: AtomicU64,
@@ -369,6 +372,13 @@ impl Supervisor {
     /// Asks for a SIGKILL of `generation`; ignored if that process is already gone.
     pub fn kill(&self, generation: u64, reason: KillReason) {
         let _ = self.control.send(Control::Kill(generation, reason));
+    }
+
+    /// Asks for a SIGKILL of whichever process is live now (none while restarting).
+    pub fn kill_current(&self, reason: KillReason) {
+        if let Slot::Ready(endpoint) = &*self.slot.borrow() {
+            self.kill(endpoint.generation, reason);
+        }
     }
 
     /// Kills the current process and ends the restart loop.
@@ -462,6 +472,7 @@ fn classify_exit(
         (Some(KillReason::FunctionTimeout), _) => {
             stats.timeout_kills.fetch_add(1, Ordering::Relaxed)
         }
+        (Some(KillReason::MidPayout), _) => stats.mid_payout_kills.fetch_add(1, Ordering::Relaxed),
         (None, true) => stats.self_kills.fetch_add(1, Ordering::Relaxed),
         (None, false) => {
             if let Ok(mut v) = stats.unexpected_exit_statuses.lock() {

@@ -98,6 +98,9 @@ pub struct Verification {
     pub rejected_claims: usize,
     pub needs_reconciliation_claims: usize,
     pub dead_lettered_claims: usize,
+    /// Messages that ended in the dead-letter queue while their claim's payment was
+    /// still `in_progress`: a payout that may have happened, left for nobody to finish.
+    pub dead_lettered_in_progress: usize,
     pub claims_paid_twice_at_bank: usize,
     pub claims_with_two_ledger_payments: usize,
     pub lost_claims: usize,
@@ -182,6 +185,7 @@ pub fn verify(evidence: &Evidence<'_>) -> Verification {
     let mut mismatched = Vec::new();
     let mut stray = Vec::new();
     let mut accepted_bad = Vec::new();
+    let mut in_progress_dead = Vec::new();
     let mut v = Verification {
         claims: plan.claims.len(),
         ..Verification::default()
@@ -259,6 +263,18 @@ pub fn verify(evidence: &Evidence<'_>) -> Verification {
             } else {
                 v.lost_claims += 1;
                 lost.push(format!("claim {id}: neither completed nor dead-lettered"));
+            }
+        }
+        if status == Some("in_progress") {
+            let stranded = copies
+                .iter()
+                .filter(|&&i| matches!(states[i], Some(Settled::DeadLettered { .. })))
+                .count();
+            if stranded > 0 {
+                v.dead_lettered_in_progress += stranded;
+                in_progress_dead.push(format!(
+                    "claim {id}: {stranded} message(s) dead-lettered while its payment is in_progress"
+                ));
             }
         }
         match status {
@@ -431,6 +447,15 @@ pub fn verify(evidence: &Evidence<'_>) -> Verification {
             ),
         ),
         check(
+            "no payout left in progress",
+            in_progress_dead,
+            "no message was dead-lettered while its payment was in_progress".into(),
+            format!(
+                "{} message(s) dead-lettered while their payment was in_progress",
+                v.dead_lettered_in_progress
+            ),
+        ),
+        check(
             "amounts match",
             mismatched,
             if with_bank {
@@ -550,6 +575,7 @@ pub struct ProcessSummary {
     pub starts: u64,
     pub crash_after_commit: u64,
     pub chaos_kills: u64,
+    pub mid_payout_kills: u64,
     pub timeout_restarts: u64,
     pub unexpected_exits: u64,
     pub unexpected_exit_statuses: Vec<String>,
@@ -603,6 +629,7 @@ pub struct Report {
     pub mode: String,
     pub data_type: String,
     pub concurrency: usize,
+    pub timings: super::Timings,
     pub faults: BTreeMap<String, String>,
     pub producer: ProducerSummary,
     pub host: HostStats,
@@ -633,6 +660,12 @@ impl Report {
             .iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
+        let t = &self.timings;
+        let _ = writeln!(
+            o,
+            "timings    lease {} ms, in-flight wait {} ms, bank timeout {} ms, retry budget {} ms, function timeout {} ms, MaxDeliveryCount {}",
+            t.lease_ms, t.inflight_wait_ms, t.bank_timeout_ms, t.retry_budget_ms, t.function_timeout_ms, self.broker.max_delivery_count
+        );
         let _ = writeln!(o, "faults     {}", faults.join(", "));
         let _ = writeln!(
             o,
@@ -652,11 +685,12 @@ impl Report {
         let pr = &self.processes;
         let _ = writeln!(
             o,
-            "handler    {} starts (median start-up {:.1} ms): {} crash-after-commit, {} chaos kills, {} timeout restarts, {} unexpected exits{}",
+            "handler    {} starts (median start-up {:.1} ms): {} crash-after-commit, {} chaos kills, {} kills mid-payout, {} timeout restarts, {} unexpected exits{}",
             pr.starts,
             pr.startup_median_ms,
             pr.crash_after_commit,
             pr.chaos_kills,
+            pr.mid_payout_kills,
             pr.timeout_restarts,
             pr.unexpected_exits,
             if pr.unexpected_exit_statuses.is_empty() {

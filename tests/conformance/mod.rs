@@ -760,14 +760,14 @@ pub async fn business_duplicate_finishes_an_orphaned_payout(store: DynStore) {
 }
 
 pub async fn a_later_delivery_takes_over_a_dead_attempt_at_once(store: DynStore) {
-    // The deployed timings (infra/main.bicepparam): a 120 s lease and a 5 s in-flight
+    // The deployed timings (infra/main.bicepparam): a 120 s lease and a 15 s in-flight
     // wait. The handler dies mid-payout, leaving a live lease; the host redelivers at
     // once with DeliveryCount + 1. Waiting on the dead lease would answer 503 to every
     // delivery until the message is dead-lettered; a later delivery takes over instead.
     let bank = FakeBank::start().await;
     let policy = claims_payments::consumer::Policy {
         lease: Duration::from_secs(120),
-        inflight_wait: Duration::from_secs(5),
+        inflight_wait: Duration::from_secs(15),
         retry_budget: Duration::from_secs(60),
         ..common::policy()
     };
