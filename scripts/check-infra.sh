@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Offline validation of the deployment side: Bicep, checkov, the Cosmos
-# container contract, settings and timing contracts, and the package layout.
+# Offline validation of the deployment side: Bicep and both parameter files
+# (public = infra/main.bicepparam, private = infra/main.private.bicepparam, the
+# production one), checkov on each profile with that profile's values rendered
+# into the Bicep, the Cosmos container contract, the package layout, the
+# settings, timing and alerts contracts.
 #
 #   bash scripts/check-infra.sh [--binary PATH]
 #
@@ -21,7 +24,7 @@ REAL_BINARY=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --binary) [[ $# -ge 2 ]] || { echo "--binary needs a path" >&2; exit 2; }; REAL_BINARY="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
