@@ -56,8 +56,8 @@ param tags object = {}
 @description('Queue that carries ClaimApproved messages (CLAIM_APPROVED_QUEUE).')
 param queueName string = 'claim-approved'
 
-@description('Deliveries before Service Bus dead-letters a message.')
-@minValue(1)
+@description('Deliveries before Service Bus dead-letters a message; also MAX_DELIVERY_COUNT for the handler, which needs at least 2 (a dead attempt is taken over by the next delivery).')
+@minValue(2)
 @maxValue(2000)
 param maxDeliveryCount int = 10
 
@@ -425,6 +425,7 @@ module functionApp 'modules/functionapp.bicep' = {
     retryBudgetMs: retryBudgetMs
     leaseMs: leaseMs
     inflightWaitMs: inflightWaitMs
+    maxDeliveryCount: maxDeliveryCount
     bankApiKeySecretUri: keyVault.outputs.bankApiKeySecretUri
     publicNetworkAccess: publicAccess
     virtualNetworkSubnetId: privateNetworking ? network.outputs.appSubnetId : ''

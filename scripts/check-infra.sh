@@ -566,7 +566,7 @@ REQUIRED = [
     "AzureWebJobsStorage__queueServiceUri", "AzureWebJobsStorage__tableServiceUri",
     "CLAIM_APPROVED_QUEUE", "PAYMENTS_STORE", "COSMOS_ENDPOINT", "COSMOS_DATABASE", "COSMOS_CONTAINER",
     "COSMOS_MANAGED_IDENTITY_CLIENT_ID", "INBOX_RETENTION_DAYS", "CONSUMER_NAME", "BANK_API_URL", "BANK_API_KEY", "BANK_TIMEOUT_MS",
-    "BANK_KEY_WINDOW_HOURS", "RETRY_BUDGET_MS", "LEASE_MS", "INFLIGHT_WAIT_MS", "LOG_FORMAT", "RUST_LIB_BACKTRACE",
+    "BANK_KEY_WINDOW_HOURS", "RETRY_BUDGET_MS", "LEASE_MS", "INFLIGHT_WAIT_MS", "MAX_DELIVERY_COUNT", "LOG_FORMAT", "RUST_LIB_BACKTRACE",
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
 ]
 FIXED = {"PAYMENTS_STORE": "cosmos", "LOG_FORMAT": "json", "RUST_LIB_BACKTRACE": "0"}
@@ -708,14 +708,14 @@ if errors:
 PY
 
 echo "== (f) timing contract (host.json, queue, service settings)"
-check "own work < LEASE_MS < functionTimeout < maxAutoLockRenewalDuration; worst invocation < functionTimeout; lockDuration <= PT5M" "$PY" - <<'PY'
+check "own work < LEASE_MS < functionTimeout < maxAutoLockRenewalDuration; worst invocation < functionTimeout; INFLIGHT_WAIT_MS x (deliveries - 1) > LEASE_MS; lockDuration <= PT5M" "$PY" - <<'PY'
 import json, re, sys
 from pathlib import Path
 from pycep import BicepParser
 
 # Margin for the store round trips of one invocation (claim, re-reads, finalize, 429 back-off).
 STORE_MARGIN_S = 10
-KEYS = ("retryBudgetMs", "bankTimeoutMs", "leaseMs", "inflightWaitMs", "lockDuration")
+KEYS = ("retryBudgetMs", "bankTimeoutMs", "leaseMs", "inflightWaitMs", "lockDuration", "maxDeliveryCount")
 
 def timespan(v):
     m = re.fullmatch(r"(?:(\d+)\.)?(\d{1,2}):(\d{2}):(\d{2})", v)
@@ -744,7 +744,8 @@ sets = {
        for f in ("infra/main.bicepparam", "infra/main.private.bicepparam")},
     "local.settings.sample.json": {"retryBudgetMs": local["RETRY_BUDGET_MS"], "bankTimeoutMs": local["BANK_TIMEOUT_MS"],
                                    "leaseMs": local["LEASE_MS"], "inflightWaitMs": local["INFLIGHT_WAIT_MS"],
-                                   "lockDuration": params["lockDuration"]["default"]},
+                                   "lockDuration": params["lockDuration"]["default"],
+                                   "maxDeliveryCount": local.get("MAX_DELIVERY_COUNT", params["maxDeliveryCount"]["default"])},
 }
 errors = []
 if not T < R:
@@ -766,6 +767,13 @@ for label, v in sets.items():
         errors.append(f"{label}: a worst-case invocation ({worst:.0f}s) must finish before functionTimeout {T}s, which restarts the handler")
     if not 5 <= lock <= 300:
         errors.append(f"{label}: lockDuration must be PT5S..PT5M (Service Bus limit)")
+    # A re-sent or re-driven message (DeliveryCount from 1 again) can free a dead attempt's
+    # message only by waiting its lease out; the remaining deliveries must outlast it
+    # (the handler refuses to start otherwise: src/config.rs).
+    deliveries = int(v["maxDeliveryCount"])
+    if not int(v["inflightWaitMs"]) * (deliveries - 1) > int(v["leaseMs"]):
+        errors.append(f"{label}: INFLIGHT_WAIT_MS x (maxDeliveryCount - 1) = {int(v['inflightWaitMs']) * (deliveries - 1)} ms "
+                      f"must exceed LEASE_MS {v['leaseMs']} ms (the handler refuses to start otherwise)")
 if errors:
     sys.exit("\n".join(errors))
 PY

@@ -93,6 +93,11 @@ param leaseMs int
 @description('Wait for a live attempt of the same message in ms.')
 param inflightWaitMs int
 
+@description('The queue\'s maxDeliveryCount, passed to the handler (MAX_DELIVERY_COUNT) for its start-up check.')
+@minValue(2)
+@maxValue(2000)
+param maxDeliveryCount int
+
 @description('Key Vault secret URI of the bank credential, without a version (the app follows the current version).')
 param bankApiKeySecretUri string
 
@@ -242,6 +247,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'INFLIGHT_WAIT_MS'
           value: string(inflightWaitMs)
+        }
+        {
+          name: 'MAX_DELIVERY_COUNT'
+          value: string(maxDeliveryCount)
         }
         {
           name: 'LOG_FORMAT'
