@@ -435,7 +435,8 @@ if errors:
     sys.exit(f"checkov could not parse: {errors}")
 unaccepted = [c for c in failed if c["check_id"] not in skips]
 stale = sorted(set(skips) - {c["check_id"] for c in failed})
-print(f"  passed ({len(passed)}): " + ", ".join(sorted({f"{c['check_id']}" for c in passed}, key=lambda s: int(re.sub(r'\D', '', s)))))
+passed_ids = sorted({c["check_id"] for c in passed}, key=lambda s: int(re.sub(r"\D", "", s)))
+print(f"  passed: {len(passed)} results of {len(passed_ids)} checks: " + ", ".join(passed_ids))
 for c in sorted(failed, key=lambda c: c["check_id"]):
     if c["check_id"] in skips:
         print(f"  accepted {c['check_id']} {c['resource']}: {c['check_name']}\n           reason: {skips[c['check_id']]}")
