@@ -163,6 +163,20 @@ fn bank_url(value: &str) -> Result<Url, ConfigError> {
     Ok(url)
 }
 
+/// `BANK_API_KEY`. An app setting whose Key Vault reference the platform could not
+/// resolve (missing secret, missing role) arrives as the reference text itself; sending
+/// that as a credential would only fail every payout, so it is refused at start-up.
+fn bank_api_key(value: String) -> Result<SecretString, ConfigError> {
+    let value = value.trim();
+    if value.starts_with("@Microsoft.KeyVault(") {
+        return Err(ConfigError::new(
+            "BANK_API_KEY",
+            "is an unresolved Key Vault reference: check that the secret exists and that the app's identity may read it (Key Vault Secrets User)",
+        ));
+    }
+    Ok(SecretString::from(value.to_owned()))
+}
+
 impl Settings {
     pub const DEFAULT_PORT: u16 = 3000;
 
@@ -270,7 +284,7 @@ impl Settings {
             None => None,
             Some(v) => Some(BankSettings {
                 url: bank_url(&v)?,
-                api_key: get("BANK_API_KEY").map(|k| SecretString::from(k.trim().to_owned())),
+                api_key: get("BANK_API_KEY").map(bank_api_key).transpose()?,
                 timeout: bank_timeout,
                 key_window,
             }),
@@ -550,6 +564,15 @@ mod tests {
         .unwrap();
         let bank = s.bank.as_ref().unwrap();
         assert_eq!(bank.api_key.as_ref().unwrap().expose_secret(), "key-SECRET");
+        let err = settings(&[
+            ("BANK_API_URL", "https://bank.example/api"),
+            (
+                "BANK_API_KEY",
+                "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/bank-api-key)",
+            ),
+        ])
+        .unwrap_err();
+        assert_eq!(err.setting, "BANK_API_KEY", "{err}");
         assert!(
             !format!("{s:?}").contains("SECRET"),
             "Debug must redact the key"
