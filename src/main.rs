@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use claims_payments::config::Settings;
+use claims_payments::store::sqlite::Access;
 use claims_payments::{cli, server, telemetry};
 
 #[derive(Parser)]
@@ -110,11 +111,11 @@ fn main() -> ExitCode {
                 server::serve(settings).await
             }
             Command::Ledger(args) => {
-                let store = server::open_store(&settings).await?;
+                let store = server::open_store(&settings, Access::ReadOnly).await?;
                 cli::ledger(&store, args.json, args.limit, &mut stdout()).await
             }
             Command::Inbox(args) => {
-                let store = server::open_store(&settings).await?;
+                let store = server::open_store(&settings, Access::ReadOnly).await?;
                 cli::inbox(&store, args.json, args.limit, &mut stdout()).await
             }
             Command::Provision => {
@@ -125,7 +126,7 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Purge => {
-                let store = server::open_store(&settings).await?;
+                let store = server::open_store(&settings, Access::Existing).await?;
                 cli::purge(&store, &mut stdout()).await
             }
             #[cfg(feature = "dev-tools")]
