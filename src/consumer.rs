@@ -66,6 +66,10 @@ pub enum Outcome {
     InvalidMessage { reason: String },
     /// Transient: the broker should deliver again later.
     RetryLater { reason: String },
+    /// The store failed in a way retrying cannot heal (read-only or corrupt database, bad
+    /// credentials, missing container): an operator must repair it. Never completed, so
+    /// the message is kept (dead-lettered after its deliveries) for a re-drive.
+    StoreFailure { reason: String },
 }
 
 impl Outcome {
@@ -80,6 +84,7 @@ impl Outcome {
             Outcome::Conflict { .. } => "conflict",
             Outcome::InvalidMessage { .. } => "invalid-message",
             Outcome::RetryLater { .. } => "retry-later",
+            Outcome::StoreFailure { .. } => "store-failure",
         }
     }
 
@@ -87,7 +92,10 @@ impl Outcome {
     pub fn completes_message(&self) -> bool {
         !matches!(
             self,
-            Outcome::Conflict { .. } | Outcome::InvalidMessage { .. } | Outcome::RetryLater { .. }
+            Outcome::Conflict { .. }
+                | Outcome::InvalidMessage { .. }
+                | Outcome::RetryLater { .. }
+                | Outcome::StoreFailure { .. }
         )
     }
 
@@ -95,7 +103,7 @@ impl Outcome {
     pub fn is_permanent_failure(&self) -> bool {
         matches!(
             self,
-            Outcome::Conflict { .. } | Outcome::InvalidMessage { .. }
+            Outcome::Conflict { .. } | Outcome::InvalidMessage { .. } | Outcome::StoreFailure { .. }
         )
     }
 
@@ -113,7 +121,8 @@ impl Outcome {
             | Outcome::NeedsReconciliation { reason }
             | Outcome::Conflict { reason }
             | Outcome::InvalidMessage { reason }
-            | Outcome::RetryLater { reason } => Some(reason.clone()),
+            | Outcome::RetryLater { reason }
+            | Outcome::StoreFailure { reason } => Some(reason.clone()),
         }
     }
 
@@ -129,6 +138,7 @@ impl Outcome {
             Outcome::Conflict { .. } => c.conflicts.inc(),
             Outcome::InvalidMessage { .. } => c.invalid_messages.inc(),
             Outcome::RetryLater { .. } => c.retry_later.inc(),
+            Outcome::StoreFailure { .. } => c.store_failures.inc(),
         }
     }
 }
@@ -254,8 +264,14 @@ impl Consumer {
             Err(Failure::Crashed(step)) => Outcome::RetryLater {
                 reason: format!("simulated crash {step:?}"),
             },
+            Err(Failure::Store(e @ StoreError::Permanent(_))) => {
+                tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, storeError = "permanent", error = %e, "store failed; retrying cannot help until an operator repairs the store");
+                Outcome::StoreFailure {
+                    reason: e.to_string(),
+                }
+            }
             Err(Failure::Store(e)) => {
-                tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, error = %e, "store failed");
+                tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, storeError = "transient", error = %e, "store failed");
                 Outcome::RetryLater {
                     reason: e.to_string(),
                 }

@@ -80,6 +80,9 @@ fn answer(status: StatusCode, summary: OutcomeSummary) -> Response {
 fn status_for(outcome: &Outcome) -> StatusCode {
     if outcome.completes_message() {
         StatusCode::OK
+    } else if let Outcome::StoreFailure { .. } = outcome {
+        // Our fault, not the message's: the store needs an operator.
+        StatusCode::INTERNAL_SERVER_ERROR
     } else if outcome.is_permanent_failure() {
         StatusCode::UNPROCESSABLE_ENTITY
     } else {
