@@ -103,7 +103,9 @@ impl Outcome {
     pub fn is_permanent_failure(&self) -> bool {
         matches!(
             self,
-            Outcome::Conflict { .. } | Outcome::InvalidMessage { .. } | Outcome::StoreFailure { .. }
+            Outcome::Conflict { .. }
+                | Outcome::InvalidMessage { .. }
+                | Outcome::StoreFailure { .. }
         )
     }
 
