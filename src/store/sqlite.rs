@@ -220,13 +220,14 @@ impl SqliteStore {
     ) -> anyhow::Result<Arc<Self>> {
         let path = path.to_path_buf();
         let mut conn = open_connection(&path, flags)?;
-        configure_writer(&conn)
-            .and_then(|()| Ok(conn.execute_batch(SCHEMA)?))
-            .map_err(|e| describe_open_error(&path, e))?;
+        configure_writer(&conn).map_err(|e| describe_open_error(&path, e))?;
         if check {
-            check_writable(&conn).map_err(|e| describe_open_error(&path, e.into()))?;
+            // Before the schema goes in: a damaged file gets no new tables.
             check_integrity(&conn).map_err(|e| describe_open_error(&path, e))?;
+            check_writable(&conn).map_err(|e| describe_open_error(&path, e.into()))?;
         }
+        conn.execute_batch(SCHEMA)
+            .map_err(|e| describe_open_error(&path, e.into()))?;
         let wal = WalFile::open(&path)?;
 
         let readers = reader_pool(
@@ -461,16 +462,22 @@ fn check_writable(conn: &Connection) -> rusqlite::Result<()> {
 /// `PRAGMA quick_check`: every page and b-tree is well formed (O(database size); it skips
 /// only the index-to-table cross-checks of `integrity_check`).
 fn check_integrity(conn: &Connection) -> anyhow::Result<()> {
-    let problems = conn
-        .prepare("PRAGMA quick_check(5)")?
-        .query_map([], |r| r.get::<_, String>(0))?
-        .collect::<rusqlite::Result<Vec<String>>>()?;
-    if problems.len() == 1 && problems[0] == "ok" {
-        return Ok(());
-    }
+    let found = conn.prepare("PRAGMA quick_check(5)").and_then(|mut stmt| {
+        stmt.query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<String>>>()
+    });
+    let problems = match found {
+        Ok(rows) if rows == ["ok"] => return Ok(()),
+        Ok(rows) => rows.join("; ").replace('\n', "; "),
+        // A page too damaged to walk stops the check itself.
+        Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseCorrupt) => {
+            e.to_string()
+        }
+        Err(e) => return Err(e.into()),
+    };
     Err(rusqlite::Error::SqliteFailure(
         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
-        Some(format!("PRAGMA quick_check: {}", problems.join("; "))),
+        Some(format!("PRAGMA quick_check: {problems}")),
     )
     .into())
 }
