@@ -610,8 +610,9 @@ impl InstanceLock {
             .create(true)
             .truncate(false)
             .open(&path)
-            // A lock file left by another user: reading is enough to lock it.
-            .or_else(|_| File::open(&path))
+            // A lock file left by another user: reading is enough to lock it. If that fails
+            // too, the first error says why (no directory, no permission, read-only).
+            .or_else(|e| File::open(&path).map_err(|_| e))
             .map_err(|e| {
                 anyhow::anyhow!(
                     "cannot open the lock file {} of SQLite database {}: {e}",
@@ -631,12 +632,13 @@ impl InstanceLock {
                     let mut holder = String::new();
                     let _ = file.read_to_string(&mut holder);
                     let holder = match holder.trim().parse::<u32>() {
-                        Ok(pid) => format!(" (pid {pid})"),
+                        Ok(pid) => format!("pid {pid}, "),
                         Err(_) => String::new(),
                     };
                     anyhow::bail!(
-                        "SQLite database {} is in use: another claims-payments serve{holder} holds it \
-                         (lock file {}); the embedded store allows one serving process per database",
+                        "SQLite database {} is in use: another claims-payments serve holds it \
+                         ({holder}lock file {}); the embedded store allows one serving process \
+                         per database",
                         db.display(),
                         path.display()
                     );
@@ -1189,13 +1191,19 @@ mod tests {
         Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
     }
 
+    fn writable(path: &Path) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        conn.busy_timeout(Duration::from_secs(5)).unwrap();
+        conn
+    }
+
     /// Tests run as root, whom file permissions do not stop; a connection SQLite opened
     /// read-only is what an unprivileged process gets on a read-only file, -wal, -shm or
     /// directory (the end-to-end test covers the real case).
     #[test]
     fn the_start_up_probe_refuses_a_database_this_process_cannot_write() {
         let (_dir, path) = database();
-        check_writable(&Connection::open(&path).unwrap()).expect("a writable database");
+        check_writable(&writable(&path)).expect("a writable database");
 
         let err = check_writable(&read_only(&path)).unwrap_err();
         assert_eq!(err.sqlite_error_code(), Some(rusqlite::ErrorCode::ReadOnly));
