@@ -1,7 +1,11 @@
 //! Operator commands on the store: `ledger`, `inbox`, `purge`.
 //!
 //! Output is a table for people, or one JSON object per line (`--json`) for scripts.
+//! Stored text comes from messages (MessageId, tenant, payee) and the bank (payment ids,
+//! reasons), so the table shows it through [`printable`]: a control character in a cell
+//! can neither drive the operator's terminal nor start a forged row.
 
+use std::borrow::Cow;
 use std::io::Write;
 
 use serde::Serialize;
@@ -86,9 +90,45 @@ impl From<&InboxRecord> for InboxLine {
     }
 }
 
+/// Text safe to print to a terminal: control characters (C0, DEL, C1: ESC, newline, ...)
+/// and the Unicode bidirectional controls that reorder what is displayed are written as
+/// Rust escapes (`\u{1b}`, `\n`, `\u{202e}`), and a backslash as `\\` so an escape
+/// in the output always stands for one character. Everything else, accents included, is
+/// left as it is.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    fn needs_escape(c: char) -> bool {
+        c.is_control()
+            || c == '\\'
+            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !s.chars().any(needs_escape) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
 fn print_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> std::io::Result<()> {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|cell| printable(cell).into_owned())
+                .collect()
+        })
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -109,7 +149,7 @@ fn print_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> s
         line(header.iter().map(|h| h.to_string()).collect())
     )?;
     for row in rows {
-        writeln!(out, "{}", line(row.clone()))?;
+        writeln!(out, "{}", line(row))?;
     }
     Ok(())
 }
@@ -206,4 +246,82 @@ pub async fn purge(store: &DynStore, out: &mut impl Write) -> anyhow::Result<()>
     let removed = store.purge_expired(OffsetDateTime::now_utc(), 500).await?;
     writeln!(out, "purged {removed} expired inbox record(s)")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::consumer::{Consumer, Delivery, Policy};
+    use crate::message::{ClaimApproved, MessageId};
+
+    #[test]
+    fn printable_escapes_control_characters_and_keeps_the_rest() {
+        assert_eq!(
+            printable("evil\u{1b}[2J\r\nrow\t\u{7f}\u{9b}\\u{1b}"),
+            r"evil\u{1b}[2J\r\nrow\t\u{7f}\u{9b}\\u{1b}"
+        );
+        assert_eq!(printable("a\u{202e}b"), r"a\u{202e}b");
+        assert!(matches!(printable("Zoë O'Brien 42"), Cow::Borrowed(_)));
+    }
+
+    /// A MessageId is any text up to 128 characters. In a table it must neither reach the
+    /// terminal as a control sequence (ESC [2J clears the screen) nor start a forged row.
+    #[tokio::test]
+    async fn tables_print_a_hostile_message_id_escaped_on_one_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: DynStore =
+            crate::store::sqlite::SqliteStore::open(dir.path().join("p.db")).unwrap();
+        let consumer = Consumer::new(
+            store.clone(),
+            None,
+            Policy {
+                consumer_name: "ClaimApprovedHandler".into(),
+                inbox_retention: Duration::from_secs(86_400),
+                lease: Duration::from_secs(90),
+                inflight_wait: Duration::from_secs(5),
+                retry_budget: Duration::from_secs(60),
+                bank_key_window: Duration::from_secs(86_400),
+            },
+        );
+        let hostile = "evil\u{1b}[2J\nfake-claim  999.00  EUR  paid";
+        let msg = ClaimApproved::parse(&format!(
+            r#"{{"claimId":"{}","amount":"10.00","currency":"EUR"}}"#,
+            uuid::Uuid::new_v4()
+        ))
+        .unwrap();
+        let delivery = Delivery {
+            message_id: MessageId::parse(hostile).unwrap(),
+            delivery_count: 1,
+        };
+        assert_eq!(consumer.handle(&msg, &delivery).await.label(), "recorded");
+
+        let escaped = r"evil\u{1b}[2J\nfake-claim  999.00  EUR  paid";
+        for (name, table) in [
+            ("ledger", {
+                let mut out = Vec::new();
+                ledger(&store, false, 10, &mut out).await.unwrap();
+                String::from_utf8(out).unwrap()
+            }),
+            ("inbox", {
+                let mut out = Vec::new();
+                inbox(&store, false, 10, &mut out).await.unwrap();
+                String::from_utf8(out).unwrap()
+            }),
+        ] {
+            assert!(!table.contains('\u{1b}'), "{name}: raw ESC in {table:?}");
+            let lines: Vec<&str> = table.lines().collect();
+            assert_eq!(lines.len(), 3, "{name}: header, one row, count: {table:?}");
+            assert!(lines[1].contains(escaped), "{name}: {table:?}");
+        }
+
+        // JSON lines were already safe: serde escapes control characters.
+        let mut out = Vec::new();
+        ledger(&store, true, 10, &mut out).await.unwrap();
+        let json = String::from_utf8(out).unwrap();
+        assert_eq!(json.lines().count(), 1, "{json:?}");
+        let line: serde_json::Value = serde_json::from_str(json.trim_end()).unwrap();
+        assert_eq!(line["messageId"], hostile);
+    }
 }

@@ -66,9 +66,9 @@ pub enum Outcome {
     InvalidMessage { reason: String },
     /// Transient: the broker should deliver again later.
     RetryLater { reason: String },
-    /// The store failed in a way no retry heals (read-only, corrupt, missing). The
-    /// message is refused on every delivery and ends in the dead-letter queue, to be
-    /// re-driven once the store is repaired.
+    /// The store failed in a way retrying cannot heal (read-only or corrupt database, bad
+    /// credentials, missing container): an operator must repair it. Never completed, so
+    /// the message is kept (dead-lettered after its deliveries) for a re-drive.
     StoreFailure { reason: String },
 }
 
@@ -140,7 +140,7 @@ impl Outcome {
             Outcome::Conflict { .. } => c.conflicts.inc(),
             Outcome::InvalidMessage { .. } => c.invalid_messages.inc(),
             Outcome::RetryLater { .. } => c.retry_later.inc(),
-            Outcome::StoreFailure { .. } => c.store_permanent_errors.inc(),
+            Outcome::StoreFailure { .. } => c.store_failures.inc(),
         }
     }
 }
@@ -283,7 +283,7 @@ impl Consumer {
                 reason: format!("simulated crash {step:?}"),
             },
             Err(Failure::Store(e @ StoreError::Permanent(_))) => {
-                tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, storeError = "permanent", error = %e, "store failed; no retry can heal this");
+                tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, storeError = "permanent", error = %e, "store failed; retrying cannot help until an operator repairs the store");
                 Outcome::StoreFailure {
                     reason: e.to_string(),
                 }

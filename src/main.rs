@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use claims_payments::config::Settings;
+use claims_payments::store::sqlite::Access;
 use claims_payments::{cli, server, telemetry};
 
 #[derive(Parser)]
@@ -42,7 +43,7 @@ enum Command {
     Provision,
     /// Simulate at-least-once delivery with faults against `serve` and verify that every claim is paid exactly once (exit 1 if not).
     #[cfg(feature = "dev-tools")]
-    Simulate(claims_payments::sim::SimulateArgs),
+    Simulate(Box<claims_payments::sim::SimulateArgs>),
     /// Measure `serve` on the full HTTP path: throughput, latency, round trips, start-up, memory.
     #[cfg(feature = "dev-tools")]
     Bench(claims_payments::bench::BenchArgs),
@@ -68,7 +69,7 @@ fn dev_tool(command: Command) -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match command {
-            Command::Simulate(args) => claims_payments::sim::main(args).await,
+            Command::Simulate(args) => claims_payments::sim::main(*args).await,
             Command::Bench(args) => claims_payments::bench::main(args).await,
             _ => unreachable!("only simulate and bench are dev tools"),
         }
@@ -110,11 +111,11 @@ fn main() -> ExitCode {
                 server::serve(settings).await
             }
             Command::Ledger(args) => {
-                let store = server::open_store(&settings).await?;
+                let store = server::open_store(&settings, Access::ReadOnly).await?;
                 cli::ledger(&store, args.json, args.limit, &mut stdout()).await
             }
             Command::Inbox(args) => {
-                let store = server::open_store(&settings).await?;
+                let store = server::open_store(&settings, Access::ReadOnly).await?;
                 cli::inbox(&store, args.json, args.limit, &mut stdout()).await
             }
             Command::Provision => {
@@ -125,7 +126,7 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Purge => {
-                let store = server::open_store(&settings).await?;
+                let store = server::open_store(&settings, Access::Existing).await?;
                 cli::purge(&store, &mut stdout()).await
             }
             #[cfg(feature = "dev-tools")]

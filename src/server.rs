@@ -9,6 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -22,6 +23,7 @@ use crate::config::{HandlerKind, Settings, StoreKind};
 use crate::consumer::{Consumer, Delivery, Outcome, Policy};
 use crate::host::{Invocation, InvocationResult, OutcomeSummary};
 use crate::message::ClaimApproved;
+use crate::store::sqlite::{Access, SqliteStore};
 use crate::store::DynStore;
 use crate::telemetry;
 
@@ -87,6 +89,9 @@ fn answer(status: StatusCode, summary: OutcomeSummary) -> Response {
 fn status_for(outcome: &Outcome) -> StatusCode {
     if outcome.completes_message() {
         StatusCode::OK
+    } else if let Outcome::StoreFailure { .. } = outcome {
+        // Our fault, not the message's: the store needs an operator.
+        StatusCode::INTERNAL_SERVER_ERROR
     } else if outcome.is_permanent_failure() {
         StatusCode::UNPROCESSABLE_ENTITY
     } else {
@@ -244,10 +249,12 @@ fn maybe_crash_before_answer(probability: f64) {
 #[cfg(not(feature = "dev-tools"))]
 fn maybe_crash_before_answer(_probability: f64) {}
 
-/// Opens the configured store.
-pub async fn open_store(settings: &Settings) -> anyhow::Result<DynStore> {
+/// Opens the configured store. `access` says how this process uses a SQLite file (serve,
+/// an operator's write, a read-only listing); Cosmos ignores it.
+pub async fn open_store(settings: &Settings, access: Access) -> anyhow::Result<DynStore> {
     let store: DynStore = match settings.store {
-        StoreKind::Sqlite => crate::store::sqlite::SqliteStore::open(&settings.sqlite_path)?,
+        StoreKind::Sqlite => SqliteStore::open_as(&settings.sqlite_path, access)
+            .context("cannot use the SQLite database set by PAYMENTS_SQLITE_PATH")?,
         StoreKind::Cosmos => {
             let cosmos = settings
                 .cosmos
@@ -294,7 +301,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // Installed before the port opens: a SIGTERM that arrives right after the host sees
     // us ready must drain, not kill.
     let shutdown = shutdown_signal()?;
-    let store = open_store(&settings).await?;
+    let store = open_store(&settings, Access::Serve).await?;
     let consumer = consumer_for(&settings, store.clone())?;
     let state = AppState::new(
         consumer,

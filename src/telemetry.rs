@@ -82,6 +82,7 @@ pub struct Counters {
     pub conflicts: Counter,
     pub invalid_messages: Counter,
     pub retry_later: Counter,
+    pub store_failures: Counter,
     pub rejected: Counter,
     pub needs_reconciliation: Counter,
     pub takeovers: Counter,
@@ -92,8 +93,6 @@ pub struct Counters {
     /// Bank answers that are the service's own fault (credential, URL, method, format).
     pub bank_service_faults: Counter,
     pub store_transient_errors: Counter,
-    /// Store errors that no retry can heal (read-only, corrupt or missing database).
-    pub store_permanent_errors: Counter,
     pub store_round_trips: Counter,
     /// SQLite group commits, and the write jobs they carried: jobs / commits is the
     /// average group size. Syncs (`fdatasync` of the WAL) each cover one or more groups.
@@ -114,6 +113,7 @@ pub struct CountersSnapshot {
     pub conflicts: u64,
     pub invalid_messages: u64,
     pub retry_later: u64,
+    pub store_failures: u64,
     pub rejected: u64,
     pub needs_reconciliation: u64,
     pub takeovers: u64,
@@ -123,7 +123,6 @@ pub struct CountersSnapshot {
     pub bank_retries: u64,
     pub bank_service_faults: u64,
     pub store_transient_errors: u64,
-    pub store_permanent_errors: u64,
     pub store_round_trips: u64,
     pub sqlite_commits: u64,
     pub sqlite_committed_jobs: u64,
@@ -142,6 +141,7 @@ impl Counters {
             conflicts: self.conflicts.get(),
             invalid_messages: self.invalid_messages.get(),
             retry_later: self.retry_later.get(),
+            store_failures: self.store_failures.get(),
             rejected: self.rejected.get(),
             needs_reconciliation: self.needs_reconciliation.get(),
             takeovers: self.takeovers.get(),
@@ -151,7 +151,6 @@ impl Counters {
             bank_retries: self.bank_retries.get(),
             bank_service_faults: self.bank_service_faults.get(),
             store_transient_errors: self.store_transient_errors.get(),
-            store_permanent_errors: self.store_permanent_errors.get(),
             store_round_trips: self.store_round_trips.get(),
             sqlite_commits: self.sqlite_commits.get(),
             sqlite_committed_jobs: self.sqlite_committed_jobs.get(),
@@ -179,13 +178,13 @@ pub fn log_counters() {
         conflicts = c.conflicts,
         invalidMessages = c.invalid_messages,
         retryLater = c.retry_later,
+        storeFailures = c.store_failures,
         rejected = c.rejected,
         needsReconciliation = c.needs_reconciliation,
         takeovers = c.takeovers,
         bankRetries = c.bank_retries,
         bankServiceFaults = c.bank_service_faults,
         storeTransientErrors = c.store_transient_errors,
-        storePermanentErrors = c.store_permanent_errors,
         cosmosRequestUnits = c.cosmos_request_units,
         "counters"
     );

@@ -108,6 +108,19 @@ impl Handler {
     }
 
     fn start_on(env: &[(&str, &str)]) -> Handler {
+        Handler::try_start(env, None).unwrap_or_else(|(status, stderr)| {
+            panic!("serve exited with {status} before it was ready: {stderr}")
+        })
+    }
+
+    /// Starts `serve` (as user `uid` if given) and waits until it listens or exits; an exit
+    /// comes back with its status and stderr.
+    fn try_start(
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> Result<Handler, (std::process::ExitStatus, String)> {
+        use std::io::Read;
+        use std::os::unix::process::CommandExt;
         let port = free_port();
         let mut cmd = Command::new(EXE);
         cmd.arg("serve")
@@ -116,30 +129,34 @@ impl Handler {
             .env("RUST_LIB_BACKTRACE", "0")
             .env_remove("BANK_API_URL")
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("spawn claims-payments serve");
-        let handler = Handler { child, port };
-        handler.wait_ready();
-        handler
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        let mut child = cmd.spawn().expect("spawn claims-payments serve");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut stderr = String::new();
+                let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+                return Err((status, stderr));
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(Handler { child, port });
+            }
+            assert!(
+                Instant::now() < deadline,
+                "serve neither listened nor exited"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    /// Polls `GET /` like the host does until any answer comes back.
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("handler did not become ready");
     }
 
     fn kill(mut self) {
@@ -555,4 +572,176 @@ fn a_slow_client_is_cut_off_and_cannot_hold_the_shutdown() {
     }
     let status = handler.child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
+}
+
+/// Starts `serve` on `db`, which must refuse it; returns its stderr.
+fn refused_start(db: &Path, uid: Option<u32>) -> String {
+    let path = db.to_string_lossy();
+    match Handler::try_start(&[("PAYMENTS_SQLITE_PATH", path.as_ref())], uid) {
+        Ok(handler) => {
+            handler.kill();
+            panic!(
+                "serve started (and would answer GET / ready) on {}",
+                db.display()
+            );
+        }
+        Err((status, stderr)) => {
+            assert!(!status.success(), "{status}: {stderr}");
+            assert!(
+                stderr.contains(&db.display().to_string()),
+                "the message names the path: {stderr}"
+            );
+            stderr
+        }
+    }
+}
+
+#[test]
+fn serve_refuses_a_file_that_is_not_a_database_and_names_it() {
+    let (_dir, db) = temp_db();
+    std::fs::write(&db, "claimId,amount\n".repeat(1000)).unwrap();
+    let stderr = refused_start(&db, None);
+    assert!(stderr.contains("is not a SQLite database"), "{stderr}");
+}
+
+/// A database whose pages are damaged: `serve` used to start and fail the messages that
+/// touched the damaged pages, for ever. It must refuse to start, naming the file.
+#[test]
+fn serve_refuses_a_database_with_a_corrupt_page_and_names_it() {
+    let (_dir, db) = temp_db();
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE filler (x BLOB);
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+             INSERT INTO filler SELECT randomblob(300) FROM n;",
+        )
+        .unwrap();
+    }
+    // Garbage over the last page, a leaf of `filler` (rollback journal: all in the file).
+    let mut bytes = std::fs::read(&db).unwrap();
+    let page = 4096;
+    let last = bytes.len() - page;
+    bytes[last..].fill(0xA5);
+    std::fs::write(&db, bytes).unwrap();
+
+    let stderr = refused_start(&db, None);
+    assert!(stderr.contains("is corrupt"), "{stderr}");
+    assert!(stderr.contains("quick_check"), "{stderr}");
+}
+
+/// The reported case: a database file this (unprivileged) user may only read. SQLite
+/// opened it read-only without a word, `serve` answered ready, and every message failed
+/// with "attempt to write a readonly database" until it was dead-lettered. Tests run as
+/// root, whom permissions do not stop, so as root `serve` runs as `nobody`.
+#[test]
+fn serve_refuses_a_database_this_user_cannot_write() {
+    use std::fs::Permissions;
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, db) = temp_db();
+    // An earlier run's database, killed: its -wal, -shm and lock file are still there.
+    Handler::start(&db, &[]).kill();
+    std::fs::set_permissions(&db, Permissions::from_mode(0o444)).unwrap();
+    for suffix in ["-wal", "-shm", ".lock"] {
+        let mut sidecar = db.as_os_str().to_owned();
+        sidecar.push(suffix);
+        std::fs::set_permissions(sidecar, Permissions::from_mode(0o666)).unwrap();
+    }
+    std::fs::set_permissions(dir.path(), Permissions::from_mode(0o777)).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        use std::os::unix::process::CommandExt;
+        let nobody_can_run_it = Command::new(EXE)
+            .arg("--version")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .is_ok_and(|out| out.status.success());
+        if !nobody_can_run_it {
+            eprintln!("skipped: running as root, and uid 65534 cannot run {EXE}");
+            return;
+        }
+    }
+
+    let stderr = refused_start(&db, root.then_some(65534));
+    assert!(stderr.contains("cannot be written"), "{stderr}");
+    assert!(stderr.contains("readonly"), "SQLite's own words: {stderr}");
+}
+
+/// A mistyped PAYMENTS_SQLITE_PATH used to create an empty database and list
+/// `0 payment(s)` with exit 0. Listings and purge must fail, naming the path and the
+/// setting, and leave nothing behind.
+#[test]
+fn listings_and_purge_never_create_a_missing_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("typo.db");
+    for args in [
+        &["ledger"][..],
+        &["ledger", "--json"],
+        &["inbox"],
+        &["inbox", "--json"],
+        &["purge"],
+    ] {
+        let out = Command::new(EXE)
+            .args(args)
+            .env("PAYMENTS_SQLITE_PATH", &db)
+            .env("RUST_LIB_BACKTRACE", "0")
+            .env_remove("PAYMENTS_STORE")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} exited 0: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?} printed {:?}", out.stdout);
+        assert!(
+            stderr.contains(&db.display().to_string()) && stderr.contains("PAYMENTS_SQLITE_PATH"),
+            "{args:?}: {stderr}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(left.is_empty(), "{args:?} created {left:?}");
+    }
+}
+
+/// The embedded store is single-instance: a second `serve` on the same file could answer
+/// `duplicate` from the first one's commit before that commit is synced. It is refused;
+/// the first keeps serving, and the read-only listings work next to it.
+#[tokio::test]
+async fn a_second_serve_on_one_database_is_refused_and_the_first_keeps_serving() {
+    let (_dir, db) = temp_db();
+    let first = Handler::start(&db, &[]);
+
+    let stderr = refused_start(&db, None);
+    assert!(
+        stderr.contains("another claims-payments serve") && stderr.contains("holds it"),
+        "{stderr}"
+    );
+
+    let client = reqwest::Client::new();
+    let claim = common::new_claim();
+    let (status, answer) = invoke(
+        &client,
+        &first,
+        &host_envelope(&claim_body(&claim, "42.00"), "evt-single", 1),
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, outcome(&answer)), (200, "recorded"), "{answer}");
+
+    let rows = ledger(&db);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["claimId"], claim);
+    for command in ["ledger", "inbox"] {
+        let out = Command::new(EXE)
+            .arg(command)
+            .env("PAYMENTS_SQLITE_PATH", &db)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("evt-single"));
+    }
+    first.kill();
 }

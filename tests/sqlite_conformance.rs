@@ -130,3 +130,101 @@ async fn a_store_dropped_with_a_group_still_to_sync_keeps_the_commit() {
         .expect("the committed claim");
     assert_eq!(stored.record.message_id.as_str(), "m-dropped");
 }
+
+/// Log lines written while a test runs on the current thread.
+#[derive(Clone, Default)]
+struct CapturedLogs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLogs {
+    fn lines(&self) -> Vec<serde_json::Value> {
+        String::from_utf8(self.0.lock().unwrap().clone())
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+/// A store failure that retrying cannot heal (here the adapter's own: a database this
+/// process may only read, so every write is refused) is answered `store-failure` with a
+/// 500, never `retry-later`, and logged as an error with `storeError = "permanent"`. The
+/// message is not completed, so it is kept for a re-drive once the store is repaired.
+/// A current-thread runtime, so the thread's log capture sees the server's tasks.
+#[tokio::test(flavor = "current_thread")]
+async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
+    use claims_payments::config::HandlerKind;
+    use claims_payments::server::{router, AppState};
+    use claims_payments::store::sqlite::Access;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let store = SqliteStore::open_as(&path, Access::ReadOnly).unwrap();
+
+    let logs = CapturedLogs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let app = router(AppState::new(
+        common::ledger_consumer(store),
+        HandlerKind::Consumer,
+        0.0,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let body = format!(
+        r#"{{"claimId":"{}","amount":"10.00","currency":"EUR"}}"#,
+        common::new_claim()
+    );
+    let envelope = serde_json::json!({
+        "Data": {"msg": serde_json::to_string(&body).unwrap()},
+        "Metadata": {"MessageId": "\"m-store-failure\"", "DeliveryCount": "1"}
+    });
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/ClaimApproved"))
+        .json(&envelope)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let answer: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(
+        (status, answer["ReturnValue"]["outcome"].as_str()),
+        (500, Some("store-failure")),
+        "{answer}"
+    );
+
+    let lines = logs.lines();
+    let failed = lines
+        .iter()
+        .find(|l| l["fields"]["storeError"].is_string())
+        .unwrap_or_else(|| panic!("no storeError log line in {lines:#?}"));
+    assert_eq!(failed["level"], "ERROR", "{failed}");
+    assert_eq!(failed["fields"]["storeError"], "permanent", "{failed}");
+    assert_eq!(failed["fields"]["messageId"], "m-store-failure", "{failed}");
+    assert!(
+        failed["fields"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("read-only"),
+        "the log names the cause: {failed}"
+    );
+}

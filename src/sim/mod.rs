@@ -680,6 +680,7 @@ mod tests {
             command: Sub,
         }
         #[derive(clap::Subcommand)]
+        #[allow(clippy::large_enum_variant)] // parsed once, in a test
         enum Sub {
             Simulate(SimulateArgs),
             Bench(crate::bench::BenchArgs),

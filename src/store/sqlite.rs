@@ -21,8 +21,15 @@
 //! Checkpoints (copying the WAL back into the database file) run on a third thread and
 //! connection, so the writer never stalls on them; the writer checkpoints itself only if
 //! the WAL outgrows a backstop.
+//!
+//! The store is single-instance: how a process may use the file is its [`Access`]. `serve`
+//! holds an exclusive lock on `<db>.lock` for its whole life (a second process's reads
+//! could otherwise answer from this one's commits before they are synced), and refuses at
+//! start a file it cannot write or that fails `PRAGMA quick_check`. Operator listings open
+//! the file read-only and never create it.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
@@ -116,12 +123,31 @@ type WriteJob = Box<dyn FnOnce(Result<&mut Connection, StoreError>) -> Reply + S
 
 pub struct SqliteStore {
     path: PathBuf,
-    writer: mpsc::UnboundedSender<WriteJob>,
+    /// None when the store was opened [`Access::ReadOnly`]: every write is refused.
+    writer: Option<mpsc::UnboundedSender<WriteJob>>,
     readers: r2d2::Pool<SqliteConnectionManager>,
     durability: Arc<Durability>,
     round_trips: AtomicU64,
     /// Dropping the store stops the checkpointer.
-    _checkpointer: std_mpsc::Sender<()>,
+    _checkpointer: Option<std_mpsc::Sender<()>>,
+    /// Held for the store's life when opened [`Access::Serve`].
+    _instance_lock: Option<InstanceLock>,
+}
+
+/// How a process uses the database file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// `serve`: the only process that writes the file. Creates the database on first start,
+    /// holds an exclusive lock on `<db>.lock` for the store's life (a second `serve` is
+    /// refused), and refuses a file it cannot write or that fails `PRAGMA quick_check`:
+    /// such a file fails every message, so the service must not report itself ready.
+    Serve,
+    /// An operator's write (`purge`), possibly next to a running `serve` (SQLite serializes
+    /// the writers). The database must exist: it is never created.
+    Existing,
+    /// An operator's listing (`ledger`, `inbox`): read-only connections to an existing
+    /// database, which is never created or written. Works while `serve` runs.
+    ReadOnly,
 }
 
 /// Commit sequence numbers: what the writer has committed and what is on disk.
@@ -164,22 +190,50 @@ struct Committed {
 }
 
 impl SqliteStore {
-    /// Opens (and on first start creates) the database at `path`.
+    /// Opens (and on first start creates) the database at `path`, without the instance
+    /// lock or the start-up checks of [`Access::Serve`]: for tests and tools that own the file.
     pub fn open(path: impl AsRef<Path>) -> anyhow::Result<Arc<Self>> {
-        let path = path.as_ref().to_path_buf();
-        let mut conn = Connection::open(&path)
-            .map_err(|e| anyhow::anyhow!("cannot open SQLite database {}: {e}", path.display()))?;
-        configure_writer(&conn)?;
-        conn.execute_batch(SCHEMA)?;
+        Self::open_writer(path.as_ref(), OpenFlags::default(), None, false)
+    }
+
+    /// Opens the database at `path` for `access`. Every error names the path and the cause.
+    pub fn open_as(path: impl AsRef<Path>, access: Access) -> anyhow::Result<Arc<Self>> {
+        let path = path.as_ref();
+        match access {
+            Access::Serve => {
+                let lock = InstanceLock::acquire(path)?;
+                Self::open_writer(path, OpenFlags::default(), Some(lock), true)
+            }
+            Access::Existing => {
+                let flags = OpenFlags::default().difference(OpenFlags::SQLITE_OPEN_CREATE);
+                Self::open_writer(path, flags, None, false)
+            }
+            Access::ReadOnly => Self::open_read_only(path),
+        }
+    }
+
+    fn open_writer(
+        path: &Path,
+        flags: OpenFlags,
+        instance_lock: Option<InstanceLock>,
+        check: bool,
+    ) -> anyhow::Result<Arc<Self>> {
+        let path = path.to_path_buf();
+        let mut conn = open_connection(&path, flags)?;
+        configure_writer(&conn).map_err(|e| describe_open_error(&path, e))?;
+        if check {
+            // Before the schema goes in: a damaged file gets no new tables.
+            check_integrity(&conn).map_err(|e| describe_open_error(&path, e))?;
+            check_writable(&conn).map_err(|e| describe_open_error(&path, e.into()))?;
+        }
+        conn.execute_batch(SCHEMA)
+            .map_err(|e| describe_open_error(&path, e.into()))?;
         let wal = WalFile::open(&path)?;
 
-        let manager = SqliteConnectionManager::file(&path)
-            .with_flags(OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-            .with_init(|c| c.busy_timeout(Duration::from_secs(5)));
-        let readers = r2d2::Pool::builder()
-            .max_size(READ_POOL_SIZE)
-            .min_idle(Some(1))
-            .build(manager)?;
+        let readers = reader_pool(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
 
         let durability = Arc::new(Durability {
             committed: AtomicU64::new(0),
@@ -213,7 +267,7 @@ impl SqliteStore {
                 }
             })?;
 
-        let checkpointer = Connection::open(&path)?;
+        let checkpointer = Connection::open_with_flags(&path, flags)?;
         checkpointer.busy_timeout(Duration::from_secs(5))?;
         let (stop_checkpointer, stopped) = std_mpsc::channel::<()>();
         std::thread::Builder::new()
@@ -231,11 +285,40 @@ impl SqliteStore {
 
         Ok(Arc::new(SqliteStore {
             path,
-            writer: tx,
+            writer: Some(tx),
             readers,
             durability,
             round_trips: AtomicU64::new(0),
-            _checkpointer: stop_checkpointer,
+            _checkpointer: Some(stop_checkpointer),
+            _instance_lock: instance_lock,
+        }))
+    }
+
+    /// Readers only: no writer, syncer or checkpointer, and nothing is created.
+    fn open_read_only(path: &Path) -> anyhow::Result<Arc<Self>> {
+        let path = path.to_path_buf();
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        // One connection first, so a missing or foreign file fails at once with its cause
+        // (the pool would keep retrying until its timeout).
+        let first = open_connection(&path, flags)?;
+        first
+            .query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(()))
+            .map_err(|e| describe_open_error(&path, e.into()))?;
+        drop(first);
+        let readers = reader_pool(&path, flags)?;
+        Ok(Arc::new(SqliteStore {
+            path,
+            writer: None,
+            readers,
+            durability: Arc::new(Durability {
+                committed: AtomicU64::new(0),
+                durable: watch::Sender::new(0),
+                #[cfg(feature = "dev-tools")]
+                sync_gate: SyncGate::default(),
+            }),
+            round_trips: AtomicU64::new(0),
+            _checkpointer: None,
+            _instance_lock: None,
         }))
     }
 
@@ -306,12 +389,97 @@ impl SqliteStore {
                 });
             })
         });
-        self.writer
+        let writer = self.writer.as_ref().ok_or_else(|| {
+            StoreError::Permanent(format!(
+                "{} was opened read-only; this command cannot write",
+                self.path.display()
+            ))
+        })?;
+        writer
             .send(job)
             .map_err(|_| StoreError::Permanent("the SQLite writer has stopped".into()))?;
         rx.await
             .map_err(|_| StoreError::Permanent("the SQLite writer dropped a job".into()))?
     }
+}
+
+fn reader_pool(
+    path: &Path,
+    flags: OpenFlags,
+) -> anyhow::Result<r2d2::Pool<SqliteConnectionManager>> {
+    let manager = SqliteConnectionManager::file(path)
+        .with_flags(flags)
+        .with_init(|c| c.busy_timeout(Duration::from_secs(5)));
+    Ok(r2d2::Pool::builder()
+        .max_size(READ_POOL_SIZE)
+        .min_idle(Some(1))
+        .build(manager)?)
+}
+
+/// Opens a connection; without `SQLITE_OPEN_CREATE` in `flags`, a missing file is an
+/// error that says so instead of a new, empty database.
+fn open_connection(path: &Path, flags: OpenFlags) -> anyhow::Result<Connection> {
+    if !flags.contains(OpenFlags::SQLITE_OPEN_CREATE) && !path.exists() {
+        anyhow::bail!(
+            "no SQLite database at {} (only `serve` creates one; is the path right?)",
+            path.display()
+        );
+    }
+    Connection::open_with_flags(path, flags).map_err(|e| describe_open_error(path, e.into()))
+}
+
+/// Names the path and, for the failures an operator must fix by hand, what is wrong.
+fn describe_open_error(path: &Path, e: anyhow::Error) -> anyhow::Error {
+    use rusqlite::ErrorCode::*;
+    let sqlite = e.downcast_ref::<rusqlite::Error>();
+    let code = sqlite.and_then(rusqlite::Error::sqlite_error_code);
+    // SQLite's own text once (its error's source repeats it with the code number).
+    let cause = sqlite.map_or_else(|| format!("{e:#}"), ToString::to_string);
+    let what = match code {
+        Some(ReadOnly) => {
+            "cannot be written by this process (read-only file, -wal or -shm file, directory \
+             or file system; check the owner and permissions)"
+        }
+        Some(DatabaseCorrupt) => "is corrupt (restore it from a backup)",
+        Some(NotADatabase) => "is not a SQLite database",
+        Some(CannotOpen) => "cannot be opened (missing directory or no permission)",
+        _ => "cannot be used",
+    };
+    anyhow::anyhow!("SQLite database {} {what}: {cause}", path.display())
+}
+
+/// Proves at start-up that this process can write the database: a write transaction with
+/// a real write, rolled back. SQLite opens a file it may not write (or whose -wal or -shm
+/// it may not write) read-only without a word; the first write then fails with
+/// SQLITE_READONLY, whatever the cause.
+fn check_writable(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let written = conn.execute_batch("CREATE TABLE claims_payments_write_probe (x)");
+    let rolled_back = conn.execute_batch("ROLLBACK");
+    written.and(rolled_back)
+}
+
+/// `PRAGMA quick_check`: every page and b-tree is well formed (O(database size); it skips
+/// only the index-to-table cross-checks of `integrity_check`).
+fn check_integrity(conn: &Connection) -> anyhow::Result<()> {
+    let found = conn.prepare("PRAGMA quick_check(5)").and_then(|mut stmt| {
+        stmt.query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<String>>>()
+    });
+    let problems = match found {
+        Ok(rows) if rows == ["ok"] => return Ok(()),
+        Ok(rows) => rows.join("; ").replace('\n', "; "),
+        // A page too damaged to walk stops the check itself.
+        Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseCorrupt) => {
+            e.to_string()
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Err(rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+        Some(format!("PRAGMA quick_check: {problems}")),
+    )
+    .into())
 }
 
 fn configure_writer(conn: &Connection) -> anyhow::Result<()> {
@@ -398,11 +566,16 @@ struct WalFile {
     file: File,
 }
 
+/// A file next to the database: `<db><suffix>`.
+fn sidecar(db: &Path, suffix: &str) -> PathBuf {
+    let mut path = db.as_os_str().to_owned();
+    path.push(suffix);
+    PathBuf::from(path)
+}
+
 impl WalFile {
     fn open(db: &Path) -> anyhow::Result<Self> {
-        let mut path = db.as_os_str().to_owned();
-        path.push("-wal");
-        let path = PathBuf::from(path);
+        let path = sidecar(db, "-wal");
         let file = File::open(&path)
             .map_err(|e| anyhow::anyhow!("cannot open the SQLite WAL {}: {e}", path.display()))?;
         Ok(WalFile { path, file })
@@ -414,6 +587,70 @@ impl WalFile {
     /// file then succeeds with nothing left to do.
     fn sync(&self) -> std::io::Result<()> {
         self.file.sync_data()
+    }
+}
+
+/// One `serve` per database file: an exclusive advisory lock (`flock`) on `<db>.lock`,
+/// held for the store's life and released by the kernel when the process ends, however it
+/// ends. A lock file beside the database, not the database itself: SQLite's own POSIX
+/// locks on the database file would be dropped by any `close` of another descriptor to it,
+/// and the readers and checkpointer keep working as they are. The file keeps the holder's
+/// pid for the refusal message; it may stay behind and is reused.
+struct InstanceLock {
+    _file: File,
+}
+
+impl InstanceLock {
+    fn acquire(db: &Path) -> anyhow::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let path = sidecar(db, ".lock");
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            // A lock file left by another user: reading is enough to lock it. If that fails
+            // too, the first error says why (no directory, no permission, read-only).
+            .or_else(|e| File::open(&path).map_err(|_| e))
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open the lock file {} of SQLite database {}: {e}",
+                    path.display(),
+                    db.display()
+                )
+            })?;
+        loop {
+            // SAFETY: flock(2) on a descriptor owned by `file`; no memory is shared.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EWOULDBLOCK) => {
+                    let mut holder = String::new();
+                    let _ = file.read_to_string(&mut holder);
+                    let holder = match holder.trim().parse::<u32>() {
+                        Ok(pid) => format!("pid {pid}, "),
+                        Err(_) => String::new(),
+                    };
+                    anyhow::bail!(
+                        "SQLite database {} is in use: another claims-payments serve holds it \
+                         ({holder}lock file {}); the embedded store allows one serving process \
+                         per database",
+                        db.display(),
+                        path.display()
+                    );
+                }
+                _ => anyhow::bail!("cannot lock {}: {e}", path.display()),
+            }
+        }
+        // Best effort: the pid only makes the refusal message more useful.
+        let _ = file
+            .set_len(0)
+            .and_then(|()| writeln!(file, "{}", std::process::id()));
+        Ok(InstanceLock { _file: file })
     }
 }
 
@@ -449,6 +686,12 @@ fn run_syncer(wal: WalFile, groups: std_mpsc::Receiver<Committed>, durability: &
     }
 }
 
+/// Transient: what can heal while the message waits for its redelivery: a busy or locked
+/// database, memory, an I/O error, and a full disk (space can be freed; the write is not
+/// lost, the message is answered non-2xx and comes back). Permanent: everything that only
+/// an operator can fix, above all a read-only file (SQLITE_READONLY), a damaged one
+/// (SQLITE_CORRUPT, SQLITE_NOTADB) or one that cannot be opened (SQLITE_CANTOPEN), and
+/// errors in our own statements or data.
 fn map_sqlite_error(e: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode::*;
     match e.sqlite_error_code() {
@@ -456,6 +699,7 @@ fn map_sqlite_error(e: rusqlite::Error) -> StoreError {
             telemetry::counters().store_transient_errors.inc();
             StoreError::Transient(e.to_string())
         }
+        // ReadOnly, DatabaseCorrupt, NotADatabase, CannotOpen and the rest.
         _ => StoreError::Permanent(e.to_string()),
     }
 }
@@ -928,6 +1172,81 @@ impl Store for SqliteStore {
             if removed < batch as u64 {
                 return Ok(total);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn database() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("payments.db");
+        drop(SqliteStore::open(&path).unwrap());
+        (dir, path)
+    }
+
+    fn read_only(path: &Path) -> Connection {
+        Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
+    }
+
+    fn writable(path: &Path) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        conn.busy_timeout(Duration::from_secs(5)).unwrap();
+        conn
+    }
+
+    /// Tests run as root, whom file permissions do not stop; a connection SQLite opened
+    /// read-only is what an unprivileged process gets on a read-only file, -wal, -shm or
+    /// directory (the end-to-end test covers the real case).
+    #[test]
+    fn the_start_up_probe_refuses_a_database_this_process_cannot_write() {
+        let (_dir, path) = database();
+        check_writable(&writable(&path)).expect("a writable database");
+
+        let err = check_writable(&read_only(&path)).unwrap_err();
+        assert_eq!(err.sqlite_error_code(), Some(rusqlite::ErrorCode::ReadOnly));
+        let message = describe_open_error(&path, err.into()).to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(message.contains("cannot be written"), "{message}");
+        // The probe leaves nothing behind.
+        let tables: i64 = read_only(&path)
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE name LIKE '%probe%'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(tables, 0);
+    }
+
+    #[test]
+    fn sqlite_errors_that_retrying_cannot_heal_are_permanent() {
+        let (_dir, path) = database();
+        let readonly = read_only(&path)
+            .execute("DELETE FROM inbox", [])
+            .unwrap_err();
+        assert!(
+            matches!(map_sqlite_error(readonly), StoreError::Permanent(m) if m.contains("readonly")),
+        );
+        let failure = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+        for code in [
+            rusqlite::ffi::SQLITE_CORRUPT,
+            rusqlite::ffi::SQLITE_NOTADB,
+            rusqlite::ffi::SQLITE_CANTOPEN,
+        ] {
+            assert!(
+                matches!(map_sqlite_error(failure(code)), StoreError::Permanent(_)),
+                "{code}"
+            );
+        }
+        // A full disk heals when space is freed; a busy database when the other writer ends.
+        for code in [rusqlite::ffi::SQLITE_FULL, rusqlite::ffi::SQLITE_BUSY] {
+            assert!(
+                matches!(map_sqlite_error(failure(code)), StoreError::Transient(_)),
+                "{code}"
+            );
         }
     }
 }
