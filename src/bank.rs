@@ -77,6 +77,47 @@ impl SendWindow {
     }
 }
 
+/// What the bank says it holds under a reference (`GET /payments?reference=`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// An authoritative answer (200 with a JSON array): these payments, maybe none.
+    Holds(Vec<BankPayment>),
+    /// Anything else (5xx, 429, timeouts, an unreadable body): ask again later. Never
+    /// read as "not paid".
+    Unknown { reason: String },
+}
+
+/// One payment the bank holds, as its lookup lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BankPayment {
+    pub payment_id: String,
+    /// The bank's word (`paid`, `rejected`, ...).
+    pub status: String,
+    /// Decimal text, compared as a decimal.
+    pub amount: String,
+    pub currency: String,
+    #[serde(default)]
+    pub reference: Option<String>,
+}
+
+impl BankPayment {
+    /// Whether the bank made this payment (as opposed to refusing it).
+    pub fn is_paid(&self) -> bool {
+        matches!(
+            self.status.to_ascii_lowercase().as_str(),
+            "paid" | "succeeded" | "completed" | "settled"
+        )
+    }
+
+    pub fn is_rejected(&self) -> bool {
+        matches!(
+            self.status.to_ascii_lowercase().as_str(),
+            "rejected" | "refused" | "failed"
+        )
+    }
+}
+
 #[derive(Clone)]
 pub struct BankClient {
     http: reqwest::Client,
@@ -195,6 +236,27 @@ impl BankClient {
         }
     }
 
+    /// Asks the bank which payments it holds under `reference` (our Idempotency-Key).
+    /// One request; the caller decides when to ask again.
+    pub async fn lookup(&self, reference: &IdempotencyKey) -> Lookup {
+        telemetry::counters().bank_lookups.inc();
+        let mut url = self.payments_url.clone();
+        url.query_pairs_mut()
+            .append_pair("reference", reference.as_str());
+        let response = self.http.get(url).timeout(self.timeout).send().await;
+        let response = match response {
+            Ok(r) => r,
+            Err(e) => {
+                return Lookup::Unknown {
+                    reason: format!("lookup failed: {}", e.without_url()),
+                }
+            }
+        };
+        let status = response.status();
+        let body = response.bytes().await.unwrap_or_default();
+        read_lookup(status, &body, reference)
+    }
+
     async fn attempt(&self, key: &IdempotencyKey, body: &str) -> Answer {
         let response = self
             .http
@@ -236,6 +298,34 @@ fn read_answer(status: StatusCode, headers: &HeaderMap, body: &[u8], now: System
         .and_then(|v| v.to_str().ok())
         .and_then(|v| retry_after(v, now));
     classify(status, &text, after)
+}
+
+/// Reads a lookup answer. Only a 200 whose body is a JSON array of payments is an
+/// answer; the entries for other references (a bank that ignores the filter) are dropped.
+fn read_lookup(status: StatusCode, body: &[u8], reference: &IdempotencyKey) -> Lookup {
+    if status != StatusCode::OK {
+        return Lookup::Unknown {
+            reason: format!(
+                "lookup answered {status}: {}",
+                snippet(&String::from_utf8_lossy(body))
+            ),
+        };
+    }
+    match serde_json::from_slice::<Vec<BankPayment>>(body) {
+        Ok(payments) => Lookup::Holds(
+            payments
+                .into_iter()
+                .filter(|p| {
+                    p.reference
+                        .as_deref()
+                        .is_none_or(|r| r == reference.as_str())
+                })
+                .collect(),
+        ),
+        Err(e) => Lookup::Unknown {
+            reason: format!("lookup answer is not a list of payments: {e}"),
+        },
+    }
 }
 
 /// The longest Retry-After honoured; anything longer is beyond every retry budget
@@ -388,6 +478,29 @@ mod tests {
         assert_eq!(w.last_send, created + day - KEY_WINDOW_MARGIN);
         let short = SendWindow::new(Duration::from_secs(60), created, Duration::from_secs(10));
         assert_eq!(short.last_send, created + Duration::from_secs(9));
+    }
+
+    #[test]
+    fn only_a_200_with_a_list_is_a_lookup_answer() {
+        let key = IdempotencyKey::from_stored("claim-payment-1".into());
+        let ok = |body: &str| read_lookup(StatusCode::OK, body.as_bytes(), &key);
+        assert_eq!(ok("[]"), Lookup::Holds(vec![]));
+        let one = r#"[{"paymentId":"p1","status":"paid","amount":"10.00","currency":"EUR","reference":"claim-payment-1"},
+                     {"paymentId":"p2","status":"paid","amount":"10.00","currency":"EUR","reference":"other"}]"#;
+        match ok(one) {
+            Lookup::Holds(p) => assert_eq!(p.len(), 1, "{p:?}"),
+            other => panic!("{other:?}"),
+        }
+        for unknown in [
+            read_lookup(StatusCode::SERVICE_UNAVAILABLE, b"[]", &key),
+            read_lookup(StatusCode::TOO_MANY_REQUESTS, b"[]", &key),
+            read_lookup(StatusCode::NOT_FOUND, b"[]", &key),
+            ok("{}"),
+            ok("not json"),
+            ok(r#"[{"paymentId":"p1"}]"#),
+        ] {
+            assert!(matches!(unknown, Lookup::Unknown { .. }), "{unknown:?}");
+        }
     }
 
     proptest! {

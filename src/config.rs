@@ -110,6 +110,10 @@ pub struct Settings {
     /// The queue's maxDeliveryCount (`MAX_DELIVERY_COUNT`, set by the Bicep from the
     /// queue's own value).
     pub max_delivery_count: u32,
+    /// `reconcile` settles an `in_progress` payment only once its lease ran out longer
+    /// ago than this (`RECONCILE_MIN_AGE_MS`, default three leases), so no request of a
+    /// dead attempt can still be on its way to the bank.
+    pub reconcile_min_age: Duration,
     pub log_format: LogFormat,
     pub dev: DevSettings,
 }
@@ -360,6 +364,11 @@ impl Settings {
             ));
         }
 
+        let reconcile_min_age = match get("RECONCILE_MIN_AGE_MS") {
+            None => lease * 3,
+            Some(v) => millis("RECONCILE_MIN_AGE_MS", &v, 0, 30 * 86_400_000)?,
+        };
+
         let log_format = match get("LOG_FORMAT").as_deref().map(str::trim) {
             None | Some("json") => LogFormat::Json,
             Some("text") => LogFormat::Text,
@@ -421,6 +430,7 @@ impl Settings {
             lease,
             inflight_wait,
             max_delivery_count: max_delivery_count as u32,
+            reconcile_min_age,
             log_format,
             dev,
         })

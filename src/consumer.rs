@@ -258,6 +258,11 @@ impl Consumer {
         &self.policy
     }
 
+    /// The bank client, when payouts are on (reconcile asks the same bank).
+    pub fn bank(&self) -> Option<&BankClient> {
+        self.bank.as_ref()
+    }
+
     pub fn pays_out(&self) -> bool {
         self.bank.is_some()
     }

@@ -7,7 +7,8 @@
 //! - [`message`]: the `ClaimApproved` contract and its domain types;
 //! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
 //! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB);
-//! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget);
+//! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget, lookups);
+//! - [`reconcile`]: settles unknown and orphaned payouts by asking the bank;
 //! - [`config`] and [`telemetry`]: settings from the environment, logs and counters;
 //! - [`cli`]: the operator commands (`ledger`, `inbox`, `purge`).
 
@@ -19,6 +20,7 @@ pub mod config;
 pub mod consumer;
 pub mod host;
 pub mod message;
+pub mod reconcile;
 pub mod server;
 #[cfg(feature = "dev-tools")]
 pub mod sim;

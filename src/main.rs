@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use claims_payments::config::Settings;
+use claims_payments::reconcile::{self, Reconciler};
 use claims_payments::store::sqlite::Access;
 use claims_payments::{cli, server, telemetry};
 
@@ -29,6 +30,20 @@ struct ListArgs {
     limit: usize,
 }
 
+#[derive(clap::Args)]
+struct ReconcileArgs {
+    /// One JSON object: the lines and the summary.
+    #[arg(long)]
+    json: bool,
+    /// Ask the bank and report what would be done; write nothing, pay nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Only in_progress payments whose lease ran out longer ago than this (30s, 15m, 2h).
+    /// Default: RECONCILE_MIN_AGE_MS (three leases).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    older_than: Option<std::time::Duration>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the Azure Functions custom handler (the host starts this).
@@ -41,6 +56,8 @@ enum Command {
     Purge,
     /// Create (or verify) the Cosmos DB database and container, with COSMOS_KEY (emulator, dev accounts).
     Provision,
+    /// Settle payments in needs_reconciliation and orphaned in_progress payouts by asking the bank (exit 1 if any is left unknown).
+    Reconcile(ReconcileArgs),
     /// Simulate at-least-once delivery with faults against `serve` and verify that every claim is paid exactly once (exit 1 if not).
     #[cfg(feature = "dev-tools")]
     Simulate(Box<claims_payments::sim::SimulateArgs>),
@@ -103,31 +120,55 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     let result = runtime.block_on(async move {
+        let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
         // Not locked for `serve`: the log writer needs stdout from every thread.
         let stdout = || std::io::stdout().lock();
         match cli.command {
             Command::Serve => {
                 telemetry::init(settings.log_format);
-                server::serve(settings).await
+                done(server::serve(settings).await)
             }
             Command::Ledger(args) => {
                 let store = server::open_store(&settings, Access::ReadOnly).await?;
-                cli::ledger(&store, args.json, args.limit, &mut stdout()).await
+                done(cli::ledger(&store, args.json, args.limit, &mut stdout()).await)
             }
             Command::Inbox(args) => {
                 let store = server::open_store(&settings, Access::ReadOnly).await?;
-                cli::inbox(&store, args.json, args.limit, &mut stdout()).await
+                done(cli::inbox(&store, args.json, args.limit, &mut stdout()).await)
             }
             Command::Provision => {
                 let cosmos = claims_payments::store::cosmos::CosmosSettings::from_env()
                     .map_err(|e| anyhow::anyhow!("invalid setting {e}"))?;
                 let report = claims_payments::store::cosmos::provision(&cosmos).await?;
                 println!("{report}");
-                Ok(())
+                Ok(ExitCode::SUCCESS)
             }
             Command::Purge => {
                 let store = server::open_store(&settings, Access::Existing).await?;
-                cli::purge(&store, &mut stdout()).await
+                done(cli::purge(&store, &mut stdout()).await)
+            }
+            Command::Reconcile(args) => {
+                let store = server::open_store(&settings, Access::Existing).await?;
+                let consumer = server::consumer_for(&settings, store)?;
+                let reconciler = Reconciler::new(consumer).ok_or_else(|| {
+                    anyhow::anyhow!("BANK_API_URL is not set: there is no bank to reconcile with")
+                })?;
+                let options = reconcile::Options {
+                    min_age: args.older_than.unwrap_or(settings.reconcile_min_age),
+                    dry_run: args.dry_run,
+                    budget: None,
+                };
+                let summary = reconciler.run(options).await?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&summary)?);
+                } else {
+                    print!("{}", reconcile::render_text(&summary));
+                }
+                Ok(if summary.all_settled() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                })
             }
             #[cfg(feature = "dev-tools")]
             Command::Simulate(_) | Command::Bench(_) => {
@@ -136,7 +177,7 @@ fn main() -> ExitCode {
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             // Non-zero: the Functions host restarts a handler that exits non-zero, never one that exits 0.
             eprintln!("claims-payments: {e:#}");

@@ -484,12 +484,16 @@ impl ClaimApproved {
 
     /// The exact bytes of the bank payout request. Built once, stored with the payment,
     /// and re-sent unchanged on every retry.
+    /// The bank request, stored with the payment and re-sent byte for byte. It carries
+    /// the Idempotency-Key as `reference`, so the bank can be asked what it holds under
+    /// that reference even after it forgot the key (see `reconcile`).
     pub fn payout_request_body(&self) -> String {
         serde_json::json!({
             "claimId": self.claim_id.to_string(),
             "amount": self.money.amount_string(),
             "currency": self.money.currency().code(),
             "payee": self.payee.as_ref().map(PayeeRef::as_str),
+            "reference": self.idempotency_key().as_str(),
         })
         .to_string()
     }

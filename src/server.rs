@@ -23,6 +23,7 @@ use crate::config::{HandlerKind, Settings, StoreKind};
 use crate::consumer::{Consumer, Delivery, Outcome, Policy};
 use crate::host::{Invocation, InvocationResult, OutcomeSummary};
 use crate::message::ClaimApproved;
+use crate::reconcile::{self, Reconciler, RunLease};
 use crate::store::sqlite::{Access, SqliteStore};
 use crate::store::DynStore;
 use crate::telemetry;
@@ -45,23 +46,41 @@ pub struct AppState {
     consumer: Consumer,
     handler: HandlerKind,
     crash_after_commit: f64,
+    reconcile_min_age: Duration,
 }
 
 impl AppState {
     pub fn new(consumer: Consumer, handler: HandlerKind, crash_after_commit: f64) -> Arc<Self> {
+        let reconcile_min_age = consumer.policy().lease * 3;
         Arc::new(AppState {
             consumer,
             handler,
             crash_after_commit,
+            reconcile_min_age,
         })
     }
+
+    /// The minimum age of an orphaned payout before the timer settles it.
+    pub fn with_reconcile_min_age(mut self: Arc<Self>, min_age: Duration) -> Arc<Self> {
+        if let Some(state) = Arc::get_mut(&mut self) {
+            state.reconcile_min_age = min_age;
+        }
+        self
+    }
 }
+
+/// The timer function's folder in function-app/ (`POST /Reconcile`).
+pub const RECONCILE_FUNCTION: &str = "Reconcile";
+/// A timer run stops taking up new payments after this, well inside functionTimeout
+/// (3 min); the rest wait for the next run.
+pub const RECONCILE_RUN_BUDGET: Duration = Duration::from_secs(90);
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", get(ready))
         .route("/metrics", get(metrics))
         .route(&format!("/{FUNCTION_NAME}"), post(invoke))
+        .route(&format!("/{RECONCILE_FUNCTION}"), post(reconcile_timer))
         .fallback(not_found)
         .with_state(state)
 }
@@ -96,6 +115,87 @@ fn status_for(outcome: &Outcome) -> StatusCode {
         StatusCode::UNPROCESSABLE_ENTITY
     } else {
         StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// The `Reconcile` timer invocation: settles unknown and orphaned payouts (see
+/// [`crate::reconcile`]), one run at a time across instances, and answers the host with
+/// the summary. The timer info under `Data.timer` is only logged: a past-due run does
+/// the same work as a punctual one.
+async fn reconcile_timer(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let past_due = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.pointer("/Data/timer/IsPastDue").and_then(|d| d.as_bool()))
+        .unwrap_or(false);
+    let summary_answer = |status: StatusCode, outcome: &str, detail: String| {
+        answer(
+            status,
+            OutcomeSummary {
+                outcome: outcome.into(),
+                claim_id: None,
+                message_id: None,
+                delivery_count: None,
+                detail: Some(detail),
+            },
+        )
+    };
+    let Some(reconciler) = Reconciler::new(state.consumer.clone()) else {
+        return summary_answer(
+            StatusCode::OK,
+            "reconcile-skipped",
+            "ledger-only mode: no bank to reconcile with".into(),
+        );
+    };
+    let lease = match RunLease::take(&state.consumer, RECONCILE_RUN_BUDGET * 2).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => {
+            tracing::info!(
+                trigger = "timer",
+                pastDue = past_due,
+                "another instance is reconciling; this run is skipped"
+            );
+            return summary_answer(
+                StatusCode::OK,
+                "reconcile-skipped",
+                "another instance holds the reconcile run lease".into(),
+            );
+        }
+        Err(e) => {
+            tracing::error!(trigger = "timer", error = %e, "reconcile could not take its run lease");
+            return summary_answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "reconcile-failed",
+                e.to_string(),
+            );
+        }
+    };
+    let options = reconcile::Options {
+        min_age: state.reconcile_min_age,
+        dry_run: false,
+        budget: Some(RECONCILE_RUN_BUDGET),
+    };
+    let result = reconciler.run(options).await;
+    lease.release(&state.consumer).await;
+    match result {
+        Ok(summary) => {
+            reconcile::log_summary(&summary, "timer");
+            summary_answer(
+                StatusCode::OK,
+                "reconciled",
+                format!(
+                    "examined {}, paid by lookup {}, paid now {}, rejected {}, still unknown {}, mismatches {}",
+                    summary.examined, summary.paid_by_lookup, summary.paid_now, summary.rejected, summary.still_unknown, summary.mismatches
+                ),
+            )
+        }
+        Err(e) => {
+            tracing::error!(trigger = "timer", error = %e, "reconcile failed");
+            summary_answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "reconcile-failed",
+                e.to_string(),
+            )
+        }
     }
 }
 
@@ -307,7 +407,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         consumer,
         settings.dev.handler,
         settings.dev.crash_after_commit,
-    );
+    )
+    .with_reconcile_min_age(settings.reconcile_min_age);
 
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, settings.port));
     let listener = TcpListener::bind(addr).await.map_err(|e| {

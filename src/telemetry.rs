@@ -92,6 +92,11 @@ pub struct Counters {
     pub bank_retries: Counter,
     /// Bank answers that are the service's own fault (credential, URL, method, format).
     pub bank_service_faults: Counter,
+    pub bank_lookups: Counter,
+    /// Reconcile runs, and the payments they settled or left unknown.
+    pub reconcile_runs: Counter,
+    pub reconcile_settled: Counter,
+    pub reconcile_unknown: Counter,
     pub store_transient_errors: Counter,
     pub store_round_trips: Counter,
     /// SQLite group commits, and the write jobs they carried: jobs / commits is the
@@ -122,6 +127,10 @@ pub struct CountersSnapshot {
     pub bank_calls: u64,
     pub bank_retries: u64,
     pub bank_service_faults: u64,
+    pub bank_lookups: u64,
+    pub reconcile_runs: u64,
+    pub reconcile_settled: u64,
+    pub reconcile_unknown: u64,
     pub store_transient_errors: u64,
     pub store_round_trips: u64,
     pub sqlite_commits: u64,
@@ -150,6 +159,10 @@ impl Counters {
             bank_calls: self.bank_calls.get(),
             bank_retries: self.bank_retries.get(),
             bank_service_faults: self.bank_service_faults.get(),
+            bank_lookups: self.bank_lookups.get(),
+            reconcile_runs: self.reconcile_runs.get(),
+            reconcile_settled: self.reconcile_settled.get(),
+            reconcile_unknown: self.reconcile_unknown.get(),
             store_transient_errors: self.store_transient_errors.get(),
             store_round_trips: self.store_round_trips.get(),
             sqlite_commits: self.sqlite_commits.get(),

@@ -384,7 +384,7 @@ async fn payouts_go_to_the_bank_once_with_the_idempotency_key() {
     let sent: Value = serde_json::from_str(sent).unwrap();
     assert_eq!(
         sent,
-        json!({"claimId": claim, "amount": "300.00", "currency": "EUR", "payee": "NL91ABNA0417164300"})
+        json!({"claimId": claim, "amount": "300.00", "currency": "EUR", "payee": "NL91ABNA0417164300", "reference": format!("claim-payment-{claim}")})
     );
     handler.kill();
     let rows = ledger(&db);

@@ -93,6 +93,12 @@ param leaseMs int
 @description('Wait for a live attempt of the same message in ms.')
 param inflightWaitMs int
 
+@description('NCRONTAB schedule of the Reconcile timer function (RECONCILE_SCHEDULE): every 10 minutes by default.')
+param reconcileSchedule string = '0 */10 * * * *'
+
+@description('RECONCILE_MIN_AGE_MS: an in_progress payout is settled by the timer only once its lease ran out this long ago (three leases).')
+param reconcileMinAgeMs int = 360000
+
 @description('The queue\'s maxDeliveryCount, passed to the handler (MAX_DELIVERY_COUNT) for its start-up check.')
 @minValue(2)
 @maxValue(2000)
@@ -251,6 +257,14 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'MAX_DELIVERY_COUNT'
           value: string(maxDeliveryCount)
+        }
+        {
+          name: 'RECONCILE_SCHEDULE'
+          value: reconcileSchedule
+        }
+        {
+          name: 'RECONCILE_MIN_AGE_MS'
+          value: string(reconcileMinAgeMs)
         }
         {
           name: 'LOG_FORMAT'

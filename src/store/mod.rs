@@ -267,6 +267,10 @@ pub trait Store: Send + Sync + 'static {
     /// Payments, oldest first, at most `limit`.
     async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>>;
 
+    /// Payments whose outcome is not final yet (`in_progress`, `needs_reconciliation`),
+    /// oldest first, at most `limit`: what `reconcile` examines.
+    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>>;
+
     /// Inbox records, oldest first, at most `limit`.
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>>;
 
@@ -333,6 +337,9 @@ impl Store for SlowStore {
     }
     async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
         self.inner.list_payments(limit).await
+    }
+    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
+        self.inner.unsettled_payments(limit).await
     }
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
         self.inner.list_inbox(limit).await

@@ -1132,6 +1132,25 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
+        self.read(move |c| {
+            list(
+                c,
+                &format!(
+                    "SELECT {PAYMENT_COLUMNS} FROM payments \
+                     WHERE status IN ('in_progress', 'needs_reconciliation') \
+                     ORDER BY created_at_ms, claim_id LIMIT ?1"
+                ),
+                limit,
+                PaymentRow::from_row,
+            )?
+            .into_iter()
+            .map(PaymentRow::into_record)
+            .collect()
+        })
+        .await
+    }
+
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
         self.read(move |c| {
             list(

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::extract::Query;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -104,6 +105,11 @@ struct BankState {
     script: VecDeque<BankFault>,
     /// Applied to every request once the script is empty.
     always: Option<BankFault>,
+    /// Payments the lookup lists beyond the effective payouts: (reference, entry).
+    held: Vec<(String, serde_json::Value)>,
+    /// Lookups to answer 503, then normally.
+    failing_lookups: usize,
+    lookups: usize,
 }
 
 /// A bank that honours Idempotency-Key like a payment provider: a replayed key with
@@ -118,7 +124,7 @@ impl FakeBank {
     pub async fn start() -> FakeBank {
         let state = Arc::new(Mutex::new(BankState::default()));
         let app = Router::new()
-            .route("/payments", post(pay))
+            .route("/payments", post(pay).get(lookup))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -153,6 +159,23 @@ impl FakeBank {
 
     pub fn authorizations(&self) -> Vec<Option<String>> {
         self.state.lock().unwrap().authorizations.clone()
+    }
+
+    /// Makes the lookup list a payment under `reference`, as if the bank held it.
+    pub fn hold(&self, reference: &str, id: &str, status: &str, amount: &str, currency: &str) {
+        self.state.lock().unwrap().held.push((
+            reference.to_owned(),
+            serde_json::json!({"paymentId": id, "status": status, "amount": amount, "currency": currency, "reference": reference}),
+        ));
+    }
+
+    /// The next `n` lookups answer 503.
+    pub fn fail_lookups(&self, n: usize) {
+        self.state.lock().unwrap().failing_lookups = n;
+    }
+
+    pub fn lookups(&self) -> usize {
+        self.state.lock().unwrap().lookups
     }
 
     pub fn payout_for(&self, key: &str) -> Option<(String, String)> {
@@ -234,6 +257,42 @@ async fn pay(
             .into_response(),
         Err(()) => (StatusCode::UNPROCESSABLE_ENTITY, "same key, different body").into_response(),
     }
+}
+
+#[derive(serde::Deserialize)]
+struct LookupQuery {
+    reference: String,
+}
+
+/// `GET /payments?reference=`: the effective payouts whose body carries the reference,
+/// and whatever `hold` added.
+async fn lookup(
+    State(state): State<Arc<Mutex<BankState>>>,
+    Query(q): Query<LookupQuery>,
+) -> Response {
+    let mut s = state.lock().unwrap();
+    s.lookups += 1;
+    if s.failing_lookups > 0 {
+        s.failing_lookups -= 1;
+        return (StatusCode::SERVICE_UNAVAILABLE, "lookup down").into_response();
+    }
+    let mut found: Vec<serde_json::Value> = s
+        .payouts
+        .values()
+        .filter_map(|(body, id)| {
+            let body: serde_json::Value = serde_json::from_str(body).ok()?;
+            (body["reference"] == q.reference.as_str()).then(|| {
+                serde_json::json!({"paymentId": id, "status": "paid", "amount": body["amount"], "currency": body["currency"], "reference": q.reference})
+            })
+        })
+        .collect();
+    found.extend(
+        s.held
+            .iter()
+            .filter(|(r, _)| *r == q.reference)
+            .map(|(_, v)| v.clone()),
+    );
+    Json(found).into_response()
 }
 
 /// Delivers `msg` under `message_id` (delivery `count`) and returns the outcome's label.

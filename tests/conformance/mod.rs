@@ -58,6 +58,14 @@ macro_rules! store_conformance {
             a_later_delivery_takes_over_a_dead_attempt_at_once,
             a_bank_fault_of_our_own_never_rejects_the_payment,
             no_payout_request_leaves_after_the_key_window,
+            reconcile_marks_paid_what_the_bank_holds,
+            reconcile_pays_now_only_when_the_bank_holds_none,
+            reconcile_never_pays_a_mismatch,
+            reconcile_records_a_refusal_as_rejected,
+            reconcile_leaves_a_payment_unknown_when_the_lookup_fails,
+            reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone,
+            reconcile_racing_a_live_redelivery_pays_once,
+            two_reconcile_runs_racing_settle_once,
         );
     };
     (@tests $make:path; $($name:ident),* $(,)?) => {
@@ -862,4 +870,279 @@ pub async fn no_payout_request_leaves_after_the_key_window(store: DynStore) {
         "duplicate"
     );
     assert_eq!(bank.arrivals().len(), arrivals.len());
+}
+
+// ---- reconcile -------------------------------------------------------------------
+
+fn reconcile_options(min_age: Duration) -> claims_payments::reconcile::Options {
+    claims_payments::reconcile::Options {
+        min_age,
+        dry_run: false,
+        budget: None,
+    }
+}
+
+/// A payment left in `needs_reconciliation` by a real delivery: the bank stayed down
+/// until the (short) key window closed. Returns the consumer, the message and its key.
+async fn needs_reconciliation(
+    store: &DynStore,
+    bank: &FakeBank,
+) -> (
+    claims_payments::consumer::Consumer,
+    claims_payments::message::ClaimApproved,
+    String,
+) {
+    bank.always(Some(BankFault::Unavailable));
+    let policy = claims_payments::consumer::Policy {
+        retry_budget: Duration::from_secs(5),
+        lease: Duration::from_secs(10),
+        bank_key_window: Duration::from_millis(600),
+        ..common::policy()
+    };
+    let consumer =
+        common::bank_consumer_with(store.clone(), bank, policy, Duration::from_millis(200));
+    let msg = common::message(&common::new_claim(), "75.00");
+    assert_eq!(
+        common::deliver(&consumer, &msg, "evt-1", 1).await,
+        "needs-reconciliation"
+    );
+    bank.always(None);
+    let key = msg.idempotency_key().as_str().to_owned();
+    (consumer, msg, key)
+}
+
+async fn payment_of(store: &DynStore, claim: ClaimId) -> PaymentRecord {
+    store
+        .payment(claim, Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap()
+        .record
+}
+
+fn reconciler(
+    consumer: &claims_payments::consumer::Consumer,
+) -> claims_payments::reconcile::Reconciler {
+    claims_payments::reconcile::Reconciler::new(consumer.clone()).expect("a bank is configured")
+}
+
+pub async fn reconcile_marks_paid_what_the_bank_holds(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    bank.hold(&key, "bank-77", "paid", "75.00", "EUR");
+    let sent_before = bank.requests().len();
+    let summary = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (summary.examined, summary.paid_by_lookup),
+        (1, 1),
+        "{summary:?}"
+    );
+    assert_eq!(summary.needs_reconciliation_before, 1);
+    assert!(summary.all_settled());
+    let p = payment_of(&store, msg.claim_id).await;
+    assert_eq!(p.status, PaymentStatus::Paid);
+    assert_eq!(p.bank_payment_id.as_deref(), Some("bank-77"));
+    assert!(p.status_reason.unwrap().contains("paid by lookup"));
+    assert_eq!(bank.requests().len(), sent_before, "nothing was paid again");
+    // A redelivery now meets a completed message.
+    assert_eq!(
+        common::deliver(&consumer, &msg, "evt-1", 2).await,
+        "duplicate"
+    );
+}
+
+pub async fn reconcile_pays_now_only_when_the_bank_holds_none(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    assert_eq!(bank.effective_payouts(), 0);
+    let summary = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(summary.paid_now, 1, "{summary:?}");
+    assert_eq!(bank.effective_payouts(), 1);
+    let (body, _) = bank.payout_for(&key).expect("paid under the same key");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["reference"], key.as_str());
+    assert_eq!(
+        payment_of(&store, msg.claim_id).await.status,
+        PaymentStatus::Paid
+    );
+    // A second run finds nothing to do, and never pays again.
+    let again = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(again.examined, 0, "{again:?}");
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+pub async fn reconcile_never_pays_a_mismatch(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    bank.hold(&key, "bank-9", "paid", "57.00", "EUR");
+    let summary = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(summary.mismatches, 1, "{summary:?}");
+    assert!(!summary.all_settled());
+    let p = payment_of(&store, msg.claim_id).await;
+    assert_eq!(p.status, PaymentStatus::NeedsReconciliation);
+    let reason = p.status_reason.unwrap();
+    assert!(
+        reason.contains("bank-9") && reason.contains("57.00"),
+        "{reason}"
+    );
+    assert_eq!(bank.effective_payouts(), 0, "a mismatch is never paid");
+}
+
+pub async fn reconcile_records_a_refusal_as_rejected(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    bank.hold(&key, "bank-r", "rejected", "75.00", "EUR");
+    let summary = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(summary.rejected, 1, "{summary:?}");
+    assert_eq!(
+        payment_of(&store, msg.claim_id).await.status,
+        PaymentStatus::Rejected
+    );
+    assert_eq!(bank.effective_payouts(), 0);
+}
+
+pub async fn reconcile_leaves_a_payment_unknown_when_the_lookup_fails(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, _key) = needs_reconciliation(&store, &bank).await;
+    bank.fail_lookups(1);
+    let summary = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(summary.still_unknown, 1, "{summary:?}");
+    assert!(!summary.all_settled());
+    assert_eq!(
+        bank.effective_payouts(),
+        0,
+        "an unknown answer is never 'not paid'"
+    );
+    assert_eq!(
+        payment_of(&store, msg.claim_id).await.status,
+        PaymentStatus::NeedsReconciliation
+    );
+    // The lease was given back: the next run settles it.
+    let next = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(next.paid_now, 1, "{next:?}");
+}
+
+pub async fn reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone(store: DynStore) {
+    // Its handler died mid-payout and the message was dead-lettered, never re-driven.
+    let bank = FakeBank::start().await;
+    let policy = claims_payments::consumer::Policy {
+        lease: Duration::from_millis(200),
+        ..common::policy()
+    };
+    let consumer =
+        common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_millis(500));
+    let msg = common::message(&common::new_claim(), "31.00");
+    let dying = consumer
+        .clone()
+        .with_crash_hook(common::crash_once_at(Step::AfterBankCall));
+    assert_eq!(
+        common::deliver(&dying, &msg, "evt-1", 10).await,
+        "retry-later"
+    );
+    assert_eq!(
+        bank.effective_payouts(),
+        1,
+        "the bank paid before the crash"
+    );
+
+    // Not old enough yet: left alone.
+    let early = reconciler(&consumer)
+        .run(reconcile_options(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (early.examined, early.orphaned_in_progress_before),
+        (0, 0),
+        "{early:?}"
+    );
+
+    let lease_gone = OffsetDateTime::now_utc() + Duration::from_millis(250);
+    while OffsetDateTime::now_utc() < lease_gone {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let summary = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(summary.orphaned_in_progress_before, 1, "{summary:?}");
+    assert_eq!(summary.paid_by_lookup, 1, "the bank held it: {summary:?}");
+    assert_eq!(bank.effective_payouts(), 1);
+    let p = payment_of(&store, msg.claim_id).await;
+    assert_eq!(p.status, PaymentStatus::Paid);
+}
+
+pub async fn reconcile_racing_a_live_redelivery_pays_once(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, _key) = needs_reconciliation(&store, &bank).await;
+    // Both go to the bank at about the same time, under the same key.
+    bank.script([BankFault::Slow(Duration::from_millis(300))]);
+    let run = {
+        let consumer = consumer.clone();
+        tokio::spawn(async move {
+            reconciler(&consumer)
+                .run(reconcile_options(Duration::ZERO))
+                .await
+        })
+    };
+    let redelivery = common::deliver(&consumer, &msg, "evt-1", 2).await;
+    let summary = run.await.unwrap().unwrap();
+    assert!(
+        ["duplicate", "needs-reconciliation", "retry-later"].contains(&redelivery),
+        "{redelivery}"
+    );
+    assert!(bank.effective_payouts() <= 1);
+    // Whoever lost, one more run leaves it paid, once.
+    reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(bank.effective_payouts(), 1, "{summary:?}");
+    assert_eq!(
+        payment_of(&store, msg.claim_id).await.status,
+        PaymentStatus::Paid
+    );
+}
+
+pub async fn two_reconcile_runs_racing_settle_once(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, _key) = needs_reconciliation(&store, &bank).await;
+    bank.script([BankFault::Slow(Duration::from_millis(200))]);
+    let (first, second) = (reconciler(&consumer), reconciler(&consumer));
+    let (a, b) = tokio::join!(
+        first.run(reconcile_options(Duration::ZERO)),
+        second.run(reconcile_options(Duration::ZERO)),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.paid_now + b.paid_now, 1, "{a:?} {b:?}");
+    assert_eq!(
+        a.skipped + b.skipped,
+        1,
+        "the loser left it alone: {a:?} {b:?}"
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+    assert_eq!(
+        payment_of(&store, msg.claim_id).await.status,
+        PaymentStatus::Paid
+    );
 }

@@ -561,12 +561,53 @@ impl Store for CosmosStore {
     }
 
     async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
-        let docs: Vec<PaymentDoc> = self.list("list_payments", PAYMENT_DOC_TYPE, limit).await?;
+        let docs: Vec<PaymentDoc> = self
+            .list("list_payments", PAYMENT_DOC_TYPE, "", limit)
+            .await?;
         docs.into_iter().map(|d| d.into_record(None)).collect()
     }
 
+    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
+        let docs: Vec<(PaymentDoc, Option<String>)> = self
+            .list(
+                "unsettled_payments",
+                PAYMENT_DOC_TYPE,
+                "AND (c.status = 'in_progress' OR c.status = 'needs_reconciliation')",
+                limit,
+            )
+            .await?
+            .into_iter()
+            .map(|value: serde_json::Value| {
+                let etag = value
+                    .get("_etag")
+                    .and_then(|e| e.as_str())
+                    .map(str::to_owned);
+                serde_json::from_value::<PaymentDoc>(value)
+                    .map(|doc| (doc, etag))
+                    .map_err(|e| {
+                        StoreError::Permanent(format!(
+                            "cosmos unsettled_payments: corrupt payment document: {e}"
+                        ))
+                    })
+            })
+            .collect::<StoreResult<_>>()?;
+        docs.into_iter()
+            .map(|(doc, etag)| {
+                let etag = etag.ok_or_else(|| {
+                    StoreError::Permanent(
+                        "cosmos unsettled_payments: a document without _etag".into(),
+                    )
+                })?;
+                Ok(Versioned {
+                    record: doc.into_record(None)?,
+                    version: Version(etag),
+                })
+            })
+            .collect()
+    }
+
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
-        let docs: Vec<InboxDoc> = self.list("list_inbox", INBOX_DOC_TYPE, limit).await?;
+        let docs: Vec<InboxDoc> = self.list("list_inbox", INBOX_DOC_TYPE, "", limit).await?;
         docs.into_iter().map(|d| d.into_record(None)).collect()
     }
 
@@ -585,13 +626,14 @@ impl CosmosStore {
         &self,
         op: &'static str,
         doc_type: &'static str,
+        filter: &'static str,
         limit: usize,
     ) -> StoreResult<Vec<T>> {
         if limit == 0 {
             return Ok(Vec::new());
         }
         let query = Query::from(format!(
-            "SELECT TOP {limit} * FROM c WHERE c.docType = @docType ORDER BY c.createdAt ASC"
+            "SELECT TOP {limit} * FROM c WHERE c.docType = @docType {filter} ORDER BY c.createdAt ASC"
         ))
         .with_parameter("@docType", doc_type)
         .map_err(|e| StoreError::Permanent(format!("cosmos {op}: cannot build query: {e}")))?;
