@@ -821,7 +821,7 @@ for key in keys:
         errors.append(f"{key}: no runbook entry (#### `{key}`: ...) in docs/deploy.md")
 # The handler's side of the log contract (lines the queries look for), read from the Rust sources.
 src = "\n".join(f.read_text() for f in Path("src").rglob("*.rs"))
-for line in ("invocation finished", "claims-payments custom handler listening", "bank-service-fault", "bankStatus"):
+for line in ("invocation finished", "claims-payments custom handler listening", "bank-service-fault", "bankStatus", "reconcile finished", "orphanedInProgress", "stillUnknown", "mismatches"):
     if line not in src:
         errors.append(f"the alerts look for {line!r}, which no file under src/ writes")
 if errors:

@@ -271,9 +271,17 @@ impl Settings {
             None => Duration::from_millis(5_000),
             Some(v) => millis("BANK_TIMEOUT_MS", &v, 1, 120_000)?,
         };
-        let key_window = match get("BANK_KEY_WINDOW_HOURS") {
-            None => Duration::from_secs(24 * 3600),
-            Some(v) => {
+        let key_window = match (get("BANK_KEY_WINDOW_HOURS"), get("BANK_KEY_WINDOW_MS")) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "BANK_KEY_WINDOW_MS",
+                    "set either BANK_KEY_WINDOW_HOURS or BANK_KEY_WINDOW_MS, not both",
+                ))
+            }
+            (None, None) => Duration::from_secs(24 * 3600),
+            // For sandboxes and simulations, whose banks forget keys within minutes.
+            (None, Some(v)) => millis("BANK_KEY_WINDOW_MS", &v, 1_000, 30 * 86_400_000)?,
+            (Some(v), None) => {
                 let hours = parse_u64("BANK_KEY_WINDOW_HOURS", &v)?;
                 if hours == 0 {
                     return Err(ConfigError::new(

@@ -26,7 +26,7 @@
 use std::time::Duration;
 
 use rust_decimal::Decimal;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::bank::{BankClient, Lookup, PayoutOutcome, SendWindow};
@@ -42,7 +42,7 @@ use crate::telemetry;
 pub const MAX_PER_RUN: usize = 500;
 
 /// How one payment ended in this run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Settlement {
     /// The bank holds a matching payment: recorded as paid.
@@ -63,19 +63,19 @@ pub enum Settlement {
 }
 
 /// One line of the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Line {
     pub claim_id: String,
     pub message_id: String,
-    pub before: &'static str,
+    pub before: String,
     pub result: Settlement,
-    pub after: &'static str,
+    pub after: String,
     pub detail: String,
 }
 
 /// What a run did.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
     pub examined: usize,
@@ -183,9 +183,9 @@ impl Reconciler {
             tracing::info!(
                 claimId = %line.claim_id,
                 messageId = %line.message_id,
-                before = line.before,
+                before = %line.before,
                 result = ?line.result,
-                after = line.after,
+                after = %line.after,
                 detail = %line.detail,
                 "reconciled a payment"
             );
@@ -218,9 +218,9 @@ impl Reconciler {
         let line = |result: Settlement, after: PaymentStatus, detail: String| Line {
             claim_id: p.claim_id.to_string(),
             message_id: p.message_id.to_string(),
-            before: p.status.as_str(),
+            before: p.status.as_str().to_owned(),
             result,
-            after: after.as_str(),
+            after: after.as_str().to_owned(),
             detail,
         };
         if options.dry_run {

@@ -745,3 +745,90 @@ async fn a_second_serve_on_one_database_is_refused_and_the_first_keeps_serving()
     }
     first.kill();
 }
+
+fn reconcile_cli(db: &Path, bank_url: &str, args: &[&str]) -> (Option<i32>, Value) {
+    let out = Command::new(EXE)
+        .arg("reconcile")
+        .args(["--json", "--older-than", "0s"])
+        .args(args)
+        .env("PAYMENTS_SQLITE_PATH", db)
+        .env("BANK_API_URL", bank_url)
+        .env("BANK_KEY_WINDOW_MS", "1000")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .env_remove("PAYMENTS_STORE")
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    (out.status.code(), report)
+}
+
+/// The operator's command and the timer function, on the real binary: a payout left
+/// unknown when the bank's key window closed is settled by asking the bank, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_from_the_cli_and_the_timer_settles_an_unknown_payout() {
+    let bank = FakeBank::start().await;
+    bank.always(Some(common::BankFault::Unavailable));
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let env = [
+        ("BANK_API_URL", url.as_str()),
+        ("BANK_KEY_WINDOW_MS", "1000"),
+        ("BANK_TIMEOUT_MS", "200"),
+        ("RETRY_BUDGET_MS", "5000"),
+    ];
+    let handler = Handler::start(&db, &env);
+    let client = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "88.00");
+    let (_, answer) = invoke(&client, &handler, &host_envelope(&body, "evt-rec", 1))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&answer), "needs-reconciliation");
+    bank.always(None);
+
+    // A dry run asks the bank and changes nothing.
+    let (_, dry) = reconcile_cli(&db, &url, &["--dry-run"]);
+    assert_eq!(dry["lines"][0]["result"], "would-settle", "{dry}");
+    assert_eq!(ledger(&db)[0]["status"], "needs_reconciliation");
+    assert_eq!(bank.effective_payouts(), 0);
+
+    // The lookup fails: still unknown, exit 1, nothing paid.
+    bank.fail_lookups(1);
+    let (code, report) = reconcile_cli(&db, &url, &[]);
+    assert_eq!(
+        (code, report["stillUnknown"].as_u64()),
+        (Some(1), Some(1)),
+        "{report}"
+    );
+    assert_eq!(bank.effective_payouts(), 0);
+
+    // The timer function, as the host invokes it.
+    let timer = json!({
+        "Data": {"timer": {"Schedule": {"AdjustForDST": true}, "IsPastDue": false}},
+        "Metadata": {"sys": {"MethodName": "Reconcile"}}
+    });
+    let answer: Value = client
+        .post(handler.url("/Reconcile"))
+        .json(&timer)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["ReturnValue"]["outcome"], "reconciled", "{answer}");
+    handler.kill();
+    let rows = ledger(&db);
+    assert_eq!(rows[0]["status"], "paid", "{rows:?}");
+    assert_eq!(bank.effective_payouts(), 1);
+
+    // Nothing left: exit 0, and never paid again.
+    let (code, report) = reconcile_cli(&db, &url, &[]);
+    assert_eq!(
+        (code, report["examined"].as_u64()),
+        (Some(0), Some(0)),
+        "{report}"
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+}

@@ -254,3 +254,90 @@ async fn injected_faults_follow_the_seed() {
         "{a:?}"
     );
 }
+
+fn with_reference(amount: &str, payee: &str, reference: &str) -> String {
+    format!(
+        r#"{{"claimId":"{CLAIM}","amount":"{amount}","currency":"EUR","payee":"{payee}","reference":"{reference}"}}"#
+    )
+}
+
+async fn lookup(
+    c: &reqwest::Client,
+    bank: &SandboxBank,
+    reference: &str,
+) -> (u16, serde_json::Value) {
+    let response = c
+        .get(format!("{}/payments?reference={reference}", bank.url()))
+        .send()
+        .await
+        .expect("the bank answers");
+    let status = response.status().as_u16();
+    (
+        status,
+        response.json().await.unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// The lookup the reconciler relies on: what the bank holds under a reference, paid or
+/// refused, and an empty list when it holds nothing.
+#[tokio::test]
+async fn the_lookup_lists_what_the_bank_holds_under_a_reference() {
+    let bank = SandboxBank::start(BankSettings::default()).await.unwrap();
+    let c = client(Duration::from_secs(5));
+    assert_eq!(lookup(&c, &bank, "r1").await, (200, serde_json::json!([])));
+    let (status, paid, _) =
+        post(&c, &bank, Some("r1"), with_reference("12.50", "NL91", "r1")).await;
+    assert_eq!(status, 201);
+    let (status, held) = lookup(&c, &bank, "r1").await;
+    assert_eq!(status, 200);
+    assert_eq!(held.as_array().unwrap().len(), 1, "{held}");
+    assert_eq!(held[0]["paymentId"], paid["paymentId"]);
+    assert_eq!(
+        (held[0]["status"].as_str(), held[0]["amount"].as_str()),
+        (Some("paid"), Some("12.50"))
+    );
+    post(
+        &c,
+        &bank,
+        Some("r2"),
+        with_reference("3.00", "CLOSED-9", "r2"),
+    )
+    .await;
+    let (_, refused) = lookup(&c, &bank, "r2").await;
+    assert_eq!(refused[0]["status"], "rejected", "{refused}");
+    let (status, _) = lookup(&c, &bank, "unknown").await;
+    assert_eq!(status, 200);
+}
+
+/// Past its key window the bank forgets the key: the same request pays again, which is
+/// why the service never sends after the window and asks by reference instead.
+#[tokio::test]
+async fn a_forgotten_key_pays_again_and_the_lookup_still_finds_both() {
+    let bank = SandboxBank::start(BankSettings {
+        key_window_ms: Some(50),
+        ..BankSettings::default()
+    })
+    .await
+    .unwrap();
+    let c = client(Duration::from_secs(5));
+    let (s1, first, _) = post(&c, &bank, Some("f1"), with_reference("9.00", "NL91", "f1")).await;
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let (s2, second, _) = post(&c, &bank, Some("f1"), with_reference("9.00", "NL91", "f1")).await;
+    assert_eq!((s1, s2), (201, 201));
+    assert_ne!(first["paymentId"], second["paymentId"]);
+    assert_eq!(bank.ledger().payouts.len(), 2);
+    let (_, held) = lookup(&c, &bank, "f1").await;
+    assert_eq!(held.as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn lookup_faults_answer_503() {
+    let bank = SandboxBank::start(BankSettings {
+        lookup_5xx_rate: 1.0,
+        ..BankSettings::default()
+    })
+    .await
+    .unwrap();
+    let c = client(Duration::from_secs(5));
+    assert_eq!(lookup(&c, &bank, "x").await.0, 503);
+}

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -54,6 +54,11 @@ pub struct BankSettings {
     /// Probability per new payout that the bank pays and then the handler that asked
     /// dies before the answer reaches it (see [`SandboxBank::on_mid_payout`]).
     pub kill_mid_payout_rate: f64,
+    /// The bank forgets an Idempotency-Key this long after it first saw it: a request
+    /// with a forgotten key is a new payout (as at a real provider). `None`: never.
+    pub key_window_ms: Option<u64>,
+    /// Probability per lookup (`GET /payments?reference=`) of a 503.
+    pub lookup_5xx_rate: f64,
 }
 
 impl Default for BankSettings {
@@ -68,6 +73,8 @@ impl Default for BankSettings {
             client_timeout_ms: 1_000,
             retry_after_secs: 1,
             kill_mid_payout_rate: 0.0,
+            key_window_ms: None,
+            lookup_5xx_rate: 0.0,
         }
     }
 }
@@ -78,6 +85,8 @@ impl Default for BankSettings {
 pub struct Payout {
     pub payment_id: String,
     pub idempotency_key: String,
+    /// The request's `reference` (the service sends its Idempotency-Key).
+    pub reference: Option<String>,
     pub claim_id: String,
     pub amount: Decimal,
     pub currency: String,
@@ -159,18 +168,23 @@ struct KeyEntry {
     request: serde_json::Value,
     body: Vec<u8>,
     state: KeyState,
+    first_seen: std::time::Instant,
 }
 
 #[derive(Debug, Default)]
 struct Books {
     keys: HashMap<String, KeyEntry>,
     attempts: HashMap<String, u64>,
+    lookups: u64,
+    /// Keys forgotten after the key window, and how often a forgotten key came back.
+    forgotten_keys: u64,
     payouts: Vec<Payout>,
     requests: Vec<BankRequest>,
 }
 
-/// Called while the bank holds a payout it has made, before answering.
-pub type MidPayoutHook = Arc<dyn Fn() + Send + Sync>;
+/// Called with the Idempotency-Key while the bank holds a payout it has made, before
+/// answering.
+pub type MidPayoutHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 struct Bank {
     settings: BankSettings,
@@ -213,6 +227,7 @@ impl Bank {
         books.payouts.push(Payout {
             payment_id: payment_id.clone(),
             idempotency_key: key.to_owned(),
+            reference: request.reference.clone(),
             claim_id: request.claim_id.clone(),
             amount: request.amount,
             currency: request.currency.clone(),
@@ -248,7 +263,7 @@ impl SandboxBank {
             mid_payout: Mutex::new(None),
         });
         let app = Router::new()
-            .route("/payments", post(payments))
+            .route("/payments", post(payments).get(lookup))
             .with_state(bank.clone());
         let server = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -286,6 +301,7 @@ struct ValidRequest {
     amount: Decimal,
     currency: String,
     payee: String,
+    reference: Option<String>,
 }
 
 fn validate(body: &[u8]) -> Result<(serde_json::Value, ValidRequest), String> {
@@ -314,6 +330,10 @@ fn validate(body: &[u8]) -> Result<(serde_json::Value, ValidRequest), String> {
         return Err(format!("currency {currency:?} is not an ISO 4217 code"));
     }
     let payee = field("payee")?;
+    let reference = match value.get("reference") {
+        None => None,
+        Some(_) => Some(field("reference")?),
+    };
     Ok((
         value,
         ValidRequest {
@@ -321,6 +341,7 @@ fn validate(body: &[u8]) -> Result<(serde_json::Value, ValidRequest), String> {
             amount,
             currency,
             payee,
+            reference,
         },
     ))
 }
@@ -393,6 +414,17 @@ async fn payments(State(bank): State<Arc<Bank>>, headers: HeaderMap, body: Bytes
 
     let (step, identical) = {
         let mut books = bank.books();
+        // Past its window the bank has forgotten the key: the request is a new payout.
+        let forget = s.key_window_ms.is_some_and(|window| {
+            books.keys.get(&key).is_some_and(|e| {
+                !matches!(e.state, KeyState::Processing)
+                    && e.first_seen.elapsed() >= Duration::from_millis(window)
+            })
+        });
+        if forget {
+            books.keys.remove(&key);
+            books.forgotten_keys += 1;
+        }
         match books.keys.get(&key) {
             Some(entry) if entry.request != value => (Step::Reused, None),
             Some(entry) => {
@@ -410,6 +442,7 @@ async fn payments(State(bank): State<Arc<Bank>>, headers: HeaderMap, body: Bytes
                         request: value,
                         body: body.to_vec(),
                         state: KeyState::Processing,
+                        first_seen: std::time::Instant::now(),
                     },
                 );
                 (Step::New, None)
@@ -456,6 +489,66 @@ async fn payments(State(bank): State<Arc<Bank>>, headers: HeaderMap, body: Bytes
         }
         Step::New => process_new(bank, key, body, request, attempt).await,
     }
+}
+
+#[derive(serde::Deserialize)]
+struct LookupQuery {
+    reference: Option<String>,
+}
+
+/// `GET /payments?reference=`: every payment the bank holds under that reference,
+/// paid or refused, whether or not it still remembers the Idempotency-Key.
+async fn lookup(State(bank): State<Arc<Bank>>, Query(q): Query<LookupQuery>) -> Response {
+    let Some(reference) = q.reference.filter(|r| !r.is_empty()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "the reference query parameter is required",
+            "invalid_request",
+        );
+    };
+    let s = &bank.settings;
+    let n = {
+        let mut books = bank.books();
+        books.lookups += 1;
+        books.lookups
+    };
+    if chance::hit(
+        s.lookup_5xx_rate,
+        s.seed,
+        "bank-lookup-5xx",
+        reference.as_bytes(),
+        n,
+    ) {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "lookup unavailable",
+            "unavailable",
+        );
+    }
+    let books = bank.books();
+    let mut held: Vec<serde_json::Value> = books
+        .payouts
+        .iter()
+        .filter(|p| p.reference.as_deref() == Some(reference.as_str()))
+        .map(|p| {
+            serde_json::json!({
+                "paymentId": p.payment_id, "status": "paid", "amount": p.amount.to_string(),
+                "currency": p.currency, "reference": reference,
+            })
+        })
+        .collect();
+    for (key, entry) in &books.keys {
+        if matches!(entry.state, KeyState::Rejected)
+            && entry.request["reference"] == reference.as_str()
+        {
+            held.push(serde_json::json!({
+                "paymentId": format!("rej_{key}"), "status": "rejected",
+                "amount": entry.request["amount"], "currency": entry.request["currency"],
+                "reference": reference,
+            }));
+        }
+    }
+    json(StatusCode::OK, serde_json::Value::Array(held))
 }
 
 /// Processes a first request for a key. The work runs in its own task so it always
@@ -510,7 +603,7 @@ async fn process_new(
         if let Some(kill) = mid_payout {
             // The money moved; the handler that asked dies before it hears so.
             bank.record(Some(&key), &body, BankAnswer::LostAfterPay, None);
-            kill();
+            kill(&key);
             tokio::time::sleep(past_timeout).await;
             return paid(&id);
         }

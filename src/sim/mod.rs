@@ -139,6 +139,22 @@ pub struct SimulateArgs {
     /// request (after the bank paid): a plain crash mid-payout.
     #[arg(long, default_value_t = 0.01)]
     pub kill_mid_payout_rate: f64,
+    /// Share of the messages killed mid-payout that are dead-lettered at once and never
+    /// re-driven: orphaned payouts that only `reconcile` settles.
+    #[arg(long, default_value_t = 0.5)]
+    pub orphan_rate: f64,
+    /// The bank forgets an Idempotency-Key this long after first seeing it, and the
+    /// handler is told so (BANK_KEY_WINDOW_MS): payouts still unfinished then become
+    /// `needs_reconciliation`. 0: the bank never forgets (24 h window for the handler).
+    #[arg(long, default_value_t = 30_000)]
+    pub bank_key_window_ms: u64,
+    /// Probability per lookup (`GET /payments?reference=`) of a 503.
+    #[arg(long = "bank-lookup-5xx-rate", default_value_t = 0.2)]
+    pub bank_lookup_5xx_rate: f64,
+    /// How often `claims-payments reconcile` runs while deliveries continue (it also
+    /// runs at the end until nothing is left unknown); 0: only at the end.
+    #[arg(long, default_value_t = 5)]
+    pub reconcile_every_secs: u64,
     /// Seed for the messages and the injected faults (random if not given; printed).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -260,6 +276,8 @@ impl SimulateArgs {
             ("kill-rate", self.kill_rate),
             ("lock-expiry-rate", self.lock_expiry_rate),
             ("kill-mid-payout-rate", self.kill_mid_payout_rate),
+            ("orphan-rate", self.orphan_rate),
+            ("bank-lookup-5xx-rate", self.bank_lookup_5xx_rate),
             ("bank-5xx-rate", self.bank_5xx_rate),
             ("bank-429-rate", self.bank_429_rate),
             ("bank-lost-answer-rate", self.bank_lost_answer_rate),
@@ -290,6 +308,9 @@ impl SimulateArgs {
         put("kill", self.kill_rate.to_string());
         if !self.ledger_only {
             put("kill-mid-payout", self.kill_mid_payout_rate.to_string());
+            put("orphan", self.orphan_rate.to_string());
+            put("bank-key-window-ms", self.bank_key_window_ms.to_string());
+            put("bank-lookup-5xx", self.bank_lookup_5xx_rate.to_string());
         }
         put("lock-expiry", self.lock_expiry_rate.to_string());
         put("slow-store-ms", self.slow_store_ms.to_string());
@@ -300,6 +321,96 @@ impl SimulateArgs {
             put("bank-reject", self.bank_reject_rate.to_string());
         }
         f
+    }
+}
+
+/// `claims-payments reconcile --json`, run as an operator would: a separate process on
+/// the same ledger, while `serve` runs and after it stopped.
+#[derive(Debug, Clone)]
+struct ReconcileCommand {
+    exe: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl ReconcileCommand {
+    async fn run(&self, older_than: Option<&str>) -> anyhow::Result<crate::reconcile::Summary> {
+        let mut cmd = tokio::process::Command::new(&self.exe);
+        cmd.arg("reconcile").arg("--json");
+        if let Some(age) = older_than {
+            cmd.args(["--older-than", age]);
+        }
+        for name in process::CONTROLLED_ENV {
+            cmd.env_remove(name);
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("LOG_FORMAT", "text")
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true);
+        let out = cmd
+            .output()
+            .await
+            .context("cannot run claims-payments reconcile")?;
+        // Exit 1 only says that something is still unknown; the JSON says what.
+        serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "reconcile exited {} without a JSON report: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
+    /// Runs with the default minimum age every `every` until `stop` turns true;
+    /// returns the runs.
+    async fn repeat(
+        self,
+        every: Duration,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Vec<crate::reconcile::Summary> {
+        let mut runs = Vec::new();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.wait_for(|s| *s) => return runs,
+            }
+            match self.run(None).await {
+                Ok(summary) => runs.push(summary),
+                Err(e) => tracing::warn!(error = %e, "reconcile during deliveries failed"),
+            }
+        }
+    }
+
+    /// After the queue settled: reconciles until nothing is left unknown (orphaned
+    /// payouts wait for their lease to run out; a lookup may fail), within a bound.
+    async fn settle_at_end(
+        &self,
+        db: &std::path::Path,
+        runs_during: Vec<crate::reconcile::Summary>,
+        lease_ms: u64,
+        deadline: Instant,
+    ) -> anyhow::Result<report::ReconcileReport> {
+        let unsettled = |rows: &[LedgerRow]| {
+            let count = |s: &str| rows.iter().filter(|r| r.status == s).count();
+            (count("needs_reconciliation"), count("in_progress"))
+        };
+        let before = unsettled(&read_sqlite_ledger(db, usize::MAX >> 1).await?);
+        let give_up = (Instant::now() + Duration::from_millis(lease_ms) + Duration::from_secs(60))
+            .min(deadline.max(Instant::now() + Duration::from_secs(30)));
+        let mut runs_at_end = Vec::new();
+        let mut after = before;
+        while after != (0, 0) && Instant::now() < give_up {
+            runs_at_end.push(self.run(Some("0s")).await?);
+            after = unsettled(&read_sqlite_ledger(db, usize::MAX >> 1).await?);
+            if after != (0, 0) {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        Ok(report::ReconcileReport::new(
+            before,
+            after,
+            &runs_during,
+            &runs_at_end,
+        ))
     }
 }
 
@@ -420,6 +531,8 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
                 client_timeout_ms: timings.bank_timeout_ms,
                 retry_after_secs: 1,
                 kill_mid_payout_rate: opts.kill_mid_payout_rate,
+                key_window_ms: (opts.bank_key_window_ms > 0).then_some(opts.bank_key_window_ms),
+                lookup_5xx_rate: opts.bank_lookup_5xx_rate,
             })
             .await?,
         )
@@ -427,7 +540,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         None
     };
 
-    let mut spec = ServeSpec::new(exe)
+    let mut spec = ServeSpec::new(exe.clone())
         .env("PAYMENTS_STORE", "sqlite")
         .env("PAYMENTS_SQLITE_PATH", db.to_string_lossy())
         .env("BANK_TIMEOUT_MS", timings.bank_timeout_ms.to_string())
@@ -448,6 +561,9 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         );
     if let Some(bank) = &bank {
         spec = spec.env("BANK_API_URL", bank.url());
+        if opts.bank_key_window_ms > 0 {
+            spec = spec.env("BANK_KEY_WINDOW_MS", opts.bank_key_window_ms.to_string());
+        }
     }
     spec.log = Some(
         opts.serve_log
@@ -456,17 +572,25 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     );
     // Crashes are bounded by the fault rates; this cap only stops a crash loop.
     let max_restarts = 50 + (opts.messages as u64) * 2;
+    let reconcile_env = spec.env.clone();
     let supervisor = Arc::new(Supervisor::start(spec, max_restarts).await?);
+    let queue = Arc::new(Queue::new(opts.max_delivery_count));
     if let Some(bank) = &bank {
         let supervisor = Arc::downgrade(&supervisor);
-        bank.on_mid_payout(Arc::new(move || {
+        let queue = queue.clone();
+        let orphan_rate = opts.orphan_rate;
+        bank.on_mid_payout(Arc::new(move |key: &str| {
+            if chance::hit(orphan_rate, seed, "orphan", key.as_bytes(), 0) {
+                if let Some((_, claim)) = key.rsplit_once("claim-payment-") {
+                    queue.orphan_claim(claim);
+                }
+            }
             if let Some(supervisor) = supervisor.upgrade() {
                 supervisor.kill_current(process::KillReason::MidPayout);
             }
         }));
     }
 
-    let queue = Arc::new(Queue::new(opts.max_delivery_count));
     for &i in &plan.send_order {
         let copy = &plan.copies[i];
         queue.send(i, &copy.message_id, &copy.body, false);
@@ -490,6 +614,18 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     )?;
 
     let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
+    // An operator's reconcile, as a separate process, while deliveries continue.
+    let reconciler = with_bank.then(|| ReconcileCommand {
+        exe: exe.clone(),
+        env: reconcile_env.clone(),
+    });
+    let (stop_during, stopped) = tokio::sync::watch::channel(false);
+    let during = match (&reconciler, opts.reconcile_every_secs) {
+        (Some(r), secs) if secs > 0 => Some(tokio::spawn(
+            r.clone().repeat(Duration::from_secs(secs), stopped),
+        )),
+        _ => None,
+    };
     host.run_until_settled(deadline).await?;
     // The operator re-drives the dead-letter queue once.
     let redriven = queue.redrive_dead_letters();
@@ -501,6 +637,18 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     host.stop();
     progress.finish_and_clear();
     supervisor.stop().await;
+    let _ = stop_during.send(true);
+    let runs_during = match during {
+        Some(task) => task.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let reconcile = match &reconciler {
+        Some(r) => Some(
+            r.settle_at_end(&db, runs_during, timings.lease_ms, deadline)
+                .await?,
+        ),
+        None => None,
+    };
 
     let entries = queue.entries();
     let ledger = read_sqlite_ledger(&db, entries.len() * 2 + 1_000).await?;
@@ -536,7 +684,10 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     let host_stats = host.stats();
     let elapsed = started.elapsed();
     Ok(Report {
-        exactly_once: verification.exactly_once,
+        exactly_once: verification.exactly_once
+            && reconcile
+                .as_ref()
+                .is_none_or(report::ReconcileReport::settled),
         seed,
         handler: opts.handler.as_str().to_owned(),
         mode: if with_bank {
@@ -559,6 +710,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         deliveries_per_second: host_stats.deliveries as f64 / elapsed.as_secs_f64().max(1e-9),
         host: host_stats,
         verification,
+        reconcile,
         duration_ms: elapsed.as_millis() as u64,
     })
 }

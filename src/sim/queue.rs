@@ -80,6 +80,9 @@ struct Entry {
     settled: Option<Settled>,
     /// A re-drive already sent this dead-lettered message again.
     redriven: bool,
+    /// Its next failure dead-letters it, and no re-drive sends it again: an operator
+    /// who never looked (see [`Queue::orphan_claim`]).
+    orphaned: bool,
 }
 
 #[derive(Debug, Default)]
@@ -146,6 +149,7 @@ impl Queue {
             last_failure: None,
             settled: None,
             redriven: false,
+            orphaned: false,
         });
         inner.available.push_back(index);
         inner.active += 1;
@@ -252,7 +256,8 @@ impl Queue {
         let max = self.max_delivery_count;
         let entry = &mut inner.entries[index];
         entry.lock = None;
-        if entry.delivery_count >= max {
+        if entry.delivery_count >= max || entry.orphaned {
+            entry.redriven |= entry.orphaned;
             entry.settled = Some(Settled::DeadLettered {
                 last: failure,
                 delivery_count: entry.delivery_count,
@@ -265,6 +270,23 @@ impl Queue {
             inner.available.push_front(index);
             Abandoned::Redelivered
         }
+    }
+
+    /// The locked deliveries of `claim_id` end in the dead-letter queue at their next
+    /// failure and are never re-driven: a payout orphaned at the bank, which only
+    /// `reconcile` can settle. Returns how many were marked.
+    pub fn orphan_claim(&self, claim_id: &str) -> usize {
+        let needle = format!("\"claimId\":\"{claim_id}\"");
+        let mut inner = self.lock();
+        let mut marked = 0;
+        for entry in inner.entries.iter_mut() {
+            let body = String::from_utf8_lossy(&entry.message.body);
+            if entry.lock.is_some() && entry.settled.is_none() && body.contains(&needle) {
+                entry.orphaned = true;
+                marked += 1;
+            }
+        }
+        marked
     }
 
     /// Sends every dead-lettered message that was not re-driven yet once more.

@@ -619,6 +619,60 @@ pub fn broker_summary(entries: &[EntryView], max_delivery_count: u32) -> BrokerS
     s
 }
 
+/// What reconciling with the bank did: the unsettled payments before the end phase
+/// and after it, and what every run settled.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReconcileReport {
+    pub runs_during_deliveries: usize,
+    pub runs_at_end: usize,
+    pub needs_reconciliation_before: usize,
+    pub needs_reconciliation_after: usize,
+    pub orphaned_in_progress_before: usize,
+    pub in_progress_after: usize,
+    pub settled_during_deliveries: usize,
+    pub paid_by_lookup: usize,
+    pub paid_now: usize,
+    pub rejected: usize,
+    pub mismatches: usize,
+    pub unknown_answers: usize,
+}
+
+impl ReconcileReport {
+    pub fn new(
+        (needs_before, in_progress_before): (usize, usize),
+        (needs_after, in_progress_after): (usize, usize),
+        during: &[crate::reconcile::Summary],
+        at_end: &[crate::reconcile::Summary],
+    ) -> Self {
+        let mut r = ReconcileReport {
+            runs_during_deliveries: during.len(),
+            runs_at_end: at_end.len(),
+            needs_reconciliation_before: needs_before,
+            needs_reconciliation_after: needs_after,
+            orphaned_in_progress_before: in_progress_before,
+            in_progress_after,
+            ..ReconcileReport::default()
+        };
+        for s in during {
+            r.settled_during_deliveries += s.paid_by_lookup + s.paid_now + s.rejected;
+        }
+        for s in during.iter().chain(at_end) {
+            r.paid_by_lookup += s.paid_by_lookup;
+            r.paid_now += s.paid_now;
+            r.rejected += s.rejected;
+            r.mismatches += s.mismatches;
+            r.unknown_answers += s.still_unknown;
+        }
+        r
+    }
+
+    /// Nothing left unknown, nothing left hanging.
+    pub fn settled(&self) -> bool {
+        self.needs_reconciliation_after == 0 && self.in_progress_after == 0 && self.mismatches == 0
+    }
+}
+
 /// The simulator's report.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -638,6 +692,8 @@ pub struct Report {
     pub bank: Option<BankSummary>,
     pub payments: usize,
     pub verification: Verification,
+    /// `claims-payments reconcile` during and after the deliveries (with a bank).
+    pub reconcile: Option<ReconcileReport>,
     pub duration_ms: u64,
     pub deliveries_per_second: f64,
 }
@@ -779,6 +835,25 @@ impl Report {
                 let _ = writeln!(o, "         {e}");
             }
         }
+        if let Some(r) = &self.reconcile {
+            let _ = writeln!(
+                o,
+                "reconcile  needs reconciliation: {} -> {}, orphaned in progress: {} -> {}; {} runs during deliveries (settled {}), {} at the end: {} paid by lookup, {} paid now, {} rejected, {} mismatches, {} unknown answers retried  [{}]",
+                r.needs_reconciliation_before,
+                r.needs_reconciliation_after,
+                r.orphaned_in_progress_before,
+                r.in_progress_after,
+                r.runs_during_deliveries,
+                r.settled_during_deliveries,
+                r.runs_at_end,
+                r.paid_by_lookup,
+                r.paid_now,
+                r.rejected,
+                r.mismatches,
+                r.unknown_answers,
+                if r.settled() { "ok" } else { "FAIL: payments left unknown" }
+            );
+        }
         let _ = writeln!(
             o,
             "run        {:.1} s, {:.0} deliveries/s",
@@ -909,6 +984,7 @@ mod tests {
         Payout {
             payment_id: id.into(),
             idempotency_key: format!("claim-payment-{claim}"),
+            reference: Some(format!("claim-payment-{claim}")),
             claim_id: claim.into(),
             amount: Decimal::new(cents, 2),
             currency: "EUR".into(),
