@@ -114,6 +114,10 @@ pub struct Settings {
     /// ago than this (`RECONCILE_MIN_AGE_MS`, default three leases), so no request of a
     /// dead attempt can still be on its way to the bank.
     pub reconcile_min_age: Duration,
+    /// How HTTP callers are told apart (`HTTP_AUTH`: `functionkey` or `appservice`).
+    pub http_auth: crate::payments_api::CallerAuth,
+    /// How long an HTTP Idempotency-Key is remembered (`IDEMPOTENCY_KEY_RETENTION_HOURS`).
+    pub key_retention: Duration,
     pub log_format: LogFormat,
     pub dev: DevSettings,
 }
@@ -377,6 +381,31 @@ impl Settings {
             Some(v) => millis("RECONCILE_MIN_AGE_MS", &v, 0, 30 * 86_400_000)?,
         };
 
+        let http_auth =
+            match get("HTTP_AUTH").as_deref().map(str::trim) {
+                None | Some("functionkey") => crate::payments_api::CallerAuth::FunctionKey,
+                Some("appservice") => crate::payments_api::CallerAuth::AppService,
+                Some(other) => return Err(ConfigError::new(
+                    "HTTP_AUTH",
+                    format!(
+                        "{other:?} is not a caller authentication; use functionkey or appservice"
+                    ),
+                )),
+            };
+        let key_retention = match get("IDEMPOTENCY_KEY_RETENTION_HOURS") {
+            None => Duration::from_secs(24 * 3600),
+            Some(v) => {
+                let hours = parse_u64("IDEMPOTENCY_KEY_RETENTION_HOURS", &v)?;
+                if !(1..=24 * 90).contains(&hours) {
+                    return Err(ConfigError::new(
+                        "IDEMPOTENCY_KEY_RETENTION_HOURS",
+                        format!("{hours} is outside 1..=2160 hours"),
+                    ));
+                }
+                Duration::from_secs(hours * 3600)
+            }
+        };
+
         let log_format = match get("LOG_FORMAT").as_deref().map(str::trim) {
             None | Some("json") => LogFormat::Json,
             Some("text") => LogFormat::Text,
@@ -439,6 +468,8 @@ impl Settings {
             inflight_wait,
             max_delivery_count: max_delivery_count as u32,
             reconcile_min_age,
+            http_auth,
+            key_retention,
             log_format,
             dev,
         })

@@ -5,6 +5,7 @@
 //! - [`server`]: the axum server the Functions host talks to;
 //! - [`host`]: the custom-handler protocol (invocation envelope in, JSON answer out);
 //! - [`message`]: the `ClaimApproved` contract and its domain types;
+//! - [`payments_api`]: `POST /api/payments` with an Idempotency-Key, on the same engine;
 //! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
 //! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB);
 //! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget, lookups);
@@ -20,6 +21,7 @@ pub mod config;
 pub mod consumer;
 pub mod host;
 pub mod message;
+pub mod payments_api;
 pub mod reconcile;
 pub mod server;
 #[cfg(feature = "dev-tools")]

@@ -482,9 +482,8 @@ impl ClaimApproved {
         IdempotencyKey::for_payout(self.tenant.as_ref(), self.claim_id)
     }
 
-    /// The exact bytes of the bank payout request. Built once, stored with the payment,
-    /// and re-sent unchanged on every retry.
-    /// The bank request, stored with the payment and re-sent byte for byte. It carries
+    /// The exact bytes of the bank payout request, built once, stored with the payment
+    /// and re-sent unchanged on every retry. It carries
     /// the Idempotency-Key as `reference`, so the bank can be asked what it holds under
     /// that reference even after it forgot the key (see `reconcile`).
     pub fn payout_request_body(&self) -> String {

@@ -23,6 +23,7 @@ use crate::config::{HandlerKind, Settings, StoreKind};
 use crate::consumer::{Consumer, Delivery, Outcome, Policy};
 use crate::host::{Invocation, InvocationResult, OutcomeSummary};
 use crate::message::ClaimApproved;
+use crate::payments_api::{Answer, CallerAuth, PaymentsApi};
 use crate::reconcile::{self, Reconciler, RunLease};
 use crate::store::sqlite::{Access, SqliteStore};
 use crate::store::DynStore;
@@ -44,6 +45,7 @@ pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(25);
 
 pub struct AppState {
     consumer: Consumer,
+    api: PaymentsApi,
     handler: HandlerKind,
     crash_after_commit: f64,
     reconcile_min_age: Duration,
@@ -52,12 +54,26 @@ pub struct AppState {
 impl AppState {
     pub fn new(consumer: Consumer, handler: HandlerKind, crash_after_commit: f64) -> Arc<Self> {
         let reconcile_min_age = consumer.policy().lease * 3;
+        let api = PaymentsApi::new(
+            consumer.clone(),
+            CallerAuth::FunctionKey,
+            Duration::from_secs(24 * 3600),
+        );
         Arc::new(AppState {
+            api,
             consumer,
             handler,
             crash_after_commit,
             reconcile_min_age,
         })
+    }
+
+    /// The HTTP API's caller authentication and key retention.
+    pub fn with_http(mut self: Arc<Self>, auth: CallerAuth, retention: Duration) -> Arc<Self> {
+        if let Some(state) = Arc::get_mut(&mut self) {
+            state.api = PaymentsApi::new(state.consumer.clone(), auth, retention);
+        }
+        self
     }
 
     /// The minimum age of an orphaned payout before the timer settles it.
@@ -81,6 +97,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route(&format!("/{FUNCTION_NAME}"), post(invoke))
         .route(&format!("/{RECONCILE_FUNCTION}"), post(reconcile_timer))
+        // Forwarded unchanged by the host (customHandler.enableForwardingHttpRequest).
+        .route("/api/payments", post(post_payment))
+        .route("/api/payments/{claim_id}", get(get_payment))
         .fallback(not_found)
         .with_state(state)
 }
@@ -116,6 +135,43 @@ fn status_for(outcome: &Outcome) -> StatusCode {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     }
+}
+
+async fn post_payment(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let read = tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        axum::body::to_bytes(body, MAX_REQUEST_BYTES),
+    );
+    let answer = match read.await {
+        Ok(Ok(bytes)) => state.api.post(&headers, &bytes).await,
+        Ok(Err(_)) => Answer::problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "The request body is too large",
+            format!("body: at most {MAX_REQUEST_BYTES} bytes"),
+        ),
+        Err(_) => Answer::problem(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "The request body did not arrive in time",
+            format!(
+                "body: not received within {} s",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        ),
+    };
+    answer.into_parts().into_response()
+}
+
+async fn get_payment(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(claim_id): axum::extract::Path<String>,
+) -> Response {
+    state.api.get(&claim_id).await.into_parts().into_response()
 }
 
 /// The `Reconcile` timer invocation: settles unknown and orphaned payouts (see
@@ -408,7 +464,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings.dev.handler,
         settings.dev.crash_after_commit,
     )
-    .with_reconcile_min_age(settings.reconcile_min_age);
+    .with_reconcile_min_age(settings.reconcile_min_age)
+    .with_http(settings.http_auth, settings.key_retention);
 
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, settings.port));
     let listener = TcpListener::bind(addr).await.map_err(|e| {

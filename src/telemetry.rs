@@ -93,6 +93,12 @@ pub struct Counters {
     /// Bank answers that are the service's own fault (credential, URL, method, format).
     pub bank_service_faults: Counter,
     pub bank_lookups: Counter,
+    /// `POST /api/payments`: requests, stored answers replayed, refused while in flight
+    /// (409), keys reused with another request (422).
+    pub http_requests: Counter,
+    pub http_replays: Counter,
+    pub http_in_flight: Counter,
+    pub http_key_mismatches: Counter,
     /// Reconcile runs, and the payments they settled or left unknown.
     pub reconcile_runs: Counter,
     pub reconcile_settled: Counter,
@@ -128,6 +134,10 @@ pub struct CountersSnapshot {
     pub bank_retries: u64,
     pub bank_service_faults: u64,
     pub bank_lookups: u64,
+    pub http_requests: u64,
+    pub http_replays: u64,
+    pub http_in_flight: u64,
+    pub http_key_mismatches: u64,
     pub reconcile_runs: u64,
     pub reconcile_settled: u64,
     pub reconcile_unknown: u64,
@@ -160,6 +170,10 @@ impl Counters {
             bank_retries: self.bank_retries.get(),
             bank_service_faults: self.bank_service_faults.get(),
             bank_lookups: self.bank_lookups.get(),
+            http_requests: self.http_requests.get(),
+            http_replays: self.http_replays.get(),
+            http_in_flight: self.http_in_flight.get(),
+            http_key_mismatches: self.http_key_mismatches.get(),
             reconcile_runs: self.reconcile_runs.get(),
             reconcile_settled: self.reconcile_settled.get(),
             reconcile_unknown: self.reconcile_unknown.get(),

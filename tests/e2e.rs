@@ -832,3 +832,243 @@ async fn reconcile_from_the_cli_and_the_timer_settles_an_unknown_payout() {
     );
     assert_eq!(bank.effective_payouts(), 1);
 }
+
+async fn pay(
+    client: &reqwest::Client,
+    handler: &Handler,
+    key: Option<&str>,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut request = client
+        .post(handler.url("/api/payments"))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    (status, headers, response.text().await.unwrap())
+}
+
+fn problem_type(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    v["type"]
+        .as_str()
+        .unwrap_or("")
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Every answer of the HTTP payments API, on the real binary and the same store and
+/// bank as the message path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_api_answers_as_its_contract_says() {
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let handler = Handler::start(&db, &[("BANK_API_URL", url.as_str())]);
+    let c = reqwest::Client::new();
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "250.00");
+
+    // First request: 201, Location, the payment resource, one payout.
+    let (s1, h1, b1) = pay(&c, &handler, Some("k-1"), &body, &[]).await;
+    assert_eq!(s1, 201, "{b1}");
+    assert_eq!(h1["location"], format!("/api/payments/{claim}").as_str());
+    let resource: Value = serde_json::from_str(&b1).unwrap();
+    assert_eq!(
+        (resource["status"].as_str(), resource["amount"].as_str()),
+        (Some("paid"), Some("250.00"))
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+
+    // Same key, same payload: the stored answer byte for byte, replayed, no bank call.
+    let calls = bank.requests().len();
+    let (s2, h2, b2) = pay(&c, &handler, Some("\"k-1\""), &body, &[]).await;
+    assert_eq!((s2, b2.as_str()), (201, b1.as_str()));
+    assert_eq!(h2["idempotent-replayed"], "true");
+    assert_eq!(bank.requests().len(), calls);
+
+    // Same key, another payload: 422.
+    let (s3, _, b3) = pay(
+        &c,
+        &handler,
+        Some("k-1"),
+        &claim_body(&claim, "251.00"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (s3, problem_type(&b3).as_str()),
+        (422, "idempotency-key-reused"),
+        "{b3}"
+    );
+
+    // A new key for the same claim and payload: 200 with the existing payment.
+    let (s4, _, b4) = pay(&c, &handler, Some("k-2"), &body, &[]).await;
+    assert_eq!(s4, 200, "{b4}");
+    // A new key, the same claim, another amount: 409, the claim already has a payment.
+    let (s5, _, b5) = pay(
+        &c,
+        &handler,
+        Some("k-3"),
+        &claim_body(&claim, "999.00"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (s5, problem_type(&b5).as_str()),
+        (409, "claim-already-paid"),
+        "{b5}"
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+
+    // Missing or malformed key, invalid body, oversized body.
+    let (s, h, b) = pay(&c, &handler, None, &body, &[]).await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (400, "idempotency-key-missing")
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    let (s, _, b) = pay(&c, &handler, Some("\"open"), &body, &[]).await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (400, "idempotency-key-invalid")
+    );
+    let (s, _, b) = pay(
+        &c,
+        &handler,
+        Some("k-4"),
+        r#"{"claimId":"x","amount":"1","currency":"EUR"}"#,
+        &[],
+    )
+    .await;
+    assert_eq!((s, problem_type(&b).as_str()), (400, "invalid-body"));
+    assert!(b.contains("claimId"), "the problem names the field: {b}");
+    // The server answers 413 as soon as the limit is passed and closes the connection,
+    // which a client still sending may see as a reset instead of the answer.
+    let oversized = c
+        .post(handler.url("/api/payments"))
+        .header("Idempotency-Key", "k-5")
+        .body("x".repeat(2 * 1024 * 1024))
+        .send()
+        .await;
+    if let Ok(response) = oversized {
+        assert_eq!(response.status().as_u16(), 413);
+    }
+
+    // Keys are scoped: another tenant's identical key is a new request, not a replay.
+    let other = common::new_claim();
+    let tenant_body = |t: &str| {
+        json!({"claimId": other, "amount": "5.00", "currency": "EUR", "payee": "NL91ABNA0417164300", "tenantId": t}).to_string()
+    };
+    let (sa, _, _) = pay(&c, &handler, Some("shared"), &tenant_body("acme"), &[]).await;
+    let (sb, hb, bb) = pay(&c, &handler, Some("shared"), &tenant_body("globex"), &[]).await;
+    assert_eq!(sa, 201);
+    assert!(
+        hb.get("idempotent-replayed").is_none(),
+        "another scope never replays: {bb}"
+    );
+    assert_ne!(sb, 422, "another scope's key never blocks: {bb}");
+
+    // GET the payment; unknown and malformed claims.
+    let get = |path: String| {
+        let c = c.clone();
+        async move { c.get(path).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(
+        get(handler.url(&format!("/api/payments/{claim}"))).await,
+        200
+    );
+    assert_eq!(
+        get(handler.url(&format!("/api/payments/{}", common::new_claim()))).await,
+        404
+    );
+    assert_eq!(get(handler.url("/api/payments/not-a-uuid")).await, 400);
+}
+
+/// The bank is down: 503 with Retry-After, the key stays usable, and the retry under
+/// the same key pays once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_api_answers_503_and_the_retry_pays_once() {
+    let bank = FakeBank::start().await;
+    bank.always(Some(common::BankFault::Unavailable));
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let handler = Handler::start(
+        &db,
+        &[
+            ("BANK_API_URL", url.as_str()),
+            ("BANK_TIMEOUT_MS", "200"),
+            ("RETRY_BUDGET_MS", "600"),
+        ],
+    );
+    let c = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "12.00");
+    let (s, h, b) = pay(&c, &handler, Some("retry-me"), &body, &[]).await;
+    assert_eq!((s, problem_type(&b).as_str()), (503, "unavailable"), "{b}");
+    assert!(h.contains_key("retry-after"));
+    bank.always(None);
+    let (s, h, b) = pay(&c, &handler, Some("retry-me"), &body, &[]).await;
+    assert_eq!(s, 201, "{b}");
+    assert!(h.get("idempotent-replayed").is_none());
+    assert_eq!(bank.effective_payouts(), 1);
+    let keys: std::collections::BTreeSet<String> =
+        bank.requests().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        keys.len(),
+        1,
+        "every attempt under the same bank Idempotency-Key"
+    );
+}
+
+/// The same key while the first request is still at the bank: 409 with Retry-After.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_api_answers_409_while_the_key_is_in_flight() {
+    let bank = FakeBank::start().await;
+    bank.script([common::BankFault::Slow(Duration::from_millis(1500))]);
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let handler = Handler::start(&db, &[("BANK_API_URL", url.as_str())]);
+    let c = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "44.00");
+    let first = {
+        let (c, url, body) = (c.clone(), handler.url("/api/payments"), body.clone());
+        tokio::spawn(async move {
+            c.post(url)
+                .header("Idempotency-Key", "dbl")
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    while bank.requests().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (s, h, b) = pay(&c, &handler, Some("dbl"), &body, &[]).await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (409, "request-in-flight"),
+        "{b}"
+    );
+    assert!(h.contains_key("retry-after"));
+    assert_eq!(first.await.unwrap(), 201);
+    let (s, h, _) = pay(&c, &handler, Some("dbl"), &body, &[]).await;
+    assert_eq!(
+        (s, h["idempotent-replayed"].to_str().unwrap()),
+        (201, "true")
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+}

@@ -66,6 +66,8 @@ macro_rules! store_conformance {
             reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone,
             reconcile_racing_a_live_redelivery_pays_once,
             two_reconcile_runs_racing_settle_once,
+            api_first_request_replay_and_mismatch,
+            api_request_cut_mid_payout_resumes_under_the_same_key,
         );
     };
     (@tests $make:path; $($name:ident),* $(,)?) => {
@@ -1145,4 +1147,89 @@ pub async fn two_reconcile_runs_racing_settle_once(store: DynStore) {
         payment_of(&store, msg.claim_id).await.status,
         PaymentStatus::Paid
     );
+}
+
+// ---- HTTP payments API -----------------------------------------------------------
+
+fn api(
+    consumer: &claims_payments::consumer::Consumer,
+) -> claims_payments::payments_api::PaymentsApi {
+    claims_payments::payments_api::PaymentsApi::new(
+        consumer.clone(),
+        claims_payments::payments_api::CallerAuth::FunctionKey,
+        Duration::from_secs(24 * 3600),
+    )
+}
+
+fn key_headers(key: &str) -> axum::http::HeaderMap {
+    let mut h = axum::http::HeaderMap::new();
+    h.insert("idempotency-key", key.parse().unwrap());
+    h
+}
+
+fn api_body(claim: &str, amount: &str) -> String {
+    format!(
+        r#"{{"claimId":"{claim}","amount":"{amount}","currency":"EUR","payee":"NL91ABNA0417164300"}}"#
+    )
+}
+
+pub async fn api_first_request_replay_and_mismatch(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let consumer = common::bank_consumer(store.clone(), &bank);
+    let api = api(&consumer);
+    let claim = common::new_claim();
+    let body = api_body(&claim, "60.00");
+    let first = api.post(&key_headers("k"), body.as_bytes()).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let replay = api.post(&key_headers("k"), body.as_bytes()).await;
+    assert!(replay.replayed);
+    assert_eq!((replay.status, &replay.body), (201, &first.body));
+    let other = api
+        .post(&key_headers("k"), api_body(&claim, "61.00").as_bytes())
+        .await;
+    assert_eq!(other.status, 422, "{other:?}");
+    assert_eq!(bank.effective_payouts(), 1);
+    let p = store
+        .payment(ClaimId::parse(&claim).unwrap(), Purpose::Payout)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.record.status, PaymentStatus::Paid);
+}
+
+pub async fn api_request_cut_mid_payout_resumes_under_the_same_key(store: DynStore) {
+    // The request dies while the bank holds its payout (the process was killed: the
+    // future is dropped, nothing after that point runs). The client retries: first
+    // while the dead attempt's lease is alive (409), then after it (201, one payout).
+    let bank = FakeBank::start().await;
+    bank.script([BankFault::Slow(Duration::from_millis(800))]);
+    let policy = claims_payments::consumer::Policy {
+        lease: Duration::from_millis(400),
+        ..common::policy()
+    };
+    let consumer = common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_secs(2));
+    let api = api(&consumer);
+    let body = api_body(&common::new_claim(), "70.00");
+    let cut = tokio::time::timeout(
+        Duration::from_millis(150),
+        api.post(&key_headers("cut"), body.as_bytes()),
+    )
+    .await;
+    assert!(cut.is_err(), "the request was cut mid-payout");
+    let in_flight = api.post(&key_headers("cut"), body.as_bytes()).await;
+    assert_eq!(in_flight.status, 409, "{in_flight:?}");
+    assert!(in_flight.retry_after.is_some());
+    let lease_gone = OffsetDateTime::now_utc() + Duration::from_millis(450);
+    while OffsetDateTime::now_utc() < lease_gone {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let retry = api.post(&key_headers("cut"), body.as_bytes()).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    // The cut request's payout lands at the bank too: the same key makes it one payout.
+    while bank.requests().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(bank.effective_payouts(), 1);
+    let replay = api.post(&key_headers("cut"), body.as_bytes()).await;
+    assert!(replay.replayed && replay.status == 201, "{replay:?}");
 }
