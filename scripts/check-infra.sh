@@ -520,7 +520,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 if sys.argv[1:] != ["serve"]:
     sys.exit(f"expected 'serve', got {sys.argv[1:]}")
-routes = {"/" + r for r in os.environ.get("STANDIN_ROUTES", "").split(",") if r}
+routes = {r for r in os.environ.get("STANDIN_ROUTES", "").split(",") if r}
 
 class Handler(BaseHTTPRequestHandler):
     def answer(self, code):
@@ -532,11 +532,11 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
-        self.answer(200 if self.path == "/" else 404)
+        self.answer(200 if self.path == "/" else 400 if "GET " + self.path in routes else 404)
 
     def do_POST(self):
-        json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-        self.answer(400 if self.path in routes else 404)
+        json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        self.answer(400 if "POST " + self.path in routes else 404)
 
     def log_message(self, *args):
         pass
@@ -548,11 +548,11 @@ standin_package() {
   bash scripts/package.sh --binary "$WORK/standin-handler" --out "$WORK/standin" --allow-non-elf >/dev/null
 }
 standin_serves_route() {
-  standin_package && STANDIN_ROUTES=ClaimApproved python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/standin/functionapp.zip"
+  standin_package && STANDIN_ROUTES="POST /ClaimApproved,POST /Reconcile,POST /api/payments,GET /api/payments/route-probe" python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/standin/functionapp.zip"
 }
-check "route check: a handler serving POST /ClaimApproved passes (stand-in handler)" standin_serves_route
+check "route check: a handler serving every function's route passes (stand-in handler)" standin_serves_route
 standin_misses_route() {
-  standin_package && STANDIN_ROUTES=SomethingElse python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/standin/functionapp.zip"
+  standin_package && STANDIN_ROUTES="POST /Reconcile,POST /api/payments,GET /api/payments/route-probe" python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/standin/functionapp.zip"
 }
 expect_red "self-test: a handler answering 404 on POST /ClaimApproved is reported" "FAIL  POST /ClaimApproved answered 404" standin_misses_route
 

@@ -168,6 +168,27 @@ def function_folders(pkg: Package) -> list[str]:
     return [d for d in pkg.top_level_dirs() if f"{d}/function.json" in pkg.files]
 
 
+def probe_of(pkg: Package, host: dict | None, folder: str) -> tuple[str, str]:
+    """The request that reaches this function's code in the handler.
+
+    A Service Bus or timer function is invoked as POST /<FunctionName> with a JSON
+    envelope. An HTTP function whose request the host forwards unchanged
+    (customHandler.enableForwardingHttpRequest) arrives on its own method and route
+    under /api/; route parameters are filled with a value the handler can refuse.
+    """
+    try:
+        spec = json.loads(pkg.read(f"{folder}/function.json"))
+        trigger = next(b for b in spec["bindings"] if str(b.get("type", "")).endswith("Trigger"))
+    except (KeyError, StopIteration, json.JSONDecodeError, UnicodeDecodeError, TypeError):
+        return "POST", f"/{folder}"
+    forwarding = bool(((host or {}).get("customHandler") or {}).get("enableForwardingHttpRequest"))
+    if trigger.get("type") == "httpTrigger" and forwarding:
+        method = str((trigger.get("methods") or ["post"])[0]).upper()
+        route = re.sub(r"\{[^}]*\}", "route-probe", str(trigger.get("route") or folder))
+        return method, f"/api/{route}"
+    return "POST", f"/{folder}"
+
+
 def check_functions(pkg: Package, rep: Report) -> list[str]:
     folders = function_folders(pkg)
     if not folders:
@@ -356,15 +377,16 @@ def check_routes(pkg: Package, host: dict, exe: str, folders: list[str], rep: Re
                 rep.ok(f"handler started and answered GET / with {ready} on port {port}")
                 body = json.dumps({"Data": {}, "Metadata": {}}).encode()
                 for folder in folders:
+                    method, path = probe_of(pkg, host, folder)
                     try:
-                        status = http_request(port, "POST", f"/{folder}", body, timeout=request_timeout)
+                        status = http_request(port, method, path, body if method == "POST" else None, timeout=request_timeout)
                     except OSError as exc:
-                        rep.fail(f"POST /{folder}: no HTTP answer ({exc})")
+                        rep.fail(f"{method} {path}: no HTTP answer ({exc})")
                         continue
                     if status == 404:
-                        rep.fail(f"POST /{folder} answered 404: the binary does not serve the route of function folder {folder}")
+                        rep.fail(f"{method} {path} answered 404: the binary does not serve the route of function folder {folder}")
                     else:
-                        rep.ok(f"POST /{folder} is served (answered {status} to an empty envelope)")
+                        rep.ok(f"{method} {path} is served (answered {status} to a probe)")
             finally:
                 stop(proc)
 

@@ -381,17 +381,18 @@ impl Settings {
             Some(v) => millis("RECONCILE_MIN_AGE_MS", &v, 0, 30 * 86_400_000)?,
         };
 
-        let http_auth =
-            match get("HTTP_AUTH").as_deref().map(str::trim) {
-                None | Some("functionkey") => crate::payments_api::CallerAuth::FunctionKey,
-                Some("appservice") => crate::payments_api::CallerAuth::AppService,
-                Some(other) => return Err(ConfigError::new(
+        let http_auth = match get("HTTP_AUTH").as_deref().map(str::trim) {
+            None | Some("functionkey") => crate::payments_api::CallerAuth::FunctionKey,
+            Some("appservice") => crate::payments_api::CallerAuth::AppService,
+            Some(other) => {
+                return Err(ConfigError::new(
                     "HTTP_AUTH",
                     format!(
                         "{other:?} is not a caller authentication; use functionkey or appservice"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         let key_retention = match get("IDEMPOTENCY_KEY_RETENTION_HOURS") {
             None => Duration::from_secs(24 * 3600),
             Some(v) => {

@@ -64,6 +64,13 @@ enum Command {
     /// Measure `serve` on the full HTTP path: throughput, latency, round trips, start-up, memory.
     #[cfg(feature = "dev-tools")]
     Bench(claims_payments::bench::BenchArgs),
+    /// Run the sandbox bank alone (payouts, lookups, /_control/fail-next, /_control/payouts) until interrupted.
+    #[cfg(feature = "dev-tools")]
+    SandboxBank {
+        /// Loopback port (0: any free one; the URL is printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
@@ -88,6 +95,17 @@ fn dev_tool(command: Command) -> ExitCode {
         match command {
             Command::Simulate(args) => claims_payments::sim::main(*args).await,
             Command::Bench(args) => claims_payments::bench::main(args).await,
+            Command::SandboxBank { port } => {
+                let bank = claims_payments::sim::bank::SandboxBank::start_on(
+                    claims_payments::sim::bank::BankSettings::default(),
+                    port,
+                )
+                .await?;
+                println!("BANK_API_URL={}", bank.url());
+                println!("ready");
+                tokio::signal::ctrl_c().await?;
+                Ok(ExitCode::SUCCESS)
+            }
             _ => unreachable!("only simulate and bench are dev tools"),
         }
     });
@@ -105,7 +123,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     #[cfg(feature = "dev-tools")]
-    if let Command::Simulate(_) | Command::Bench(_) = &cli.command {
+    if let Command::Simulate(_) | Command::Bench(_) | Command::SandboxBank { .. } = &cli.command {
         return dev_tool(cli.command);
     }
     let settings = match Settings::from_env() {
@@ -171,7 +189,7 @@ fn main() -> ExitCode {
                 })
             }
             #[cfg(feature = "dev-tools")]
-            Command::Simulate(_) | Command::Bench(_) => {
+            Command::Simulate(_) | Command::Bench(_) | Command::SandboxBank { .. } => {
                 unreachable!("dispatched before the settings are read")
             }
         }

@@ -176,6 +176,8 @@ struct Books {
     keys: HashMap<String, KeyEntry>,
     attempts: HashMap<String, u64>,
     lookups: u64,
+    /// Payout requests still to refuse with 503 (`POST /_control/fail-next`).
+    fail_next: u64,
     /// Keys forgotten after the key window, and how often a forgotten key came back.
     forgotten_keys: u64,
     payouts: Vec<Payout>,
@@ -255,7 +257,13 @@ impl Drop for SandboxBank {
 
 impl SandboxBank {
     pub async fn start(settings: BankSettings) -> anyhow::Result<SandboxBank> {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        Self::start_on(settings, 0).await
+    }
+
+    async fn start_listening(
+        settings: BankSettings,
+        listener: tokio::net::TcpListener,
+    ) -> anyhow::Result<SandboxBank> {
         let addr = listener.local_addr()?;
         let bank = Arc::new(Bank {
             settings,
@@ -264,6 +272,8 @@ impl SandboxBank {
         });
         let app = Router::new()
             .route("/payments", post(payments).get(lookup))
+            .route("/_control/fail-next", post(fail_next))
+            .route("/_control/payouts", axum::routing::get(payouts_of_claim))
             .with_state(bank.clone());
         let server = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -279,6 +289,15 @@ impl SandboxBank {
         if let Ok(mut slot) = self.bank.mid_payout.lock() {
             *slot = Some(hook);
         }
+    }
+
+    /// Starts on a given loopback port (0: any), for `claims-payments sandbox-bank`.
+    pub async fn start_on(settings: BankSettings, port: u16) -> anyhow::Result<SandboxBank> {
+        Self::start_listening(
+            settings,
+            tokio::net::TcpListener::bind(("127.0.0.1", port)).await?,
+        )
+        .await
     }
 
     /// The base URL to give the service as `BANK_API_URL`.
@@ -386,13 +405,28 @@ async fn payments(State(bank): State<Arc<Bank>>, headers: HeaderMap, body: Bytes
     };
     let k = key.as_bytes();
 
-    if chance::hit(s.error_5xx_rate, s.seed, "bank-5xx", k, attempt) {
+    let scripted_failure = {
+        let mut books = bank.books();
+        let fail = books.fail_next > 0;
+        books.fail_next = books.fail_next.saturating_sub(1);
+        fail
+    };
+    if scripted_failure || chance::hit(s.error_5xx_rate, s.seed, "bank-5xx", k, attempt) {
         bank.record(Some(&key), &body, BankAnswer::Injected5xx, None);
-        return error(
+        let mut response = error(
             StatusCode::SERVICE_UNAVAILABLE,
             "payment engine unavailable",
             "unavailable",
         );
+        if scripted_failure {
+            // An outage that says how long it lasts: a client honours it, so each
+            // request of the service meets exactly one of the scripted failures.
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from(s.retry_after_secs),
+            );
+        }
+        return response;
     }
     if chance::hit(s.rate_429, s.seed, "bank-429", k, attempt) {
         bank.record(Some(&key), &body, BankAnswer::Injected429, None);
@@ -489,6 +523,34 @@ async fn payments(State(bank): State<Arc<Bank>>, headers: HeaderMap, body: Bytes
         }
         Step::New => process_new(bank, key, body, request, attempt).await,
     }
+}
+
+#[derive(serde::Deserialize)]
+struct FailNext {
+    count: u64,
+}
+
+/// Test control: the next `count` payout requests answer 503 and pay nothing.
+async fn fail_next(State(bank): State<Arc<Bank>>, axum::Json(f): axum::Json<FailNext>) -> Response {
+    bank.books().fail_next = f.count;
+    json(StatusCode::OK, serde_json::json!({"failNext": f.count}))
+}
+
+#[derive(serde::Deserialize)]
+struct ClaimQuery {
+    #[serde(rename = "claimId")]
+    claim_id: String,
+}
+
+/// Test control: how many payouts the bank made for a claim.
+async fn payouts_of_claim(State(bank): State<Arc<Bank>>, Query(q): Query<ClaimQuery>) -> Response {
+    let count = bank
+        .books()
+        .payouts
+        .iter()
+        .filter(|p| p.claim_id == q.claim_id)
+        .count();
+    json(StatusCode::OK, serde_json::json!({"count": count}))
 }
 
 #[derive(serde::Deserialize)]

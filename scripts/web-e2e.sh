@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The browser test of web/ (the Angular payment page and its idempotent client) against
+# the real `claims-payments serve` and the sandbox bank, each a separate process:
+# double click, a dropped answer, a bank outage (503), one payment and one payout.
+# Installs what it needs: Debian's chromium (no browser download) and web/'s npm packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=$(realpath "${1:-target/debug/claims-payments}")
+export RUST_LIB_BACKTRACE=0
+
+if [[ ! -x /usr/bin/chromium ]]; then
+  apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+fi
+(cd web && npm ci --no-audit --no-fund --loglevel=error)
+
+work=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+"$BIN" sandbox-bank >"$work/bank.out" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q '^ready$' "$work/bank.out" 2>/dev/null && break; sleep 0.1; done
+bank_url=$(sed -n 's/^BANK_API_URL=//p' "$work/bank.out")
+[[ -n "$bank_url" ]] || { echo "the sandbox bank did not start:"; cat "$work/bank.out"; exit 1; }
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# A retry budget of one request: the sandbox bank's scripted 503s carry Retry-After: 1,
+# which the service honours, so each page request meets exactly one of them and the
+# outage reaches the page as 503 (the deployed budget of 60 s would absorb it).
+FUNCTIONS_CUSTOMHANDLER_PORT=$port PAYMENTS_SQLITE_PATH="$work/payments.db" BANK_API_URL="$bank_url" \
+  BANK_TIMEOUT_MS=1000 RETRY_BUDGET_MS=1000 LOG_FORMAT=text "$BIN" serve >"$work/serve.log" 2>&1 &
+pids+=($!)
+python3 - "$port" <<'PY'
+import socket, sys, time
+for _ in range(200):
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+PY
+
+export SERVICE_URL="http://127.0.0.1:$port"
+export BANK_CONTROL_URL="$bank_url/_control/fail-next"
+export BANK_PAYOUTS_URL="$bank_url/_control/payouts"
+export E2E_BANK_FAILURES=2
+export LEDGER_CHECK_CMD="PAYMENTS_SQLITE_PATH='$work/payments.db' '$BIN' ledger --json --limit 100000 | python3 -c 'import json,sys; print(sum(1 for l in sys.stdin if json.loads(l)[\"claimId\"] == \"{claimId}\"))'"
+if ! (cd web && npm run --silent e2e); then
+  echo "== serve log (tail)"; tail -n 40 "$work/serve.log"
+  exit 1
+fi
