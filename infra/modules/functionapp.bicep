@@ -99,6 +99,19 @@ param reconcileSchedule string = '0 */10 * * * *'
 @description('RECONCILE_MIN_AGE_MS: an in_progress payout is settled by the timer only once its lease ran out this long ago (three leases).')
 param reconcileMinAgeMs int = 360000
 
+@description('HTTP_AUTH: how the payments API scopes callers. functionkey (default): function keys, one scope per tenantId of the body. appservice: App Service Authentication (Entra ID) in front, scope = caller tenant + object id (configure authsettingsV2 on the app; docs/deploy.md).')
+@allowed([
+  'functionkey'
+  'appservice'
+])
+param httpAuth string = 'functionkey'
+
+@description('IDEMPOTENCY_KEY_RETENTION_HOURS: how long an HTTP Idempotency-Key is remembered.')
+param idempotencyKeyRetentionHours int = 24
+
+@description('Origins allowed to call the payments API from a browser (CORS, enforced by the platform in front of the handler). Empty: no cross-origin callers. The handler itself only listens on 127.0.0.1 behind the host.')
+param corsAllowedOrigins array = []
+
 @description('The queue\'s maxDeliveryCount, passed to the handler (MAX_DELIVERY_COUNT) for its start-up check.')
 @minValue(2)
 @maxValue(2000)
@@ -160,6 +173,14 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       minTlsVersion: '1.2'
       ftpsState: 'Disabled'
       http20Enabled: true
+      // A front end on another origin calls POST /api/payments from the browser: the
+      // platform answers the preflight; Idempotency-Key must be an allowed header, and
+      // Retry-After / Idempotent-Replayed / Location are read only where exposed (the
+      // web client decides by status and problem type, so it stays correct without them).
+      cors: {
+        allowedOrigins: corsAllowedOrigins
+        supportCredentials: false
+      }
       appSettings: [
         {
           name: 'AzureWebJobsStorage__credential'
@@ -261,6 +282,14 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'RECONCILE_SCHEDULE'
           value: reconcileSchedule
+        }
+        {
+          name: 'HTTP_AUTH'
+          value: httpAuth
+        }
+        {
+          name: 'IDEMPOTENCY_KEY_RETENTION_HOURS'
+          value: string(idempotencyKeyRetentionHours)
         }
         {
           name: 'RECONCILE_MIN_AGE_MS'

@@ -16,6 +16,7 @@
 pub mod bank;
 pub mod chance;
 pub mod driver;
+pub mod http_client;
 pub mod process;
 pub mod queue;
 pub mod report;
@@ -151,6 +152,11 @@ pub struct SimulateArgs {
     /// Probability per lookup (`GET /payments?reference=`) of a 503.
     #[arg(long = "bank-lookup-5xx-rate", default_value_t = 0.2)]
     pub bank_lookup_5xx_rate: f64,
+    /// Share of claims (with one payload) that an HTTP client also pays through
+    /// `POST /api/payments` while their messages are delivered: retries, double submits,
+    /// replays, key reuse with another body, the same key from another tenant.
+    #[arg(long, default_value_t = 0.1)]
+    pub http_share: f64,
     /// How often `claims-payments reconcile` runs while deliveries continue (it also
     /// runs at the end until nothing is left unknown); 0: only at the end.
     #[arg(long, default_value_t = 5)]
@@ -277,6 +283,7 @@ impl SimulateArgs {
             ("lock-expiry-rate", self.lock_expiry_rate),
             ("kill-mid-payout-rate", self.kill_mid_payout_rate),
             ("orphan-rate", self.orphan_rate),
+            ("http-share", self.http_share),
             ("bank-lookup-5xx-rate", self.bank_lookup_5xx_rate),
             ("bank-5xx-rate", self.bank_5xx_rate),
             ("bank-429-rate", self.bank_429_rate),
@@ -313,6 +320,7 @@ impl SimulateArgs {
             put("bank-lookup-5xx", self.bank_lookup_5xx_rate.to_string());
         }
         put("lock-expiry", self.lock_expiry_rate.to_string());
+        put("http-share", self.http_share.to_string());
         put("slow-store-ms", self.slow_store_ms.to_string());
         if !self.ledger_only {
             put("bank-5xx", self.bank_5xx_rate.to_string());
@@ -626,7 +634,15 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         )),
         _ => None,
     };
+    let http = {
+        let (supervisor, plan) = (supervisor.clone(), plan.clone());
+        let (share, concurrency) = (opts.http_share, (opts.concurrency / 4).max(1));
+        tokio::spawn(
+            async move { http_client::run(supervisor, &plan, share, seed, concurrency).await },
+        )
+    };
     host.run_until_settled(deadline).await?;
+    let http = http.await.unwrap_or_default();
     // The operator re-drives the dead-letter queue once.
     let redriven = queue.redrive_dead_letters();
     if redriven > 0 {
@@ -687,7 +703,10 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         exactly_once: verification.exactly_once
             && reconcile
                 .as_ref()
-                .is_none_or(report::ReconcileReport::settled),
+                .is_none_or(report::ReconcileReport::settled)
+            && http.violations.is_empty()
+            && http.succeeded == http.intents,
+        http,
         seed,
         handler: opts.handler.as_str().to_owned(),
         mode: if with_bank {

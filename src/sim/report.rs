@@ -694,6 +694,8 @@ pub struct Report {
     pub verification: Verification,
     /// `claims-payments reconcile` during and after the deliveries (with a bank).
     pub reconcile: Option<ReconcileReport>,
+    /// `POST /api/payments` clients mixed with the deliveries.
+    pub http: super::http_client::HttpStats,
     pub duration_ms: u64,
     pub deliveries_per_second: f64,
 }
@@ -834,6 +836,23 @@ impl Report {
             for e in &c.examples {
                 let _ = writeln!(o, "         {e}");
             }
+        }
+        {
+            let h = &self.http;
+            let answers: Vec<String> = h.answers.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let _ = writeln!(
+                o,
+                "http       {} intents ({} double submits), {} requests: {}; {} succeeded; checked {} replays, {} key reuses, {} cross-scope keys  [{}]",
+                h.intents,
+                h.double_submits,
+                h.requests,
+                answers.join(", "),
+                h.succeeded,
+                h.replays_checked,
+                h.key_reuses_checked,
+                h.cross_scope_checked,
+                if h.violations.is_empty() && h.succeeded == h.intents { "ok".to_owned() } else { format!("FAIL: {}", h.violations.join("; ")) }
+            );
         }
         if let Some(r) = &self.reconcile {
             let _ = writeln!(
