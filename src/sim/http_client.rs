@@ -163,8 +163,8 @@ async fn post(
     reply
 }
 
-/// Retries like the web client until a final answer, for at most a lease and a half
-/// (a request cut by a crash holds its key until its lease runs out: 409 meanwhile).
+/// Retries like the web client until a final answer, for at most [`PATIENCE`] (a
+/// request cut by a crash holds its key until its lease runs out: 409 meanwhile).
 async fn until_final(
     client: &reqwest::Client,
     supervisor: &Supervisor,
