@@ -203,38 +203,106 @@ fn io_wchar(task: &Path) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-impl ThreadCpu {
-    fn of(pid: u32) -> (Self, ThreadIo) {
-        let mut cpu = ThreadCpu::default();
-        let mut io = ThreadIo::default();
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return (cpu, io);
+/// CPU time of one thread in microseconds: `schedstat`'s time on CPU (nanoseconds), or
+/// `stat`'s user + system ticks (10 ms) where schedstat is not available.
+fn task_cpu_us(task: &Path) -> Option<f64> {
+    std::fs::read_to_string(task.join("schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|ns| ns / 1000.0)
+        .or_else(|| stat_cpu_us(&task.join("stat")))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ThreadKind {
+    Runtime,
+    Writer,
+    Syncer,
+    Checkpointer,
+    Other,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TaskSample {
+    kind: ThreadKind,
+    cpu_us: f64,
+    wchar: f64,
+}
+
+/// The live threads of a process, each with its CPU time and bytes written so far.
+#[derive(Debug, Clone, Default)]
+struct Tasks(std::collections::HashMap<u64, TaskSample>);
+
+impl Tasks {
+    fn of(pid: u32) -> Self {
+        let mut tasks = Tasks::default();
+        let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return tasks;
         };
-        for task in tasks.flatten() {
+        for task in entries.flatten() {
             let path = task.path();
-            let (Ok(comm), Some(us)) = (
+            let (Some(tid), Ok(comm), Some(cpu_us)) = (
+                task.file_name()
+                    .to_str()
+                    .and_then(|t| t.parse::<u64>().ok()),
                 std::fs::read_to_string(path.join("comm")),
-                stat_cpu_us(&path.join("stat")),
+                task_cpu_us(&path),
             ) else {
                 continue;
             };
-            *match comm.trim() {
-                "tokio-rt-worker" => &mut cpu.runtime,
-                "sqlite-writer" => &mut cpu.sqlite_writer,
-                "sqlite-syncer" => &mut cpu.sqlite_syncer,
-                _ => &mut cpu.other,
-            } += us;
-            match comm.trim() {
-                "sqlite-writer" => io.wal_writer += io_wchar(&path).unwrap_or(0.0),
-                "sqlite-checkpoi" | "sqlite-checkpointer" => {
-                    io.checkpointer += io_wchar(&path).unwrap_or(0.0)
-                }
+            let kind = match comm.trim() {
+                "tokio-rt-worker" => ThreadKind::Runtime,
+                "sqlite-writer" => ThreadKind::Writer,
+                "sqlite-syncer" => ThreadKind::Syncer,
+                // Thread names are cut to 15 bytes.
+                "sqlite-checkpoi" | "sqlite-checkpointer" => ThreadKind::Checkpointer,
+                _ => ThreadKind::Other,
+            };
+            let wchar = match kind {
+                ThreadKind::Writer | ThreadKind::Checkpointer => io_wchar(&path).unwrap_or(0.0),
+                _ => 0.0,
+            };
+            tasks.0.insert(
+                tid,
+                TaskSample {
+                    kind,
+                    cpu_us,
+                    wchar,
+                },
+            );
+        }
+        tasks
+    }
+
+    /// What the threads did since `before`. A thread that exited meanwhile is left out
+    /// (only its time within the phase is lost: tokio's blocking threads exit after 10 s
+    /// idle), and one that started counts from zero.
+    fn since(&self, before: &Tasks) -> (f64, ThreadCpu, ThreadIo) {
+        let (mut total, mut cpu, mut io) = (0.0, ThreadCpu::default(), ThreadIo::default());
+        for (tid, now) in &self.0 {
+            let (cpu_before, wchar_before) = before
+                .0
+                .get(tid)
+                .map_or((0.0, 0.0), |b| (b.cpu_us, b.wchar));
+            let (d_cpu, d_wchar) = (now.cpu_us - cpu_before, now.wchar - wchar_before);
+            total += d_cpu;
+            *match now.kind {
+                ThreadKind::Runtime => &mut cpu.runtime,
+                ThreadKind::Writer => &mut cpu.sqlite_writer,
+                ThreadKind::Syncer => &mut cpu.sqlite_syncer,
+                ThreadKind::Checkpointer | ThreadKind::Other => &mut cpu.other,
+            } += d_cpu;
+            match now.kind {
+                ThreadKind::Writer => io.wal_writer += d_wchar,
+                ThreadKind::Checkpointer => io.checkpointer += d_wchar,
                 _ => {}
             }
         }
-        (cpu, io)
+        (total, cpu, io)
     }
+}
 
+impl ThreadCpu {
     fn combine(self, other: ThreadCpu, f: impl Fn(f64, f64) -> f64) -> ThreadCpu {
         ThreadCpu {
             runtime: f(self.runtime, other.runtime),
@@ -600,7 +668,7 @@ fn percentile_ms(sorted_us: &[u64], p: usize) -> f64 {
     sorted_us[rank - 1] as f64 / 1000.0
 }
 
-/// The handler's counters (`GET /metrics`), plus the CPU time of both processes.
+/// Deltas of the handler's counters (`GET /metrics`), plus the CPU time of both processes.
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
     invocations: f64,
@@ -618,7 +686,26 @@ struct Counters {
     generator_cpu_us: f64,
 }
 
-async fn counters(client: &reqwest::Client, base_url: &str, pid: u32) -> anyhow::Result<Counters> {
+/// One reading of the counters and of both processes' threads.
+struct Sample {
+    metrics: Counters,
+    server: Tasks,
+    generator: Tasks,
+}
+
+impl Sample {
+    fn since(&self, before: &Sample) -> Counters {
+        let mut delta = self.metrics.minus(&before.metrics);
+        let (server_cpu_us, server_threads, server_io) = self.server.since(&before.server);
+        delta.server_cpu_us = server_cpu_us;
+        delta.server_threads = server_threads;
+        delta.server_io = server_io;
+        delta.generator_cpu_us = self.generator.since(&before.generator).0;
+        delta
+    }
+}
+
+async fn counters(client: &reqwest::Client, base_url: &str, pid: u32) -> anyhow::Result<Sample> {
     let value: serde_json::Value = client
         .get(format!("{base_url}/metrics"))
         .timeout(Duration::from_secs(10))
@@ -633,32 +720,26 @@ async fn counters(client: &reqwest::Client, base_url: &str, pid: u32) -> anyhow:
             .and_then(serde_json::Value::as_f64)
             .unwrap_or(0.0)
     };
-    let (server_threads, server_io) = ThreadCpu::of(pid);
-    Ok(Counters {
-        invocations: f("invocations"),
-        round_trips: f("storeRoundTrips"),
-        bank_calls: f("bankCalls"),
-        request_units: f("cosmosRequestUnits"),
-        commits: f("sqliteCommits"),
-        committed_jobs: f("sqliteCommittedJobs"),
-        syncs: f("sqliteSyncs"),
-        lease_waits: f("leaseWaits"),
-        takeovers: f("takeovers"),
-        server_cpu_us: cpu_us(pid).unwrap_or(0.0),
-        server_threads,
-        server_io,
-        generator_cpu_us: cpu_us(std::process::id()).unwrap_or(0.0),
+    Ok(Sample {
+        metrics: Counters {
+            invocations: f("invocations"),
+            round_trips: f("storeRoundTrips"),
+            bank_calls: f("bankCalls"),
+            request_units: f("cosmosRequestUnits"),
+            commits: f("sqliteCommits"),
+            committed_jobs: f("sqliteCommittedJobs"),
+            syncs: f("sqliteSyncs"),
+            lease_waits: f("leaseWaits"),
+            takeovers: f("takeovers"),
+            ..Counters::default()
+        },
+        server: Tasks::of(pid),
+        generator: Tasks::of(std::process::id()),
     })
 }
 
-/// CPU time (user + system, all threads) of a process so far, in microseconds, from
-/// `/proc/<pid>/stat`. The kernel reports it in USER_HZ ticks, which Linux fixes at 100
-/// per second; phases last long enough that the 10 ms granularity stays small.
-fn cpu_us(pid: u32) -> Option<f64> {
-    stat_cpu_us(Path::new(&format!("/proc/{pid}/stat")))
-}
-
-/// CPU time from a process's or thread's `stat` file.
+/// CPU time from a thread's `stat` file: user + system in USER_HZ ticks, which Linux
+/// fixes at 100 per second.
 fn stat_cpu_us(path: &Path) -> Option<f64> {
     let stat = std::fs::read_to_string(path).ok()?;
     // The command name may contain spaces; fields are counted after its closing ')'.
@@ -688,7 +769,7 @@ async fn measured(
     let before = counters(client, &base_url, process.pid).await?;
     let run = load(client, &base_url, bodies, concurrency, expected).await;
     let after = counters(client, &base_url, process.pid).await?;
-    Ok((run, after.minus(&before)))
+    Ok((run, after.since(&before)))
 }
 
 impl Counters {
@@ -1994,7 +2075,7 @@ async fn instances_run(
     let mut total = Counters::default();
     for ((process, url), before) in processes.iter().zip(&urls).zip(&before) {
         let after = counters(client, url, process.pid).await?;
-        total = total.plus(&after.minus(before));
+        total = total.plus(&after.since(before));
     }
     for process in processes {
         process.stop().await;
@@ -2105,8 +2186,9 @@ impl InstancesReport {
         }
         let _ = writeln!(
             o,
-            "met a lease = deliveries that found the message in progress under another attempt's lease (waited: {}; took it over: {}), \
-             over all deliveries; emu RU = the SDK emulator's stub charge, not Azure's (the computed per-case table of `bench` applies)",
+            "met a lease = deliveries that found the message in progress under another attempt's lease (another instance's when N > 1; \
+             with N = 1 the two deliveries meet in one process), over all deliveries (waited for it: {}; took it over: {}); \
+             emu RU = the SDK emulator's stub charge, not Azure's (the computed per-case table of `bench` applies)",
             self.runs
                 .iter()
                 .map(|r| format!("{:.0}", r.lease_waits))

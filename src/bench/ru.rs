@@ -537,6 +537,7 @@ fn per_message(recorded: &Recorded, messages: usize, round_trips: u64, case: Cas
             .map(|doc| delete_charge(doc, policy))
             .sum::<f64>()
             / n
+            + 0.0 // an empty f64 sum is -0.0
     };
     let created: Vec<&Value> = recorded
         .requests
