@@ -8,7 +8,8 @@ Bicep, code and JSON cannot drift apart unnoticed.
 
 Usage: check_container_definition.py [--bicep FILE ...] [--expected JSON]
 Without --bicep, every .bicep file under infra/ is searched; exactly one
-container resource must exist. Needs pycep-parser (scripts/requirements-infra.txt).
+container resource must exist. The indexing policy must also exclude /*, stay
+consistent (TTL) and index the unique key paths. Needs pycep-parser (scripts/requirements-infra.txt).
 Exit code 0 when equal, 1 on a mismatch (with a diff), 2 on usage or parse errors.
 """
 
@@ -80,6 +81,34 @@ def find_containers(files: list[Path]) -> list[tuple[Path, str, dict]]:
     return found
 
 
+def indexing_problems(definition: dict) -> list[str]:
+    """What is wrong with the indexing policy itself, whatever Bicep says.
+
+    Every indexed value costs request units on every write, so the policy lists
+    what the queries and the unique key need and excludes everything else with
+    `/*`. Indexing mode `none` is incompatible with TTL (inbox documents expire).
+    The unique key paths stay indexed: whether a unique key works on excluded
+    paths is not documented.
+    """
+    policy = definition.get("indexingPolicy")
+    if not isinstance(policy, dict):
+        return ["indexingPolicy is missing (the service default indexes every path)"]
+    problems = []
+    if policy.get("indexingMode") != "consistent":
+        problems.append(f"indexingMode is {policy.get('indexingMode')!r}, not 'consistent' (TTL needs it)")
+    included = [p.get("path") for p in policy.get("includedPaths") or [] if isinstance(p, dict)]
+    excluded = [p.get("path") for p in policy.get("excludedPaths") or [] if isinstance(p, dict)]
+    if "/*" not in excluded:
+        problems.append("excludedPaths does not exclude /* (every path would be indexed and paid for)")
+    if "/*" in included:
+        problems.append("includedPaths includes /*")
+    for key in (definition.get("uniqueKeyPolicy") or {}).get("uniqueKeys") or []:
+        for path in key.get("paths") or []:
+            if f"{path}/?" not in included:
+                problems.append(f"unique key path {path} is not indexed ({path}/? missing from includedPaths)")
+    return problems
+
+
 def pretty(value) -> list[str]:
     return json.dumps(value, indent=2, sort_keys=True).splitlines(keepends=True)
 
@@ -119,7 +148,7 @@ def main() -> int:
         print(f"MISMATCH {label}: properties.resource is missing or not an object")
         return 1
 
-    problems = []
+    problems = [f"{args.expected.name}: {p}" for p in indexing_problems(expected)]
     if name != expected.get("id"):
         problems.append(f"resource name {name!r} != expected id {expected.get('id')!r}")
     for field in COMPARED_FIELDS:
@@ -141,7 +170,10 @@ def main() -> int:
             difflib.unified_diff(pretty(expected), pretty(block), fromfile=str(args.expected), tofile=label)
         )
         return 1
-    print(f"OK {label} equals {args.expected.name} (id, partitionKey, defaultTtl, uniqueKeyPolicy, indexingPolicy)")
+    print(
+        f"OK {label} equals {args.expected.name} (id, partitionKey, defaultTtl, uniqueKeyPolicy, indexingPolicy); "
+        "the indexing policy excludes /* and indexes the unique key paths"
+    )
     return 0
 
 

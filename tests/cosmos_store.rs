@@ -26,6 +26,7 @@ use azure_data_cosmos::fault_injection::{
 use azure_data_cosmos::models::{ContainerProperties, TimeToLive};
 use azure_data_cosmos::{ContainerClient, CosmosClient};
 use claims_payments::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
+use claims_payments::store::cosmos::container::indexing_policy_difference;
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id, InboxDoc, PaymentDoc};
 use claims_payments::store::cosmos::emulator::{
     serve, InProcessEmulator, RequestObserver, EMULATOR_KEY,
@@ -776,6 +777,7 @@ mod scenarios {
         assert_eq!(properties.default_ttl, TimeToLive::NoDefault);
         let unique: Vec<Vec<String>> = properties
             .unique_key_policy
+            .clone()
             .expect("unique key policy")
             .unique_keys
             .into_iter()
@@ -792,6 +794,14 @@ mod scenarios {
             .map(|p| p.as_ref())
             .collect();
         assert_eq!(pk, ["/claimId"]);
+        // The indexing policy reads back as defined (up to what the service adds itself):
+        // only the queried and unique-key paths, `/*` excluded.
+        assert_eq!(
+            indexing_policy_difference(&properties),
+            None,
+            "{:?}",
+            properties.indexing_policy
+        );
     }
 
     /// Persistent 429, 503, 408 and lost requests at the claim batch, the point reads and
@@ -1102,6 +1112,105 @@ async fn provision_is_idempotent_and_refuses_a_different_container() {
         !error.contains("defaultTtl"),
         "only the real difference is named: {error}"
     );
+}
+
+/// A container deployed before issue 17 indexes every path. Provisioning (key auth)
+/// replaces its indexing policy in place; the documents stay, the unique key still refuses
+/// a second inbox or payment document, and the listings still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provision_narrows_an_outdated_indexing_policy_in_place() {
+    let emulator = InProcessEmulator::new().unwrap();
+    let client = emulator.client(Vec::new()).await.unwrap();
+    client.create_database(DATABASE, None).await.unwrap();
+    let mut legacy = container_definition(CONTAINER);
+    legacy["indexingPolicy"] = serde_json::json!({
+        "indexingMode": "consistent",
+        "automatic": true,
+        "includedPaths": [ { "path": "/*" } ],
+        "excludedPaths": [ { "path": "/payoutRequest/?" }, { "path": "/\"_etag\"/?" } ]
+    });
+    let legacy: ContainerProperties = serde_json::from_value(legacy).unwrap();
+    client
+        .database_client(DATABASE)
+        .create_container(legacy, None)
+        .await
+        .unwrap();
+    let container = client
+        .database_client(DATABASE)
+        .container_client(CONTAINER, None)
+        .await
+        .unwrap();
+    let read_properties = || async {
+        let properties: ContainerProperties =
+            container.read(None).await.unwrap().into_model().unwrap();
+        properties
+    };
+    assert!(indexing_policy_difference(&read_properties().await).is_some());
+
+    // A claim made under the old policy.
+    let store = CosmosStore::from_container(container.clone(), RETENTION).unwrap();
+    let claim = ClaimId::random();
+    let inbox = inbox_record(claim, "m-before", AttemptId::new());
+    let payment = payment_record(claim, "m-before");
+    claimed_version(store.claim(&inbox, &payment).await.unwrap());
+
+    let report = provision_with_client(&client, DATABASE, CONTAINER)
+        .await
+        .unwrap();
+    assert!(
+        report.indexing_policy_updated && !report.container_created,
+        "{report}"
+    );
+    assert!(
+        report.to_string().contains("indexing policy was updated"),
+        "{report}"
+    );
+    assert_eq!(indexing_policy_difference(&read_properties().await), None);
+    let again = provision_with_client(&client, DATABASE, CONTAINER)
+        .await
+        .unwrap();
+    assert!(!again.indexing_policy_updated, "{again}");
+
+    // The data is still there, and the unique key still refuses a second payment and a
+    // second inbox document for the same keys under other ids.
+    assert_eq!(
+        store.inbox(&inbox.key()).await.unwrap().unwrap().record,
+        inbox
+    );
+    let mut impostor = PaymentDoc::from_record(&payment_record(claim, "m-other"));
+    impostor.id = "payment:payout:v2".to_owned();
+    let refused = container
+        .create_item(claim.to_string(), &impostor.id, &impostor, None)
+        .await;
+    assert_eq!(
+        refused.map(|_| ()).unwrap_err().status().status_code(),
+        StatusCode::Conflict
+    );
+    let mut inbox_impostor = InboxDoc::from_record(&inbox, 60);
+    inbox_impostor.id = "inbox:other-encoding".to_owned();
+    let refused = container
+        .create_item(claim.to_string(), &inbox_impostor.id, &inbox_impostor, None)
+        .await;
+    assert_eq!(
+        refused.map(|_| ()).unwrap_err().status().status_code(),
+        StatusCode::Conflict
+    );
+    // A redelivery and a second message for the claim are still told apart.
+    match store.claim(&inbox, &payment).await.unwrap() {
+        ClaimResult::InboxExists(existing) => assert_eq!(existing.record, inbox),
+        other => panic!("expected InboxExists, got {other:?}"),
+    }
+    let second = inbox_record(claim, "m-after", AttemptId::new());
+    assert!(matches!(
+        store
+            .claim(&second, &payment_record(claim, "m-after"))
+            .await
+            .unwrap(),
+        ClaimResult::PaymentExists(_)
+    ));
+    // The listings filter on docType and sort on createdAt, both still indexed.
+    assert_eq!(store.list_payments(10).await.unwrap(), vec![payment]);
+    assert_eq!(store.list_inbox(10).await.unwrap(), vec![inbox]);
 }
 
 /// Serves a fresh emulator over loopback HTTP in this process; returns its settings.

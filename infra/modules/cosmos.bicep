@@ -132,17 +132,29 @@ resource container 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/container
           }
         ]
       }
+      // Only what the queries filter or sort on and the unique key paths: every
+      // indexed value costs request units on each write (see
+      // src/store/cosmos/container.rs INDEXED_PATHS). Changeable in place.
       indexingPolicy: {
         indexingMode: 'consistent'
         automatic: true
         includedPaths: [
           {
-            path: '/*'
+            path: '/docType/?'
+          }
+          {
+            path: '/dedupKey/?'
+          }
+          {
+            path: '/createdAt/?'
+          }
+          {
+            path: '/status/?'
           }
         ]
         excludedPaths: [
           {
-            path: '/payoutRequest/?'
+            path: '/*'
           }
           {
             path: '/"_etag"/?'

@@ -63,6 +63,9 @@ pub struct ServeSpec {
     /// stdout and stderr of every start are appended here (none: discarded).
     pub log: Option<PathBuf>,
     pub ready_timeout: Duration,
+    /// CPUs the process may run on (`sched_setaffinity` before exec, so every thread
+    /// inherits it and the runtime sizes itself to them); `None`: inherited.
+    pub cpus: Option<Vec<usize>>,
 }
 
 impl ServeSpec {
@@ -73,7 +76,14 @@ impl ServeSpec {
             env: Vec::new(),
             log: None,
             ready_timeout: Duration::from_secs(20),
+            cpus: None,
         }
+    }
+
+    /// Runs the process on these CPUs only.
+    pub fn on_cpus(mut self, cpus: Vec<usize>) -> Self {
+        self.cpus = Some(cpus);
+        self
     }
 
     pub fn env(mut self, key: &str, value: impl Into<String>) -> Self {
@@ -163,6 +173,24 @@ impl ServeProcess {
                     0
                 }
             };
+            if let Some(cpus) = spec.cpus.clone() {
+                // SAFETY: the closure runs in the forked child before exec and only calls
+                // the async-signal-safe sched_setaffinity on a set built before the fork.
+                let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+                for cpu in cpus {
+                    unsafe { libc::CPU_SET(cpu, &mut set) };
+                }
+                unsafe {
+                    command.pre_exec(move || {
+                        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+                            != 0
+                        {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
             let started = Instant::now();
             let mut child = command
                 .spawn()
