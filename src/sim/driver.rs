@@ -735,10 +735,7 @@ impl Host {
                 let settled = self.queue.complete(delivery, &label);
                 let mut stats = self.stats_mut();
                 *stats.outcomes.entry(label.clone()).or_default() += 1;
-                *stats.instances[instance]
-                    .outcomes
-                    .entry(label)
-                    .or_default() += 1;
+                *stats.instances[instance].outcomes.entry(label).or_default() += 1;
                 match settled {
                     Ok(()) => {
                         stats.completed += 1;
@@ -754,21 +751,15 @@ impl Host {
             Answer::Failure { failure, label } => {
                 if failure.kind == "function timeout" {
                     // The host restarts the worker process after a function timeout.
-                    self.handler.kill(
-                        instance,
-                        endpoint.generation,
-                        KillReason::FunctionTimeout,
-                    );
+                    self.handler
+                        .kill(instance, endpoint.generation, KillReason::FunctionTimeout);
                 }
                 let kind = failure.kind.clone();
                 let settled = self.queue.abandon(delivery, failure);
                 let mut stats = self.stats_mut();
                 if let Some(label) = label {
                     *stats.outcomes.entry(label.clone()).or_default() += 1;
-                    *stats.instances[instance]
-                        .outcomes
-                        .entry(label)
-                        .or_default() += 1;
+                    *stats.instances[instance].outcomes.entry(label).or_default() += 1;
                 }
                 if kind == "function timeout" {
                     stats.function_timeouts += 1;

@@ -501,12 +501,10 @@ impl Ledger {
             env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         })
         .map_err(|e| anyhow::anyhow!("invalid Cosmos setting {e}"))?;
-        let store = crate::store::cosmos::CosmosStore::connect(
-            &settings,
-            Duration::from_secs(30 * 86_400),
-        )
-        .await
-        .context("cannot connect to the emulator's Cosmos container")?;
+        let store =
+            crate::store::cosmos::CosmosStore::connect(&settings, Duration::from_secs(30 * 86_400))
+                .await
+                .context("cannot connect to the emulator's Cosmos container")?;
         Ok(Ledger::Cosmos(Box::new(store)))
     }
 
@@ -629,11 +627,9 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
                 .cosmos_emulator
                 .clone()
                 .unwrap_or_else(|| exe.with_file_name("cosmos-emulator"));
-            let started = CosmosEmulator::start(
-                &path,
-                Some(&temp.path().join("cosmos-emulator.log")),
-            )
-            .await?;
+            let started =
+                CosmosEmulator::start(&path, Some(&temp.path().join("cosmos-emulator.log")))
+                    .await?;
             store_env.extend(started.env.iter().cloned());
             let ledger = Ledger::cosmos(&store_env).await?;
             emulator = Some(started);
@@ -1085,6 +1081,89 @@ mod tests {
             ..SimulateArgs::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn several_instances_need_the_cosmos_store() {
+        let one = SimulateArgs::default();
+        assert_eq!((one.instances, one.store_kind()), (1, SimStore::Sqlite));
+        let four = SimulateArgs {
+            instances: 4,
+            ..SimulateArgs::default()
+        };
+        assert_eq!(four.store_kind(), SimStore::Cosmos);
+        four.validate().unwrap();
+        let on_sqlite = SimulateArgs {
+            store: Some(SimStore::Sqlite),
+            ..four.clone()
+        };
+        let refusal = on_sqlite.validate().unwrap_err().to_string();
+        assert!(refusal.contains("--store cosmos"), "{refusal}");
+        let with_file = SimulateArgs {
+            sqlite_path: Some("/tmp/x.db".into()),
+            ..four
+        };
+        assert!(with_file.validate().is_err());
+        let none = SimulateArgs {
+            instances: 0,
+            ..SimulateArgs::default()
+        };
+        assert!(none.validate().is_err());
+    }
+
+    #[test]
+    fn a_bank_client_name_is_an_instance_and_a_generation() {
+        let url_part = format!("instance-3-gen-{}", process::GENERATION_TOKEN);
+        let spec =
+            ServeSpec::new("x".into()).env("BANK_API_URL", format!("http://b/clients/{url_part}"));
+        let started = spec.for_generation(12);
+        assert_eq!(started.env[0].1, "http://b/clients/instance-3-gen-12");
+        assert_eq!(mid_payout_client("instance-3-gen-12"), Some((2, 12)));
+        assert_eq!(mid_payout_client("instance-0-gen-1"), None);
+        assert_eq!(mid_payout_client("reconcile"), None);
+        assert_eq!(mid_payout_client("instance-x-gen-1"), None);
+    }
+
+    #[test]
+    fn instance_logs_sit_next_to_the_given_one() {
+        let p = std::path::Path::new("/tmp/run/serve.log");
+        assert_eq!(instance_log(p, 0, 1), p);
+        assert_eq!(
+            instance_log(p, 1, 3),
+            std::path::Path::new("/tmp/run/serve.2.log")
+        );
+        assert_eq!(
+            instance_log(std::path::Path::new("out"), 0, 2),
+            std::path::Path::new("out.1")
+        );
+    }
+
+    #[test]
+    fn takeovers_are_counted_from_the_log_across_restarts() {
+        let dir = TempDir::new("sim-takeovers").unwrap();
+        let log = dir.path().join("serve.log");
+        let line = |n: u32| {
+            format!(
+                "{{\"level\":\"INFO\",\"message\":\"{TAKEOVER_LINE}\",\"deliveryCount\":{n}}}\n"
+            )
+        };
+        std::fs::write(&log, line(1)).unwrap();
+        let from = std::fs::metadata(&log).unwrap().len();
+        let mut more = String::new();
+        more.push_str(&line(2));
+        more.push_str("{\"message\":\"listening\"}\n");
+        more.push_str(&line(3));
+        // A process killed mid-line leaves a torn last line; it is not counted.
+        more.push_str("{\"message\":\"took over the le");
+        std::fs::write(&log, format!("{}{more}", line(1))).unwrap();
+        assert_eq!(count_takeovers(&log, 0), 3);
+        assert_eq!(count_takeovers(&log, from), 2);
+        assert_eq!(count_takeovers(&dir.path().join("missing"), 0), 0);
+        assert_eq!(serve_log_filter(None), "info");
+        assert_eq!(
+            serve_log_filter(Some("warn".into())),
+            "warn,claims_payments::consumer=info"
+        );
     }
 
     #[test]

@@ -941,7 +941,8 @@ impl Report {
             "kills crash/chaos/mid/timeout"
         );
         for i in &self.instances {
-            let outcomes: Vec<String> = i.outcomes.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let outcomes: Vec<String> =
+                i.outcomes.iter().map(|(k, n)| format!("{k} {n}")).collect();
             let kills = format!(
                 "{}/{}/{}/{}{}",
                 i.crash_after_commit,
