@@ -111,8 +111,8 @@ async fn one_instance_runs_on_cosmos_when_asked_and_sqlite_refuses_several() {
         ..args(2)
     })
     .await
-    .err()
-    .expect("two instances on SQLite are refused");
+    .map(|report| report.exactly_once)
+    .expect_err("two instances on SQLite are refused");
     assert!(
         refused.to_string().contains("--store cosmos"),
         "{refused:#}"

@@ -52,6 +52,10 @@ pub trait Handler: Send + Sync + 'static {
     }
     /// The live endpoint of `instance` now, None while it restarts.
     fn ready(&self, instance: usize) -> Option<Endpoint>;
+    /// Why `instance` is gone for good (it could not be restarted), if it is.
+    fn failure(&self, _instance: usize) -> Option<String> {
+        None
+    }
     /// The live endpoint of `instance`, waiting (bounded) while it restarts.
     async fn endpoint(&self, instance: usize) -> anyhow::Result<Endpoint>;
     /// SIGKILLs `generation` of `instance`; false if this handler cannot be killed.
@@ -67,6 +71,10 @@ pub trait Handler: Send + Sync + 'static {
 impl Handler for Supervisor {
     fn ready(&self, _instance: usize) -> Option<Endpoint> {
         Supervisor::ready(self)
+    }
+
+    fn failure(&self, _instance: usize) -> Option<String> {
+        Supervisor::failure(self)
     }
 
     async fn endpoint(&self, _instance: usize) -> anyhow::Result<Endpoint> {
@@ -105,6 +113,10 @@ impl Handler for Instances {
 
     fn ready(&self, instance: usize) -> Option<Endpoint> {
         self.0.get(instance).and_then(|s| s.ready())
+    }
+
+    fn failure(&self, instance: usize) -> Option<String> {
+        self.0.get(instance).and_then(|s| s.failure())
     }
 
     async fn endpoint(&self, instance: usize) -> anyhow::Result<Endpoint> {
@@ -608,6 +620,11 @@ impl Host {
         );
         let count = u64::from(delivery.delivery_count);
         loop {
+            // An instance that cannot be restarted fails the run, even while others
+            // could carry on: the run would no longer be what it claims to be.
+            if let Some((i, why)) = (0..n).find_map(|i| self.handler.failure(i).map(|w| (i, w))) {
+                anyhow::bail!("instance {}: the handler cannot be restarted: {why}", i + 1);
+            }
             let freed = self.slot_freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();

@@ -389,6 +389,14 @@ impl Supervisor {
         }
     }
 
+    /// Why the handler could not be restarted, once the supervisor gave up.
+    pub fn failure(&self) -> Option<String> {
+        match &*self.slot.borrow() {
+            Slot::Failed(why) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
     /// Waits until `generation` is no longer the live process (it died and the
     /// supervisor noticed), at most `timeout`.
     pub async fn wait_until_replaced(&self, generation: u64, timeout: Duration) {

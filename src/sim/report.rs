@@ -921,7 +921,7 @@ impl Report {
         let takeovers: u64 = self.instances.iter().map(|i| i.takeovers).sum();
         let _ = writeln!(
             o,
-            "instances  {} serve processes on one {} store, deliveries spread over the live ones: {} redeliveries reached another instance while the first still worked, {} leases taken over",
+            "instances  {} serve processes on one {} store, deliveries spread over the live ones: {} overlaps (a redelivery after a lock expiry reached an instance while another still worked on the message), {} leases of an earlier attempt taken over",
             self.instances.len(),
             self.store,
             h.cross_instance_redeliveries,
@@ -929,14 +929,14 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "  {:>2} {:>6} {:>10} {:>9} {:>6} {:>11} {:>9} {:>9}  {:<29}  outcomes",
+            "  {:>2} {:>6} {:>10} {:>9} {:>6} {:>11} {:>8} {:>9}  {:<29}  outcomes",
             "#",
             "starts",
             "deliveries",
             "completed",
             "failed",
             "lock expiry",
-            "redeliv.",
+            "overlaps",
             "takeovers",
             "kills crash/chaos/mid/timeout"
         );
@@ -957,7 +957,7 @@ impl Report {
             );
             let _ = writeln!(
                 o,
-                "  {:>2} {:>6} {:>10} {:>9} {:>6} {:>11} {:>9} {:>9}  {:<29}  {}",
+                "  {:>2} {:>6} {:>10} {:>9} {:>6} {:>11} {:>8} {:>9}  {:<29}  {}",
                 i.instance,
                 i.starts,
                 i.deliveries,
