@@ -2,9 +2,11 @@
 //! disproves) that each approved claim is paid exactly once.
 //!
 //! It runs the real handler (`claims-payments serve`, a separate process, on a SQLite
-//! file), a sandbox bank ([`bank`]) and a fake Functions host with a Service Bus queue
-//! ([`driver`], [`queue`]) that invokes the handler over the real custom-handler
-//! protocol while injecting the faults of the failure matrix: producer re-sends,
+//! file; or `--instances N` of them side by side on one Cosmos DB container served by
+//! the `cosmos-emulator` dev binary), a sandbox bank ([`bank`]) and a fake Functions
+//! host with a Service Bus queue ([`driver`], [`queue`]) that invokes the handler over
+//! the real custom-handler protocol while injecting the faults of the failure matrix:
+//! producer re-sends,
 //! business duplicates, conflicting payloads, invalid messages, lock expiry while the
 //! handler still works, crashes after the store commit, random kills, a slow store and
 //! a flaky bank. After the queue is drained it re-drives the dead-letter queue once and

@@ -136,6 +136,8 @@ pub struct ServeProcess {
     child: Child,
     pub pid: u32,
     pub port: u16,
+    /// Where this start's output begins in the spec's log file.
+    log: Option<(PathBuf, u64)>,
     /// From exec to the first answer on `GET /`.
     pub startup: Duration,
 }
@@ -192,6 +194,7 @@ impl ServeProcess {
                         child,
                         pid,
                         port,
+                        log: spec.log.clone().map(|p| (p, log_start)),
                         startup: started.elapsed(),
                     })
                 }
@@ -230,6 +233,13 @@ impl ServeProcess {
 
     pub fn peak_rss_kib(&self) -> Option<u64> {
         peak_rss_kib(self.pid)
+    }
+
+    /// The last line this process wrote to the log, if it has one.
+    pub fn last_log_line(&self) -> Option<String> {
+        let (path, from) = self.log.as_ref()?;
+        let tail = log_since(path, *from, 2048);
+        tail.lines().last().map(|l| l.chars().take(400).collect())
     }
 
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
@@ -477,7 +487,7 @@ async fn supervise(
             }
         };
         slot.send_replace(Slot::Starting);
-        classify_exit(&stats, requested, status);
+        classify_exit(&stats, requested, status, || process.last_log_line());
         restarts += 1;
         if restarts > max_restarts {
             slot.send_replace(Slot::Failed(format!(
@@ -503,6 +513,7 @@ fn classify_exit(
     stats: &ProcessStats,
     requested: Option<KillReason>,
     status: std::io::Result<ExitStatus>,
+    last_words: impl FnOnce() -> Option<String>,
 ) {
     use std::os::unix::process::ExitStatusExt;
     let killed = matches!(&status, Ok(s) if s.signal() == Some(9));
@@ -514,11 +525,15 @@ fn classify_exit(
         (Some(KillReason::MidPayout), _) => stats.mid_payout_kills.fetch_add(1, Ordering::Relaxed),
         (None, true) => stats.self_kills.fetch_add(1, Ordering::Relaxed),
         (None, false) => {
+            let mut why = match status {
+                Ok(s) => s.to_string(),
+                Err(e) => e.to_string(),
+            };
+            if let Some(line) = last_words() {
+                why.push_str(&format!(", last log line: {line}"));
+            }
             if let Ok(mut v) = stats.unexpected_exit_statuses.lock() {
-                v.push(match status {
-                    Ok(s) => s.to_string(),
-                    Err(e) => e.to_string(),
-                });
+                v.push(why);
             }
             stats.unexpected_exits.fetch_add(1, Ordering::Relaxed)
         }
