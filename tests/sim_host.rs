@@ -18,6 +18,7 @@ use axum::Router;
 use base64::Engine;
 use claims_payments::host::{BodyEncoding, Invocation};
 use claims_payments::sim::driver::{DataType, FixedHandler, Handler, Host, HostSettings};
+use claims_payments::sim::process::{Endpoint, KillReason};
 use claims_payments::sim::queue::{Queue, Settled};
 use indicatif::ProgressBar;
 
@@ -300,4 +301,99 @@ async fn a_redrive_sends_dead_letters_again_from_delivery_count_one() {
         })
     ));
     assert_eq!(fake.calls.lock().unwrap()["unavailable"], 6);
+}
+
+/// Several in-process fakes as the instances of one app (they cannot be killed).
+struct FixedInstances(Vec<String>);
+
+#[async_trait::async_trait]
+impl Handler for FixedInstances {
+    fn instances(&self) -> usize {
+        self.0.len()
+    }
+
+    fn ready(&self, instance: usize) -> Option<Endpoint> {
+        Some(Endpoint {
+            generation: 1,
+            base_url: Arc::from(self.0[instance].as_str()),
+        })
+    }
+
+    async fn endpoint(&self, instance: usize) -> anyhow::Result<Endpoint> {
+        Ok(self.ready(instance).unwrap())
+    }
+
+    fn kill(&self, _instance: usize, _generation: u64, _reason: KillReason) -> bool {
+        false
+    }
+
+    async fn transport_failed(&self, _instance: usize, _generation: u64) {}
+}
+
+async fn start_fakes(n: usize) -> (Vec<Arc<Fake>>, Arc<dyn Handler>) {
+    let mut fakes = Vec::new();
+    let mut urls = Vec::new();
+    for _ in 0..n {
+        let (fake, url) = start_fake().await;
+        fakes.push(fake);
+        urls.push(url);
+    }
+    (fakes, Arc::new(FixedInstances(urls)))
+}
+
+#[tokio::test]
+async fn deliveries_spread_over_the_instances_within_each_ones_concurrency() {
+    let (fakes, handler) = start_fakes(3).await;
+    let queue = Arc::new(Queue::new(3));
+    for i in 0..60 {
+        queue.send(i, &format!("ok-{i}"), BODY, false);
+    }
+    let settings = HostSettings {
+        concurrency: 2,
+        seed: 5,
+        ..HostSettings::default()
+    };
+    let h = Host::new(queue.clone(), handler, settings, ProgressBar::hidden()).unwrap();
+    h.run_until_settled(soon()).await.unwrap();
+    let stats = h.stats();
+    assert_eq!((stats.deliveries, stats.completed), (60, 60));
+    assert_eq!(stats.instances.len(), 3);
+    for (i, fake) in fakes.iter().enumerate() {
+        let per = &stats.instances[i];
+        assert!(per.deliveries > 0, "instance {i} got nothing: {stats:?}");
+        assert_eq!(per.outcomes["paid"], per.deliveries);
+        assert_eq!(fake.requests.lock().unwrap().len() as u64, per.deliveries);
+        // maxConcurrentCalls holds per instance.
+        assert!(fake.max_in_flight.load(Ordering::SeqCst) <= 2);
+    }
+    assert_eq!(stats.cross_instance_redeliveries, 0);
+}
+
+#[tokio::test]
+async fn a_message_whose_lock_expired_goes_to_an_instance_not_yet_working_on_it() {
+    let (fakes, handler) = start_fakes(3).await;
+    let queue = Arc::new(Queue::new(3));
+    queue.send(0, "slow", BODY, false);
+    let settings = HostSettings {
+        concurrency: 3,
+        lock_expiry_rate: 1.0,
+        lock_expiry_max_ms: 0,
+        ..HostSettings::default()
+    };
+    let h = Host::new(queue.clone(), handler, settings, ProgressBar::hidden()).unwrap();
+    h.run_until_settled(soon()).await.unwrap();
+    // Every delivery lost its lock at once; each redelivery reached another instance
+    // while the earlier ones were still working.
+    for fake in &fakes {
+        assert_eq!(fake.calls.lock().unwrap()["slow"], 1);
+    }
+    let stats = h.stats();
+    assert_eq!(stats.lock_expiries, 3);
+    assert_eq!(stats.cross_instance_redeliveries, 2);
+    let per: Vec<_> = stats
+        .instances
+        .iter()
+        .map(|i| (i.deliveries, i.lock_expiries, i.lock_lost))
+        .collect();
+    assert_eq!(per, vec![(1, 1, 1); 3]);
 }

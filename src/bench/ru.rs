@@ -456,6 +456,10 @@ impl Store for RecordingStore {
         self.inner.list_payments(limit).await
     }
 
+    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
+        self.inner.unsettled_payments(limit).await
+    }
+
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
         self.inner.list_inbox(limit).await
     }

@@ -15,6 +15,11 @@
 //!   comes after the client's timeout, or the connection is cut mid-body), or the
 //!   request stays "processing" past the client's timeout before it pays.
 //!
+//! The API is also served under `/clients/{client}/` (`POST /clients/{client}/payments`
+//! and the lookup), so that each caller configured with its own base URL is known by
+//! name, the way a bank sees which host a request came from; the mid-payout fault
+//! hands that name to the simulator, which kills the caller.
+//!
 //! It keeps two ledgers: every request (key, body bytes, what was answered) and every
 //! effective payout (one per key). Payouts are made in tasks detached from the HTTP
 //! request, so a client that hangs up cannot leave a key half processed.
@@ -26,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -184,9 +189,10 @@ struct Books {
     requests: Vec<BankRequest>,
 }
 
-/// Called with the Idempotency-Key while the bank holds a payout it has made, before
+/// Called with the Idempotency-Key and the caller's client name (`None` for a request
+/// to the plain `/payments`) while the bank holds a payout it has made, before
 /// answering.
-pub type MidPayoutHook = Arc<dyn Fn(&str) + Send + Sync>;
+pub type MidPayoutHook = Arc<dyn Fn(&str, Option<&str>) + Send + Sync>;
 
 struct Bank {
     settings: BankSettings,
@@ -274,6 +280,10 @@ impl SandboxBank {
             .route("/payments", post(payments).get(lookup))
             .route("/_control/fail-next", post(fail_next))
             .route("/_control/payouts", axum::routing::get(payouts_of_claim))
+            .route(
+                "/clients/{client}/payments",
+                post(client_payments).get(client_lookup),
+            )
             .with_state(bank.clone());
         let server = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -284,7 +294,8 @@ impl SandboxBank {
     }
 
     /// What a mid-payout fault does while the bank holds the request: the simulator
-    /// kills the handler process that sent it.
+    /// kills the handler process that sent it (named by its client, see
+    /// [`SandboxBank::client_url`]).
     pub fn on_mid_payout(&self, hook: MidPayoutHook) {
         if let Ok(mut slot) = self.bank.mid_payout.lock() {
             *slot = Some(hook);
@@ -303,6 +314,12 @@ impl SandboxBank {
     /// The base URL to give the service as `BANK_API_URL`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The same API under `/clients/<client>`: a `BANK_API_URL` by which the bank knows
+    /// the caller as `client` (letters, digits, `-`, `.` and `_`).
+    pub fn client_url(&self, client: &str) -> String {
+        format!("http://{}/clients/{client}", self.addr)
     }
 
     pub fn ledger(&self) -> BankLedger {
@@ -382,6 +399,32 @@ enum Step {
 }
 
 async fn payments(State(bank): State<Arc<Bank>>, headers: HeaderMap, body: Bytes) -> Response {
+    pay_request(bank, None, headers, body).await
+}
+
+async fn client_payments(
+    State(bank): State<Arc<Bank>>,
+    Path(client): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    pay_request(bank, Some(client), headers, body).await
+}
+
+async fn client_lookup(
+    State(bank): State<Arc<Bank>>,
+    Path(_client): Path<String>,
+    query: Query<LookupQuery>,
+) -> Response {
+    lookup(State(bank), query).await
+}
+
+async fn pay_request(
+    bank: Arc<Bank>,
+    client: Option<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -521,7 +564,7 @@ async fn payments(State(bank): State<Arc<Bank>>, headers: HeaderMap, body: Bytes
                 "account_closed",
             )
         }
-        Step::New => process_new(bank, key, body, request, attempt).await,
+        Step::New => process_new(bank, key, body, request, attempt, client).await,
     }
 }
 
@@ -621,6 +664,7 @@ async fn process_new(
     body: Bytes,
     request: ValidRequest,
     attempt: u64,
+    client: Option<String>,
 ) -> Response {
     let s = bank.settings.clone();
     let k = key.as_bytes().to_vec();
@@ -665,7 +709,7 @@ async fn process_new(
         if let Some(kill) = mid_payout {
             // The money moved; the handler that asked dies before it hears so.
             bank.record(Some(&key), &body, BankAnswer::LostAfterPay, None);
-            kill(&key);
+            kill(&key, client.as_deref());
             tokio::time::sleep(past_timeout).await;
             return paid(&id);
         }

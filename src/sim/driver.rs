@@ -14,8 +14,12 @@
 //! a lock that expires while the handler still works (the message goes to a second
 //! worker, and the first one's completion is refused), and a SIGKILL of the handler
 //! at a random moment during an invocation.
+//!
+//! With several handler instances ([`Instances`]) each delivery goes to one of the
+//! live instances (see [`Host`]); kills and timeout restarts hit the instance that
+//! has the invocation, and the statistics are kept per instance too.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -28,6 +32,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use time::macros::format_description;
 use time::OffsetDateTime;
+use tokio::sync::Notify;
 use uuid::Uuid;
 
 use super::chance;
@@ -37,34 +42,105 @@ use super::queue::{Abandoned, Delivery, Failure, Queue};
 /// The host version the driver claims to be, in headers and the User-Agent.
 pub const HOST_VERSION: &str = "4.1037.0.0";
 
-/// What the driver invokes.
+/// What the driver invokes: one or more handler instances (separate processes on one
+/// store) that compete for the queue's messages. Instances are numbered from 0.
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
-    /// The live handler (waiting, bounded, while it restarts).
-    async fn endpoint(&self) -> anyhow::Result<Endpoint>;
-    /// SIGKILLs `generation`; false if this handler cannot be killed.
-    fn kill(&self, generation: u64, reason: KillReason) -> bool;
+    /// How many instances there are.
+    fn instances(&self) -> usize {
+        1
+    }
+    /// The live endpoint of `instance` now, None while it restarts.
+    fn ready(&self, instance: usize) -> Option<Endpoint>;
+    /// Why `instance` is gone for good (it could not be restarted), if it is.
+    fn failure(&self, _instance: usize) -> Option<String> {
+        None
+    }
+    /// The live endpoint of `instance`, waiting (bounded) while it restarts.
+    async fn endpoint(&self, instance: usize) -> anyhow::Result<Endpoint>;
+    /// SIGKILLs `generation` of `instance`; false if this handler cannot be killed.
+    fn kill(&self, instance: usize, generation: u64, reason: KillReason) -> bool;
     /// Called after an invocation failed at the transport level. Waits (briefly) until
     /// a dead `generation` has been noticed, so that, as with the real host, a crash
     /// costs each in-flight message one delivery instead of a burst of refused
     /// connections in the milliseconds before the exit is seen.
-    async fn transport_failed(&self, generation: u64);
+    async fn transport_failed(&self, instance: usize, generation: u64);
 }
 
 #[async_trait]
 impl Handler for Supervisor {
-    async fn endpoint(&self) -> anyhow::Result<Endpoint> {
+    fn ready(&self, _instance: usize) -> Option<Endpoint> {
+        Supervisor::ready(self)
+    }
+
+    fn failure(&self, _instance: usize) -> Option<String> {
+        Supervisor::failure(self)
+    }
+
+    async fn endpoint(&self, _instance: usize) -> anyhow::Result<Endpoint> {
         Supervisor::endpoint(self, Duration::from_secs(30)).await
     }
 
-    fn kill(&self, generation: u64, reason: KillReason) -> bool {
+    fn kill(&self, _instance: usize, generation: u64, reason: KillReason) -> bool {
         Supervisor::kill(self, generation, reason);
         true
     }
 
-    async fn transport_failed(&self, generation: u64) {
+    async fn transport_failed(&self, _instance: usize, generation: u64) {
         self.wait_until_replaced(generation, Duration::from_millis(250))
             .await;
+    }
+}
+
+/// Several supervised instances, each restarted on its own when it dies, like the
+/// instances of a scaled-out Function App.
+pub struct Instances(pub Vec<Arc<Supervisor>>);
+
+impl Instances {
+    fn get(&self, instance: usize) -> anyhow::Result<&Supervisor> {
+        self.0
+            .get(instance)
+            .map(|s| &**s)
+            .with_context(|| format!("there is no instance {instance}"))
+    }
+}
+
+#[async_trait]
+impl Handler for Instances {
+    fn instances(&self) -> usize {
+        self.0.len()
+    }
+
+    fn ready(&self, instance: usize) -> Option<Endpoint> {
+        self.0.get(instance).and_then(|s| s.ready())
+    }
+
+    fn failure(&self, instance: usize) -> Option<String> {
+        self.0.get(instance).and_then(|s| s.failure())
+    }
+
+    async fn endpoint(&self, instance: usize) -> anyhow::Result<Endpoint> {
+        self.get(instance)?
+            .endpoint(Duration::from_secs(30))
+            .await
+            .with_context(|| format!("instance {}", instance + 1))
+    }
+
+    fn kill(&self, instance: usize, generation: u64, reason: KillReason) -> bool {
+        match self.0.get(instance) {
+            Some(s) => {
+                s.kill(generation, reason);
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn transport_failed(&self, instance: usize, generation: u64) {
+        if let Some(s) = self.0.get(instance) {
+            s.wait_until_replaced(generation, Duration::from_millis(250))
+                .await;
+        }
     }
 }
 
@@ -72,20 +148,30 @@ impl Handler for Supervisor {
 /// killed, so kill chaos and timeout restarts do not apply.
 pub struct FixedHandler(pub String);
 
-#[async_trait]
-impl Handler for FixedHandler {
-    async fn endpoint(&self) -> anyhow::Result<Endpoint> {
-        Ok(Endpoint {
+impl FixedHandler {
+    fn fixed(&self) -> Endpoint {
+        Endpoint {
             generation: 1,
             base_url: Arc::from(self.0.trim_end_matches('/')),
-        })
+        }
+    }
+}
+
+#[async_trait]
+impl Handler for FixedHandler {
+    fn ready(&self, _instance: usize) -> Option<Endpoint> {
+        Some(self.fixed())
     }
 
-    fn kill(&self, _generation: u64, _reason: KillReason) -> bool {
+    async fn endpoint(&self, _instance: usize) -> anyhow::Result<Endpoint> {
+        Ok(self.fixed())
+    }
+
+    fn kill(&self, _instance: usize, _generation: u64, _reason: KillReason) -> bool {
         false
     }
 
-    async fn transport_failed(&self, _generation: u64) {}
+    async fn transport_failed(&self, _instance: usize, _generation: u64) {}
 }
 
 /// How the trigger hands the body over (`dataType` in function.json).
@@ -102,7 +188,7 @@ pub enum DataType {
 pub struct HostSettings {
     /// The function folder name; the host POSTs to `/<name>`.
     pub function_name: String,
-    /// Concurrent invocations (maxConcurrentCalls).
+    /// Concurrent invocations per instance (maxConcurrentCalls).
     pub concurrency: usize,
     pub data_type: DataType,
     pub function_timeout: Duration,
@@ -145,10 +231,34 @@ pub struct HostStats {
     pub lock_lost: u64,
     pub chaos_kills_requested: u64,
     pub function_timeouts: u64,
+    /// Deliveries made while another instance still worked on an earlier delivery of
+    /// the same message (its lock had expired): competing consumers on one message.
+    pub cross_instance_redeliveries: u64,
     /// Every answer's `outcome` label (success or not), by label.
     pub outcomes: BTreeMap<String, u64>,
     /// Every failed delivery, by failure kind.
     pub failures: BTreeMap<String, u64>,
+    /// The same, per handler instance (one entry per instance).
+    pub instances: Vec<InstanceStats>,
+}
+
+/// What the host saw of one handler instance.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStats {
+    pub deliveries: u64,
+    pub completed: u64,
+    pub failed: u64,
+    /// Locks that expired while this instance worked on the delivery.
+    pub lock_expiries: u64,
+    /// Answers of this instance that came after the lock was lost.
+    pub lock_lost: u64,
+    /// Deliveries to this instance while another instance still worked on an earlier
+    /// delivery of the same message.
+    pub cross_instance_redeliveries: u64,
+    pub chaos_kills_requested: u64,
+    pub function_timeouts: u64,
+    pub outcomes: BTreeMap<String, u64>,
 }
 
 /// The host's verdict on one invocation.
@@ -372,13 +482,32 @@ pub async fn invoke(
     }
 }
 
-/// The host: workers that receive, invoke and settle until the queue is empty.
+/// Which instance works on what: the host's side of spreading deliveries.
+#[derive(Debug, Default)]
+struct Dispatch {
+    /// Invocations in flight, per instance.
+    in_flight: Vec<usize>,
+    /// The instances that hold a delivery of a queue entry in flight (more than one
+    /// after a lock expiry), by entry.
+    holders: HashMap<usize, Vec<usize>>,
+}
+
+/// The host: workers that receive, invoke and settle until the queue is empty. With
+/// several handler instances it is the hosts of a scaled-out app together: each
+/// instance takes at most `concurrency` invocations at a time, and a message goes to
+/// one of the live instances with a free slot, chosen from the seed; a message whose
+/// lock expired while an instance still works on it goes to another instance when
+/// one can take it (that is what a competing consumer sees: the message reappears on
+/// the queue and whoever receives next gets it, while the first is still busy).
 pub struct Host {
     queue: Arc<Queue>,
     handler: Arc<dyn Handler>,
     settings: HostSettings,
     client: reqwest::Client,
     stats: Mutex<HostStats>,
+    dispatch: Mutex<Dispatch>,
+    /// Notified when an invocation ends (a slot frees up).
+    slot_freed: Notify,
     progress: ProgressBar,
     /// Set when the run ends, so pending chaos timers do nothing.
     stopped: AtomicBool,
@@ -391,13 +520,22 @@ impl Host {
         settings: HostSettings,
         progress: ProgressBar,
     ) -> anyhow::Result<Arc<Host>> {
-        let client = host_client(settings.concurrency)?;
+        let instances = handler.instances().max(1);
+        let client = host_client(settings.concurrency * instances)?;
         Ok(Arc::new(Host {
             queue,
             handler,
             settings,
             client,
-            stats: Mutex::new(HostStats::default()),
+            stats: Mutex::new(HostStats {
+                instances: vec![InstanceStats::default(); instances],
+                ..HostStats::default()
+            }),
+            dispatch: Mutex::new(Dispatch {
+                in_flight: vec![0; instances],
+                holders: HashMap::new(),
+            }),
+            slot_freed: Notify::new(),
             progress,
             stopped: AtomicBool::new(false),
         }))
@@ -405,6 +543,10 @@ impl Host {
 
     fn stats_mut(&self) -> MutexGuard<'_, HostStats> {
         self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn dispatch_mut(&self) -> MutexGuard<'_, Dispatch> {
+        self.dispatch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn stats(&self) -> HostStats {
@@ -416,10 +558,14 @@ impl Host {
         self.stopped.store(true, Ordering::Relaxed);
     }
 
-    /// Runs `concurrency` workers until every message is settled.
+    fn instances(&self) -> usize {
+        self.handler.instances().max(1)
+    }
+
+    /// Runs `concurrency` workers per instance until every message is settled.
     pub async fn run_until_settled(self: &Arc<Self>, deadline: Instant) -> anyhow::Result<()> {
         let mut workers = tokio::task::JoinSet::new();
-        for _ in 0..self.settings.concurrency.max(1) {
+        for _ in 0..self.settings.concurrency.max(1) * self.instances() {
             let host = self.clone();
             workers.spawn(async move { host.worker(deadline).await });
         }
@@ -446,20 +592,117 @@ impl Host {
                     self.queue.active()
                 ),
             };
-            let endpoint = self.handler.endpoint().await?;
-            self.stats_mut().deliveries += 1;
-            self.schedule_chaos(&delivery, &endpoint);
+            let (instance, endpoint) = self.assign(&delivery).await?;
+            self.schedule_chaos(&delivery, instance, &endpoint);
             let answer = invoke(&self.client, &endpoint, &delivery, &self.settings).await;
             if let Answer::Failure { failure, .. } = &answer {
                 if failure.kind.starts_with("transport:") {
-                    self.handler.transport_failed(endpoint.generation).await;
+                    self.handler
+                        .transport_failed(instance, endpoint.generation)
+                        .await;
                 }
             }
-            self.settle(&delivery, &endpoint, answer);
+            self.settle(&delivery, instance, &endpoint, answer);
+            self.release(&delivery, instance);
         }
     }
 
-    fn schedule_chaos(self: &Arc<Self>, delivery: &Delivery, endpoint: &Endpoint) {
+    /// Picks the instance for `delivery` and takes one of its slots: among the live
+    /// instances with a free slot, preferring those not already working on this
+    /// message, one chosen from the seed. Waits while none can take it.
+    async fn assign(&self, delivery: &Delivery) -> anyhow::Result<(usize, Endpoint)> {
+        let n = self.instances();
+        let cap = self.settings.concurrency.max(1);
+        let key = format!(
+            "{}/{}",
+            delivery.message.copy,
+            u8::from(delivery.message.redrive)
+        );
+        let count = u64::from(delivery.delivery_count);
+        loop {
+            // An instance that cannot be restarted fails the run, even while others
+            // could carry on: the run would no longer be what it claims to be.
+            if let Some((i, why)) = (0..n).find_map(|i| self.handler.failure(i).map(|w| (i, w))) {
+                anyhow::bail!("instance {}: the handler cannot be restarted: {why}", i + 1);
+            }
+            let freed = self.slot_freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut d = self.dispatch_mut();
+                let holders = d.holders.get(&delivery.entry).cloned().unwrap_or_default();
+                let open: Vec<(usize, Endpoint)> = (0..n)
+                    .filter(|&i| d.in_flight[i] < cap)
+                    .filter_map(|i| self.handler.ready(i).map(|e| (i, e)))
+                    .collect();
+                let elsewhere: Vec<(usize, Endpoint)> = open
+                    .iter()
+                    .filter(|(i, _)| !holders.contains(i))
+                    .cloned()
+                    .collect();
+                let pool = if elsewhere.is_empty() {
+                    open
+                } else {
+                    elsewhere
+                };
+                if !pool.is_empty() {
+                    let pick = chance::upto(
+                        pool.len() as u64 - 1,
+                        self.settings.seed,
+                        "instance",
+                        key.as_bytes(),
+                        count,
+                    ) as usize;
+                    let (instance, endpoint) = pool[pick].clone();
+                    d.in_flight[instance] += 1;
+                    let cross = holders.iter().any(|&h| h != instance);
+                    d.holders.entry(delivery.entry).or_default().push(instance);
+                    drop(d);
+                    let mut stats = self.stats_mut();
+                    stats.deliveries += 1;
+                    let per = &mut stats.instances[instance];
+                    per.deliveries += 1;
+                    if cross {
+                        per.cross_instance_redeliveries += 1;
+                        stats.cross_instance_redeliveries += 1;
+                    }
+                    return Ok((instance, endpoint));
+                }
+            }
+            if (0..n).any(|i| self.handler.ready(i).is_some()) {
+                // Every live instance is busy: wait for a slot (or a restart).
+                let _ = tokio::time::timeout(Duration::from_millis(20), freed).await;
+            } else {
+                // None is live: wait (bounded) for one to come back; an instance that
+                // cannot be restarted fails the run here.
+                let instance = chance::upto(
+                    n as u64 - 1,
+                    self.settings.seed,
+                    "instance-wait",
+                    key.as_bytes(),
+                    count,
+                ) as usize;
+                self.handler.endpoint(instance).await?;
+            }
+        }
+    }
+
+    fn release(&self, delivery: &Delivery, instance: usize) {
+        let mut d = self.dispatch_mut();
+        d.in_flight[instance] = d.in_flight[instance].saturating_sub(1);
+        if let Some(holders) = d.holders.get_mut(&delivery.entry) {
+            if let Some(at) = holders.iter().position(|&h| h == instance) {
+                holders.swap_remove(at);
+            }
+            if holders.is_empty() {
+                d.holders.remove(&delivery.entry);
+            }
+        }
+        drop(d);
+        self.slot_freed.notify_waiters();
+    }
+
+    fn schedule_chaos(self: &Arc<Self>, delivery: &Delivery, instance: usize, endpoint: &Endpoint) {
         let s = &self.settings;
         let key = format!(
             "{}/{}",
@@ -480,7 +723,9 @@ impl Host {
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(after)).await;
                 if !host.stopped.load(Ordering::Relaxed) && host.queue.expire_lock(&delivery) {
-                    host.stats_mut().lock_expiries += 1;
+                    let mut stats = host.stats_mut();
+                    stats.lock_expiries += 1;
+                    stats.instances[instance].lock_expiries += 1;
                 }
             });
         }
@@ -491,52 +736,68 @@ impl Host {
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(after)).await;
                 if !host.stopped.load(Ordering::Relaxed)
-                    && host.handler.kill(generation, KillReason::Chaos)
+                    && host.handler.kill(instance, generation, KillReason::Chaos)
                 {
-                    host.stats_mut().chaos_kills_requested += 1;
+                    let mut stats = host.stats_mut();
+                    stats.chaos_kills_requested += 1;
+                    stats.instances[instance].chaos_kills_requested += 1;
                 }
             });
         }
     }
 
-    fn settle(&self, delivery: &Delivery, endpoint: &Endpoint, answer: Answer) {
+    fn settle(&self, delivery: &Delivery, instance: usize, endpoint: &Endpoint, answer: Answer) {
         match answer {
             Answer::Success { label, .. } => {
                 let settled = self.queue.complete(delivery, &label);
                 let mut stats = self.stats_mut();
-                *stats.outcomes.entry(label).or_default() += 1;
+                *stats.outcomes.entry(label.clone()).or_default() += 1;
+                *stats.instances[instance].outcomes.entry(label).or_default() += 1;
                 match settled {
                     Ok(()) => {
                         stats.completed += 1;
+                        stats.instances[instance].completed += 1;
                         self.progress.inc(1);
                     }
-                    Err(_) => stats.lock_lost += 1,
+                    Err(_) => {
+                        stats.lock_lost += 1;
+                        stats.instances[instance].lock_lost += 1;
+                    }
                 }
             }
             Answer::Failure { failure, label } => {
                 if failure.kind == "function timeout" {
                     // The host restarts the worker process after a function timeout.
                     self.handler
-                        .kill(endpoint.generation, KillReason::FunctionTimeout);
+                        .kill(instance, endpoint.generation, KillReason::FunctionTimeout);
                 }
                 let kind = failure.kind.clone();
                 let settled = self.queue.abandon(delivery, failure);
                 let mut stats = self.stats_mut();
                 if let Some(label) = label {
-                    *stats.outcomes.entry(label).or_default() += 1;
+                    *stats.outcomes.entry(label.clone()).or_default() += 1;
+                    *stats.instances[instance].outcomes.entry(label).or_default() += 1;
                 }
                 if kind == "function timeout" {
                     stats.function_timeouts += 1;
+                    stats.instances[instance].function_timeouts += 1;
                 }
                 *stats.failures.entry(kind).or_default() += 1;
                 match settled {
-                    Ok(Abandoned::Redelivered) => stats.failed += 1,
+                    Ok(Abandoned::Redelivered) => {
+                        stats.failed += 1;
+                        stats.instances[instance].failed += 1;
+                    }
                     Ok(Abandoned::DeadLettered) => {
                         stats.failed += 1;
+                        stats.instances[instance].failed += 1;
                         stats.dead_lettered += 1;
                         self.progress.inc(1);
                     }
-                    Err(_) => stats.lock_lost += 1,
+                    Err(_) => {
+                        stats.lock_lost += 1;
+                        stats.instances[instance].lock_lost += 1;
+                    }
                 }
             }
         }

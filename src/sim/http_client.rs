@@ -71,7 +71,7 @@ fn intents(plan: &Plan, share: f64, seed: u64) -> Vec<Intent> {
 
 /// Sends every intent (a few at a time) while the deliveries go on; returns what was seen.
 pub async fn run(
-    supervisor: Arc<Supervisor>,
+    supervisors: Vec<Arc<Supervisor>>,
     plan: &Plan,
     share: f64,
     seed: u64,
@@ -94,7 +94,7 @@ pub async fn run(
     for intent in intents {
         let (client, supervisor, stats, semaphore) = (
             client.clone(),
-            supervisor.clone(),
+            Instances(supervisors.clone()),
             stats.clone(),
             semaphore.clone(),
         );
@@ -112,6 +112,21 @@ pub async fn run(
     stats
 }
 
+/// The `serve` instances, asked in turn (a client behind a load balancer).
+#[derive(Clone)]
+struct Instances(Vec<Arc<Supervisor>>);
+
+impl Instances {
+    async fn base_url(&self) -> Option<String> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = self.0.len().max(1);
+        let supervisor = self.0.get(NEXT.fetch_add(1, Ordering::Relaxed) % n)?;
+        let endpoint = supervisor.endpoint(Duration::from_secs(30)).await.ok()?;
+        Some(endpoint.base_url.to_string())
+    }
+}
+
 struct Reply {
     status: u16,
     body: String,
@@ -121,14 +136,14 @@ struct Reply {
 
 async fn post(
     client: &reqwest::Client,
-    supervisor: &Supervisor,
+    supervisor: &Instances,
     key: &str,
     body: &str,
     stats: &Mutex<HttpStats>,
 ) -> Option<Reply> {
-    let endpoint = supervisor.endpoint(Duration::from_secs(30)).await.ok()?;
+    let base_url = supervisor.base_url().await?;
     let result = client
-        .post(format!("{}/api/payments", endpoint.base_url))
+        .post(format!("{base_url}/api/payments"))
         .header("content-type", "application/json")
         .header("idempotency-key", key)
         .body(body.to_owned())
@@ -167,7 +182,7 @@ async fn post(
 /// request cut by a crash holds its key until its lease runs out: 409 meanwhile).
 async fn until_final(
     client: &reqwest::Client,
-    supervisor: &Supervisor,
+    supervisor: &Instances,
     key: &str,
     body: &str,
     stats: &Mutex<HttpStats>,
@@ -195,7 +210,7 @@ fn retryable(r: &Reply) -> bool {
 
 async fn one_intent(
     client: &reqwest::Client,
-    supervisor: &Supervisor,
+    supervisor: &Instances,
     intent: &Intent,
     seed: u64,
     stats: &Mutex<HttpStats>,

@@ -2,9 +2,11 @@
 //! disproves) that each approved claim is paid exactly once.
 //!
 //! It runs the real handler (`claims-payments serve`, a separate process, on a SQLite
-//! file), a sandbox bank ([`bank`]) and a fake Functions host with a Service Bus queue
-//! ([`driver`], [`queue`]) that invokes the handler over the real custom-handler
-//! protocol while injecting the faults of the failure matrix: producer re-sends,
+//! file; or `--instances N` of them side by side on one Cosmos DB container served by
+//! the `cosmos-emulator` dev binary), a sandbox bank ([`bank`]) and a fake Functions
+//! host with a Service Bus queue ([`driver`], [`queue`]) that invokes the handler over
+//! the real custom-handler protocol while injecting the faults of the failure matrix:
+//! producer re-sends,
 //! business duplicates, conflicting payloads, invalid messages, lock expiry while the
 //! handler still works, crashes after the store commit, random kills, a slow store and
 //! a flaky bank. After the queue is drained it re-drives the dead-letter queue once and
@@ -58,8 +60,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::store::{PaymentRecord, Store};
 use bank::{BankSettings, SandboxBank};
-use driver::{DataType, Host, HostSettings};
-use process::{ServeSpec, Supervisor, TempDir};
+use driver::{DataType, Host, HostSettings, Instances};
+use process::{CosmosEmulator, ServeSpec, Supervisor, TempDir};
 use queue::Queue;
 use report::{LedgerRow, Report};
 use scenario::ScenarioSettings;
@@ -205,9 +207,40 @@ pub struct SimulateArgs {
     /// Give up (error, exit 1) if the queue is not drained within this time.
     #[arg(long, default_value_t = 300)]
     pub timeout_secs: u64,
+    /// Handler instances (`serve` processes side by side on one store) competing for
+    /// the queue's messages, each restarted on its own. More than one needs the Cosmos
+    /// store: SQLite is one instance's local file.
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
+    /// The ledger's store (default: sqlite with one instance, cosmos with more).
+    /// cosmos runs the `cosmos-emulator` dev binary that sits next to this executable.
+    #[arg(long, value_enum)]
+    pub store: Option<SimStore>,
     /// The claims-payments executable to run as the handler (default: this one).
     #[arg(long, hide = true)]
     pub exe: Option<PathBuf>,
+    /// The cosmos-emulator executable (default: the one next to the handler's).
+    #[arg(long, hide = true)]
+    pub cosmos_emulator: Option<PathBuf>,
+}
+
+/// Where the simulated handlers keep their state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SimStore {
+    /// A SQLite file (one instance only).
+    Sqlite,
+    /// A Cosmos DB container served by the `cosmos-emulator` dev binary over HTTP.
+    Cosmos,
+}
+
+impl SimStore {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SimStore::Sqlite => "sqlite",
+            SimStore::Cosmos => "cosmos",
+        }
+    }
 }
 
 impl Default for SimulateArgs {
@@ -263,8 +296,30 @@ impl SimulateArgs {
         }
     }
 
+    /// The store the run uses: `--store`, or SQLite for one instance and Cosmos for more.
+    pub fn store_kind(&self) -> SimStore {
+        self.store.unwrap_or(if self.instances > 1 {
+            SimStore::Cosmos
+        } else {
+            SimStore::Sqlite
+        })
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         ensure!(self.messages >= 1, "--messages must be at least 1");
+        ensure!(
+            (1..=16).contains(&self.instances),
+            "--instances must be between 1 and 16"
+        );
+        ensure!(
+            self.instances == 1 || self.store_kind() == SimStore::Cosmos,
+            "--instances {} needs --store cosmos: a SQLite ledger is one instance's local file (and serve holds an exclusive lock on it)",
+            self.instances
+        );
+        ensure!(
+            self.sqlite_path.is_none() || self.store_kind() == SimStore::Sqlite,
+            "--sqlite-path is for the SQLite store; the Cosmos store lives in the emulator"
+        );
         ensure!(
             (1..=512).contains(&self.concurrency),
             "--concurrency must be between 1 and 512"
@@ -392,7 +447,8 @@ impl ReconcileCommand {
     /// payouts wait for their lease to run out; a lookup may fail), within a bound.
     async fn settle_at_end(
         &self,
-        db: &std::path::Path,
+        ledger: &Ledger,
+        limit: usize,
         runs_during: Vec<crate::reconcile::Summary>,
         lease_ms: u64,
         deadline: Instant,
@@ -401,14 +457,14 @@ impl ReconcileCommand {
             let count = |s: &str| rows.iter().filter(|r| r.status == s).count();
             (count("needs_reconciliation"), count("in_progress"))
         };
-        let before = unsettled(&read_sqlite_ledger(db, usize::MAX >> 1).await?);
+        let before = unsettled(&ledger.rows(limit).await?);
         let give_up = (Instant::now() + Duration::from_millis(lease_ms) + Duration::from_secs(60))
             .min(deadline.max(Instant::now() + Duration::from_secs(30)));
         let mut runs_at_end = Vec::new();
         let mut after = before;
         while after != (0, 0) && Instant::now() < give_up {
             runs_at_end.push(self.run(Some("0s")).await?);
-            after = unsettled(&read_sqlite_ledger(db, usize::MAX >> 1).await?);
+            after = unsettled(&ledger.rows(limit).await?);
             if after != (0, 0) {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -440,6 +496,41 @@ pub fn ledger_rows(records: &[PaymentRecord]) -> anyhow::Result<Vec<LedgerRow>> 
             })
         })
         .collect()
+}
+
+/// The store the handlers share, read for the verdict.
+enum Ledger {
+    Sqlite(PathBuf),
+    Cosmos(Box<crate::store::cosmos::CosmosStore>),
+}
+
+impl Ledger {
+    /// Connects to the Cosmos container that `env` (the emulator's lines) names.
+    async fn cosmos(env: &[(String, String)]) -> anyhow::Result<Ledger> {
+        let settings = crate::store::cosmos::CosmosSettings::from_lookup(|name| {
+            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+        .map_err(|e| anyhow::anyhow!("invalid Cosmos setting {e}"))?;
+        let store =
+            crate::store::cosmos::CosmosStore::connect(&settings, Duration::from_secs(30 * 86_400))
+                .await
+                .context("cannot connect to the emulator's Cosmos container")?;
+        Ok(Ledger::Cosmos(Box::new(store)))
+    }
+
+    /// At most `limit` payments, as the verifier reads them.
+    async fn rows(&self, limit: usize) -> anyhow::Result<Vec<LedgerRow>> {
+        match self {
+            Ledger::Sqlite(path) => read_sqlite_ledger(path, limit).await,
+            Ledger::Cosmos(store) => {
+                let records = store
+                    .list_payments(limit)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot list payments in Cosmos: {e}"))?;
+                ledger_rows(&records)
+            }
+        }
+    }
 }
 
 /// Reads every payment from a SQLite ledger file.
@@ -493,6 +584,8 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     let seed = opts.seed.unwrap_or_else(rand::random);
     let timings = opts.timings();
     let with_bank = !opts.ledger_only;
+    let store = opts.store_kind();
+    let instances = opts.instances;
 
     let plan = scenario::plan(&ScenarioSettings {
         messages: opts.messages,
@@ -506,25 +599,52 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             0.0
         },
         allow_non_utf8: opts.data_type == DataType::Binary,
-        race_window: opts.concurrency,
+        race_window: opts.concurrency * instances,
         seed,
     });
 
     let temp = TempDir::new("claims-payments-sim").context("cannot create a temp dir")?;
-    let db = match &opts.sqlite_path {
-        Some(path) => {
-            ensure!(
-                !path.exists(),
-                "{} exists; the simulator needs a new ledger to reconcile against",
-                path.display()
-            );
-            path.clone()
-        }
-        None => temp.path().join("payments.db"),
-    };
     let exe = match &opts.exe {
         Some(exe) => exe.clone(),
         None => std::env::current_exe().context("cannot find the claims-payments executable")?,
+    };
+
+    // The store every instance and every `reconcile` run share.
+    let mut store_env: Vec<(String, String)> = Vec::new();
+    let mut emulator = None;
+    let ledger = match store {
+        SimStore::Sqlite => {
+            let db = match &opts.sqlite_path {
+                Some(path) => {
+                    ensure!(
+                        !path.exists(),
+                        "{} exists; the simulator needs a new ledger to reconcile against",
+                        path.display()
+                    );
+                    path.clone()
+                }
+                None => temp.path().join("payments.db"),
+            };
+            store_env.push(("PAYMENTS_STORE".to_owned(), "sqlite".to_owned()));
+            store_env.push((
+                "PAYMENTS_SQLITE_PATH".to_owned(),
+                db.to_string_lossy().into_owned(),
+            ));
+            Ledger::Sqlite(db)
+        }
+        SimStore::Cosmos => {
+            let path = opts
+                .cosmos_emulator
+                .clone()
+                .unwrap_or_else(|| exe.with_file_name("cosmos-emulator"));
+            let started =
+                CosmosEmulator::start(&path, Some(&temp.path().join("cosmos-emulator.log")))
+                    .await?;
+            store_env.extend(started.env.iter().cloned());
+            let ledger = Ledger::cosmos(&store_env).await?;
+            emulator = Some(started);
+            ledger
+        }
     };
 
     let bank = if with_bank {
@@ -548,15 +668,19 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         None
     };
 
-    let mut spec = ServeSpec::new(exe.clone())
-        .env("PAYMENTS_STORE", "sqlite")
-        .env("PAYMENTS_SQLITE_PATH", db.to_string_lossy())
+    let mut spec = ServeSpec::new(exe.clone());
+    for (key, value) in &store_env {
+        spec = spec.env(key, value.clone());
+    }
+    spec = spec
         .env("BANK_TIMEOUT_MS", timings.bank_timeout_ms.to_string())
         .env("RETRY_BUDGET_MS", timings.retry_budget_ms.to_string())
         .env("LEASE_MS", timings.lease_ms.to_string())
         .env("INFLIGHT_WAIT_MS", timings.inflight_wait_ms.to_string())
         .env("MAX_DELIVERY_COUNT", opts.max_delivery_count.to_string())
         .env("LOG_FORMAT", "json")
+        // The per-instance takeover count reads the consumer's info lines.
+        .env("RUST_LOG", serve_log_filter(std::env::var("RUST_LOG").ok()))
         .env("RUST_LIB_BACKTRACE", "0")
         .env("PAYMENTS_DEV_HANDLER", opts.handler.as_str())
         .env(
@@ -573,28 +697,66 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             spec = spec.env("BANK_KEY_WINDOW_MS", opts.bank_key_window_ms.to_string());
         }
     }
-    spec.log = Some(
-        opts.serve_log
-            .clone()
-            .unwrap_or_else(|| temp.path().join("serve.log")),
-    );
+    if store == SimStore::Cosmos {
+        // Connecting checks the container first; the emulator is slower than a file.
+        spec.ready_timeout = Duration::from_secs(60);
+    }
+    // An operator's reconcile runs with the same store and bank, as its own client.
+    let reconcile_env = spec.env.clone();
+
     // Crashes are bounded by the fault rates; this cap only stops a crash loop.
     let max_restarts = 50 + (opts.messages as u64) * 2;
-    let reconcile_env = spec.env.clone();
-    let supervisor = Arc::new(Supervisor::start(spec, max_restarts).await?);
+    let serve_log = opts
+        .serve_log
+        .clone()
+        .unwrap_or_else(|| temp.path().join("serve.log"));
+    let mut supervisors = Vec::with_capacity(instances);
+    let mut logs = Vec::with_capacity(instances);
+    for i in 0..instances {
+        let mut spec = spec.clone();
+        if let Some(bank) = &bank {
+            // The bank knows each process by its URL, so a mid-payout fault can kill
+            // exactly the process that sent the request (see `mid_payout_client`).
+            spec.env.retain(|(k, _)| k != "BANK_API_URL");
+            spec = spec.env(
+                "BANK_API_URL",
+                bank.client_url(&format!(
+                    "instance-{}-gen-{}",
+                    i + 1,
+                    process::GENERATION_TOKEN
+                )),
+            );
+        }
+        if store == SimStore::Cosmos {
+            // What Azure sets on each instance (and the guard against a SQLite store).
+            spec = spec.env("WEBSITE_INSTANCE_ID", format!("sim-instance-{}", i + 1));
+        }
+        let log = instance_log(&serve_log, i, instances);
+        let log_from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        spec.log = Some(log.clone());
+        logs.push((log, log_from));
+        let supervisor = Supervisor::start(spec, max_restarts)
+            .await
+            .with_context(|| format!("instance {} did not start", i + 1))?;
+        supervisors.push(Arc::new(supervisor));
+    }
     let queue = Arc::new(Queue::new(opts.max_delivery_count));
     if let Some(bank) = &bank {
-        let supervisor = Arc::downgrade(&supervisor);
+        let supervisors: Vec<_> = supervisors.iter().map(Arc::downgrade).collect();
         let queue = queue.clone();
         let orphan_rate = opts.orphan_rate;
-        bank.on_mid_payout(Arc::new(move |key: &str| {
+        bank.on_mid_payout(Arc::new(move |key: &str, client: Option<&str>| {
             if chance::hit(orphan_rate, seed, "orphan", key.as_bytes(), 0) {
                 if let Some((_, claim)) = key.rsplit_once("claim-payment-") {
                     queue.orphan_claim(claim);
                 }
             }
-            if let Some(supervisor) = supervisor.upgrade() {
-                supervisor.kill_current(process::KillReason::MidPayout);
+            // The process that sent the request dies while the bank holds it. A
+            // request from `reconcile` (no client name) kills nobody.
+            if let Some((instance, generation)) = client.and_then(mid_payout_client) {
+                if let Some(supervisor) = supervisors.get(instance).and_then(|s| s.upgrade()) {
+                    supervisor.kill(generation, process::KillReason::MidPayout);
+                }
             }
         }));
     }
@@ -604,9 +766,10 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         queue.send(i, &copy.message_id, &copy.body, false);
     }
     let progress = progress_bar(plan.copies.len() as u64, show_progress);
+    let handler = Arc::new(Instances(supervisors.clone()));
     let host = Host::new(
         queue.clone(),
-        supervisor.clone(),
+        handler,
         HostSettings {
             function_name: "ClaimApproved".to_owned(),
             concurrency: opts.concurrency,
@@ -635,10 +798,10 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         _ => None,
     };
     let http = {
-        let (supervisor, plan) = (supervisor.clone(), plan.clone());
+        let (supervisors, plan) = (supervisors.clone(), plan.clone());
         let (share, concurrency) = (opts.http_share, (opts.concurrency / 4).max(1));
         tokio::spawn(
-            async move { http_client::run(supervisor, &plan, share, seed, concurrency).await },
+            async move { http_client::run(supervisors, &plan, share, seed, concurrency).await },
         )
     };
     host.run_until_settled(deadline).await?;
@@ -652,53 +815,94 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     }
     host.stop();
     progress.finish_and_clear();
-    supervisor.stop().await;
+    for supervisor in &supervisors {
+        supervisor.stop().await;
+    }
     let _ = stop_during.send(true);
     let runs_during = match during {
         Some(task) => task.await.unwrap_or_default(),
         None => Vec::new(),
     };
+    let entries = queue.entries();
+    let limit = entries.len() * 2 + 1_000;
     let reconcile = match &reconciler {
         Some(r) => Some(
-            r.settle_at_end(&db, runs_during, timings.lease_ms, deadline)
+            r.settle_at_end(&ledger, limit, runs_during, timings.lease_ms, deadline)
                 .await?,
         ),
         None => None,
     };
 
-    let entries = queue.entries();
-    let ledger = read_sqlite_ledger(&db, entries.len() * 2 + 1_000).await?;
+    let ledger_rows = ledger.rows(limit).await?;
+    drop(ledger);
+    if let Some(emulator) = emulator {
+        emulator.stop().await;
+    }
     let bank_ledger = bank.as_ref().map(SandboxBank::ledger);
     let verification = report::verify(&report::Evidence {
         plan: &plan,
         entries: &entries,
-        ledger: &ledger,
+        ledger: &ledger_rows,
         bank: bank_ledger.as_ref(),
     });
 
-    let stats = &supervisor.stats;
-    let processes = report::ProcessSummary {
-        starts: stats.starts.load(Ordering::Relaxed),
-        crash_after_commit: stats.self_kills.load(Ordering::Relaxed),
-        chaos_kills: stats.chaos_kills.load(Ordering::Relaxed),
-        mid_payout_kills: stats.mid_payout_kills.load(Ordering::Relaxed),
-        timeout_restarts: stats.timeout_kills.load(Ordering::Relaxed),
-        unexpected_exits: stats.unexpected_exits.load(Ordering::Relaxed),
-        unexpected_exit_statuses: stats
-            .unexpected_exit_statuses
-            .lock()
-            .map(|v| v.clone())
-            .unwrap_or_default(),
-        startup_median_ms: median_ms(
-            &stats
-                .startup_micros
-                .lock()
-                .map(|v| v.clone())
-                .unwrap_or_default(),
-        ),
-    };
     let host_stats = host.stats();
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let mut processes = report::ProcessSummary::default();
+    let mut startups = Vec::new();
+    let mut per_instance = Vec::with_capacity(instances);
+    for (i, supervisor) in supervisors.iter().enumerate() {
+        let stats = &supervisor.stats;
+        let seen = host_stats.instances.get(i).cloned().unwrap_or_default();
+        let summary = report::InstanceSummary {
+            instance: i + 1,
+            starts: load(&stats.starts),
+            deliveries: seen.deliveries,
+            completed: seen.completed,
+            failed: seen.failed,
+            cross_instance_redeliveries: seen.cross_instance_redeliveries,
+            lock_expiries: seen.lock_expiries,
+            takeovers: count_takeovers(&logs[i].0, logs[i].1),
+            crash_after_commit: load(&stats.self_kills),
+            chaos_kills: load(&stats.chaos_kills),
+            mid_payout_kills: load(&stats.mid_payout_kills),
+            timeout_restarts: load(&stats.timeout_kills),
+            unexpected_exits: load(&stats.unexpected_exits),
+            outcomes: seen.outcomes,
+        };
+        processes.starts += summary.starts;
+        processes.crash_after_commit += summary.crash_after_commit;
+        processes.chaos_kills += summary.chaos_kills;
+        processes.mid_payout_kills += summary.mid_payout_kills;
+        processes.timeout_restarts += summary.timeout_restarts;
+        processes.unexpected_exits += summary.unexpected_exits;
+        if let Ok(v) = stats.unexpected_exit_statuses.lock() {
+            processes
+                .unexpected_exit_statuses
+                .extend(v.iter().map(|status| match instances {
+                    1 => status.clone(),
+                    _ => format!("instance {}: {status}", i + 1),
+                }));
+        }
+        if let Ok(v) = stats.startup_micros.lock() {
+            startups.extend(v.iter().copied());
+        }
+        per_instance.push(summary);
+    }
+    processes.startup_median_ms = median_ms(&startups);
     let elapsed = started.elapsed();
+    let store_name = match store {
+        SimStore::Sqlite => "SQLite ledger",
+        SimStore::Cosmos => "Cosmos DB ledger (cosmos-emulator)",
+    };
+    let mut mode = if with_bank {
+        format!("{store_name} + sandbox bank")
+    } else {
+        format!("{store_name} only (no bank)")
+    };
+    if instances > 1 {
+        mode.push_str(&format!(", {instances} instances"));
+    }
     Ok(Report {
         exactly_once: verification.exactly_once
             && reconcile
@@ -709,11 +913,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         http,
         seed,
         handler: opts.handler.as_str().to_owned(),
-        mode: if with_bank {
-            "SQLite ledger + sandbox bank".to_owned()
-        } else {
-            "SQLite ledger only (no bank)".to_owned()
-        },
+        mode,
         data_type: match opts.data_type {
             DataType::Binary => "binary".to_owned(),
             DataType::String => "string".to_owned(),
@@ -723,9 +923,11 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         faults: opts.faults(),
         producer: report::producer_summary(&plan),
         broker: report::broker_summary(&entries, opts.max_delivery_count),
-        payments: ledger.len(),
+        payments: ledger_rows.len(),
         bank: bank_ledger.as_ref().map(report::bank_summary),
         processes,
+        store: store.as_str().to_owned(),
+        instances: per_instance,
         deliveries_per_second: host_stats.deliveries as f64 / elapsed.as_secs_f64().max(1e-9),
         host: host_stats,
         verification,
@@ -733,6 +935,66 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         duration_ms: elapsed.as_millis() as u64,
     })
 }
+
+/// The client name an instance's process uses at the sandbox bank
+/// (`instance-<n>-gen-<generation>`, see the `BANK_API_URL` each instance gets), as
+/// (0-based instance, generation).
+fn mid_payout_client(client: &str) -> Option<(usize, u64)> {
+    let (instance, generation) = client.strip_prefix("instance-")?.split_once("-gen-")?;
+    let instance: usize = instance.parse().ok()?;
+    Some((instance.checked_sub(1)?, generation.parse().ok()?))
+}
+
+/// The log file of instance `i`: `path` itself for a single instance, else
+/// `<stem>.<n>.<extension>` next to it.
+fn instance_log(path: &std::path::Path, i: usize, instances: usize) -> PathBuf {
+    if instances == 1 {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "serve".to_owned());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.{}.{}", i + 1, ext.to_string_lossy()),
+        None => format!("{stem}.{}", i + 1),
+    };
+    path.with_file_name(name)
+}
+
+/// The leases of earlier attempts an instance took over, from its log (which every
+/// start of the instance appends to, so a restart loses no count the way the
+/// process's own `/metrics` counters would), from byte `from` on.
+fn count_takeovers(log: &std::path::Path, from: u64) -> u64 {
+    use std::io::{BufRead, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(log) else {
+        return 0;
+    };
+    if file.seek(SeekFrom::Start(from)).is_err() {
+        return 0;
+    }
+    std::io::BufReader::new(file)
+        .split(b'\n')
+        .map_while(Result::ok)
+        .filter(|line| {
+            line.windows(TAKEOVER_LINE.len())
+                .any(|w| w == TAKEOVER_LINE.as_bytes())
+        })
+        .count() as u64
+}
+
+/// `serve`'s log filter: the shell's `RUST_LOG` (default `info`), with the consumer's
+/// info events kept whatever it says.
+fn serve_log_filter(shell: Option<String>) -> String {
+    match shell.as_deref().map(str::trim) {
+        None | Some("") => "info".to_owned(),
+        Some(filter) => format!("{filter},claims_payments::consumer=info"),
+    }
+}
+
+/// The message `serve` logs (at info) when it takes over the lease of an earlier
+/// attempt (src/consumer.rs); the same event counts `takeovers` in `/metrics`.
+const TAKEOVER_LINE: &str = "took over the lease of an earlier attempt";
 
 /// The `simulate` subcommand: runs, prints the report (text or `--json`) and returns
 /// exit code 0 when the verdict is "exactly once: yes", 1 otherwise.
@@ -840,6 +1102,89 @@ mod tests {
             ..SimulateArgs::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn several_instances_need_the_cosmos_store() {
+        let one = SimulateArgs::default();
+        assert_eq!((one.instances, one.store_kind()), (1, SimStore::Sqlite));
+        let four = SimulateArgs {
+            instances: 4,
+            ..SimulateArgs::default()
+        };
+        assert_eq!(four.store_kind(), SimStore::Cosmos);
+        four.validate().unwrap();
+        let on_sqlite = SimulateArgs {
+            store: Some(SimStore::Sqlite),
+            ..four.clone()
+        };
+        let refusal = on_sqlite.validate().unwrap_err().to_string();
+        assert!(refusal.contains("--store cosmos"), "{refusal}");
+        let with_file = SimulateArgs {
+            sqlite_path: Some("/tmp/x.db".into()),
+            ..four
+        };
+        assert!(with_file.validate().is_err());
+        let none = SimulateArgs {
+            instances: 0,
+            ..SimulateArgs::default()
+        };
+        assert!(none.validate().is_err());
+    }
+
+    #[test]
+    fn a_bank_client_name_is_an_instance_and_a_generation() {
+        let url_part = format!("instance-3-gen-{}", process::GENERATION_TOKEN);
+        let spec =
+            ServeSpec::new("x".into()).env("BANK_API_URL", format!("http://b/clients/{url_part}"));
+        let started = spec.for_generation(12);
+        assert_eq!(started.env[0].1, "http://b/clients/instance-3-gen-12");
+        assert_eq!(mid_payout_client("instance-3-gen-12"), Some((2, 12)));
+        assert_eq!(mid_payout_client("instance-0-gen-1"), None);
+        assert_eq!(mid_payout_client("reconcile"), None);
+        assert_eq!(mid_payout_client("instance-x-gen-1"), None);
+    }
+
+    #[test]
+    fn instance_logs_sit_next_to_the_given_one() {
+        let p = std::path::Path::new("/tmp/run/serve.log");
+        assert_eq!(instance_log(p, 0, 1), p);
+        assert_eq!(
+            instance_log(p, 1, 3),
+            std::path::Path::new("/tmp/run/serve.2.log")
+        );
+        assert_eq!(
+            instance_log(std::path::Path::new("out"), 0, 2),
+            std::path::Path::new("out.1")
+        );
+    }
+
+    #[test]
+    fn takeovers_are_counted_from_the_log_across_restarts() {
+        let dir = TempDir::new("sim-takeovers").unwrap();
+        let log = dir.path().join("serve.log");
+        let line = |n: u32| {
+            format!(
+                "{{\"level\":\"INFO\",\"message\":\"{TAKEOVER_LINE}\",\"deliveryCount\":{n}}}\n"
+            )
+        };
+        std::fs::write(&log, line(1)).unwrap();
+        let from = std::fs::metadata(&log).unwrap().len();
+        let mut more = String::new();
+        more.push_str(&line(2));
+        more.push_str("{\"message\":\"listening\"}\n");
+        more.push_str(&line(3));
+        // A process killed mid-line leaves a torn last line; it is not counted.
+        more.push_str("{\"message\":\"took over the le");
+        std::fs::write(&log, format!("{}{more}", line(1))).unwrap();
+        assert_eq!(count_takeovers(&log, 0), 3);
+        assert_eq!(count_takeovers(&log, from), 2);
+        assert_eq!(count_takeovers(&dir.path().join("missing"), 0), 0);
+        assert_eq!(serve_log_filter(None), "info");
+        assert_eq!(
+            serve_log_filter(Some("warn".into())),
+            "warn,claims_payments::consumer=info"
+        );
     }
 
     #[test]

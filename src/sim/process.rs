@@ -5,8 +5,10 @@
 //! readiness probe (any HTTP answer counts). [`Supervisor`] keeps one running for the
 //! simulator: when it dies (a SIGKILL from the crash fault knob, a kill requested by
 //! the driver, a function timeout) it starts a new one on the same database, as the
-//! host restarts a handler that exited. Every child is SIGKILLed when its handle is
-//! dropped (`kill_on_drop`), so no exit path leaves a process behind.
+//! host restarts a handler that exited. The simulator runs one supervisor per handler
+//! instance. [`CosmosEmulator`] runs the `cosmos-emulator` dev binary that instances
+//! share as their store. Every child is SIGKILLed when its handle is dropped
+//! (`kill_on_drop`), so no exit path leaves a process behind.
 
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom};
@@ -54,6 +56,11 @@ pub const CONTROLLED_ENV: &[&str] = &[
     "AZURE_COSMOS_EMULATOR_HOST",
 ];
 
+/// In a [`ServeSpec`] environment value, replaced by the supervisor's generation
+/// number of the process being started (1 for the first, then one more per restart),
+/// so that what a process sends can be traced back to that very process.
+pub const GENERATION_TOKEN: &str = "{generation}";
+
 /// How to start the handler.
 #[derive(Debug, Clone)]
 pub struct ServeSpec {
@@ -89,6 +96,17 @@ impl ServeSpec {
     pub fn env(mut self, key: &str, value: impl Into<String>) -> Self {
         self.env.push((key.to_owned(), value.into()));
         self
+    }
+
+    /// This spec with [`GENERATION_TOKEN`] replaced by `generation` in the environment.
+    pub fn for_generation(&self, generation: u64) -> ServeSpec {
+        let mut spec = self.clone();
+        for (_, value) in &mut spec.env {
+            if value.contains(GENERATION_TOKEN) {
+                *value = value.replace(GENERATION_TOKEN, &generation.to_string());
+            }
+        }
+        spec
     }
 }
 
@@ -128,6 +146,8 @@ pub struct ServeProcess {
     child: Child,
     pub pid: u32,
     pub port: u16,
+    /// Where this start's output begins in the spec's log file.
+    log: Option<(PathBuf, u64)>,
     /// From exec to the first answer on `GET /`.
     pub startup: Duration,
 }
@@ -202,6 +222,7 @@ impl ServeProcess {
                         child,
                         pid,
                         port,
+                        log: spec.log.clone().map(|p| (p, log_start)),
                         startup: started.elapsed(),
                     })
                 }
@@ -240,6 +261,13 @@ impl ServeProcess {
 
     pub fn peak_rss_kib(&self) -> Option<u64> {
         peak_rss_kib(self.pid)
+    }
+
+    /// The last line this process wrote to the log, if it has one.
+    pub fn last_log_line(&self) -> Option<String> {
+        let (path, from) = self.log.as_ref()?;
+        let tail = log_since(path, *from, 2048);
+        tail.lines().last().map(|l| l.chars().take(400).collect())
     }
 
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
@@ -356,7 +384,7 @@ impl Supervisor {
     /// Starts the first process (errors surface here) and the restart loop.
     pub async fn start(spec: ServeSpec, max_restarts: u64) -> anyhow::Result<Supervisor> {
         let stats = Arc::new(ProcessStats::default());
-        let first = ServeProcess::start(&spec).await?;
+        let first = ServeProcess::start(&spec.for_generation(1)).await?;
         record_start(&stats, &first);
         let (slot_tx, slot) = watch::channel(Slot::Starting);
         let (control, control_rx) = mpsc::unbounded_channel();
@@ -388,6 +416,22 @@ impl Supervisor {
             Slot::Ready(endpoint) => Ok(endpoint),
             Slot::Failed(why) => bail!("the handler cannot be restarted: {why}"),
             Slot::Stopped | Slot::Starting => bail!("the handler was stopped"),
+        }
+    }
+
+    /// The live handler now, or None while it restarts (or after it stopped or failed).
+    pub fn ready(&self) -> Option<Endpoint> {
+        match &*self.slot.borrow() {
+            Slot::Ready(endpoint) => Some(endpoint.clone()),
+            _ => None,
+        }
+    }
+
+    /// Why the handler could not be restarted, once the supervisor gave up.
+    pub fn failure(&self) -> Option<String> {
+        match &*self.slot.borrow() {
+            Slot::Failed(why) => Some(why.clone()),
+            _ => None,
         }
     }
 
@@ -471,7 +515,7 @@ async fn supervise(
             }
         };
         slot.send_replace(Slot::Starting);
-        classify_exit(&stats, requested, status);
+        classify_exit(&stats, requested, status, || process.last_log_line());
         restarts += 1;
         if restarts > max_restarts {
             slot.send_replace(Slot::Failed(format!(
@@ -479,7 +523,7 @@ async fn supervise(
             )));
             return;
         }
-        match ServeProcess::start(&spec).await {
+        match ServeProcess::start(&spec.for_generation(generation + 1)).await {
             Ok(next) => {
                 record_start(&stats, &next);
                 process = next;
@@ -497,6 +541,7 @@ fn classify_exit(
     stats: &ProcessStats,
     requested: Option<KillReason>,
     status: std::io::Result<ExitStatus>,
+    last_words: impl FnOnce() -> Option<String>,
 ) {
     use std::os::unix::process::ExitStatusExt;
     let killed = matches!(&status, Ok(s) if s.signal() == Some(9));
@@ -508,15 +553,106 @@ fn classify_exit(
         (Some(KillReason::MidPayout), _) => stats.mid_payout_kills.fetch_add(1, Ordering::Relaxed),
         (None, true) => stats.self_kills.fetch_add(1, Ordering::Relaxed),
         (None, false) => {
+            let mut why = match status {
+                Ok(s) => s.to_string(),
+                Err(e) => e.to_string(),
+            };
+            if let Some(line) = last_words() {
+                why.push_str(&format!(", last log line: {line}"));
+            }
             if let Ok(mut v) = stats.unexpected_exit_statuses.lock() {
-                v.push(match status {
-                    Ok(s) => s.to_string(),
-                    Err(e) => e.to_string(),
-                });
+                v.push(why);
             }
             stats.unexpected_exits.fetch_add(1, Ordering::Relaxed)
         }
     };
+}
+
+/// A running `cosmos-emulator` (the dev binary that serves the Cosmos SDK's in-memory
+/// emulator over HTTP) and the settings it printed. Killed on drop; its data is gone
+/// with it.
+#[derive(Debug)]
+pub struct CosmosEmulator {
+    child: Child,
+    /// `PAYMENTS_STORE=cosmos` and the `COSMOS_*` lines the emulator printed: what a
+    /// `serve` or an operator command needs to use its container.
+    pub env: Vec<(String, String)>,
+}
+
+impl CosmosEmulator {
+    /// Starts `exe --port 0 --provision` (a free port, the service's database and
+    /// container created) and waits (bounded) for its `ready` line. Its stderr goes to
+    /// `log` if given.
+    pub async fn start(exe: &Path, log: Option<&Path>) -> anyhow::Result<CosmosEmulator> {
+        use tokio::io::AsyncBufReadExt;
+        let mut command = Command::new(exe);
+        command
+            .args(["--port", "0", "--provision"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        for key in CONTROLLED_ENV {
+            command.env_remove(key);
+        }
+        match log {
+            Some(path) => {
+                let file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("cannot open {}", path.display()))?;
+                command.stderr(file);
+            }
+            None => {
+                command.stderr(Stdio::null());
+            }
+        }
+        let mut child = command.spawn().with_context(|| {
+            format!(
+                "cannot start {} (build it with `cargo build --bins`)",
+                exe.display()
+            )
+        })?;
+        let stdout = child
+            .stdout
+            .take()
+            .context("no stdout from cosmos-emulator")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let mut env = vec![("PAYMENTS_STORE".to_owned(), "cosmos".to_owned())];
+        let read = async {
+            while let Some(line) = lines.next_line().await? {
+                if line.trim() == "ready" {
+                    return anyhow::Ok(true);
+                }
+                if let Some((key, value)) = line.split_once('=') {
+                    if key.starts_with("COSMOS_") {
+                        env.push((key.to_owned(), value.trim().to_owned()));
+                    }
+                }
+            }
+            anyhow::Ok(false)
+        };
+        let ready = tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .context("cosmos-emulator did not print `ready` within 60 s")??;
+        let why = log.map(|p| log_since(p, 0, 2048)).unwrap_or_default();
+        anyhow::ensure!(ready, "cosmos-emulator exited before it was ready: {why}");
+        for name in ["COSMOS_ENDPOINT", "COSMOS_KEY"] {
+            anyhow::ensure!(
+                env.iter().any(|(k, _)| k == name),
+                "cosmos-emulator printed no {name}"
+            );
+        }
+        // Keep draining stdout so the emulator can never block on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(CosmosEmulator { child, env })
+    }
+
+    /// Kills the emulator and reaps it (bounded).
+    pub async fn stop(mut self) {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+    }
 }
 
 /// A directory under the system temp dir, removed on drop.

@@ -582,6 +582,35 @@ pub struct ProcessSummary {
     pub startup_median_ms: f64,
 }
 
+/// One handler instance (one `serve` process at a time, restarted by its own
+/// supervisor): how often it started and died, what the host delivered to it and
+/// what it answered.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceSummary {
+    /// 1-based, as in the table.
+    pub instance: usize,
+    pub starts: u64,
+    pub deliveries: u64,
+    pub completed: u64,
+    pub failed: u64,
+    /// Deliveries it got while another instance still worked on an earlier delivery
+    /// of the same message (that delivery's lock had expired).
+    pub cross_instance_redeliveries: u64,
+    /// Locks that expired while it worked on the delivery.
+    pub lock_expiries: u64,
+    /// Leases of an earlier attempt it took over (the log line "took over the lease of
+    /// an earlier attempt", counted over all its processes).
+    pub takeovers: u64,
+    pub crash_after_commit: u64,
+    pub chaos_kills: u64,
+    pub mid_payout_kills: u64,
+    pub timeout_restarts: u64,
+    pub unexpected_exits: u64,
+    /// Its answers' `outcome` labels.
+    pub outcomes: BTreeMap<String, u64>,
+}
+
 /// The broker's side of the run.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -689,6 +718,10 @@ pub struct Report {
     pub host: HostStats,
     pub broker: BrokerSummary,
     pub processes: ProcessSummary,
+    /// `sqlite` or `cosmos` (the `cosmos-emulator` binary).
+    pub store: String,
+    /// Per handler instance (one entry when a single instance ran).
+    pub instances: Vec<InstanceSummary>,
     pub bank: Option<BankSummary>,
     pub payments: usize,
     pub verification: Verification,
@@ -710,8 +743,17 @@ impl Report {
         let b = &self.broker;
         let _ = writeln!(
             o,
-            "claims-payments simulate: seed {}, handler {}, {}, {} workers, dataType {}",
-            self.seed, self.handler, self.mode, self.concurrency, self.data_type
+            "claims-payments simulate: seed {}, handler {}, {}, {} workers{}, dataType {}",
+            self.seed,
+            self.handler,
+            self.mode,
+            self.concurrency,
+            if self.instances.len() > 1 {
+                " per instance"
+            } else {
+                ""
+            },
+            self.data_type
         );
         let faults: Vec<String> = self
             .faults
@@ -762,6 +804,9 @@ impl Report {
         let failures: Vec<String> = h.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
         if !failures.is_empty() {
             let _ = writeln!(o, "failures   {}", failures.join(", "));
+        }
+        if self.instances.len() > 1 {
+            self.render_instances(&mut o);
         }
         if !v.dead_letters.is_empty() {
             let _ = writeln!(o, "dead letters (final):");
@@ -885,6 +930,65 @@ impl Report {
             if self.exactly_once { "yes" } else { "no" }
         );
         o
+    }
+}
+
+impl Report {
+    /// The per-instance table (runs with several instances).
+    fn render_instances(&self, o: &mut String) {
+        let h = &self.host;
+        let takeovers: u64 = self.instances.iter().map(|i| i.takeovers).sum();
+        let _ = writeln!(
+            o,
+            "instances  {} serve processes on one {} store, deliveries spread over the live ones: {} overlaps (a redelivery after a lock expiry reached an instance while another still worked on the message), {} leases of an earlier attempt taken over",
+            self.instances.len(),
+            self.store,
+            h.cross_instance_redeliveries,
+            takeovers
+        );
+        let _ = writeln!(
+            o,
+            "  {:>2} {:>6} {:>10} {:>9} {:>6} {:>11} {:>8} {:>9}  {:<29}  outcomes",
+            "#",
+            "starts",
+            "deliveries",
+            "completed",
+            "failed",
+            "lock expiry",
+            "overlaps",
+            "takeovers",
+            "kills crash/chaos/mid/timeout"
+        );
+        for i in &self.instances {
+            let outcomes: Vec<String> =
+                i.outcomes.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let kills = format!(
+                "{}/{}/{}/{}{}",
+                i.crash_after_commit,
+                i.chaos_kills,
+                i.mid_payout_kills,
+                i.timeout_restarts,
+                if i.unexpected_exits > 0 {
+                    format!(" +{} unexpected", i.unexpected_exits)
+                } else {
+                    String::new()
+                }
+            );
+            let _ = writeln!(
+                o,
+                "  {:>2} {:>6} {:>10} {:>9} {:>6} {:>11} {:>8} {:>9}  {:<29}  {}",
+                i.instance,
+                i.starts,
+                i.deliveries,
+                i.completed,
+                i.failed,
+                i.lock_expiries,
+                i.cross_instance_redeliveries,
+                i.takeovers,
+                kills,
+                outcomes.join(", ")
+            );
+        }
     }
 }
 
