@@ -955,7 +955,9 @@ async fn the_payments_api_answers_as_its_contract_says() {
     assert!(b.contains("claimId"), "the problem names the field: {b}");
     // The server answers 413 as soon as the limit is passed and closes the connection,
     // which a client still sending may see as a reset instead of the answer.
-    let oversized = c
+    // Its own client: the connection it used is closed after the 413, and must not go
+    // back to the pool the other requests share.
+    let oversized = reqwest::Client::new()
         .post(handler.url("/api/payments"))
         .header("Idempotency-Key", "k-5")
         .body("x".repeat(2 * 1024 * 1024))
