@@ -124,9 +124,13 @@ async fn consumer_pays_every_claim_exactly_once_under_every_fault() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn naive_handler_is_caught_paying_twice() {
     let _serial = SERIAL.lock().await;
-    let report = sim::run(chaos_args(HandlerKind::Naive))
-        .await
-        .expect("the simulation ran");
+    // Messages only: the point is the naive message handler.
+    let report = sim::run(SimulateArgs {
+        http_share: 0.0,
+        ..chaos_args(HandlerKind::Naive)
+    })
+    .await
+    .expect("the simulation ran");
     let text = report.render_text();
     println!("{text}");
     assert!(report.verification.claims_paid_twice_at_bank > 0, "{text}");
@@ -150,6 +154,8 @@ async fn ledger_only_survives_frequent_kills_and_a_slow_store() {
         ledger_only: true,
         data_type: sim::driver::DataType::String,
         kill_rate: 0.02,
+        // Messages only: a request cut by a kill holds its key for the deployed lease.
+        http_share: 0.0,
         slow_store_ms: 2,
         seed: Some(7),
         exe: Some(env!("CARGO_BIN_EXE_claims-payments").into()),
