@@ -216,12 +216,21 @@ pub fn verify(evidence: &Evidence<'_>) -> Verification {
                 distinct.len()
             ));
         }
+        let claim_rows = rows.get(&id).map(Vec::as_slice).unwrap_or(&[]);
         let expected: Option<&Payload> = match (completed.first(), claim.payloads.len()) {
             (Some(p), _) if distinct.len() == 1 => Some(p),
             (None, 1) => claim.payloads.first(),
+            // No message of the claim completed (all dead-lettered: say the first was
+            // orphaned mid-payout and `reconcile` settled its payout, and the
+            // conflicting copy was refused): whichever payload reached the store first
+            // may be the paid one, as long as the producer sent it.
+            (None, _) => claim_rows.first().and_then(|r| {
+                claim.payloads.iter().find(|p| {
+                    p.amount.normalize() == r.amount.normalize() && p.currency == r.currency
+                })
+            }),
             _ => None,
         };
-        let claim_rows = rows.get(&id).map(Vec::as_slice).unwrap_or(&[]);
         let claim_payouts = payouts.get(&id).map(Vec::as_slice).unwrap_or(&[]);
 
         if claim_payouts.len() > 1 {
@@ -249,8 +258,22 @@ pub fn verify(evidence: &Evidence<'_>) -> Verification {
         if !completed.is_empty() {
             if !final_ok {
                 v.lost_claims += 1;
+                let how: Vec<String> = copies
+                    .iter()
+                    .filter_map(|&i| match &states[i] {
+                        Some(Settled::Completed {
+                            label,
+                            delivery_count,
+                        }) => Some(format!(
+                            "MessageId {} as {label} at delivery {delivery_count}",
+                            plan.copies[i].message_id
+                        )),
+                        _ => None,
+                    })
+                    .collect();
                 lost.push(format!(
-                    "claim {id}: a message was completed but the ledger says {}",
+                    "claim {id}: a message was completed ({}) but the ledger says {}",
+                    how.join("; "),
                     status.unwrap_or("nothing")
                 ));
             }
@@ -1241,6 +1264,28 @@ mod tests {
         b.payouts[1].amount = Decimal::new(2_000, 2);
         let v = run(&e, &l, Some(&b));
         assert!(v.exactly_once, "{:?}", v.checks);
+    }
+
+    #[test]
+    fn a_paid_claim_without_a_completed_message_may_have_either_payload_but_no_other() {
+        // C2's first copy was orphaned mid-payout and reconciled as paid; the
+        // conflicting copy was refused: nothing of C2 completed.
+        let mut e = entries();
+        e[2].settled = Some(dead("lock expired"));
+        let v = run(&e, &ledger(), Some(&bank()));
+        assert!(v.exactly_once, "{:?}", v.checks);
+        assert_eq!(v.totals[0].expected, "135.50");
+        // The conflicting payload may be the one that reached the store first.
+        let mut l = ledger();
+        l[1].amount = Decimal::new(2_000, 2);
+        let mut b = bank();
+        b.payouts[1].amount = Decimal::new(2_000, 2);
+        assert!(run(&e, &l, Some(&b)).exactly_once);
+        // An amount the producer never sent is still a mismatch.
+        l[1].amount = Decimal::new(3_000, 2);
+        b.payouts[1].amount = Decimal::new(3_000, 2);
+        let v = run(&e, &l, Some(&b));
+        assert_eq!(failed(&v), vec!["amounts match"]);
     }
 
     #[test]
