@@ -518,6 +518,45 @@ impl Ledger {
         Ok(Ledger::Cosmos(Box::new(store)))
     }
 
+    /// Every payment, as the verifier reads them: the listing, and for Cosmos a point
+    /// read of each of `claims` the listing did not return (a cross-partition query is
+    /// the emulator's model; a point read is the store's own path). Returns the rows
+    /// and how many only the point reads found.
+    async fn all_rows(
+        &self,
+        limit: usize,
+        claims: &[String],
+    ) -> anyhow::Result<(Vec<LedgerRow>, usize)> {
+        let mut rows = self.rows(limit).await?;
+        let Ledger::Cosmos(store) = self else {
+            return Ok((rows, 0));
+        };
+        let listed: std::collections::HashSet<String> = rows
+            .iter()
+            .filter_map(|r| crate::message::ClaimId::parse(&r.claim_id).ok())
+            .map(|c| c.to_string())
+            .collect();
+        let mut found = Vec::new();
+        for claim in claims {
+            let Ok(id) = crate::message::ClaimId::parse(claim) else {
+                continue;
+            };
+            if listed.contains(&id.to_string()) {
+                continue;
+            }
+            let read = store
+                .payment(id, crate::message::Purpose::Payout)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot read the payment of claim {id}: {e}"))?;
+            if let Some(payment) = read {
+                found.push(payment.record);
+            }
+        }
+        let missed = found.len();
+        rows.extend(ledger_rows(&found)?);
+        Ok((rows, missed))
+    }
+
     /// At most `limit` payments, as the verifier reads them.
     async fn rows(&self, limit: usize) -> anyhow::Result<Vec<LedgerRow>> {
         match self {
@@ -833,7 +872,8 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         None => None,
     };
 
-    let ledger_rows = ledger.rows(limit).await?;
+    let claim_ids: Vec<String> = plan.claims.iter().map(|c| c.claim_id.clone()).collect();
+    let (ledger_rows, ledger_unlisted) = ledger.all_rows(limit, &claim_ids).await?;
     drop(ledger);
     if let Some(emulator) = emulator {
         emulator.stop().await;
@@ -924,6 +964,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         producer: report::producer_summary(&plan),
         broker: report::broker_summary(&entries, opts.max_delivery_count),
         payments: ledger_rows.len(),
+        ledger_unlisted,
         bank: bank_ledger.as_ref().map(report::bank_summary),
         processes,
         store: store.as_str().to_owned(),

@@ -747,6 +747,9 @@ pub struct Report {
     pub instances: Vec<InstanceSummary>,
     pub bank: Option<BankSummary>,
     pub payments: usize,
+    /// Payments the store's listing did not return but a point read of their claim
+    /// did (Cosmos; always 0 for SQLite). Counted in `payments`.
+    pub ledger_unlisted: usize,
     pub verification: Verification,
     /// `claims-payments reconcile` during and after the deliveries (with a bank).
     pub reconcile: Option<ReconcileReport>,
@@ -872,9 +875,17 @@ impl Report {
             .collect();
         let _ = writeln!(
             o,
-            "ledger     {} payments: {}",
+            "ledger     {} payments: {}{}",
             self.payments,
-            statuses.join(", ")
+            statuses.join(", "),
+            if self.ledger_unlisted > 0 {
+                format!(
+                    " ({} found only by a point read of the claim: the store's listing missed them)",
+                    self.ledger_unlisted
+                )
+            } else {
+                String::new()
+            }
         );
         let _ = writeln!(
             o,
