@@ -1,0 +1,149 @@
+//! `claims-payments-dev serve`: the product's composition root
+//! ([`claims_payments::startup::serve`]) with a baseline or faults plugged into its seams,
+//! chosen by the dev-only settings the product refuses:
+//!
+//! - `PAYMENTS_DEV_HANDLER`: `consumer` (default), `naive` or `noop`;
+//! - `PAYMENTS_FAULT_CRASH_AFTER_COMMIT`: probability of a SIGKILL after commit, before answering;
+//! - `PAYMENTS_FAULT_STORE_DELAY_MS`: added to every store call of the message path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use claims_payments::config::{ConfigError, Settings, DEV_ONLY_SETTINGS};
+use claims_payments::consumer::Consumer;
+use claims_payments::functions::claim_approved::ClaimHandler;
+use claims_payments::startup::{self, Seams};
+use claims_payments::store::DynStore;
+
+use crate::baselines::{noop_router, Naive};
+use crate::faults::{CrashAfterCommit, SlowStore};
+
+/// Which handler answers `POST /ClaimApproved`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handler {
+    /// The product's guarded consumer.
+    Consumer,
+    /// Check-then-insert without the atomic guard ([`Naive`]).
+    Naive,
+    /// Answers 200 without decoding or storing anything ([`noop_router`]).
+    Noop,
+}
+
+impl Handler {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Handler::Consumer => "consumer",
+            Handler::Naive => "naive",
+            Handler::Noop => "noop",
+        }
+    }
+}
+
+/// The dev-only settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DevKnobs {
+    pub handler: Handler,
+    pub crash_after_commit: f64,
+    pub store_delay: Duration,
+}
+
+impl DevKnobs {
+    /// Reads the dev-only settings through `lookup`; blank counts as unset.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let handler = match get("PAYMENTS_DEV_HANDLER").as_deref().map(str::trim) {
+            None | Some("consumer") => Handler::Consumer,
+            Some("naive") => Handler::Naive,
+            Some("noop") => Handler::Noop,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    "PAYMENTS_DEV_HANDLER",
+                    format!("{other:?} is not a handler; use consumer, naive or noop"),
+                ))
+            }
+        };
+        let crash_after_commit = match get("PAYMENTS_FAULT_CRASH_AFTER_COMMIT") {
+            None => 0.0,
+            Some(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|p| (0.0..=1.0).contains(p))
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "PAYMENTS_FAULT_CRASH_AFTER_COMMIT",
+                        "must be a probability 0..=1",
+                    )
+                })?,
+        };
+        let store_delay = match get("PAYMENTS_FAULT_STORE_DELAY_MS") {
+            None => Duration::ZERO,
+            Some(v) => v
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|ms| *ms <= 60_000)
+                .map(Duration::from_millis)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "PAYMENTS_FAULT_STORE_DELAY_MS",
+                        format!("{v:?} is not a number of milliseconds within 0..=60000"),
+                    )
+                })?,
+        };
+        Ok(DevKnobs {
+            handler,
+            crash_after_commit,
+            store_delay,
+        })
+    }
+
+    /// The product's seams with these knobs plugged in.
+    pub fn seams(&self) -> Seams {
+        let mut seams = Seams {
+            label: Some(self.handler.as_str()),
+            ..Seams::default()
+        };
+        if !self.store_delay.is_zero() {
+            let delay = self.store_delay;
+            seams.store_layer = Some(Box::new(move |store: DynStore| {
+                Arc::new(SlowStore::new(store, delay)) as DynStore
+            }));
+        }
+        let (handler, crash) = (self.handler, self.crash_after_commit);
+        seams.claim_handler = Some(Box::new(move |consumer: &Consumer| {
+            let inner: Arc<dyn ClaimHandler> = match handler {
+                Handler::Naive => Arc::new(Naive::new(consumer)),
+                Handler::Consumer | Handler::Noop => Arc::new(consumer.clone()),
+            };
+            if crash > 0.0 {
+                Arc::new(CrashAfterCommit {
+                    inner,
+                    probability: crash,
+                })
+            } else {
+                inner
+            }
+        }));
+        if handler == Handler::Noop {
+            seams.router = Some(Box::new(|_state| noop_router()));
+        }
+        seams
+    }
+}
+
+/// Reads the product's settings and the dev knobs from the environment, then serves.
+pub async fn serve() -> anyhow::Result<()> {
+    let env = |name: &str| std::env::var(name).ok();
+    let knobs = DevKnobs::from_lookup(env)?;
+    // The product refuses its dev-only settings; they were read above.
+    let settings = Settings::from_lookup(|name| {
+        if DEV_ONLY_SETTINGS.contains(&name) {
+            None
+        } else {
+            env(name)
+        }
+    })?;
+    claims_payments::telemetry::init(settings.log_format);
+    startup::serve(settings, knobs.seams()).await
+}

@@ -1,0 +1,18 @@
+//! Developer tools for claims-payments. Never packaged: `scripts/package.sh` builds the
+//! product crate alone.
+//!
+//! - [`dev_serve`]: `claims-payments-dev serve`, the product's composition root with the
+//!   seams below plugged in from `PAYMENTS_DEV_*` / `PAYMENTS_FAULT_*`;
+//! - [`baselines`]: the naive check-then-insert consumer and the do-nothing handler, to
+//!   show what the guard buys and what the machine can do;
+//! - [`faults`]: a slow store and a crash after commit, as a store decorator and a
+//!   handler decorator;
+//! - [`sim`]: `simulate`, at-least-once delivery with faults against real `serve`
+//!   processes, and the verdict;
+//! - [`bench`]: `bench`, throughput, latency, CPU, round trips and request units.
+
+pub mod baselines;
+pub mod bench;
+pub mod dev_serve;
+pub mod faults;
+pub mod sim;

@@ -1,0 +1,58 @@
+//! The dev fault layers against the real `claims-payments-dev serve` process: a SIGKILL
+//! after the commit, before the answer, then the host's restart and redelivery.
+
+use claims_payments::config::Settings;
+use claims_payments::startup::open_store;
+use claims_payments::store::sqlite::Access;
+use claims_payments_testkit::fake_bank as common;
+use claims_payments_testkit::service::{
+    claim_body, host_envelope, invoke, outcome, Backend, Handler,
+};
+
+const EXE: &str = env!("CARGO_BIN_EXE_claims-payments-dev");
+
+/// The payments the product would list for `env`, read through the library.
+async fn ledger_on(env: &[(&str, &str)]) -> usize {
+    let settings = Settings::from_lookup(|name| {
+        env.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+    })
+    .unwrap();
+    let store = open_store(&settings, Access::ReadOnly).await.unwrap();
+    store.list_payments(100).await.unwrap().len()
+}
+
+async fn sigkill_after_commit_then_restart_skips_the_duplicate(backend: Backend) {
+    let client = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "77.70");
+
+    let mut doomed_env = backend.env();
+    doomed_env.push(("PAYMENTS_FAULT_CRASH_AFTER_COMMIT", "1"));
+    let doomed = Handler::start_on(EXE, &doomed_env);
+    let lost = invoke(&client, &doomed, &host_envelope(&body, "evt-crash", 1)).await;
+    assert!(
+        lost.is_err(),
+        "the process must die before answering, got {lost:?}"
+    );
+    doomed.kill();
+
+    // The host restarts the handler and Service Bus redelivers the abandoned message.
+    let restarted = Handler::start_on(EXE, &backend.env());
+    let (status, answer) = invoke(&client, &restarted, &host_envelope(&body, "evt-crash", 2))
+        .await
+        .unwrap();
+    assert_eq!((status, outcome(&answer)), (200, "duplicate"), "{answer}");
+    restarted.kill();
+    assert_eq!(ledger_on(&backend.env()).await, 1);
+}
+
+#[tokio::test]
+async fn sigkill_after_commit_then_restart_on_the_same_sqlite_file_skips_the_duplicate() {
+    sigkill_after_commit_then_restart_skips_the_duplicate(Backend::sqlite()).await;
+}
+
+#[tokio::test]
+async fn sigkill_after_commit_then_restart_on_cosmos_skips_the_duplicate() {
+    sigkill_after_commit_then_restart_skips_the_duplicate(Backend::cosmos()).await;
+}

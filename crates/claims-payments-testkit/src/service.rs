@@ -1,0 +1,218 @@
+//! The real binary as a separate process, driven over HTTP as the Functions host drives
+//! it: start and readiness, invocation envelopes, SIGKILL; and where it keeps its state.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::emulator::ServedEmulator;
+
+/// Where a `serve` process keeps its state: a SQLite file in a temporary directory, or
+/// a Cosmos DB emulator account served over real HTTP by this process.
+pub struct Backend {
+    env: Vec<(String, String)>,
+    _dir: tempfile::TempDir,
+    _emulator: Option<ServedEmulator>,
+}
+
+impl Backend {
+    pub fn sqlite() -> Backend {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir
+            .path()
+            .join("payments.db")
+            .to_string_lossy()
+            .into_owned();
+        Backend {
+            env: vec![("PAYMENTS_SQLITE_PATH".into(), db)],
+            _dir: dir,
+            _emulator: None,
+        }
+    }
+
+    pub fn cosmos() -> Backend {
+        let emulator = ServedEmulator::start().expect("the Cosmos DB emulator starts");
+        Backend {
+            env: emulator.env(),
+            _dir: tempfile::tempdir().unwrap(),
+            _emulator: Some(emulator),
+        }
+    }
+
+    /// The settings a `serve` process needs for this backend.
+    pub fn env(&self) -> Vec<(&str, &str)> {
+        self.env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `serve` child process of the real binary, killed when dropped.
+pub struct Handler {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Handler {
+    /// Starts `exe serve` on the SQLite file `db`.
+    pub fn start(exe: &str, db: &Path, extra_env: &[(&str, &str)]) -> Handler {
+        let db = db.to_string_lossy();
+        let mut env = vec![("PAYMENTS_SQLITE_PATH", db.as_ref())];
+        env.extend_from_slice(extra_env);
+        Handler::start_on(exe, &env)
+    }
+
+    /// Starts `exe serve` with `env` and waits until it listens; panics if it exits.
+    pub fn start_on(exe: &str, env: &[(&str, &str)]) -> Handler {
+        Handler::try_start(exe, env, None).unwrap_or_else(|(status, stderr)| {
+            panic!("serve exited with {status} before it was ready: {stderr}")
+        })
+    }
+
+    /// Starts `serve` (as user `uid` if given) and waits until it listens or exits; an exit
+    /// comes back with its status and stderr.
+    pub fn try_start(
+        exe: &str,
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> Result<Handler, (std::process::ExitStatus, String)> {
+        use std::io::Read;
+        use std::os::unix::process::CommandExt;
+        let port = free_port();
+        let mut cmd = Command::new(exe);
+        cmd.arg("serve")
+            .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
+            .env("LOG_FORMAT", "json")
+            .env("RUST_LIB_BACKTRACE", "0")
+            .env_remove("BANK_API_URL")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {exe} serve: {e}"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut stderr = String::new();
+                let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+                return Err((status, stderr));
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(Handler { child, port });
+            }
+            assert!(
+                Instant::now() < deadline,
+                "serve neither listened nor exited"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// SIGKILL, as the platform kills a process.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Handler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The repository's root (function-app/, infra/, host.json).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The envelope the host sends for our function.json (dataType binary: one base64 string).
+pub fn host_envelope(body: &str, message_id: &str, delivery_count: u32) -> Value {
+    let function: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("function-app/ClaimApproved/function.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let binding = &function["bindings"][0];
+    let msg = match binding["dataType"].as_str() {
+        Some("binary") => Value::String(base64::engine::general_purpose::STANDARD.encode(body)),
+        // Default data type: the body string, JSON-encoded once more by the host.
+        _ => Value::String(serde_json::to_string(body).unwrap()),
+    };
+    json!({
+        "Data": { binding["name"].as_str().unwrap(): msg },
+        "Metadata": {
+            "MessageId": serde_json::to_string(message_id).unwrap(),
+            "DeliveryCount": delivery_count.to_string(),
+            "LockToken": "\"0f3a1f52-9a1e-4b0d-8f3e-2b9c7a6d5e41\"",
+            "EnqueuedTimeUtc": "2026-12-01T10:15:30",
+            "ContentType": "\"application/json\"",
+            "MessageActions": {}, "Client": {"FullyQualifiedNamespace": "sb.local", "IsClosed": false},
+            "sys": {"MethodName": "ClaimApproved", "UtcNow": "2026-12-01T10:15:31Z", "RandGuid": "24ad4c06-24ad-4e5b-8294-3da9714877e9"}
+        }
+    })
+}
+
+/// A `ClaimApproved` body with a payee.
+pub fn claim_body(claim: &str, amount: &str) -> String {
+    json!({"claimId": claim, "amount": amount, "currency": "EUR", "payee": "NL91ABNA0417164300"})
+        .to_string()
+}
+
+/// POSTs one invocation envelope to `/ClaimApproved`; every answer must be JSON.
+pub async fn invoke(
+    client: &reqwest::Client,
+    handler: &Handler,
+    envelope: &Value,
+) -> reqwest::Result<(u16, Value)> {
+    let response = client
+        .post(handler.url("/ClaimApproved"))
+        .header("Content-Type", "application/json; charset=utf-8")
+        .header(
+            "X-Azure-Functions-InvocationId",
+            uuid::Uuid::new_v4().to_string(),
+        )
+        .body(envelope.to_string())
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        content_type.starts_with("application/json"),
+        "every answer is JSON, got {content_type}"
+    );
+    Ok((status, response.json().await?))
+}
+
+/// The outcome label of an invocation answer.
+pub fn outcome(answer: &Value) -> &str {
+    answer["ReturnValue"]["outcome"].as_str().unwrap_or("")
+}

@@ -1,0 +1,162 @@
+//! The `ClaimApproved` function: one Service Bus delivery, as the host's invocation
+//! envelope, answered 2xx (complete the message) or not (abandon it: redelivery, then
+//! the dead-letter queue after MaxDeliveryCount).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::consumer::{Consumer, Delivery, Outcome};
+use crate::host::{Invocation, OutcomeSummary};
+use crate::http::{invocation_answer, read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
+use crate::message::ClaimApproved;
+use crate::startup::AppState;
+use crate::telemetry;
+
+/// The function's folder in function-app/, which is the route the host calls.
+pub const FUNCTION_NAME: &str = "ClaimApproved";
+
+/// What handles a decoded `ClaimApproved` delivery. The product's is the guarded
+/// [`Consumer`]; `claims-payments-dev` plugs in its baselines and faults here.
+#[async_trait]
+pub trait ClaimHandler: Send + Sync {
+    async fn handle(&self, msg: &ClaimApproved, delivery: &Delivery) -> Outcome;
+}
+
+#[async_trait]
+impl ClaimHandler for Consumer {
+    async fn handle(&self, msg: &ClaimApproved, delivery: &Delivery) -> Outcome {
+        Consumer::handle(self, msg, delivery).await
+    }
+}
+
+/// 2xx completes the message; anything else abandons it.
+fn status_for(outcome: &Outcome) -> StatusCode {
+    if outcome.completes_message() {
+        StatusCode::OK
+    } else if let Outcome::StoreFailure { .. } = outcome {
+        // Our fault, not the message's: the store needs an operator.
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else if outcome.is_permanent_failure() {
+        StatusCode::UNPROCESSABLE_ENTITY
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// Refuses an invocation that cannot even be read: permanent, so the host's redeliveries
+/// end in the dead-letter queue, with the reason in every log line.
+fn refuse(status: StatusCode, invocation_id: &str, reason: String) -> Response {
+    tracing::error!(invocationId = %invocation_id, trigger = "servicebus", outcome = "invalid-message", reason = %reason, "invocation finished");
+    telemetry::counters().invalid_messages.inc();
+    invocation_answer(
+        status,
+        OutcomeSummary {
+            outcome: "invalid-message".into(),
+            claim_id: None,
+            message_id: None,
+            delivery_count: None,
+            detail: Some(reason),
+        },
+    )
+}
+
+pub async fn invoke(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    telemetry::counters().invocations.inc();
+    let invocation_id = headers
+        .get("x-azure-functions-invocationid")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let bytes = match read_body(body).await {
+        Ok(bytes) => bytes,
+        Err(BodyError::Timeout) => {
+            // The host retries; the message is not at fault.
+            telemetry::counters().retry_later.inc();
+            tracing::warn!(invocationId = %invocation_id, trigger = "servicebus", outcome = "retry-later", "request body not received within {} s", BODY_READ_TIMEOUT.as_secs());
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                Json(serde_json::json!({"error": format!("request body not received within {} s", BODY_READ_TIMEOUT.as_secs())})),
+            )
+                .into_response();
+        }
+        Err(BodyError::TooLarge) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &invocation_id,
+                format!("request body refused (limit {MAX_REQUEST_BYTES} bytes)"),
+            )
+        }
+    };
+
+    let invocation = match Invocation::decode(&bytes) {
+        Ok(inv) => inv,
+        Err(e) => {
+            return refuse(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &invocation_id,
+                format!("undecodable invocation: {e}"),
+            )
+        }
+    };
+    if !invocation.shadowed_metadata.is_empty() {
+        tracing::warn!(
+            messageId = %invocation.message_id,
+            fields = ?invocation.shadowed_metadata,
+            "body fields may have overwritten Service Bus metadata; set dataType binary in function.json"
+        );
+    }
+    let delivery = Delivery {
+        message_id: invocation.message_id.clone(),
+        delivery_count: invocation.delivery_count,
+    };
+
+    let (claim_id, outcome) = match ClaimApproved::parse(&invocation.body) {
+        Err(e) => {
+            let outcome = Outcome::InvalidMessage {
+                reason: format!("invalid ClaimApproved: {e}"),
+            };
+            telemetry::counters().invalid_messages.inc();
+            (None, outcome)
+        }
+        Ok(msg) => {
+            let outcome = state.claim_handler.handle(&msg, &delivery).await;
+            (Some(msg.claim_id.to_string()), outcome)
+        }
+    };
+
+    let status = status_for(&outcome);
+    let detail = outcome.detail();
+    let fields = (
+        claim_id.as_deref().unwrap_or(""),
+        delivery.message_id.as_str(),
+        delivery.delivery_count,
+        outcome.label(),
+    );
+    if outcome.completes_message() {
+        tracing::info!(invocationId = %invocation_id, trigger = "servicebus", claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+    } else if outcome.is_permanent_failure() {
+        tracing::error!(invocationId = %invocation_id, trigger = "servicebus", claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+    } else {
+        tracing::warn!(invocationId = %invocation_id, trigger = "servicebus", claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+    }
+    invocation_answer(
+        status,
+        OutcomeSummary {
+            outcome: outcome.label().into(),
+            claim_id,
+            message_id: Some(delivery.message_id.to_string()),
+            delivery_count: Some(delivery.delivery_count),
+            detail,
+        },
+    )
+}

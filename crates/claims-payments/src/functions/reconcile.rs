@@ -1,0 +1,102 @@
+//! The `Reconcile` function: a timer trigger (`%RECONCILE_SCHEDULE%`) that settles
+//! unknown and orphaned payouts by asking the bank (see [`crate::reconcile`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use crate::host::OutcomeSummary;
+use crate::http::invocation_answer;
+use crate::reconcile::{self, Reconciler, RunLease};
+use crate::startup::AppState;
+
+/// The function's folder in function-app/, which is the route the host calls.
+pub const FUNCTION_NAME: &str = "Reconcile";
+/// A timer run stops taking up new payments after this, well inside functionTimeout
+/// (3 min); the rest wait for the next run.
+pub const RUN_BUDGET: Duration = Duration::from_secs(90);
+
+/// The `Reconcile` timer invocation: settles unknown and orphaned payouts (see
+/// [`crate::reconcile`]), one run at a time across instances, and answers the host with
+/// the summary. The timer info under `Data.timer` is only logged: a past-due run does
+/// the same work as a punctual one.
+pub async fn invoke(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let past_due = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.pointer("/Data/timer/IsPastDue").and_then(|d| d.as_bool()))
+        .unwrap_or(false);
+    let summary_answer = |status: StatusCode, outcome: &str, detail: String| {
+        invocation_answer(
+            status,
+            OutcomeSummary {
+                outcome: outcome.into(),
+                claim_id: None,
+                message_id: None,
+                delivery_count: None,
+                detail: Some(detail),
+            },
+        )
+    };
+    let Some(reconciler) = Reconciler::new(state.consumer.clone()) else {
+        return summary_answer(
+            StatusCode::OK,
+            "reconcile-skipped",
+            "ledger-only mode: no bank to reconcile with".into(),
+        );
+    };
+    let lease = match RunLease::take(&state.consumer, RUN_BUDGET * 2).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => {
+            tracing::info!(
+                trigger = "timer",
+                pastDue = past_due,
+                "another instance is reconciling; this run is skipped"
+            );
+            return summary_answer(
+                StatusCode::OK,
+                "reconcile-skipped",
+                "another instance holds the reconcile run lease".into(),
+            );
+        }
+        Err(e) => {
+            tracing::error!(trigger = "timer", error = %e, "reconcile could not take its run lease");
+            return summary_answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "reconcile-failed",
+                e.to_string(),
+            );
+        }
+    };
+    let options = reconcile::Options {
+        min_age: state.reconcile_min_age,
+        dry_run: false,
+        budget: Some(RUN_BUDGET),
+    };
+    let result = reconciler.run(options).await;
+    lease.release(&state.consumer).await;
+    match result {
+        Ok(summary) => {
+            reconcile::log_summary(&summary, "timer");
+            summary_answer(
+                StatusCode::OK,
+                "reconciled",
+                format!(
+                    "examined {}, paid by lookup {}, paid now {}, rejected {}, still unknown {}, mismatches {}",
+                    summary.examined, summary.paid_by_lookup, summary.paid_now, summary.rejected, summary.still_unknown, summary.mismatches
+                ),
+            )
+        }
+        Err(e) => {
+            tracing::error!(trigger = "timer", error = %e, "reconcile failed");
+            summary_answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "reconcile-failed",
+                e.to_string(),
+            )
+        }
+    }
+}

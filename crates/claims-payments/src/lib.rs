@@ -1,0 +1,33 @@
+//! claims-payments: pays each approved insurance claim exactly once, although the
+//! broker that asks for the payment delivers at least once.
+//!
+//! Layout, from the wire inwards:
+//! - [`startup`]: the composition root (settings -> store -> consumer -> router -> server);
+//! - [`http`]: routing, and what every route shares (body limits, answers);
+//! - [`functions`]: one module per function of the app (`ClaimApproved`, `Payments`,
+//!   `Reconcile`), mirroring `function-app/`;
+//! - [`host`]: the custom-handler protocol (invocation envelope in, JSON answer out);
+//! - [`message`]: the `ClaimApproved` contract and its domain types;
+//! - [`payments_api`]: `POST /api/payments` with an Idempotency-Key, on the same engine;
+//! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
+//! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB);
+//! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget, lookups);
+//! - [`reconcile`]: settles unknown and orphaned payouts by asking the bank;
+//! - [`config`] and [`telemetry`]: settings from the environment, logs and counters;
+//! - [`cli`]: the operator commands (`ledger`, `inbox`, `purge`).
+//!
+//! The simulator, the benchmark and the baselines are in `crates/claims-payments-dev`.
+
+pub mod bank;
+pub mod cli;
+pub mod config;
+pub mod consumer;
+pub mod functions;
+pub mod host;
+pub mod http;
+pub mod message;
+pub mod payments_api;
+pub mod reconcile;
+pub mod startup;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,303 @@
+//! The composition root: settings -> store -> consumer -> application state -> router
+//! -> server. [`serve`] is what `claims-payments serve` runs; [`run`] serves a built
+//! state on a listener, so tests can start the whole application in-process.
+//!
+//! [`Seams`] are the documented extension points `claims-payments-dev` uses (a store
+//! decorator, another handler behind `POST /ClaimApproved`, another router); production
+//! passes `Seams::default()`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use tokio::net::TcpListener;
+
+use crate::bank::BankClient;
+use crate::config::{Settings, StoreSettings};
+use crate::consumer::{Consumer, Policy};
+use crate::functions::claim_approved::ClaimHandler;
+use crate::http::{self, HEADER_READ_TIMEOUT};
+use crate::payments_api::{CallerAuth, PaymentsApi};
+use crate::store::cosmos::CosmosStore;
+use crate::store::sqlite::{Access, SqliteStore};
+use crate::store::DynStore;
+use crate::telemetry;
+
+/// After SIGTERM, in-flight invocations get this long to finish. It stays below the
+/// platform's shutdown grace so the process exits on its own terms; an invocation cut
+/// short is redelivered and resumes from the stored state (a later delivery takes over).
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(25);
+
+/// Everything a request needs, built once at start-up.
+pub struct AppState {
+    pub(crate) consumer: Consumer,
+    pub(crate) api: PaymentsApi,
+    pub(crate) claim_handler: Arc<dyn ClaimHandler>,
+    pub(crate) reconcile_min_age: Duration,
+}
+
+impl AppState {
+    /// The state the product serves: the consumer answers `ClaimApproved`, HTTP callers
+    /// are told apart by function key, keys are kept 24 h, orphans reconciled after three
+    /// leases. The `with_` methods change one of these.
+    pub fn new(consumer: Consumer) -> Self {
+        AppState {
+            reconcile_min_age: consumer.policy().lease * 3,
+            api: PaymentsApi::new(
+                consumer.clone(),
+                CallerAuth::FunctionKey,
+                Duration::from_secs(24 * 3600),
+            ),
+            claim_handler: Arc::new(consumer.clone()),
+            consumer,
+        }
+    }
+
+    /// The HTTP API's caller authentication and key retention.
+    pub fn with_http(mut self, auth: CallerAuth, retention: Duration) -> Self {
+        self.api = PaymentsApi::new(self.consumer.clone(), auth, retention);
+        self
+    }
+
+    /// The minimum age of an orphaned payout before the timer settles it.
+    pub fn with_reconcile_min_age(mut self, min_age: Duration) -> Self {
+        self.reconcile_min_age = min_age;
+        self
+    }
+
+    /// What answers a decoded `ClaimApproved` instead of the consumer.
+    pub fn with_claim_handler(mut self, handler: Arc<dyn ClaimHandler>) -> Self {
+        self.claim_handler = handler;
+        self
+    }
+
+    pub fn consumer(&self) -> &Consumer {
+        &self.consumer
+    }
+}
+
+/// A store decorator.
+pub type StoreLayer = Box<dyn FnOnce(DynStore) -> DynStore + Send>;
+/// Builds what answers `ClaimApproved` from the consumer and the store it uses.
+pub type HandlerFactory = Box<dyn FnOnce(&Consumer) -> Arc<dyn ClaimHandler> + Send>;
+/// Builds the router from the state.
+pub type RouterFactory = Box<dyn FnOnce(Arc<AppState>) -> Router + Send>;
+
+/// Where a development build changes the composition. Production uses the default:
+/// the store as opened, the consumer, [`http::router`].
+#[derive(Default)]
+pub struct Seams {
+    /// Wraps the store every part uses (a decorator is itself a `Store`).
+    pub store_layer: Option<StoreLayer>,
+    /// Replaces the consumer behind `POST /ClaimApproved`.
+    pub claim_handler: Option<HandlerFactory>,
+    /// Replaces the router.
+    pub router: Option<RouterFactory>,
+    /// Named in the start-up log line (`handler`), so a log shows what served.
+    pub label: Option<&'static str>,
+}
+
+/// Opens the configured store. `access` says how this process uses a SQLite file (serve,
+/// an operator's write, a read-only listing); Cosmos ignores it.
+pub async fn open_store(settings: &Settings, access: Access) -> anyhow::Result<DynStore> {
+    Ok(match &settings.store {
+        StoreSettings::Sqlite { path } => SqliteStore::open_as(path, access)
+            .context("cannot use the SQLite database set by PAYMENTS_SQLITE_PATH")?,
+        StoreSettings::Cosmos(cosmos) => {
+            Arc::new(CosmosStore::connect(cosmos, settings.inbox_retention).await?)
+        }
+    })
+}
+
+/// Builds the consumer the settings describe.
+pub fn consumer_for(settings: &Settings, store: DynStore) -> anyhow::Result<Consumer> {
+    let bank = settings.bank.as_ref().map(BankClient::new).transpose()?;
+    Ok(Consumer::new(
+        store,
+        bank,
+        Policy {
+            consumer_name: settings.consumer_name.clone(),
+            inbox_retention: settings.inbox_retention,
+            lease: settings.lease,
+            inflight_wait: settings.inflight_wait,
+            retry_budget: settings.retry_budget,
+            bank_key_window: settings
+                .bank
+                .as_ref()
+                .map_or(Duration::from_secs(24 * 3600), |b| b.key_window),
+        },
+    ))
+}
+
+/// The application state the settings describe, on `store`.
+pub fn app_state(settings: &Settings, store: DynStore) -> anyhow::Result<AppState> {
+    Ok(AppState::new(consumer_for(settings, store)?)
+        .with_reconcile_min_age(settings.reconcile_min_age)
+        .with_http(settings.http_auth, settings.key_retention))
+}
+
+/// Runs the custom handler until SIGTERM or SIGINT, or until the store fails for good.
+pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
+    // Installed before the port opens: a SIGTERM that arrives right after the host sees
+    // us ready must drain, not kill.
+    let shutdown = shutdown_signal()?;
+    let mut store = open_store(&settings, Access::Serve).await?;
+    if let Some(layer) = seams.store_layer {
+        store = layer(store);
+    }
+    let mut state = app_state(&settings, store.clone())?;
+    if let Some(factory) = seams.claim_handler {
+        let handler = factory(state.consumer());
+        state = state.with_claim_handler(handler);
+    }
+    let state = Arc::new(state);
+    let app = match seams.router {
+        Some(factory) => factory(state),
+        None => http::router(state),
+    };
+
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, settings.port));
+    let listener = TcpListener::bind(addr).await.map_err(|e| {
+        anyhow::anyhow!("cannot listen on {addr} (FUNCTIONS_CUSTOMHANDLER_PORT): {e}")
+    })?;
+    tracing::info!(
+        address = %listener.local_addr()?,
+        store = settings.store.name(),
+        payouts = settings.bank.is_some(),
+        handler = seams.label.unwrap_or("consumer"),
+        "claims-payments custom handler listening"
+    );
+
+    let retention_task = tokio::spawn(purge_periodically(store.clone()));
+    let counters_task = tokio::spawn(async {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            telemetry::log_counters();
+        }
+    });
+
+    // A store that failed for good (a WAL sync error) stops the server like a SIGTERM,
+    // and the process then exits non-zero so the host restarts it.
+    let (store_failed_tx, store_failed_rx) = tokio::sync::oneshot::channel();
+    let watched = store.clone();
+    let failure_task = tokio::spawn(async move {
+        let _ = store_failed_tx.send(watched.failed().await);
+    });
+    let mut store_failed = None;
+    let stop = async {
+        tokio::select! {
+            () = shutdown => {}
+            reason = store_failed_rx => store_failed = reason.ok(),
+        }
+    };
+    serve_router(listener, app, stop).await;
+    for task in [retention_task, counters_task, failure_task] {
+        task.abort();
+    }
+    telemetry::log_counters();
+    if let Some(reason) = store_failed {
+        anyhow::bail!("stopped because the store failed: {reason}");
+    }
+    tracing::info!("drained in-flight invocations; stopping");
+    Ok(())
+}
+
+/// Serves `state` with the product's router on `listener` until `shutdown` resolves:
+/// the whole application, in-process (tests call this).
+pub async fn run(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    serve_router(listener, http::router(state), shutdown).await
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains for at most
+/// [`SHUTDOWN_DRAIN`]. Unlike `axum::serve`, every connection has a header read timeout,
+/// so neither a slow client nor a shutdown waits on one for ever.
+pub async fn serve_router(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drainSeconds = SHUTDOWN_DRAIN.as_secs(),
+            "in-flight work did not finish within the drain; stopping anyway (it will be redelivered)"
+        );
+    }
+}
+
+/// SQLite has no TTL: apply the inbox retention hourly, in small batches.
+async fn purge_periodically(store: DynStore) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        match store
+            .purge_expired(time::OffsetDateTime::now_utc(), 500)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "purged expired inbox records"),
+            Err(e) => tracing::warn!(error = %e, "inbox purge failed; will retry next hour"),
+        }
+    }
+}
+
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        tracing::info!("shutdown requested; draining in-flight invocations");
+    })
+}

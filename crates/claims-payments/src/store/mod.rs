@@ -1,0 +1,290 @@
+//! The store port: what the consumer needs from a database, and nothing more.
+//!
+//! The guard lives behind [`Store::claim`]: the inbox record ("this message is being
+//! or was handled") and the payment record (the business fact) are created in one
+//! atomic step, under keys the database itself keeps unique. A second claim of the
+//! same message, or of the same claim under another message, is refused by the
+//! database, never by a read that happened to come first.
+//!
+//! Adapters: [`sqlite`] (the embedded default) and [`cosmos`] (production). Both pass
+//! the same conformance suite (`tests/conformance/`, run by `tests/sqlite_conformance.rs`
+//! and `tests/cosmos_conformance.rs`).
+
+pub mod cosmos;
+pub mod sqlite;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
+
+/// Identifies one processing attempt (one invocation). Written into the inbox record
+/// it creates or takes over, so the attempt can recognise its own committed write
+/// when the SDK re-sends a batch after an ambiguous timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AttemptId(Uuid);
+
+impl AttemptId {
+    pub fn new() -> Self {
+        AttemptId(Uuid::new_v4())
+    }
+}
+
+impl Default for AttemptId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for AttemptId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An opaque concurrency token: a Cosmos ETag, or a SQLite row version.
+/// Conditional writes succeed only if the record still carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Version(pub String);
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versioned<T> {
+    pub record: T,
+    pub version: Version,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InboxStatus {
+    InProgress,
+    Completed,
+}
+
+impl InboxStatus {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            InboxStatus::InProgress => "in_progress",
+            InboxStatus::Completed => "completed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "in_progress" => Some(InboxStatus::InProgress),
+            "completed" => Some(InboxStatus::Completed),
+            _ => None,
+        }
+    }
+}
+
+/// The "already handled" record, one per (consumer, claim, message). It expires after
+/// the retention; the payment record is the permanent guard behind it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InboxRecord {
+    pub consumer: String,
+    pub claim_id: ClaimId,
+    pub message_id: MessageId,
+    pub payload_hash: PayloadHash,
+    pub status: InboxStatus,
+    /// The label of how the message ended (`paid`, `recorded`, ...) once completed.
+    pub outcome: Option<String>,
+    /// The attempt that created the record or last took it over.
+    pub owner: AttemptId,
+    /// While in progress: the owner's lease. After it, another attempt may take over.
+    pub lease_until: Option<OffsetDateTime>,
+    pub first_delivery_count: u32,
+    pub last_delivery_count: u32,
+    pub created_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
+    /// When the record may be purged (Cosmos: `ttl`, counted from the last write).
+    pub expires_at: OffsetDateTime,
+}
+
+impl InboxRecord {
+    pub fn lease_alive(&self, now: OffsetDateTime) -> bool {
+        self.status == InboxStatus::InProgress && self.lease_until.is_some_and(|until| until > now)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PaymentStatus {
+    /// Ledger-only mode: the payment is recorded; no bank is called.
+    Recorded,
+    /// A payout is owed and may be in flight at the bank.
+    InProgress,
+    Paid,
+    /// The bank refused the payout for good; a person must look at the claim.
+    Rejected,
+    /// The outcome at the bank cannot be known; an operator must reconcile.
+    NeedsReconciliation,
+}
+
+impl PaymentStatus {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PaymentStatus::Recorded => "recorded",
+            PaymentStatus::InProgress => "in_progress",
+            PaymentStatus::Paid => "paid",
+            PaymentStatus::Rejected => "rejected",
+            PaymentStatus::NeedsReconciliation => "needs_reconciliation",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "recorded" => PaymentStatus::Recorded,
+            "in_progress" => PaymentStatus::InProgress,
+            "paid" => PaymentStatus::Paid,
+            "rejected" => PaymentStatus::Rejected,
+            "needs_reconciliation" => PaymentStatus::NeedsReconciliation,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, PaymentStatus::InProgress)
+    }
+}
+
+/// The business fact, one per (claim, purpose). It never expires.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PaymentRecord {
+    pub claim_id: ClaimId,
+    pub purpose: Purpose,
+    pub tenant_id: Option<String>,
+    /// Decimal as a string, exactly as sent to the bank.
+    pub amount: String,
+    pub currency: String,
+    pub payee: Option<String>,
+    pub payload_hash: PayloadHash,
+    /// The message that created the payment.
+    pub message_id: MessageId,
+    pub idempotency_key: IdempotencyKey,
+    /// The exact payout request body, re-sent byte for byte. None in ledger-only mode.
+    pub payout_request: Option<String>,
+    pub status: PaymentStatus,
+    pub bank_payment_id: Option<String>,
+    /// Why the payment was rejected or needs reconciliation.
+    pub status_reason: Option<String>,
+    pub created_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
+}
+
+/// The answer to [`Store::claim`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimResult {
+    /// Both records were created by this call (or by this attempt's earlier, ambiguous
+    /// try: adapters report that case as `InboxExists` with our owner token).
+    Claimed { inbox_version: Version },
+    /// The message was seen before: here is its inbox record. Nothing was written.
+    InboxExists(Versioned<InboxRecord>),
+    /// The message is new but the claim already has a payment (another message, or
+    /// this one after its inbox record expired). Nothing was written.
+    PaymentExists(Versioned<PaymentRecord>),
+}
+
+/// The answer to [`Store::record_handled`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum InsertResult {
+    Inserted(Version),
+    AlreadyExists(Box<Versioned<InboxRecord>>),
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// Someone else changed the record since we read it (ETag / version mismatch).
+    #[error("precondition failed: the record changed since it was read")]
+    PreconditionFailed,
+    /// Worth retrying later: throttling, unavailability, timeouts, a busy database.
+    #[error("store temporarily unavailable: {0}")]
+    Transient(String),
+    /// Retrying cannot help: bad credentials, missing container, corrupt data.
+    #[error("store failure: {0}")]
+    Permanent(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Which inbox record: (consumer, claim, message). The claim is part of the key
+/// because Cosmos partitions by claim; both stores keep the same scope.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InboxKey {
+    pub consumer: String,
+    pub claim_id: ClaimId,
+    pub message_id: MessageId,
+}
+
+impl InboxRecord {
+    pub fn key(&self) -> InboxKey {
+        InboxKey {
+            consumer: self.consumer.clone(),
+            claim_id: self.claim_id,
+            message_id: self.message_id.clone(),
+        }
+    }
+}
+
+/// The consumer's store. Every method is one round trip to the database unless
+/// its documentation says otherwise.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// The guard: atomically create `inbox` and `payment` (same claim), or create
+    /// nothing and report which record already exists. An adapter may spend one extra
+    /// read on a refusal, to return the existing record.
+    async fn claim(&self, inbox: &InboxRecord, payment: &PaymentRecord)
+        -> StoreResult<ClaimResult>;
+
+    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>>;
+
+    async fn payment(
+        &self,
+        claim: ClaimId,
+        purpose: Purpose,
+    ) -> StoreResult<Option<Versioned<PaymentRecord>>>;
+
+    /// Create an inbox record alone, for a message whose payment already exists.
+    async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult>;
+
+    /// Replace the inbox record if it still carries `expected` (take over an expired
+    /// lease, release our own). `PreconditionFailed` otherwise.
+    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version>;
+
+    /// Atomically write the final payment and inbox records, if the inbox still
+    /// carries `inbox_version` (our lease was not taken over). `PreconditionFailed` otherwise.
+    async fn finalize(
+        &self,
+        inbox: &InboxRecord,
+        inbox_version: &Version,
+        payment: &PaymentRecord,
+    ) -> StoreResult<()>;
+
+    /// Payments, oldest first, at most `limit`.
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>>;
+
+    /// Payments whose outcome is not final yet (`in_progress`, `needs_reconciliation`),
+    /// oldest first, at most `limit`: what `reconcile` examines.
+    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>>;
+
+    /// Inbox records, oldest first, at most `limit`.
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>>;
+
+    /// Remove inbox records whose retention ended before `now`, in batches of at most
+    /// `batch` rows. Returns how many were removed. Payments are never purged.
+    async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64>;
+
+    /// Resolves, with the reason, once the store can no longer keep its promises (SQLite:
+    /// a WAL sync failed). The server stops on it and exits non-zero. Decorators forward
+    /// it; the default never resolves.
+    async fn failed(&self) -> String {
+        std::future::pending().await
+    }
+}
+
+pub type DynStore = Arc<dyn Store>;

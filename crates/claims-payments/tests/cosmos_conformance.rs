@@ -1,0 +1,26 @@
+//! The conformance suite on the Cosmos DB adapter: every test gets its own in-process
+//! emulator with the service's container definition provisioned.
+
+#[macro_use]
+mod conformance;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use claims_payments::store::DynStore;
+use claims_payments_testkit::emulator::InProcessEmulator;
+
+/// The inbox documents' `ttl`; the in-process emulator does not expire documents anyway.
+const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+async fn make_store() -> (DynStore, conformance::Keep) {
+    let emulator = InProcessEmulator::new().unwrap();
+    emulator.provision("payments", "payments").await.unwrap();
+    let store = emulator
+        .store("payments", "payments", RETENTION, Vec::new())
+        .await
+        .unwrap();
+    (Arc::new(store), Box::new(emulator))
+}
+
+store_conformance!(make_store);

@@ -1,0 +1,820 @@
+//! The real binary as a separate process, driven over HTTP exactly as the Functions
+//! host drives it: readiness probe, invocation envelopes, SIGKILL and restart.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use claims_payments_testkit::fake_bank::{self as common, FakeBank};
+use claims_payments_testkit::service::{
+    claim_body, free_port, host_envelope, invoke, outcome, Backend, Handler,
+};
+use serde_json::{json, Value};
+
+const EXE: &str = env!("CARGO_BIN_EXE_claims-payments");
+
+fn ledger(db: &Path) -> Vec<Value> {
+    ledger_on(&[("PAYMENTS_SQLITE_PATH", &db.to_string_lossy())])
+}
+
+fn ledger_on(env: &[(&str, &str)]) -> Vec<Value> {
+    let out = Command::new(EXE)
+        .args(["ledger", "--json"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn temp_db() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("payments.db");
+    (dir, db)
+}
+
+async fn five_deliveries_of_one_message_make_one_ledger_row(backend: Backend) {
+    let handler = Handler::start_on(EXE, &backend.env());
+    let client = reqwest::Client::new();
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "1250.50");
+    let mut outcomes = Vec::new();
+    for n in 1..=5 {
+        let (status, answer) = invoke(
+            &client,
+            &handler,
+            &host_envelope(&body, "claim-approved-1", n),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["Logs"][0], format!("outcome: {}", outcome(&answer)));
+        outcomes.push(outcome(&answer).to_owned());
+    }
+    assert_eq!(
+        outcomes,
+        [
+            "recorded",
+            "duplicate",
+            "duplicate",
+            "duplicate",
+            "duplicate"
+        ]
+    );
+    handler.kill();
+    let rows = ledger_on(&backend.env());
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["claimId"], claim);
+    assert_eq!(rows[0]["amount"], "1250.50");
+    assert_eq!(rows[0]["currency"], "EUR");
+    assert_eq!(rows[0]["status"], "recorded");
+    assert_eq!(rows[0]["messageId"], "claim-approved-1");
+    assert_eq!(rows[0]["bankPaymentId"], Value::Null);
+}
+
+#[tokio::test]
+async fn five_deliveries_make_one_ledger_row_on_sqlite() {
+    five_deliveries_of_one_message_make_one_ledger_row(Backend::sqlite()).await;
+}
+
+#[tokio::test]
+async fn five_deliveries_make_one_ledger_row_on_cosmos_over_http() {
+    five_deliveries_of_one_message_make_one_ledger_row(Backend::cosmos()).await;
+}
+
+#[tokio::test]
+async fn default_data_type_double_encoded_body_is_understood() {
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(EXE, &db, &[]);
+    let body = claim_body(&common::new_claim(), "10");
+    let envelope = json!({
+        "Data": {"msg": serde_json::to_string(&body).unwrap()},
+        "Metadata": {"MessageId": "\"m-double\"", "DeliveryCount": "1"}
+    });
+    let (status, answer) = invoke(&reqwest::Client::new(), &handler, &envelope)
+        .await
+        .unwrap();
+    assert_eq!((status, outcome(&answer)), (200, "recorded"), "{answer}");
+}
+
+#[tokio::test]
+async fn payouts_go_to_the_bank_once_with_the_idempotency_key() {
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let handler = Handler::start(EXE, &db, &[("BANK_API_URL", url.as_str())]);
+    let client = reqwest::Client::new();
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "300.00");
+    let (_, first) = invoke(&client, &handler, &host_envelope(&body, "evt-pay", 1))
+        .await
+        .unwrap();
+    let (_, second) = invoke(&client, &handler, &host_envelope(&body, "evt-pay", 2))
+        .await
+        .unwrap();
+    assert_eq!((outcome(&first), outcome(&second)), ("paid", "duplicate"));
+    assert_eq!(bank.effective_payouts(), 1);
+    let (key, sent) = &bank.requests()[0];
+    assert_eq!(key, &format!("claim-payment-{claim}"));
+    let sent: Value = serde_json::from_str(sent).unwrap();
+    assert_eq!(
+        sent,
+        json!({"claimId": claim, "amount": "300.00", "currency": "EUR", "payee": "NL91ABNA0417164300", "reference": format!("claim-payment-{claim}")})
+    );
+    handler.kill();
+    let rows = ledger(&db);
+    assert_eq!(rows[0]["status"], "paid");
+    assert_eq!(rows[0]["bankPaymentId"], "pay-1");
+}
+
+#[tokio::test]
+async fn invalid_messages_fail_every_delivery_with_a_named_reason() {
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(EXE, &db, &[]);
+    let client = reqwest::Client::new();
+    let body =
+        json!({"claimId": common::new_claim(), "amount": "12.345", "currency": "EUR"}).to_string();
+    for n in 1..=2 {
+        let (status, answer) = invoke(&client, &handler, &host_envelope(&body, "evt-bad", n))
+            .await
+            .unwrap();
+        assert_eq!(status, 422);
+        assert_eq!(outcome(&answer), "invalid-message");
+        assert!(
+            answer["ReturnValue"]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("amount"),
+            "{answer}"
+        );
+    }
+    let (status, answer) = invoke(&client, &handler, &json!({"Data": {}, "Metadata": {}}))
+        .await
+        .unwrap();
+    assert_eq!((status, outcome(&answer)), (422, "invalid-message"));
+    handler.kill();
+    assert!(ledger(&db).is_empty());
+}
+
+#[tokio::test]
+async fn readiness_unknown_routes_and_oversized_bodies_get_json_answers() {
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(EXE, &db, &[]);
+    let client = reqwest::Client::new();
+    let ready = client.get(handler.url("/")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let missing = client
+        .post(handler.url("/Other"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let huge = "x".repeat(2 * 1024 * 1024);
+    let (status, answer) = invoke(&client, &handler, &json!({"Data": {"msg": huge}}))
+        .await
+        .unwrap();
+    assert_eq!(status, 413);
+    assert_eq!(outcome(&answer), "invalid-message");
+}
+
+#[test]
+fn an_invalid_setting_stops_the_process_before_serving_and_names_it() {
+    let out = Command::new(EXE)
+        .arg("serve")
+        .env("FUNCTIONS_CUSTOMHANDLER_PORT", free_port().to_string())
+        .env("INBOX_RETENTION_DAYS", "forever")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("INBOX_RETENTION_DAYS"));
+}
+
+#[test]
+fn sigterm_drains_and_exits_zero() {
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(EXE, &db, &[]);
+    let pid = handler.child.id() as i32;
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let mut handler = handler;
+    let status = handler.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+/// The deployed timings (infra/main.bicepparam): a plain SIGKILL of `serve` while the
+/// payout is at the bank leaves the inbox record under a live 120 s lease. The host
+/// restarts the handler and redelivers at once, DeliveryCount + 1 each time; waiting on
+/// the dead lease would spend all ten deliveries in 50 s and dead-letter the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_payout_with_production_timings_is_taken_over_by_the_next_delivery() {
+    let bank = FakeBank::start().await;
+    // The first request stays at the bank (which pays it later) while the handler dies.
+    bank.script([common::BankFault::Slow(Duration::from_secs(8))]);
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let production = [
+        ("BANK_API_URL", url.as_str()),
+        ("LEASE_MS", "120000"),
+        ("INFLIGHT_WAIT_MS", "15000"),
+        ("BANK_TIMEOUT_MS", "5000"),
+        ("RETRY_BUDGET_MS", "60000"),
+        ("MAX_DELIVERY_COUNT", "10"),
+    ];
+    let client = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "410.00");
+    let handler = Handler::start(EXE, &db, &production);
+    let first = tokio::spawn({
+        let (client, envelope, url) = (
+            client.clone(),
+            host_envelope(&body, "evt-kill", 1),
+            handler.url("/ClaimApproved"),
+        );
+        async move { client.post(url).json(&envelope).send().await }
+    });
+    while bank.requests().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    handler.kill();
+    assert!(
+        first.await.unwrap().is_err(),
+        "the killed handler never answers"
+    );
+
+    let handler = Handler::start(EXE, &db, &production);
+    let mut answers = Vec::new();
+    for count in 2..=10 {
+        let (status, answer) = invoke(&client, &handler, &host_envelope(&body, "evt-kill", count))
+            .await
+            .unwrap();
+        answers.push(outcome(&answer).to_owned());
+        if status == 200 {
+            break;
+        }
+    }
+    assert_eq!(
+        answers,
+        ["paid"],
+        "the first redelivery takes over and pays"
+    );
+    handler.kill();
+    assert_eq!(ledger(&db)[0]["status"], "paid");
+    // The killed attempt's request is still at the bank; when it lands, the same key
+    // makes it a replay, not a second payout.
+    while bank.requests().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+/// A client that trickles its request headers is cut off, and cannot hold a SIGTERM.
+#[test]
+fn a_slow_client_is_cut_off_and_cannot_hold_the_shutdown() {
+    use std::io::{Read, Write};
+    let (_dir, db) = temp_db();
+    let mut handler = Handler::start(EXE, &db, &[]);
+    let trickle = |port: u16| {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .write_all(b"POST /ClaimApproved HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .unwrap();
+        let mut writer = stream.try_clone().unwrap();
+        std::thread::spawn(move || {
+            // One header byte a second, until the server hangs up.
+            while writer.write_all(b"X").is_ok() {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        });
+        stream
+    };
+    let mut slow = trickle(handler.port);
+    // A safety net for the test itself: without the header timeout the read never ends.
+    slow.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = slow.read_to_end(&mut answer);
+    assert!(
+        !matches!(&read, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "the server kept a trickling client: {read:?}"
+    );
+
+    let _held = trickle(handler.port);
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(handler.child.id() as i32, libc::SIGTERM);
+    }
+    let status = handler.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+/// Starts `serve` on `db`, which must refuse it; returns its stderr.
+fn refused_start(db: &Path, uid: Option<u32>) -> String {
+    let path = db.to_string_lossy();
+    match Handler::try_start(EXE, &[("PAYMENTS_SQLITE_PATH", path.as_ref())], uid) {
+        Ok(handler) => {
+            handler.kill();
+            panic!(
+                "serve started (and would answer GET / ready) on {}",
+                db.display()
+            );
+        }
+        Err((status, stderr)) => {
+            assert!(!status.success(), "{status}: {stderr}");
+            assert!(
+                stderr.contains(&db.display().to_string()),
+                "the message names the path: {stderr}"
+            );
+            stderr
+        }
+    }
+}
+
+#[test]
+fn serve_refuses_a_file_that_is_not_a_database_and_names_it() {
+    let (_dir, db) = temp_db();
+    std::fs::write(&db, "claimId,amount\n".repeat(1000)).unwrap();
+    let stderr = refused_start(&db, None);
+    assert!(stderr.contains("is not a SQLite database"), "{stderr}");
+}
+
+/// A database whose pages are damaged: `serve` used to start and fail the messages that
+/// touched the damaged pages, for ever. It must refuse to start, naming the file.
+#[test]
+fn serve_refuses_a_database_with_a_corrupt_page_and_names_it() {
+    let (_dir, db) = temp_db();
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE filler (x BLOB);
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+             INSERT INTO filler SELECT randomblob(300) FROM n;",
+        )
+        .unwrap();
+    }
+    // Garbage over the last page, a leaf of `filler` (rollback journal: all in the file).
+    let mut bytes = std::fs::read(&db).unwrap();
+    let page = 4096;
+    let last = bytes.len() - page;
+    bytes[last..].fill(0xA5);
+    std::fs::write(&db, bytes).unwrap();
+
+    let stderr = refused_start(&db, None);
+    assert!(stderr.contains("is corrupt"), "{stderr}");
+    assert!(stderr.contains("quick_check"), "{stderr}");
+}
+
+/// The reported case: a database file this (unprivileged) user may only read. SQLite
+/// opened it read-only without a word, `serve` answered ready, and every message failed
+/// with "attempt to write a readonly database" until it was dead-lettered. Tests run as
+/// root, whom permissions do not stop, so as root `serve` runs as `nobody`.
+#[test]
+fn serve_refuses_a_database_this_user_cannot_write() {
+    use std::fs::Permissions;
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, db) = temp_db();
+    // An earlier run's database, killed: its -wal, -shm and lock file are still there.
+    Handler::start(EXE, &db, &[]).kill();
+    std::fs::set_permissions(&db, Permissions::from_mode(0o444)).unwrap();
+    for suffix in ["-wal", "-shm", ".lock"] {
+        let mut sidecar = db.as_os_str().to_owned();
+        sidecar.push(suffix);
+        std::fs::set_permissions(sidecar, Permissions::from_mode(0o666)).unwrap();
+    }
+    std::fs::set_permissions(dir.path(), Permissions::from_mode(0o777)).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        use std::os::unix::process::CommandExt;
+        let nobody_can_run_it = Command::new(EXE)
+            .arg("--version")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .is_ok_and(|out| out.status.success());
+        if !nobody_can_run_it {
+            eprintln!("skipped: running as root, and uid 65534 cannot run {EXE}");
+            return;
+        }
+    }
+
+    let stderr = refused_start(&db, root.then_some(65534));
+    assert!(stderr.contains("cannot be written"), "{stderr}");
+    assert!(stderr.contains("readonly"), "SQLite's own words: {stderr}");
+}
+
+/// A mistyped PAYMENTS_SQLITE_PATH used to create an empty database and list
+/// `0 payment(s)` with exit 0. Listings and purge must fail, naming the path and the
+/// setting, and leave nothing behind.
+#[test]
+fn listings_and_purge_never_create_a_missing_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("typo.db");
+    for args in [
+        &["ledger"][..],
+        &["ledger", "--json"],
+        &["inbox"],
+        &["inbox", "--json"],
+        &["purge"],
+    ] {
+        let out = Command::new(EXE)
+            .args(args)
+            .env("PAYMENTS_SQLITE_PATH", &db)
+            .env("RUST_LIB_BACKTRACE", "0")
+            .env_remove("PAYMENTS_STORE")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} exited 0: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?} printed {:?}", out.stdout);
+        assert!(
+            stderr.contains(&db.display().to_string()) && stderr.contains("PAYMENTS_SQLITE_PATH"),
+            "{args:?}: {stderr}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(left.is_empty(), "{args:?} created {left:?}");
+    }
+}
+
+/// The embedded store is single-instance: a second `serve` on the same file could answer
+/// `duplicate` from the first one's commit before that commit is synced. It is refused;
+/// the first keeps serving, and the read-only listings work next to it.
+#[tokio::test]
+async fn a_second_serve_on_one_database_is_refused_and_the_first_keeps_serving() {
+    let (_dir, db) = temp_db();
+    let first = Handler::start(EXE, &db, &[]);
+
+    let stderr = refused_start(&db, None);
+    assert!(
+        stderr.contains("another claims-payments serve") && stderr.contains("holds it"),
+        "{stderr}"
+    );
+
+    let client = reqwest::Client::new();
+    let claim = common::new_claim();
+    let (status, answer) = invoke(
+        &client,
+        &first,
+        &host_envelope(&claim_body(&claim, "42.00"), "evt-single", 1),
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, outcome(&answer)), (200, "recorded"), "{answer}");
+
+    let rows = ledger(&db);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["claimId"], claim);
+    for command in ["ledger", "inbox"] {
+        let out = Command::new(EXE)
+            .arg(command)
+            .env("PAYMENTS_SQLITE_PATH", &db)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("evt-single"));
+    }
+    first.kill();
+}
+
+fn reconcile_cli(db: &Path, bank_url: &str, args: &[&str]) -> (Option<i32>, Value) {
+    let out = Command::new(EXE)
+        .arg("reconcile")
+        .args(["--json", "--older-than", "0s"])
+        .args(args)
+        .env("PAYMENTS_SQLITE_PATH", db)
+        .env("BANK_API_URL", bank_url)
+        .env("BANK_KEY_WINDOW_MS", "1000")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .env_remove("PAYMENTS_STORE")
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    (out.status.code(), report)
+}
+
+/// The operator's command and the timer function, on the real binary: a payout left
+/// unknown when the bank's key window closed is settled by asking the bank, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_from_the_cli_and_the_timer_settles_an_unknown_payout() {
+    let bank = FakeBank::start().await;
+    bank.always(Some(common::BankFault::Unavailable));
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let env = [
+        ("BANK_API_URL", url.as_str()),
+        ("BANK_KEY_WINDOW_MS", "1000"),
+        ("BANK_TIMEOUT_MS", "200"),
+        ("RETRY_BUDGET_MS", "5000"),
+    ];
+    let handler = Handler::start(EXE, &db, &env);
+    let client = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "88.00");
+    let (_, answer) = invoke(&client, &handler, &host_envelope(&body, "evt-rec", 1))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&answer), "needs-reconciliation");
+    bank.always(None);
+
+    // A dry run asks the bank and changes nothing.
+    let (_, dry) = reconcile_cli(&db, &url, &["--dry-run"]);
+    assert_eq!(dry["lines"][0]["result"], "would-settle", "{dry}");
+    assert_eq!(ledger(&db)[0]["status"], "needs_reconciliation");
+    assert_eq!(bank.effective_payouts(), 0);
+
+    // The lookup fails: still unknown, exit 1, nothing paid.
+    bank.fail_lookups(1);
+    let (code, report) = reconcile_cli(&db, &url, &[]);
+    assert_eq!(
+        (code, report["stillUnknown"].as_u64()),
+        (Some(1), Some(1)),
+        "{report}"
+    );
+    assert_eq!(bank.effective_payouts(), 0);
+
+    // The timer function, as the host invokes it.
+    let timer = json!({
+        "Data": {"timer": {"Schedule": {"AdjustForDST": true}, "IsPastDue": false}},
+        "Metadata": {"sys": {"MethodName": "Reconcile"}}
+    });
+    let answer: Value = client
+        .post(handler.url("/Reconcile"))
+        .json(&timer)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["ReturnValue"]["outcome"], "reconciled", "{answer}");
+    handler.kill();
+    let rows = ledger(&db);
+    assert_eq!(rows[0]["status"], "paid", "{rows:?}");
+    assert_eq!(bank.effective_payouts(), 1);
+
+    // Nothing left: exit 0, and never paid again.
+    let (code, report) = reconcile_cli(&db, &url, &[]);
+    assert_eq!(
+        (code, report["examined"].as_u64()),
+        (Some(0), Some(0)),
+        "{report}"
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+async fn pay(
+    client: &reqwest::Client,
+    handler: &Handler,
+    key: Option<&str>,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut request = client
+        .post(handler.url("/api/payments"))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    (status, headers, response.text().await.unwrap())
+}
+
+fn problem_type(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    v["type"]
+        .as_str()
+        .unwrap_or("")
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Every answer of the HTTP payments API, on the real binary and the same store and
+/// bank as the message path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_api_answers_as_its_contract_says() {
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let handler = Handler::start(EXE, &db, &[("BANK_API_URL", url.as_str())]);
+    let c = reqwest::Client::new();
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "250.00");
+
+    // First request: 201, Location, the payment resource, one payout.
+    let (s1, h1, b1) = pay(&c, &handler, Some("k-1"), &body, &[]).await;
+    assert_eq!(s1, 201, "{b1}");
+    assert_eq!(h1["location"], format!("/api/payments/{claim}").as_str());
+    let resource: Value = serde_json::from_str(&b1).unwrap();
+    assert_eq!(
+        (resource["status"].as_str(), resource["amount"].as_str()),
+        (Some("paid"), Some("250.00"))
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+
+    // Same key, same payload: the stored answer byte for byte, replayed, no bank call.
+    let calls = bank.requests().len();
+    let (s2, h2, b2) = pay(&c, &handler, Some("\"k-1\""), &body, &[]).await;
+    assert_eq!((s2, b2.as_str()), (201, b1.as_str()));
+    assert_eq!(h2["idempotent-replayed"], "true");
+    assert_eq!(bank.requests().len(), calls);
+
+    // Same key, another payload: 422.
+    let (s3, _, b3) = pay(
+        &c,
+        &handler,
+        Some("k-1"),
+        &claim_body(&claim, "251.00"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (s3, problem_type(&b3).as_str()),
+        (422, "idempotency-key-reused"),
+        "{b3}"
+    );
+
+    // A new key for the same claim and payload: 200 with the existing payment.
+    let (s4, _, b4) = pay(&c, &handler, Some("k-2"), &body, &[]).await;
+    assert_eq!(s4, 200, "{b4}");
+    // A new key, the same claim, another amount: 409, the claim already has a payment.
+    let (s5, _, b5) = pay(
+        &c,
+        &handler,
+        Some("k-3"),
+        &claim_body(&claim, "999.00"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (s5, problem_type(&b5).as_str()),
+        (409, "claim-already-paid"),
+        "{b5}"
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+
+    // Missing or malformed key, invalid body, oversized body.
+    let (s, h, b) = pay(&c, &handler, None, &body, &[]).await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (400, "idempotency-key-missing")
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    let (s, _, b) = pay(&c, &handler, Some("\"open"), &body, &[]).await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (400, "idempotency-key-invalid")
+    );
+    let (s, _, b) = pay(
+        &c,
+        &handler,
+        Some("k-4"),
+        r#"{"claimId":"x","amount":"1","currency":"EUR"}"#,
+        &[],
+    )
+    .await;
+    assert_eq!((s, problem_type(&b).as_str()), (400, "invalid-body"));
+    assert!(b.contains("claimId"), "the problem names the field: {b}");
+    // The server answers 413 as soon as the limit is passed and closes the connection,
+    // which a client still sending may see as a reset instead of the answer.
+    // Its own client: the connection it used is closed after the 413, and must not go
+    // back to the pool the other requests share.
+    let oversized = reqwest::Client::new()
+        .post(handler.url("/api/payments"))
+        .header("Idempotency-Key", "k-5")
+        .body("x".repeat(2 * 1024 * 1024))
+        .send()
+        .await;
+    if let Ok(response) = oversized {
+        assert_eq!(response.status().as_u16(), 413);
+    }
+
+    // Keys are scoped: another tenant's identical key is a new request, not a replay.
+    let other = common::new_claim();
+    let tenant_body = |t: &str| {
+        json!({"claimId": other, "amount": "5.00", "currency": "EUR", "payee": "NL91ABNA0417164300", "tenantId": t}).to_string()
+    };
+    let (sa, _, _) = pay(&c, &handler, Some("shared"), &tenant_body("acme"), &[]).await;
+    let (sb, hb, bb) = pay(&c, &handler, Some("shared"), &tenant_body("globex"), &[]).await;
+    assert_eq!(sa, 201);
+    assert!(
+        hb.get("idempotent-replayed").is_none(),
+        "another scope never replays: {bb}"
+    );
+    assert_ne!(sb, 422, "another scope's key never blocks: {bb}");
+
+    // GET the payment; unknown and malformed claims.
+    let get = |path: String| {
+        let c = c.clone();
+        async move { c.get(path).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(
+        get(handler.url(&format!("/api/payments/{claim}"))).await,
+        200
+    );
+    assert_eq!(
+        get(handler.url(&format!("/api/payments/{}", common::new_claim()))).await,
+        404
+    );
+    assert_eq!(get(handler.url("/api/payments/not-a-uuid")).await, 400);
+}
+
+/// The bank is down: 503 with Retry-After, the key stays usable, and the retry under
+/// the same key pays once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_api_answers_503_and_the_retry_pays_once() {
+    let bank = FakeBank::start().await;
+    bank.always(Some(common::BankFault::Unavailable));
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", url.as_str()),
+            ("BANK_TIMEOUT_MS", "200"),
+            ("RETRY_BUDGET_MS", "600"),
+        ],
+    );
+    let c = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "12.00");
+    let (s, h, b) = pay(&c, &handler, Some("retry-me"), &body, &[]).await;
+    assert_eq!((s, problem_type(&b).as_str()), (503, "unavailable"), "{b}");
+    assert!(h.contains_key("retry-after"));
+    bank.always(None);
+    let (s, h, b) = pay(&c, &handler, Some("retry-me"), &body, &[]).await;
+    assert_eq!(s, 201, "{b}");
+    assert!(h.get("idempotent-replayed").is_none());
+    assert_eq!(bank.effective_payouts(), 1);
+    let keys: std::collections::BTreeSet<String> =
+        bank.requests().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        keys.len(),
+        1,
+        "every attempt under the same bank Idempotency-Key"
+    );
+}
+
+/// The same key while the first request is still at the bank: 409 with Retry-After.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_api_answers_409_while_the_key_is_in_flight() {
+    let bank = FakeBank::start().await;
+    bank.script([common::BankFault::Slow(Duration::from_millis(1500))]);
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let handler = Handler::start(EXE, &db, &[("BANK_API_URL", url.as_str())]);
+    let c = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "44.00");
+    let first = {
+        let (c, url, body) = (c.clone(), handler.url("/api/payments"), body.clone());
+        tokio::spawn(async move {
+            c.post(url)
+                .header("Idempotency-Key", "dbl")
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    while bank.requests().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (s, h, b) = pay(&c, &handler, Some("dbl"), &body, &[]).await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (409, "request-in-flight"),
+        "{b}"
+    );
+    assert!(h.contains_key("retry-after"));
+    assert_eq!(first.await.unwrap(), 201);
+    let (s, h, _) = pay(&c, &handler, Some("dbl"), &body, &[]).await;
+    assert_eq!(
+        (s, h["idempotent-replayed"].to_str().unwrap()),
+        (201, "true")
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+}

@@ -1,0 +1,252 @@
+//! The conformance suite on the embedded SQLite store.
+
+#[macro_use]
+mod conformance;
+
+use claims_payments::store::sqlite::SqliteStore;
+use claims_payments::store::DynStore;
+use claims_payments_testkit::fake_bank as common;
+use claims_payments_testkit::sync_gate::{SyncGate, SyncPause};
+
+async fn make_store() -> (DynStore, conformance::Keep) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("payments.db")).unwrap();
+    (store, Box::new(dir))
+}
+
+store_conformance!(make_store);
+
+/// A claim whose group the writer has committed (visible to any connection) while the
+/// syncer is held back, so the commit is not yet durable.
+struct CommittedNotSynced {
+    dir: tempfile::TempDir,
+    store: std::sync::Arc<SqliteStore>,
+    key: claims_payments::store::InboxKey,
+    pause: SyncPause,
+    claim: tokio::task::JoinHandle<
+        claims_payments::store::StoreResult<claims_payments::store::ClaimResult>,
+    >,
+}
+
+impl CommittedNotSynced {
+    async fn start(message_id: &str) -> Self {
+        use claims_payments::store::{AttemptId, Store};
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("payments.db");
+        let gate = SyncGate::new();
+        let store = SqliteStore::open_with_sync_hook(&path, gate.clone()).unwrap();
+        let (inbox, payment) =
+            conformance::records(&common::new_claim(), message_id, AttemptId::new());
+        let key = inbox.key();
+        let pause = gate.pause();
+        let claim = tokio::spawn({
+            let store = store.clone();
+            async move { store.claim(&inbox, &payment).await }
+        });
+        let observer = rusqlite::Connection::open(&path).unwrap();
+        while observer
+            .query_row(
+                "SELECT count(*) FROM inbox WHERE message_id = ?1",
+                [message_id],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+            == 0
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        CommittedNotSynced {
+            dir,
+            store,
+            key,
+            pause,
+            claim,
+        }
+    }
+}
+
+/// Pipelined group commit: the writer commits a group and moves on while the syncer
+/// flushes the WAL. Neither the claim nor a read that sees the claimed rows may be
+/// answered before that flush; otherwise a power cut could undo what an answer (and the
+/// host's completion of the message) relied on. The sync is held back with a test gate and
+/// the commit is observed through a separate connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_before_the_commit_it_relies_on_is_synced() {
+    use claims_payments::store::{ClaimResult, Store};
+
+    let held = CommittedNotSynced::start("m-sync").await;
+    let read = tokio::spawn({
+        let (store, key) = (held.store.clone(), held.key.clone());
+        async move { store.inbox(&key).await }
+    });
+    // Without the guard both answers arrive within microseconds of the commit.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        !held.claim.is_finished(),
+        "the claim was answered before its commit was synced"
+    );
+    assert!(
+        !read.is_finished(),
+        "a read was answered from a commit not yet synced"
+    );
+
+    drop(held.pause);
+    let claimed = held.claim.await.unwrap().unwrap();
+    assert!(
+        matches!(claimed, ClaimResult::Claimed { .. }),
+        "{claimed:?}"
+    );
+    let stored = read.await.unwrap().unwrap().expect("the claimed inbox row");
+    assert_eq!(stored.record.message_id.as_str(), "m-sync");
+}
+
+/// A caller may give up on a write (its invocation was cancelled) and the store may be
+/// dropped before the syncer reaches that group. SQLite then deletes the WAL on its last
+/// close, after checkpointing it; the syncer must take that as nothing left to flush, not
+/// as a failed sync (which stops the store), and the committed row must survive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_dropped_with_a_group_still_to_sync_keeps_the_commit() {
+    use claims_payments::store::Store;
+
+    let held = CommittedNotSynced::start("m-dropped").await;
+    held.claim.abort();
+    assert!(held.claim.await.unwrap_err().is_cancelled());
+    drop(held.store);
+    // Every connection closes (the checkpointer's within one round), which deletes the WAL.
+    let wal = held.dir.path().join("payments.db-wal");
+    while wal.exists() {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    drop(held.pause);
+
+    let reopened = SqliteStore::open(held.dir.path().join("payments.db")).unwrap();
+    let stored = reopened
+        .inbox(&held.key)
+        .await
+        .unwrap()
+        .expect("the committed claim");
+    assert_eq!(stored.record.message_id.as_str(), "m-dropped");
+}
+
+/// Log lines written while a test runs on the current thread.
+#[derive(Clone, Default)]
+struct CapturedLogs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLogs {
+    fn lines(&self) -> Vec<serde_json::Value> {
+        String::from_utf8(self.0.lock().unwrap().clone())
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+/// A store failure that retrying cannot heal (here the adapter's own: a database this
+/// process may only read, so every write is refused) is answered `store-failure` with a
+/// 500, never `retry-later`, and logged as an error with `storeError = "permanent"`. The
+/// message is not completed, so it is kept for a re-drive once the store is repaired.
+/// A current-thread runtime, so the thread's log capture sees the server's tasks.
+#[tokio::test(flavor = "current_thread")]
+async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
+    use claims_payments::startup::{run, AppState};
+    use claims_payments::store::sqlite::Access;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let store = SqliteStore::open_as(&path, Access::ReadOnly).unwrap();
+
+    let logs = CapturedLogs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let state = std::sync::Arc::new(AppState::new(common::ledger_consumer(store)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(run(listener, state, std::future::pending()));
+
+    let body = format!(
+        r#"{{"claimId":"{}","amount":"10.00","currency":"EUR"}}"#,
+        common::new_claim()
+    );
+    let envelope = serde_json::json!({
+        "Data": {"msg": serde_json::to_string(&body).unwrap()},
+        "Metadata": {"MessageId": "\"m-store-failure\"", "DeliveryCount": "1"}
+    });
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/ClaimApproved"))
+        .json(&envelope)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let answer: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(
+        (status, answer["ReturnValue"]["outcome"].as_str()),
+        (500, Some("store-failure")),
+        "{answer}"
+    );
+
+    let lines = logs.lines();
+    let failed = lines
+        .iter()
+        .find(|l| l["fields"]["storeError"].is_string())
+        .unwrap_or_else(|| panic!("no storeError log line in {lines:#?}"));
+    assert_eq!(failed["level"], "ERROR", "{failed}");
+    assert_eq!(failed["fields"]["storeError"], "permanent", "{failed}");
+    assert_eq!(failed["fields"]["messageId"], "m-store-failure", "{failed}");
+    assert!(
+        failed["fields"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("read-only"),
+        "the log names the cause: {failed}"
+    );
+}
+
+/// After a failed WAL sync no retry can prove the pages durable: the writes waiting on
+/// that sync are refused as permanent (so their messages are not completed), every later
+/// write is refused, and the store reports itself failed, which stops the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wal_sync_refuses_its_writes_and_fails_the_store() {
+    use claims_payments::store::{AttemptId, Store, StoreError};
+
+    let dir = tempfile::tempdir().unwrap();
+    let gate = SyncGate::new();
+    let store =
+        SqliteStore::open_with_sync_hook(dir.path().join("payments.db"), gate.clone()).unwrap();
+    gate.fail_next();
+    let (inbox, payment) = conformance::records(&common::new_claim(), "m-1", AttemptId::new());
+    let refused = store.claim(&inbox, &payment).await;
+    assert!(
+        matches!(refused, Err(StoreError::Permanent(ref reason)) if reason.contains("WAL sync failed")),
+        "{refused:?}"
+    );
+    let reason = tokio::time::timeout(std::time::Duration::from_secs(10), store.failed())
+        .await
+        .expect("the store reports its failure");
+    assert!(reason.contains("injected fdatasync failure"), "{reason}");
+    let (inbox, payment) = conformance::records(&common::new_claim(), "m-2", AttemptId::new());
+    assert!(matches!(
+        store.claim(&inbox, &payment).await,
+        Err(StoreError::Permanent(_))
+    ));
+}
