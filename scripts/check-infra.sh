@@ -572,7 +572,7 @@ REQUIRED = [
 ]
 FIXED = {"PAYMENTS_STORE": "cosmos", "LOG_FORMAT": "json", "RUST_LIB_BACKTRACE": "0"}
 # Flex Consumption rejects or ignores the platform ones; AzureWebJobsStorage or COSMOS_KEY would be
-# secrets; the dev/fault knobs exist only in dev-tools builds (a release binary refuses to start).
+# secrets; the dev/fault knobs are read only by claims-payments-dev (the product refuses to start with one).
 FORBIDDEN = re.compile(r"^(FUNCTIONS_WORKER_RUNTIME|FUNCTIONS_EXTENSION_VERSION|WEBSITE_RUN_FROM_PACKAGE|WEBSITE_CONTENT.*|SCM_DO_BUILD_DURING_DEPLOYMENT|ENABLE_ORYX_BUILD|AzureWebJobsStorage|COSMOS_KEY|PAYMENTS_SQLITE_PATH|PAYMENTS_DEV_.*|PAYMENTS_FAULT_.*)$")
 LOCAL_REQUIRED = {
     "AzureWebJobsStorage": None, "FUNCTIONS_WORKER_RUNTIME": "custom", "CLAIM_APPROVED_QUEUE": None,

@@ -4,7 +4,7 @@
 #   scripts/package.sh [--binary PATH] [--out DIR] [--allow-non-elf]
 #
 # Without --binary: builds the Linux x86-64 release binary without the
-# dev-tools feature (emulator code must not ship). With --binary: packages the
+# development crates (emulator code must not ship). With --binary: packages the
 # given executable instead (tests pass a debug build; CI a stand-in).
 # Output (default DIR = dist):
 #   DIR/functionapp/      host.json, one folder per function, the executable,
@@ -40,7 +40,8 @@ if [[ -z "$BINARY" ]]; then
     echo "build on Linux x86-64, or cross-compile and pass --binary PATH" >&2
     exit 2
   fi
-  cargo build --release --locked --no-default-features --bin claims-payments
+  # The product crate alone: nothing of claims-payments-dev or the testkit can be in it.
+  cargo build --release --locked -p claims-payments --bin claims-payments
   BINARY="${CARGO_TARGET_DIR:-$ROOT/target}/release/claims-payments"
 fi
 [[ -f "$BINARY" ]] || { echo "binary not found: $BINARY" >&2; exit 2; }

@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$(realpath "${1:-target/debug/claims-payments}")
+# The sandbox bank is a dev tool, in the binary beside the product's.
+DEV_BIN=$(realpath "${2:-$(dirname "$BIN")/claims-payments-dev}")
 export RUST_LIB_BACKTRACE=0
 
 if [[ ! -x /usr/bin/chromium ]]; then
@@ -18,7 +20,7 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-"$BIN" sandbox-bank >"$work/bank.out" 2>&1 &
+"$DEV_BIN" sandbox-bank >"$work/bank.out" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do grep -q '^ready$' "$work/bank.out" 2>/dev/null && break; sleep 0.1; done
 bank_url=$(sed -n 's/^BANK_API_URL=//p' "$work/bank.out")

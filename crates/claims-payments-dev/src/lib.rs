@@ -5,6 +5,8 @@
 //!   seams below plugged in from `PAYMENTS_DEV_*` / `PAYMENTS_FAULT_*`;
 //! - [`baselines`]: the naive check-then-insert consumer and the do-nothing handler, to
 //!   show what the guard buys and what the machine can do;
+//! - [`emulator`]: the SDK's in-process Cosmos DB emulator, in-process or served over
+//!   HTTP (the `cosmos-emulator` binary, the Cosmos tests, simulate and bench on Cosmos);
 //! - [`faults`]: a slow store and a crash after commit, as a store decorator and a
 //!   handler decorator;
 //! - [`sim`]: `simulate`, at-least-once delivery with faults against real `serve`
@@ -14,5 +16,6 @@
 pub mod baselines;
 pub mod bench;
 pub mod dev_serve;
+pub mod emulator;
 pub mod faults;
 pub mod sim;

@@ -1,10 +1,10 @@
 //! What the tests of `claims-payments` and `claims-payments-dev` share, so each exists
-//! once: the SDK's in-process Cosmos DB emulator ([`emulator`]), a fake bank and the
-//! consumer and record builders ([`fake_bank`]), the real binary as a child process with
-//! host envelopes ([`service`]), a steerable SQLite sync hook ([`sync_gate`]). Never shipped: only tests and the dev
-//! crate depend on it.
+//! once. Never shipped: only tests and the dev crate depend on it.
+//!
+//! - [`fake_bank`]: a scriptable fake bank, messages, deliveries and consumers;
+//! - [`service`]: the real binary as a child process, host envelopes, store backends;
+//! - [`sync_gate`]: a SQLite sync hook that holds or fails WAL syncs.
 
-pub mod emulator;
 pub mod fake_bank;
 pub mod service;
 pub mod sync_gate;

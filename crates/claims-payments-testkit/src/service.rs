@@ -8,14 +8,12 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{json, Value};
 
-use crate::emulator::ServedEmulator;
-
 /// Where a `serve` process keeps its state: a SQLite file in a temporary directory, or
-/// a Cosmos DB emulator account served over real HTTP by this process.
+/// another store given by its settings (the dev crate's Cosmos DB emulator).
 pub struct Backend {
     env: Vec<(String, String)>,
     _dir: tempfile::TempDir,
-    _emulator: Option<ServedEmulator>,
+    _keep: Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl Backend {
@@ -29,16 +27,17 @@ impl Backend {
         Backend {
             env: vec![("PAYMENTS_SQLITE_PATH".into(), db)],
             _dir: dir,
-            _emulator: None,
+            _keep: None,
         }
     }
 
-    pub fn cosmos() -> Backend {
-        let emulator = ServedEmulator::start().expect("the Cosmos DB emulator starts");
+    /// Another store: `env` are its settings, `keep` whatever must live as long (an
+    /// emulator serving the endpoint).
+    pub fn other(env: Vec<(String, String)>, keep: Box<dyn std::any::Any + Send>) -> Backend {
         Backend {
-            env: emulator.env(),
+            env,
             _dir: tempfile::tempdir().unwrap(),
-            _emulator: Some(emulator),
+            _keep: Some(keep),
         }
     }
 

@@ -33,8 +33,8 @@ impl ConfigError {
 pub enum StoreSettings {
     /// The embedded store: one file (`PAYMENTS_SQLITE_PATH`), one process.
     Sqlite { path: PathBuf },
-    /// Cosmos DB (`COSMOS_*`): what runs in Azure.
-    Cosmos(CosmosSettings),
+    /// Cosmos DB (`COSMOS_*`): what runs in Azure. Boxed: read once, and far larger.
+    Cosmos(Box<CosmosSettings>),
 }
 
 impl StoreSettings {
@@ -229,10 +229,10 @@ impl Settings {
             }
         };
         let store = if store == "cosmos" {
-            StoreSettings::Cosmos(
+            StoreSettings::Cosmos(Box::new(
                 CosmosSettings::from_lookup(&lookup)
                     .map_err(|e| ConfigError::new(e.setting, e.problem))?,
-            )
+            ))
         } else {
             StoreSettings::Sqlite {
                 path: PathBuf::from(

@@ -86,11 +86,6 @@ async fn five_deliveries_make_one_ledger_row_on_sqlite() {
 }
 
 #[tokio::test]
-async fn five_deliveries_make_one_ledger_row_on_cosmos_over_http() {
-    five_deliveries_of_one_message_make_one_ledger_row(Backend::cosmos()).await;
-}
-
-#[tokio::test]
 async fn default_data_type_double_encoded_body_is_understood() {
     let (_dir, db) = temp_db();
     let handler = Handler::start(EXE, &db, &[]);

@@ -39,6 +39,7 @@ use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
 
+use crate::emulator::InProcessEmulator;
 use crate::sim::bank::{BankSettings, SandboxBank};
 use claims_payments::message::{ClaimApproved, ClaimId, MessageId, Purpose};
 use claims_payments::store::cosmos::container::{container_definition, DEFAULT_CONTAINER};
@@ -48,7 +49,6 @@ use claims_payments::store::{
     ClaimResult, InboxKey, InboxRecord, InsertResult, PaymentRecord, Store, StoreError,
     StoreResult, Version, Versioned,
 };
-use claims_payments_testkit::emulator::InProcessEmulator;
 
 /// RU per indexed term written or removed.
 pub const RU_PER_TERM: f64 = 0.2;

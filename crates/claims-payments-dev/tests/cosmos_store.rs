@@ -36,7 +36,7 @@ use claims_payments::store::{
     Store, StoreError, Version,
 };
 use claims_payments::telemetry::counters;
-use claims_payments_testkit::emulator::{serve, InProcessEmulator, RequestObserver, EMULATOR_KEY};
+use claims_payments_dev::emulator::{serve, InProcessEmulator, RequestObserver, EMULATOR_KEY};
 use futures::FutureExt;
 use time::OffsetDateTime;
 

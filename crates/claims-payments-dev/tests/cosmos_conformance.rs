@@ -1,14 +1,16 @@
 //! The conformance suite on the Cosmos DB adapter: every test gets its own in-process
 //! emulator with the service's container definition provisioned.
 
+// The one conformance suite, shared with the SQLite run in the product crate.
 #[macro_use]
+#[path = "../../claims-payments/tests/conformance/mod.rs"]
 mod conformance;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments::store::DynStore;
-use claims_payments_testkit::emulator::InProcessEmulator;
+use claims_payments_dev::emulator::InProcessEmulator;
 
 /// The inbox documents' `ttl`; the in-process emulator does not expire documents anyway.
 const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);

@@ -1,13 +1,22 @@
-//! The dev fault layers against the real `claims-payments-dev serve` process: a SIGKILL
-//! after the commit, before the answer, then the host's restart and redelivery.
+//! The real `claims-payments-dev serve` process: the product's composition root with the
+//! dev seams. A SIGKILL after the commit, before the answer, then the host's restart and
+//! redelivery; and the message path on the Cosmos DB emulator over real HTTP (without
+//! dev settings this serve is the product's).
 
 use claims_payments::config::Settings;
 use claims_payments::startup::open_store;
 use claims_payments::store::sqlite::Access;
+use claims_payments_dev::emulator::ServedEmulator;
 use claims_payments_testkit::fake_bank as common;
 use claims_payments_testkit::service::{
     claim_body, host_envelope, invoke, outcome, Backend, Handler,
 };
+
+/// A Cosmos DB emulator account served over loopback HTTP by this test process.
+fn cosmos() -> Backend {
+    let emulator = ServedEmulator::start().expect("the Cosmos DB emulator starts");
+    Backend::other(emulator.env(), Box::new(emulator))
+}
 
 const EXE: &str = env!("CARGO_BIN_EXE_claims-payments-dev");
 
@@ -54,5 +63,37 @@ async fn sigkill_after_commit_then_restart_on_the_same_sqlite_file_skips_the_dup
 
 #[tokio::test]
 async fn sigkill_after_commit_then_restart_on_cosmos_skips_the_duplicate() {
-    sigkill_after_commit_then_restart_skips_the_duplicate(Backend::cosmos()).await;
+    sigkill_after_commit_then_restart_skips_the_duplicate(cosmos()).await;
+}
+
+#[tokio::test]
+async fn five_deliveries_make_one_ledger_row_on_cosmos_over_http() {
+    let backend = cosmos();
+    let handler = Handler::start_on(EXE, &backend.env());
+    let client = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "1250.50");
+    let mut outcomes = Vec::new();
+    for n in 1..=5 {
+        let (status, answer) = invoke(
+            &client,
+            &handler,
+            &host_envelope(&body, "claim-approved-1", n),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 200, "{answer}");
+        outcomes.push(outcome(&answer).to_owned());
+    }
+    assert_eq!(
+        outcomes,
+        [
+            "recorded",
+            "duplicate",
+            "duplicate",
+            "duplicate",
+            "duplicate"
+        ]
+    );
+    handler.kill();
+    assert_eq!(ledger_on(&backend.env()).await, 1);
 }

@@ -13,7 +13,7 @@ use azure_data_cosmos::fault_injection::{
 };
 use claims_payments::message::Purpose;
 use claims_payments::store::{DynStore, PaymentStatus};
-use claims_payments_testkit::emulator::InProcessEmulator;
+use claims_payments_dev::emulator::InProcessEmulator;
 use common::FakeBank;
 
 fn lost_batch_response(id: &str) -> Arc<FaultInjectionRule> {
