@@ -1,4 +1,4 @@
-//! `claims-payments bench`: what the exactly-once guard costs, measured on the full
+//! `claims-payments-dev bench`: what the exactly-once guard costs, measured on the full
 //! HTTP path against real `serve` processes, and what a message costs an operator.
 //!
 //! Side by side in one run, each variant in its own process with its own SQLite file
@@ -59,7 +59,7 @@ use crate::sim::driver::{self, DataType};
 use crate::sim::process::{ServeProcess, ServeSpec, TempDir};
 use crate::sim::queue::{Delivery, Message};
 
-/// `claims-payments bench`.
+/// `claims-payments-dev bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Invocations per variant and phase (fresh, duplicate), split evenly over the rounds.
@@ -1496,7 +1496,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     );
     let exe = match &args.exe {
         Some(exe) => exe.clone(),
-        None => std::env::current_exe().context("cannot find the claims-payments executable")?,
+        None => std::env::current_exe().context("cannot find the claims-payments-dev executable")?,
     };
     let temp = TempDir::new("claims-payments-bench")?;
     let dir = temp.path();
@@ -1687,7 +1687,7 @@ impl BenchReport {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "claims-payments bench: {} build, {} cores, closed loop of {} concurrent invocations, {} per phase in {} rounds",
+            "claims-payments-dev bench: {} build, {} cores, closed loop of {} concurrent invocations, {} per phase in {} rounds",
             self.build, self.cores, self.concurrency, self.requests_per_phase, self.rounds
         );
         match (
@@ -2113,7 +2113,7 @@ pub async fn run_instances(args: &BenchArgs) -> anyhow::Result<InstancesReport> 
     );
     let exe = match &args.exe {
         Some(exe) => exe.clone(),
-        None => std::env::current_exe().context("cannot find the claims-payments executable")?,
+        None => std::env::current_exe().context("cannot find the claims-payments-dev executable")?,
     };
     let temp = TempDir::new("claims-payments-bench")?;
     let client = http_client(args.concurrency)?;
@@ -2140,7 +2140,7 @@ impl InstancesReport {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "claims-payments bench --instances: {} build, {} cores (unpinned: N serve processes, the cosmos-emulator and the generator share them), \
+            "claims-payments-dev bench --instances: {} build, {} cores (unpinned: N serve processes, the cosmos-emulator and the generator share them), \
              closed loop of {} in flight; payout mode against a sandbox bank; {:.0}% of the messages redelivered at once to the next instance (DeliveryCount 2)",
             self.build,
             self.cores,

@@ -1,4 +1,4 @@
-//! Chaos verification: the real handler binary (`claims-payments serve`), driven by
+//! Chaos verification: the real handler binary (`claims-payments-dev serve`), driven by
 //! the simulator over the custom-handler protocol with every fault kind switched on,
 //! must pay each claim exactly once; the same run against the naive check-then-insert
 //! handler must be caught paying twice, which proves the verifier can fail.

@@ -302,7 +302,7 @@ impl SandboxBank {
         }
     }
 
-    /// Starts on a given loopback port (0: any), for `claims-payments sandbox-bank`.
+    /// Starts on a given loopback port (0: any), for `claims-payments-dev sandbox-bank`.
     pub async fn start_on(settings: BankSettings, port: u16) -> anyhow::Result<SandboxBank> {
         Self::start_listening(
             settings,

@@ -1,7 +1,7 @@
-//! `claims-payments simulate`: an at-least-once delivery simulator that proves (or
+//! `claims-payments-dev simulate`: an at-least-once delivery simulator that proves (or
 //! disproves) that each approved claim is paid exactly once.
 //!
-//! It runs the real handler (`claims-payments serve`, a separate process, on a SQLite
+//! It runs the real handler (`claims-payments-dev serve`, a separate process, on a SQLite
 //! file; or `--instances N` of them side by side on one Cosmos DB container served by
 //! the `cosmos-emulator` dev binary), a sandbox bank ([`bank`]) and a fake Functions
 //! host with a Service Bus queue ([`driver`], [`queue`]) that invokes the handler over
@@ -86,7 +86,7 @@ impl HandlerKind {
     }
 }
 
-/// `claims-payments simulate`: every option has a default that makes a chaotic run
+/// `claims-payments-dev simulate`: every option has a default that makes a chaotic run
 /// finish in well under a minute.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimulateArgs {
@@ -650,7 +650,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     let temp = TempDir::new("claims-payments-sim").context("cannot create a temp dir")?;
     let exe = match &opts.exe {
         Some(exe) => exe.clone(),
-        None => std::env::current_exe().context("cannot find the claims-payments executable")?,
+        None => std::env::current_exe().context("cannot find the claims-payments-dev executable")?,
     };
 
     // The store every instance and every `reconcile` run share.

@@ -1,4 +1,4 @@
-//! Running `claims-payments serve` as a child process, the way the Functions host does.
+//! Running `claims-payments-dev serve` as a child process, the way the Functions host does.
 //!
 //! [`ServeProcess`] starts one process on a fresh loopback port (the host picks a new
 //! random port on every start) and waits until `GET /` answers, like the host's

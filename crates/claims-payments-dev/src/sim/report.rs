@@ -769,7 +769,7 @@ impl Report {
         let b = &self.broker;
         let _ = writeln!(
             o,
-            "claims-payments simulate: seed {}, handler {}, {}, {} workers{}, dataType {}",
+            "claims-payments-dev simulate: seed {}, handler {}, {}, {} workers{}, dataType {}",
             self.seed,
             self.handler,
             self.mode,
