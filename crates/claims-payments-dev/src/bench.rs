@@ -58,6 +58,7 @@ use crate::sim::bank::{BankSettings, SandboxBank};
 use crate::sim::driver::{self, DataType};
 use crate::sim::process::{ServeProcess, ServeSpec, TempDir};
 use crate::sim::queue::{Delivery, Message};
+use claims_payments::config::names;
 
 /// `claims-payments-dev bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -817,12 +818,12 @@ fn round_trips(run: &Run, delta: &Counters) -> RoundTrips {
 
 fn spec(exe: &Path, dir: &Path, name: &str) -> ServeSpec {
     let mut spec = ServeSpec::new(exe.to_path_buf())
-        .env("PAYMENTS_STORE", "sqlite")
+        .env(names::PAYMENTS_STORE, "sqlite")
         .env(
-            "PAYMENTS_SQLITE_PATH",
+            names::PAYMENTS_SQLITE_PATH,
             dir.join(format!("{name}.db")).to_string_lossy(),
         )
-        .env("LOG_FORMAT", "json")
+        .env(names::LOG_FORMAT, "json")
         .env("RUST_LIB_BACKTRACE", "0");
     spec.log = Some(dir.join(format!("{name}.log")));
     spec
@@ -1005,8 +1006,8 @@ async fn throughput(
     let specs: Vec<ServeSpec> = Variant::ALL
         .iter()
         .map(|variant| {
-            let spec =
-                spec(exe, dir, variant.handler()).env("PAYMENTS_DEV_HANDLER", variant.handler());
+            let spec = spec(exe, dir, variant.handler())
+                .env(names::PAYMENTS_DEV_HANDLER, variant.handler());
             match pinning.serve_cpu {
                 Some(cpu) => spec.on_cpus(vec![cpu]),
                 None => spec,
@@ -1183,7 +1184,7 @@ async fn store_round_trips(
     other.stop().await;
 
     let with_bank =
-        ServeProcess::start(&make_spec("with-bank").env("BANK_API_URL", bank.url())).await?;
+        ServeProcess::start(&make_spec("with-bank").env(names::BANK_API_URL, bank.url())).await?;
     let (first, second) = envelopes(sample, "round-trips-payout");
     let fresh_with_payout =
         one_phase(client, &with_bank, first.clone(), concurrency, "paid").await?;
@@ -1213,7 +1214,7 @@ async fn startup(
     for i in 0..starts.max(1) {
         let mut spec = spec(exe, dir, &format!("startup-{configuration}-{i}"));
         if let Some(url) = bank_url {
-            spec = spec.env("BANK_API_URL", url);
+            spec = spec.env(names::BANK_API_URL, url);
         }
         let process = ServeProcess::start(&spec).await?;
         samples.push(process.startup.as_secs_f64() * 1000.0);
@@ -1285,11 +1286,11 @@ fn cosmos_spec(
     container: &str,
 ) -> ServeSpec {
     let mut s = base
-        .env("PAYMENTS_STORE", "cosmos")
-        .env("COSMOS_ENDPOINT", endpoint)
-        .env("COSMOS_KEY", key)
-        .env("COSMOS_DATABASE", database)
-        .env("COSMOS_CONTAINER", container);
+        .env(names::PAYMENTS_STORE, "cosmos")
+        .env(names::COSMOS_ENDPOINT, endpoint)
+        .env(names::COSMOS_KEY, key)
+        .env(names::COSMOS_DATABASE, database)
+        .env(names::COSMOS_CONTAINER, container);
     s.ready_timeout = Duration::from_secs(60);
     s
 }
@@ -1314,10 +1315,10 @@ async fn measured_at_test_endpoint(
         std::env::var("COSMOS_TEST_DATABASE").unwrap_or_else(|_| "claims-payments-test".into());
     let container = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let settings = claims_payments::store::cosmos::CosmosSettings::from_lookup(|name| match name {
-        "COSMOS_ENDPOINT" => Some(endpoint.clone()),
-        "COSMOS_KEY" => Some(key.clone()),
-        "COSMOS_DATABASE" => Some(database.clone()),
-        "COSMOS_CONTAINER" => Some(container.clone()),
+        names::COSMOS_ENDPOINT => Some(endpoint.clone()),
+        names::COSMOS_KEY => Some(key.clone()),
+        names::COSMOS_DATABASE => Some(database.clone()),
+        names::COSMOS_CONTAINER => Some(container.clone()),
         _ => None,
     })
     .map_err(|e| format!("COSMOS_TEST_* settings: {e}"))?;
@@ -1496,7 +1497,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     );
     let exe = match &args.exe {
         Some(exe) => exe.clone(),
-        None => std::env::current_exe().context("cannot find the claims-payments-dev executable")?,
+        None => {
+            std::env::current_exe().context("cannot find the claims-payments-dev executable")?
+        }
     };
     let temp = TempDir::new("claims-payments-bench")?;
     let dir = temp.path();
@@ -2042,7 +2045,7 @@ async fn instances_run(
             claims_payments::store::cosmos::container::DEFAULT_DATABASE,
             claims_payments::store::cosmos::container::DEFAULT_CONTAINER,
         )
-        .env("BANK_API_URL", bank.url());
+        .env(names::BANK_API_URL, bank.url());
         processes.push(ServeProcess::start(&s).await?);
     }
     let urls: Vec<String> = processes.iter().map(ServeProcess::base_url).collect();
@@ -2113,7 +2116,9 @@ pub async fn run_instances(args: &BenchArgs) -> anyhow::Result<InstancesReport> 
     );
     let exe = match &args.exe {
         Some(exe) => exe.clone(),
-        None => std::env::current_exe().context("cannot find the claims-payments-dev executable")?,
+        None => {
+            std::env::current_exe().context("cannot find the claims-payments-dev executable")?
+        }
     };
     let temp = TempDir::new("claims-payments-bench")?;
     let client = http_client(args.concurrency)?;

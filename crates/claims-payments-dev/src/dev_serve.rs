@@ -17,6 +17,7 @@ use claims_payments::store::DynStore;
 
 use crate::baselines::{noop_router, Naive};
 use crate::faults::{CrashAfterCommit, SlowStore};
+use claims_payments::config::names;
 
 /// Which handler answers `POST /ClaimApproved`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,18 +52,18 @@ impl DevKnobs {
     /// Reads the dev-only settings through `lookup`; blank counts as unset.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let handler = match get("PAYMENTS_DEV_HANDLER").as_deref().map(str::trim) {
+        let handler = match get(names::PAYMENTS_DEV_HANDLER).as_deref().map(str::trim) {
             None | Some("consumer") => Handler::Consumer,
             Some("naive") => Handler::Naive,
             Some("noop") => Handler::Noop,
             Some(other) => {
                 return Err(ConfigError::new(
-                    "PAYMENTS_DEV_HANDLER",
+                    names::PAYMENTS_DEV_HANDLER,
                     format!("{other:?} is not a handler; use consumer, naive or noop"),
                 ))
             }
         };
-        let crash_after_commit = match get("PAYMENTS_FAULT_CRASH_AFTER_COMMIT") {
+        let crash_after_commit = match get(names::PAYMENTS_FAULT_CRASH_AFTER_COMMIT) {
             None => 0.0,
             Some(v) => v
                 .trim()
@@ -71,12 +72,12 @@ impl DevKnobs {
                 .filter(|p| (0.0..=1.0).contains(p))
                 .ok_or_else(|| {
                     ConfigError::new(
-                        "PAYMENTS_FAULT_CRASH_AFTER_COMMIT",
+                        names::PAYMENTS_FAULT_CRASH_AFTER_COMMIT,
                         "must be a probability 0..=1",
                     )
                 })?,
         };
-        let store_delay = match get("PAYMENTS_FAULT_STORE_DELAY_MS") {
+        let store_delay = match get(names::PAYMENTS_FAULT_STORE_DELAY_MS) {
             None => Duration::ZERO,
             Some(v) => v
                 .trim()
@@ -86,7 +87,7 @@ impl DevKnobs {
                 .map(Duration::from_millis)
                 .ok_or_else(|| {
                     ConfigError::new(
-                        "PAYMENTS_FAULT_STORE_DELAY_MS",
+                        names::PAYMENTS_FAULT_STORE_DELAY_MS,
                         format!("{v:?} is not a number of milliseconds within 0..=60000"),
                     )
                 })?,

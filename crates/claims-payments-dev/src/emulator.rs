@@ -28,6 +28,7 @@ use azure_data_cosmos_driver::in_memory_emulator::{
     InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
 };
 
+use claims_payments::config::names;
 use claims_payments::store::cosmos::settings::operation_options;
 use claims_payments::store::cosmos::CosmosStore;
 use claims_payments::store::cosmos::{provision_with_client, ProvisionReport};
@@ -325,9 +326,9 @@ impl ServedEmulator {
     /// endpoint and the emulator's key.
     pub fn env(&self) -> Vec<(String, String)> {
         vec![
-            ("PAYMENTS_STORE".into(), "cosmos".into()),
-            ("COSMOS_ENDPOINT".into(), self.endpoint.to_string()),
-            ("COSMOS_KEY".into(), EMULATOR_KEY.into()),
+            (names::PAYMENTS_STORE.into(), "cosmos".into()),
+            (names::COSMOS_ENDPOINT.into(), self.endpoint.to_string()),
+            (names::COSMOS_KEY.into(), EMULATOR_KEY.into()),
         ]
     }
 }

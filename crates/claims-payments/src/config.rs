@@ -11,6 +11,108 @@ use secrecy::{ExposeSecret, SecretString};
 use crate::store::cosmos::CosmosSettings;
 use crate::telemetry::LogFormat;
 
+/// The name of every setting, defined once: the parser below, the Cosmos settings, the
+/// simulator and the benchmark all use these constants.
+pub mod names {
+    /// The loopback port the Functions host gives the handler.
+    pub const FUNCTIONS_CUSTOMHANDLER_PORT: &str = "FUNCTIONS_CUSTOMHANDLER_PORT";
+    /// Set by App Service on every instance: we run in Azure.
+    pub const WEBSITE_INSTANCE_ID: &str = "WEBSITE_INSTANCE_ID";
+    /// `sqlite` or `cosmos`.
+    pub const PAYMENTS_STORE: &str = "PAYMENTS_STORE";
+    /// The SQLite file (embedded store).
+    pub const PAYMENTS_SQLITE_PATH: &str = "PAYMENTS_SQLITE_PATH";
+    /// The Cosmos DB account endpoint.
+    pub const COSMOS_ENDPOINT: &str = "COSMOS_ENDPOINT";
+    /// An account key: emulators and dev accounts only.
+    pub const COSMOS_KEY: &str = "COSMOS_KEY";
+    /// The database (default `payments`).
+    pub const COSMOS_DATABASE: &str = "COSMOS_DATABASE";
+    /// The container (default `payments`).
+    pub const COSMOS_CONTAINER: &str = "COSMOS_CONTAINER";
+    /// The user-assigned managed identity used for Cosmos DB.
+    pub const COSMOS_MANAGED_IDENTITY_CLIENT_ID: &str = "COSMOS_MANAGED_IDENTITY_CLIENT_ID";
+    /// The region the SDK prefers.
+    pub const COSMOS_PREFERRED_REGION: &str = "COSMOS_PREFERRED_REGION";
+    /// Set by App Service: the app's region, the preferred one when none is named.
+    pub const REGION_NAME: &str = "REGION_NAME";
+    /// A non-loopback host name that may use plain http (an emulator).
+    pub const AZURE_COSMOS_EMULATOR_HOST: &str = "AZURE_COSMOS_EMULATOR_HOST";
+    /// Set by App Service when a managed identity is available.
+    pub const IDENTITY_ENDPOINT: &str = "IDENTITY_ENDPOINT";
+    /// The older name of IDENTITY_ENDPOINT.
+    pub const MSI_ENDPOINT: &str = "MSI_ENDPOINT";
+    /// How long inbox records are kept.
+    pub const INBOX_RETENTION_DAYS: &str = "INBOX_RETENTION_DAYS";
+    /// The consumer's name in inbox keys.
+    pub const CONSUMER_NAME: &str = "CONSUMER_NAME";
+    /// The bank's payout API (absent: ledger-only).
+    pub const BANK_API_URL: &str = "BANK_API_URL";
+    /// The bank credential, sent as a bearer token.
+    pub const BANK_API_KEY: &str = "BANK_API_KEY";
+    /// Per bank request.
+    pub const BANK_TIMEOUT_MS: &str = "BANK_TIMEOUT_MS";
+    /// How long the bank recognises an Idempotency-Key.
+    pub const BANK_KEY_WINDOW_HOURS: &str = "BANK_KEY_WINDOW_HOURS";
+    /// The same in milliseconds (sandboxes, simulations).
+    pub const BANK_KEY_WINDOW_MS: &str = "BANK_KEY_WINDOW_MS";
+    /// Everything one invocation may spend retrying the bank.
+    pub const RETRY_BUDGET_MS: &str = "RETRY_BUDGET_MS";
+    /// How long an attempt owns a message.
+    pub const LEASE_MS: &str = "LEASE_MS";
+    /// How long a delivery waits for a live attempt of the same message.
+    pub const INFLIGHT_WAIT_MS: &str = "INFLIGHT_WAIT_MS";
+    /// The queue's maxDeliveryCount.
+    pub const MAX_DELIVERY_COUNT: &str = "MAX_DELIVERY_COUNT";
+    /// How long an orphaned payout waits before reconcile settles it.
+    pub const RECONCILE_MIN_AGE_MS: &str = "RECONCILE_MIN_AGE_MS";
+    /// How HTTP callers are told apart (`functionkey` or `appservice`).
+    pub const HTTP_AUTH: &str = "HTTP_AUTH";
+    /// How long an HTTP Idempotency-Key is remembered.
+    pub const IDEMPOTENCY_KEY_RETENTION_HOURS: &str = "IDEMPOTENCY_KEY_RETENTION_HOURS";
+    /// `json` or `text`.
+    pub const LOG_FORMAT: &str = "LOG_FORMAT";
+    /// Dev only: `consumer`, `naive` or `noop`.
+    pub const PAYMENTS_DEV_HANDLER: &str = "PAYMENTS_DEV_HANDLER";
+    /// Dev only: probability of a SIGKILL after commit.
+    pub const PAYMENTS_FAULT_CRASH_AFTER_COMMIT: &str = "PAYMENTS_FAULT_CRASH_AFTER_COMMIT";
+    /// Dev only: delay added to every store call.
+    pub const PAYMENTS_FAULT_STORE_DELAY_MS: &str = "PAYMENTS_FAULT_STORE_DELAY_MS";
+
+    /// Every setting the product reads.
+    pub const PRODUCT: &[&str] = &[
+        FUNCTIONS_CUSTOMHANDLER_PORT,
+        WEBSITE_INSTANCE_ID,
+        PAYMENTS_STORE,
+        PAYMENTS_SQLITE_PATH,
+        COSMOS_ENDPOINT,
+        COSMOS_KEY,
+        COSMOS_DATABASE,
+        COSMOS_CONTAINER,
+        COSMOS_MANAGED_IDENTITY_CLIENT_ID,
+        COSMOS_PREFERRED_REGION,
+        REGION_NAME,
+        AZURE_COSMOS_EMULATOR_HOST,
+        IDENTITY_ENDPOINT,
+        MSI_ENDPOINT,
+        INBOX_RETENTION_DAYS,
+        CONSUMER_NAME,
+        BANK_API_URL,
+        BANK_API_KEY,
+        BANK_TIMEOUT_MS,
+        BANK_KEY_WINDOW_HOURS,
+        BANK_KEY_WINDOW_MS,
+        RETRY_BUDGET_MS,
+        LEASE_MS,
+        INFLIGHT_WAIT_MS,
+        MAX_DELIVERY_COUNT,
+        RECONCILE_MIN_AGE_MS,
+        HTTP_AUTH,
+        IDEMPOTENCY_KEY_RETENTION_HOURS,
+        LOG_FORMAT,
+    ];
+}
+
 /// A setting that cannot be used, named as the operator wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid setting {setting}: {problem}")]
@@ -51,9 +153,9 @@ impl StoreSettings {
 /// faults). The product refuses to start when one is set, so a fault knob copied into
 /// production configuration is noticed at once instead of being ignored.
 pub const DEV_ONLY_SETTINGS: [&str; 3] = [
-    "PAYMENTS_DEV_HANDLER",
-    "PAYMENTS_FAULT_CRASH_AFTER_COMMIT",
-    "PAYMENTS_FAULT_STORE_DELAY_MS",
+    names::PAYMENTS_DEV_HANDLER,
+    names::PAYMENTS_FAULT_CRASH_AFTER_COMMIT,
+    names::PAYMENTS_FAULT_STORE_DELAY_MS,
 ];
 
 /// Where payouts go. Absent: ledger-only mode (payments are recorded, no bank is called).
@@ -132,25 +234,25 @@ fn millis(setting: &'static str, value: &str, min: u64, max: u64) -> Result<Dura
 fn bank_url(value: &str) -> Result<Url, ConfigError> {
     let url = Url::parse(value.trim()).map_err(|e| {
         ConfigError::new(
-            "BANK_API_URL",
+            names::BANK_API_URL,
             format!("is not a URL ({e}); the value is not shown"),
         )
     })?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
         return Err(ConfigError::new(
-            "BANK_API_URL",
+            names::BANK_API_URL,
             "must be an http(s) URL with a host",
         ));
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(ConfigError::new(
-            "BANK_API_URL",
+            names::BANK_API_URL,
             "carries a user name or password; put the credential in BANK_API_KEY (a Key Vault reference in Azure); the value is not shown",
         ));
     }
     if url.query().is_some() || url.fragment().is_some() {
         return Err(ConfigError::new(
-            "BANK_API_URL",
+            names::BANK_API_URL,
             "carries a query string or fragment, where keys hide; put the credential in BANK_API_KEY (a Key Vault reference in Azure); the value is not shown",
         ));
     }
@@ -164,7 +266,7 @@ fn bank_api_key(value: String) -> Result<SecretString, ConfigError> {
     let value = value.trim();
     if value.starts_with("@Microsoft.KeyVault(") {
         return Err(ConfigError::new(
-            "BANK_API_KEY",
+            names::BANK_API_KEY,
             "is an unresolved Key Vault reference: check that the secret exists and that the app's identity may read it (Key Vault Secrets User)",
         ));
     }
@@ -184,11 +286,11 @@ impl Settings {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
 
-        let port = match get("FUNCTIONS_CUSTOMHANDLER_PORT") {
+        let port = match get(names::FUNCTIONS_CUSTOMHANDLER_PORT) {
             None => Self::DEFAULT_PORT,
             Some(v) => v.trim().parse::<u16>().map_err(|_| {
                 ConfigError::new(
-                    "FUNCTIONS_CUSTOMHANDLER_PORT",
+                    names::FUNCTIONS_CUSTOMHANDLER_PORT,
                     format!("{v:?} is not a TCP port (0-65535)"),
                 )
             })?,
@@ -196,25 +298,25 @@ impl Settings {
 
         // The guard depends on the store, so it is never chosen by accident: a blank
         // value is an error, and in Azure it must be named (see `in_azure`).
-        let in_azure = get("WEBSITE_INSTANCE_ID").is_some();
-        let named_store = lookup("PAYMENTS_STORE");
+        let in_azure = get(names::WEBSITE_INSTANCE_ID).is_some();
+        let named_store = lookup(names::PAYMENTS_STORE);
         let store = match named_store.as_deref().map(str::trim) {
             None if in_azure => {
                 return Err(ConfigError::new(
-                    "PAYMENTS_STORE",
+                    names::PAYMENTS_STORE,
                     "is not set; in Azure it must name the store (cosmos)",
                 ))
             }
             None => "sqlite",
             Some("") => {
                 return Err(ConfigError::new(
-                    "PAYMENTS_STORE",
+                    names::PAYMENTS_STORE,
                     "is blank; name the store (sqlite or cosmos) or remove the setting",
                 ))
             }
             Some("sqlite") if in_azure => {
                 return Err(ConfigError::new(
-                    "PAYMENTS_STORE",
+                    names::PAYMENTS_STORE,
                     "sqlite is refused in Azure (WEBSITE_INSTANCE_ID is set): each instance \
                      would keep its own guard on its own disk, and a redelivery to another \
                      instance or after a recycle would pay the claim again; use cosmos",
@@ -223,7 +325,7 @@ impl Settings {
             Some(name @ ("sqlite" | "cosmos")) => name,
             Some(other) => {
                 return Err(ConfigError::new(
-                    "PAYMENTS_STORE",
+                    names::PAYMENTS_STORE,
                     format!("{other:?} is not a store; use sqlite or cosmos"),
                 ))
             }
@@ -236,73 +338,77 @@ impl Settings {
         } else {
             StoreSettings::Sqlite {
                 path: PathBuf::from(
-                    get("PAYMENTS_SQLITE_PATH").unwrap_or_else(|| "payments.db".into()),
+                    get(names::PAYMENTS_SQLITE_PATH).unwrap_or_else(|| "payments.db".into()),
                 ),
             }
         };
 
-        let retention_days = match get("INBOX_RETENTION_DAYS") {
+        let retention_days = match get(names::INBOX_RETENTION_DAYS) {
             None => 30,
-            Some(v) => parse_u64("INBOX_RETENTION_DAYS", &v)?,
+            Some(v) => parse_u64(names::INBOX_RETENTION_DAYS, &v)?,
         };
         if !(1..=3650).contains(&retention_days) {
             return Err(ConfigError::new(
-                "INBOX_RETENTION_DAYS",
+                names::INBOX_RETENTION_DAYS,
                 format!("{retention_days} is outside 1..=3650 days"),
             ));
         }
 
-        let consumer_name = get("CONSUMER_NAME").unwrap_or_else(|| "ClaimApprovedHandler".into());
+        let consumer_name =
+            get(names::CONSUMER_NAME).unwrap_or_else(|| "ClaimApprovedHandler".into());
         if consumer_name.len() > 64 || consumer_name.contains('/') {
             return Err(ConfigError::new(
-                "CONSUMER_NAME",
+                names::CONSUMER_NAME,
                 "must be at most 64 characters and contain no '/'",
             ));
         }
 
-        let bank_timeout = match get("BANK_TIMEOUT_MS") {
+        let bank_timeout = match get(names::BANK_TIMEOUT_MS) {
             None => Duration::from_millis(5_000),
-            Some(v) => millis("BANK_TIMEOUT_MS", &v, 1, 120_000)?,
+            Some(v) => millis(names::BANK_TIMEOUT_MS, &v, 1, 120_000)?,
         };
-        let key_window = match (get("BANK_KEY_WINDOW_HOURS"), get("BANK_KEY_WINDOW_MS")) {
+        let key_window = match (
+            get(names::BANK_KEY_WINDOW_HOURS),
+            get(names::BANK_KEY_WINDOW_MS),
+        ) {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(
-                    "BANK_KEY_WINDOW_MS",
+                    names::BANK_KEY_WINDOW_MS,
                     "set either BANK_KEY_WINDOW_HOURS or BANK_KEY_WINDOW_MS, not both",
                 ))
             }
             (None, None) => Duration::from_secs(24 * 3600),
             // For sandboxes and simulations, whose banks forget keys within minutes.
-            (None, Some(v)) => millis("BANK_KEY_WINDOW_MS", &v, 1_000, 30 * 86_400_000)?,
+            (None, Some(v)) => millis(names::BANK_KEY_WINDOW_MS, &v, 1_000, 30 * 86_400_000)?,
             (Some(v), None) => {
-                let hours = parse_u64("BANK_KEY_WINDOW_HOURS", &v)?;
+                let hours = parse_u64(names::BANK_KEY_WINDOW_HOURS, &v)?;
                 if hours == 0 {
                     return Err(ConfigError::new(
-                        "BANK_KEY_WINDOW_HOURS",
+                        names::BANK_KEY_WINDOW_HOURS,
                         "must be at least 1",
                     ));
                 }
                 Duration::from_secs(hours * 3600)
             }
         };
-        let bank = match get("BANK_API_URL") {
+        let bank = match get(names::BANK_API_URL) {
             None => None,
             Some(v) => Some(BankSettings {
                 url: bank_url(&v)?,
-                api_key: get("BANK_API_KEY").map(bank_api_key).transpose()?,
+                api_key: get(names::BANK_API_KEY).map(bank_api_key).transpose()?,
                 timeout: bank_timeout,
                 key_window,
             }),
         };
 
-        let retry_budget = match get("RETRY_BUDGET_MS") {
+        let retry_budget = match get(names::RETRY_BUDGET_MS) {
             None => Duration::from_millis(60_000),
-            Some(v) => millis("RETRY_BUDGET_MS", &v, 0, 600_000)?,
+            Some(v) => millis(names::RETRY_BUDGET_MS, &v, 0, 600_000)?,
         };
         // A budget shorter than one request would give up on a payout the bank makes.
         if retry_budget < bank_timeout {
             return Err(ConfigError::new(
-                "RETRY_BUDGET_MS",
+                names::RETRY_BUDGET_MS,
                 format!(
                     "{} ms is shorter than BANK_TIMEOUT_MS ({} ms); it must allow at least one full bank request",
                     retry_budget.as_millis(),
@@ -310,14 +416,14 @@ impl Settings {
                 ),
             ));
         }
-        let lease = match get("LEASE_MS") {
+        let lease = match get(names::LEASE_MS) {
             None => retry_budget + bank_timeout + Duration::from_secs(25),
-            Some(v) => millis("LEASE_MS", &v, 100, 3_600_000)?,
+            Some(v) => millis(names::LEASE_MS, &v, 100, 3_600_000)?,
         };
         // A live attempt must never lose its lease while it may still be calling the bank.
         if lease <= retry_budget + bank_timeout {
             return Err(ConfigError::new(
-                "LEASE_MS",
+                names::LEASE_MS,
                 format!(
                     "{} ms must exceed RETRY_BUDGET_MS + BANK_TIMEOUT_MS ({} ms), or a second attempt could take over a live payout",
                     lease.as_millis(),
@@ -325,19 +431,19 @@ impl Settings {
                 ),
             ));
         }
-        let inflight_wait = match get("INFLIGHT_WAIT_MS") {
+        let inflight_wait = match get(names::INFLIGHT_WAIT_MS) {
             None => Duration::from_millis(15_000),
-            Some(v) => millis("INFLIGHT_WAIT_MS", &v, 0, 600_000)?,
+            Some(v) => millis(names::INFLIGHT_WAIT_MS, &v, 0, 600_000)?,
         };
-        let max_delivery_count = match get("MAX_DELIVERY_COUNT") {
+        let max_delivery_count = match get(names::MAX_DELIVERY_COUNT) {
             None => 10,
-            Some(v) => parse_u64("MAX_DELIVERY_COUNT", &v)?,
+            Some(v) => parse_u64(names::MAX_DELIVERY_COUNT, &v)?,
         };
         // A delivery whose attempt died is taken over by the next delivery of the same
         // message (a higher DeliveryCount, see the consumer): there must be one.
         if !(2..=2000).contains(&max_delivery_count) {
             return Err(ConfigError::new(
-                "MAX_DELIVERY_COUNT",
+                names::MAX_DELIVERY_COUNT,
                 format!(
                     "{max_delivery_count} is outside 2..=2000; with fewer than 2 deliveries a \
                      message whose handler died would be dead-lettered instead of taken over"
@@ -351,7 +457,7 @@ impl Settings {
         let waits = inflight_wait * (max_delivery_count as u32 - 1);
         if waits <= lease {
             return Err(ConfigError::new(
-                "INFLIGHT_WAIT_MS",
+                names::INFLIGHT_WAIT_MS,
                 format!(
                     "{} ms x {} remaining deliveries (MAX_DELIVERY_COUNT - 1) = {} ms does not outlast \
                      LEASE_MS ({} ms): a message whose handler died would be dead-lettered before its \
@@ -365,30 +471,30 @@ impl Settings {
             ));
         }
 
-        let reconcile_min_age = match get("RECONCILE_MIN_AGE_MS") {
+        let reconcile_min_age = match get(names::RECONCILE_MIN_AGE_MS) {
             None => lease * 3,
-            Some(v) => millis("RECONCILE_MIN_AGE_MS", &v, 0, 30 * 86_400_000)?,
+            Some(v) => millis(names::RECONCILE_MIN_AGE_MS, &v, 0, 30 * 86_400_000)?,
         };
 
-        let http_auth = match get("HTTP_AUTH").as_deref().map(str::trim) {
+        let http_auth = match get(names::HTTP_AUTH).as_deref().map(str::trim) {
             None | Some("functionkey") => crate::payments_api::CallerAuth::FunctionKey,
             Some("appservice") => crate::payments_api::CallerAuth::AppService,
             Some(other) => {
                 return Err(ConfigError::new(
-                    "HTTP_AUTH",
+                    names::HTTP_AUTH,
                     format!(
                         "{other:?} is not a caller authentication; use functionkey or appservice"
                     ),
                 ))
             }
         };
-        let key_retention = match get("IDEMPOTENCY_KEY_RETENTION_HOURS") {
+        let key_retention = match get(names::IDEMPOTENCY_KEY_RETENTION_HOURS) {
             None => Duration::from_secs(24 * 3600),
             Some(v) => {
-                let hours = parse_u64("IDEMPOTENCY_KEY_RETENTION_HOURS", &v)?;
+                let hours = parse_u64(names::IDEMPOTENCY_KEY_RETENTION_HOURS, &v)?;
                 if !(1..=24 * 90).contains(&hours) {
                     return Err(ConfigError::new(
-                        "IDEMPOTENCY_KEY_RETENTION_HOURS",
+                        names::IDEMPOTENCY_KEY_RETENTION_HOURS,
                         format!("{hours} is outside 1..=2160 hours"),
                     ));
                 }
@@ -396,12 +502,12 @@ impl Settings {
             }
         };
 
-        let log_format = match get("LOG_FORMAT").as_deref().map(str::trim) {
+        let log_format = match get(names::LOG_FORMAT).as_deref().map(str::trim) {
             None | Some("json") => LogFormat::Json,
             Some("text") => LogFormat::Text,
             Some(other) => {
                 return Err(ConfigError::new(
-                    "LOG_FORMAT",
+                    names::LOG_FORMAT,
                     format!("{other:?} is not a log format; use json or text"),
                 ))
             }

@@ -41,6 +41,7 @@ use time::OffsetDateTime;
 
 use crate::emulator::InProcessEmulator;
 use crate::sim::bank::{BankSettings, SandboxBank};
+use claims_payments::config::names;
 use claims_payments::message::{ClaimApproved, ClaimId, MessageId, Purpose};
 use claims_payments::store::cosmos::container::{container_definition, DEFAULT_CONTAINER};
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id};
@@ -617,8 +618,8 @@ pub async fn computed(messages: usize) -> anyhow::Result<Vec<CaseCost>> {
     )));
     let settings = |bank_url: Option<String>| {
         claims_payments::config::Settings::from_lookup(|name| match name {
-            "BANK_API_URL" => bank_url.clone(),
-            "CONSUMER_NAME" => Some(consumer_name.to_owned()),
+            names::BANK_API_URL => bank_url.clone(),
+            names::CONSUMER_NAME => Some(consumer_name.to_owned()),
             _ => None,
         })
         .map_err(|e| anyhow::anyhow!("bench settings: {e}"))

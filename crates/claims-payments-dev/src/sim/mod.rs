@@ -59,6 +59,7 @@ use anyhow::{bail, ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use bank::{BankSettings, SandboxBank};
+use claims_payments::config::names;
 use claims_payments::store::{PaymentRecord, Store};
 use driver::{DataType, Host, HostSettings, Instances};
 use process::{CosmosEmulator, ServeSpec, Supervisor, TempDir};
@@ -405,11 +406,11 @@ impl ReconcileCommand {
         if let Some(age) = older_than {
             cmd.args(["--older-than", age]);
         }
-        for name in process::CONTROLLED_ENV {
+        for name in process::controlled_env() {
             cmd.env_remove(name);
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("LOG_FORMAT", "text")
+            .env(names::LOG_FORMAT, "text")
             .env("RUST_LOG", "warn")
             .kill_on_drop(true);
         let out = cmd
@@ -650,7 +651,9 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     let temp = TempDir::new("claims-payments-sim").context("cannot create a temp dir")?;
     let exe = match &opts.exe {
         Some(exe) => exe.clone(),
-        None => std::env::current_exe().context("cannot find the claims-payments-dev executable")?,
+        None => {
+            std::env::current_exe().context("cannot find the claims-payments-dev executable")?
+        }
     };
 
     // The store every instance and every `reconcile` run share.
@@ -669,9 +672,9 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
                 }
                 None => temp.path().join("payments.db"),
             };
-            store_env.push(("PAYMENTS_STORE".to_owned(), "sqlite".to_owned()));
+            store_env.push((names::PAYMENTS_STORE.to_owned(), "sqlite".to_owned()));
             store_env.push((
-                "PAYMENTS_SQLITE_PATH".to_owned(),
+                names::PAYMENTS_SQLITE_PATH.to_owned(),
                 db.to_string_lossy().into_owned(),
             ));
             Ledger::Sqlite(db)
@@ -717,28 +720,37 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         spec = spec.env(key, value.clone());
     }
     spec = spec
-        .env("BANK_TIMEOUT_MS", timings.bank_timeout_ms.to_string())
-        .env("RETRY_BUDGET_MS", timings.retry_budget_ms.to_string())
-        .env("LEASE_MS", timings.lease_ms.to_string())
-        .env("INFLIGHT_WAIT_MS", timings.inflight_wait_ms.to_string())
-        .env("MAX_DELIVERY_COUNT", opts.max_delivery_count.to_string())
-        .env("LOG_FORMAT", "json")
+        .env(names::BANK_TIMEOUT_MS, timings.bank_timeout_ms.to_string())
+        .env(names::RETRY_BUDGET_MS, timings.retry_budget_ms.to_string())
+        .env(names::LEASE_MS, timings.lease_ms.to_string())
+        .env(
+            names::INFLIGHT_WAIT_MS,
+            timings.inflight_wait_ms.to_string(),
+        )
+        .env(
+            names::MAX_DELIVERY_COUNT,
+            opts.max_delivery_count.to_string(),
+        )
+        .env(names::LOG_FORMAT, "json")
         // The per-instance takeover count reads the consumer's info lines.
         .env("RUST_LOG", serve_log_filter(std::env::var("RUST_LOG").ok()))
         .env("RUST_LIB_BACKTRACE", "0")
-        .env("PAYMENTS_DEV_HANDLER", opts.handler.as_str())
+        .env(names::PAYMENTS_DEV_HANDLER, opts.handler.as_str())
         .env(
-            "PAYMENTS_FAULT_CRASH_AFTER_COMMIT",
+            names::PAYMENTS_FAULT_CRASH_AFTER_COMMIT,
             opts.crash_rate.to_string(),
         )
         .env(
-            "PAYMENTS_FAULT_STORE_DELAY_MS",
+            names::PAYMENTS_FAULT_STORE_DELAY_MS,
             opts.slow_store_ms.to_string(),
         );
     if let Some(bank) = &bank {
-        spec = spec.env("BANK_API_URL", bank.url());
+        spec = spec.env(names::BANK_API_URL, bank.url());
         if opts.bank_key_window_ms > 0 {
-            spec = spec.env("BANK_KEY_WINDOW_MS", opts.bank_key_window_ms.to_string());
+            spec = spec.env(
+                names::BANK_KEY_WINDOW_MS,
+                opts.bank_key_window_ms.to_string(),
+            );
         }
     }
     if store == SimStore::Cosmos {
@@ -761,9 +773,9 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         if let Some(bank) = &bank {
             // The bank knows each process by its URL, so a mid-payout fault can kill
             // exactly the process that sent the request (see `mid_payout_client`).
-            spec.env.retain(|(k, _)| k != "BANK_API_URL");
+            spec.env.retain(|(k, _)| k != names::BANK_API_URL);
             spec = spec.env(
-                "BANK_API_URL",
+                names::BANK_API_URL,
                 bank.client_url(&format!(
                     "instance-{}-gen-{}",
                     i + 1,
@@ -773,7 +785,10 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         }
         if store == SimStore::Cosmos {
             // What Azure sets on each instance (and the guard against a SQLite store).
-            spec = spec.env("WEBSITE_INSTANCE_ID", format!("sim-instance-{}", i + 1));
+            spec = spec.env(
+                names::WEBSITE_INSTANCE_ID,
+                format!("sim-instance-{}", i + 1),
+            );
         }
         let log = instance_log(&serve_log, i, instances);
         let log_from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);

@@ -19,42 +19,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use claims_payments::config::names;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// Settings the simulator and the benchmark always control, removed from the
-/// inherited environment so a developer's shell cannot change a run behind its back.
-pub const CONTROLLED_ENV: &[&str] = &[
-    "FUNCTIONS_CUSTOMHANDLER_PORT",
-    "PAYMENTS_STORE",
-    "PAYMENTS_SQLITE_PATH",
-    "BANK_API_URL",
-    "BANK_TIMEOUT_MS",
-    "RETRY_BUDGET_MS",
-    "LEASE_MS",
-    "INFLIGHT_WAIT_MS",
-    "INBOX_RETENTION_DAYS",
-    "CONSUMER_NAME",
-    "LOG_FORMAT",
-    "PAYMENTS_DEV_HANDLER",
-    "PAYMENTS_FAULT_CRASH_AFTER_COMMIT",
-    "PAYMENTS_FAULT_STORE_DELAY_MS",
-    "BANK_KEY_WINDOW_HOURS",
-    "BANK_KEY_WINDOW_MS",
-    "BANK_API_KEY",
-    "MAX_DELIVERY_COUNT",
-    "RECONCILE_MIN_AGE_MS",
-    "WEBSITE_INSTANCE_ID",
-    "COSMOS_ENDPOINT",
-    "COSMOS_KEY",
-    "COSMOS_DATABASE",
-    "COSMOS_CONTAINER",
-    "COSMOS_MANAGED_IDENTITY_CLIENT_ID",
-    "COSMOS_PREFERRED_REGION",
-    "AZURE_COSMOS_EMULATOR_HOST",
-];
+/// inherited environment so a developer's shell cannot change a run behind its back:
+/// every setting the product reads, and the dev-only ones.
+pub fn controlled_env() -> impl Iterator<Item = &'static str> {
+    names::PRODUCT
+        .iter()
+        .copied()
+        .chain(claims_payments::config::DEV_ONLY_SETTINGS)
+}
 
 /// In a [`ServeSpec`] environment value, replaced by the supervisor's generation
 /// number of the process being started (1 for the first, then one more per restart),
@@ -171,12 +150,12 @@ impl ServeProcess {
                 .args(&spec.args)
                 .stdin(Stdio::null())
                 .kill_on_drop(true);
-            for key in CONTROLLED_ENV {
+            for key in controlled_env() {
                 command.env_remove(key);
             }
             command
                 .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string());
+                .env(names::FUNCTIONS_CUSTOMHANDLER_PORT, port.to_string());
             let log_start = match &spec.log {
                 Some(path) => {
                     let file = OpenOptions::new()
@@ -591,7 +570,7 @@ impl CosmosEmulator {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .kill_on_drop(true);
-        for key in CONTROLLED_ENV {
+        for key in controlled_env() {
             command.env_remove(key);
         }
         match log {
@@ -618,7 +597,7 @@ impl CosmosEmulator {
             .take()
             .context("no stdout from cosmos-emulator")?;
         let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let mut env = vec![("PAYMENTS_STORE".to_owned(), "cosmos".to_owned())];
+        let mut env = vec![(names::PAYMENTS_STORE.to_owned(), "cosmos".to_owned())];
         let read = async {
             while let Some(line) = lines.next_line().await? {
                 if line.trim() == "ready" {
@@ -637,7 +616,7 @@ impl CosmosEmulator {
             .context("cosmos-emulator did not print `ready` within 60 s")??;
         let why = log.map(|p| log_since(p, 0, 2048)).unwrap_or_default();
         anyhow::ensure!(ready, "cosmos-emulator exited before it was ready: {why}");
-        for name in ["COSMOS_ENDPOINT", "COSMOS_KEY"] {
+        for name in [names::COSMOS_ENDPOINT, names::COSMOS_KEY] {
             anyhow::ensure!(
                 env.iter().any(|(k, _)| k == name),
                 "cosmos-emulator printed no {name}"

@@ -34,6 +34,7 @@ use azure_identity::{
 use base64::Engine;
 
 use super::container::{DEFAULT_CONTAINER, DEFAULT_DATABASE};
+use crate::config::names;
 
 /// A setting with an invalid (or missing) value. Names the setting, never echoes a secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -122,46 +123,48 @@ impl CosmosSettings {
                 .filter(|v| !v.is_empty())
         };
 
-        let endpoint = get("COSMOS_ENDPOINT").ok_or_else(|| {
-            InvalidSetting::new("COSMOS_ENDPOINT", "is required when PAYMENTS_STORE=cosmos (e.g. https://<account>.documents.azure.com:443/)")
+        let endpoint = get(names::COSMOS_ENDPOINT).ok_or_else(|| {
+            InvalidSetting::new(names::COSMOS_ENDPOINT, "is required when PAYMENTS_STORE=cosmos (e.g. https://<account>.documents.azure.com:443/)")
         })?;
-        let emulator_host = get("AZURE_COSMOS_EMULATOR_HOST");
+        let emulator_host = get(names::AZURE_COSMOS_EMULATOR_HOST);
         let endpoint = parse_endpoint(&endpoint, emulator_host.as_deref())?;
 
-        let database = get("COSMOS_DATABASE").unwrap_or_else(|| DEFAULT_DATABASE.to_owned());
-        validate_name("COSMOS_DATABASE", &database)?;
-        let container = get("COSMOS_CONTAINER").unwrap_or_else(|| DEFAULT_CONTAINER.to_owned());
-        validate_name("COSMOS_CONTAINER", &container)?;
+        let database = get(names::COSMOS_DATABASE).unwrap_or_else(|| DEFAULT_DATABASE.to_owned());
+        validate_name(names::COSMOS_DATABASE, &database)?;
+        let container =
+            get(names::COSMOS_CONTAINER).unwrap_or_else(|| DEFAULT_CONTAINER.to_owned());
+        validate_name(names::COSMOS_CONTAINER, &container)?;
 
-        let client_id = get("COSMOS_MANAGED_IDENTITY_CLIENT_ID");
+        let client_id = get(names::COSMOS_MANAGED_IDENTITY_CLIENT_ID);
         if let Some(id) = &client_id {
             uuid::Uuid::try_parse(id).map_err(|_| {
                 InvalidSetting::new(
-                    "COSMOS_MANAGED_IDENTITY_CLIENT_ID",
+                    names::COSMOS_MANAGED_IDENTITY_CLIENT_ID,
                     format!("{id:?} is not a client id (a GUID)"),
                 )
             })?;
         }
-        let auth = match get("COSMOS_KEY") {
+        let auth = match get(names::COSMOS_KEY) {
             Some(key) => {
                 let decoded = base64::engine::general_purpose::STANDARD.decode(key.as_bytes());
                 if !decoded.is_ok_and(|bytes| !bytes.is_empty()) {
                     return Err(InvalidSetting::new(
-                        "COSMOS_KEY",
+                        names::COSMOS_KEY,
                         "is not a base64 account key (copy the primary key of the account, or the emulator's key)",
                     ));
                 }
                 CosmosAuth::Key(Secret::new(key))
             }
             None if client_id.is_some()
-                || get("IDENTITY_ENDPOINT").is_some()
-                || get("MSI_ENDPOINT").is_some() =>
+                || get(names::IDENTITY_ENDPOINT).is_some()
+                || get(names::MSI_ENDPOINT).is_some() =>
             {
                 CosmosAuth::ManagedIdentity { client_id }
             }
             None => CosmosAuth::DeveloperTools,
         };
-        let preferred_region = get("COSMOS_PREFERRED_REGION").or_else(|| get("REGION_NAME"));
+        let preferred_region =
+            get(names::COSMOS_PREFERRED_REGION).or_else(|| get(names::REGION_NAME));
         Ok(CosmosSettings {
             endpoint,
             database,
@@ -284,11 +287,14 @@ pub fn operation_options() -> OperationOptions {
 
 fn parse_endpoint(raw: &str, emulator_host: Option<&str>) -> Result<Url, InvalidSetting> {
     let url = Url::parse(raw).map_err(|e| {
-        InvalidSetting::new("COSMOS_ENDPOINT", format!("{raw:?} is not a URL ({e})"))
+        InvalidSetting::new(
+            names::COSMOS_ENDPOINT,
+            format!("{raw:?} is not a URL ({e})"),
+        )
     })?;
     if url.host_str().is_none_or(str::is_empty) {
         return Err(InvalidSetting::new(
-            "COSMOS_ENDPOINT",
+            names::COSMOS_ENDPOINT,
             format!("{raw:?} has no host"),
         ));
     }
@@ -297,7 +303,7 @@ fn parse_endpoint(raw: &str, emulator_host: Option<&str>) -> Result<Url, Invalid
         "http" if is_emulator_host(&url, emulator_host) => {}
         "http" => {
             return Err(InvalidSetting::new(
-                "COSMOS_ENDPOINT",
+                names::COSMOS_ENDPOINT,
                 format!(
                     "{raw:?} uses http://, which is allowed only for an emulator on loopback or on the \
                      host named in AZURE_COSMOS_EMULATOR_HOST"
@@ -306,14 +312,14 @@ fn parse_endpoint(raw: &str, emulator_host: Option<&str>) -> Result<Url, Invalid
         }
         other => {
             return Err(InvalidSetting::new(
-                "COSMOS_ENDPOINT",
+                names::COSMOS_ENDPOINT,
                 format!("{raw:?} has scheme {other:?}; expected https (or http for an emulator)"),
             ))
         }
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(InvalidSetting::new(
-            "COSMOS_ENDPOINT",
+            names::COSMOS_ENDPOINT,
             "must not carry credentials; use COSMOS_KEY",
         ));
     }
