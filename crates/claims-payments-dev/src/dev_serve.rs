@@ -133,18 +133,22 @@ impl DevKnobs {
     }
 }
 
-/// Reads the product's settings and the dev knobs from the environment, then serves.
-pub async fn serve() -> anyhow::Result<()> {
-    let env = |name: &str| std::env::var(name).ok();
-    let knobs = DevKnobs::from_lookup(env)?;
-    // The product refuses its dev-only settings; they were read above.
-    let settings = Settings::from_lookup(|name| {
+/// The product's settings from the environment, without the dev-only ones (which the
+/// product refuses and [`DevKnobs`] reads).
+pub fn product_settings() -> Result<Settings, ConfigError> {
+    Settings::from_lookup(|name| {
         if DEV_ONLY_SETTINGS.contains(&name) {
             None
         } else {
-            env(name)
+            std::env::var(name).ok()
         }
-    })?;
+    })
+}
+
+/// Reads the product's settings and the dev knobs from the environment, then serves.
+pub async fn serve() -> anyhow::Result<()> {
+    let knobs = DevKnobs::from_lookup(|name| std::env::var(name).ok())?;
+    let settings = product_settings()?;
     claims_payments::telemetry::init(settings.log_format);
     startup::serve(settings, knobs.seams()).await
 }

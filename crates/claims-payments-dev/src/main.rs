@@ -1,5 +1,6 @@
-//! The `claims-payments-dev` binary: `simulate`, `bench`, `sandbox-bank`, and `serve`
-//! with the dev seams (the simulator and the benchmark start this binary's `serve`).
+//! The `claims-payments-dev` binary: `simulate`, `bench`, `sandbox-bank`, `serve` with
+//! the dev seams (the simulator and the benchmark start this binary's `serve`), and the
+//! product's operator commands.
 
 use std::process::ExitCode;
 
@@ -33,6 +34,9 @@ enum Command {
     },
     /// The product's custom handler, with PAYMENTS_DEV_HANDLER and PAYMENTS_FAULT_* applied.
     Serve,
+    /// The product's operator commands (the simulator runs `reconcile` through them).
+    #[command(flatten)]
+    Operator(claims_payments::cli::OperatorCommand),
 }
 
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -47,6 +51,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve => dev_serve::serve().await.map(|()| ExitCode::SUCCESS),
+        Command::Operator(command) => {
+            claims_payments::cli::run(command, &dev_serve::product_settings()?).await
+        }
     }
 }
 

@@ -1,4 +1,5 @@
-//! Operator commands on the store: `ledger`, `inbox`, `purge`.
+//! The operator commands: `ledger`, `inbox`, `purge`, `provision`, `reconcile`, shared by
+//! the product binary and `claims-payments-dev` (which the simulator runs them through).
 //!
 //! Output is a table for people, or one JSON object per line (`--json`) for scripts.
 //! Stored text comes from messages (MessageId, tenant, payee) and the bank (payment ids,
@@ -12,7 +13,103 @@ use serde::Serialize;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use std::process::ExitCode;
+
+use crate::config::{Settings, StoreSettings};
+use crate::reconcile::{self, Reconciler};
+use crate::startup;
+use crate::store::sqlite::Access;
 use crate::store::{DynStore, InboxRecord, PaymentRecord};
+
+#[derive(clap::Args)]
+pub struct ListArgs {
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// At most this many rows.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: usize,
+}
+
+#[derive(clap::Args)]
+pub struct ReconcileArgs {
+    /// One JSON object: the lines and the summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Ask the bank and report what would be done; write nothing, pay nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Only in_progress payments whose lease ran out longer ago than this (30s, 15m, 2h).
+    /// Default: RECONCILE_MIN_AGE_MS (three leases).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub older_than: Option<std::time::Duration>,
+}
+
+/// The commands an operator runs against the configured store.
+#[derive(clap::Subcommand)]
+pub enum OperatorCommand {
+    /// List payments.
+    Ledger(ListArgs),
+    /// List inbox records (messages seen and how they ended).
+    Inbox(ListArgs),
+    /// Remove inbox records past INBOX_RETENTION_DAYS now (SQLite; Cosmos expires them itself).
+    Purge,
+    /// Create (or verify) the Cosmos DB database and container, with COSMOS_KEY (emulator, dev accounts).
+    Provision,
+    /// Settle payments in needs_reconciliation and orphaned in_progress payouts by asking the bank (exit 1 if any is left unknown).
+    Reconcile(ReconcileArgs),
+}
+
+/// Runs one operator command with `settings`; the exit code says how it ended.
+pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Result<ExitCode> {
+    let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
+    let stdout = || std::io::stdout().lock();
+    match command {
+        OperatorCommand::Ledger(args) => {
+            let store = startup::open_store(settings, Access::ReadOnly).await?;
+            done(ledger(&store, args.json, args.limit, &mut stdout()).await)
+        }
+        OperatorCommand::Inbox(args) => {
+            let store = startup::open_store(settings, Access::ReadOnly).await?;
+            done(inbox(&store, args.json, args.limit, &mut stdout()).await)
+        }
+        OperatorCommand::Provision => {
+            let StoreSettings::Cosmos(cosmos) = &settings.store else {
+                anyhow::bail!("provision creates the Cosmos DB container: set PAYMENTS_STORE=cosmos and COSMOS_*");
+            };
+            let report = crate::store::cosmos::provision(cosmos).await?;
+            println!("{report}");
+            Ok(ExitCode::SUCCESS)
+        }
+        OperatorCommand::Purge => {
+            let store = startup::open_store(settings, Access::Existing).await?;
+            done(purge(&store, &mut stdout()).await)
+        }
+        OperatorCommand::Reconcile(args) => {
+            let store = startup::open_store(settings, Access::Existing).await?;
+            let consumer = startup::consumer_for(settings, store)?;
+            let reconciler = Reconciler::new(consumer).ok_or_else(|| {
+                anyhow::anyhow!("BANK_API_URL is not set: there is no bank to reconcile with")
+            })?;
+            let options = reconcile::Options {
+                min_age: args.older_than.unwrap_or(settings.reconcile_min_age),
+                dry_run: args.dry_run,
+                budget: None,
+            };
+            let summary = reconciler.run(options).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            } else {
+                print!("{}", reconcile::render_text(&summary));
+            }
+            Ok(if summary.all_settled() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+    }
+}
 
 fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&Rfc3339).unwrap_or_else(|_| t.to_string())
