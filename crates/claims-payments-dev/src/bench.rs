@@ -332,6 +332,10 @@ pub struct VariantFigures {
     pub duplicate: PhaseFigures,
     /// The same duplicates after a restart: answered from the store.
     pub duplicate_at_store: PhaseFigures,
+    /// `POST /api/payments` with a new Idempotency-Key for a new claim (consumer only).
+    pub http_fresh: Option<PhaseFigures>,
+    /// The same requests again, same keys: the stored answer replayed (consumer only).
+    pub http_replay: Option<PhaseFigures>,
     /// Peak resident memory of the serve process after the load, KiB.
     pub peak_rss_kib: Option<u64>,
 }
@@ -570,77 +574,40 @@ async fn load(
     .await
 }
 
-/// Sends every `(instance, body)` once to `base_urls[instance]`, `concurrency` at a time
-/// in all, and times each answer; an answer whose outcome is not in `accepted` counts as
-/// unexpected.
-async fn load_to(
-    client: &reqwest::Client,
-    base_urls: &[String],
-    targets: Arc<Vec<(usize, Bytes)>>,
-    concurrency: usize,
-    accepted: &[&'static str],
-) -> Run {
-    let urls: Arc<Vec<String>> = Arc::new(
-        base_urls
-            .iter()
-            .map(|u| format!("{u}/ClaimApproved"))
-            .collect(),
-    );
+/// How one timed request ended.
+enum Answered {
+    Expected,
+    /// A 2xx answer that is not what the phase expects.
+    Unexpected,
+    /// A transport error or a non-2xx answer.
+    Error,
+}
+
+/// Sends requests `0..count`, `concurrency` at a time (closed loop), `send(i)` making the
+/// i-th, and times each answer.
+async fn closed_loop<F, Fut>(count: usize, concurrency: usize, send: F) -> Run
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Answered> + Send,
+{
+    let send = Arc::new(send);
     let next = Arc::new(AtomicUsize::new(0));
-    let needles: Arc<Vec<Vec<u8>>> = Arc::new(
-        accepted
-            .iter()
-            .map(|e| format!("\"outcome\":\"{e}\"").into_bytes())
-            .collect(),
-    );
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency.max(1) {
-        let (client, urls, next, targets, needles) = (
-            client.clone(),
-            urls.clone(),
-            next.clone(),
-            targets.clone(),
-            needles.clone(),
-        );
+        let (send, next) = (send.clone(), next.clone());
         workers.spawn(async move {
             let mut run = Run::default();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((instance, body)) = targets.get(i) else {
+                if i >= count {
                     break;
-                };
-                let Some(url) = urls.get(*instance) else {
-                    run.errors += 1;
-                    continue;
-                };
+                }
                 let sent = Instant::now();
-                let answer = client
-                    .post(url)
-                    .header("content-type", "application/json; charset=utf-8")
-                    .header(
-                        "x-azure-functions-invocationid",
-                        uuid::Uuid::new_v4().to_string(),
-                    )
-                    .body(body.clone())
-                    .send()
-                    .await;
-                match answer {
-                    Ok(response) => {
-                        let ok = response.status().is_success();
-                        match response.bytes().await {
-                            Ok(bytes) if ok => {
-                                let known = needles.iter().any(|needle| {
-                                    bytes.windows(needle.len()).any(|w| w == &needle[..])
-                                });
-                                if !known {
-                                    run.unexpected += 1;
-                                }
-                            }
-                            _ => run.errors += 1,
-                        }
-                    }
-                    Err(_) => run.errors += 1,
+                match send(i).await {
+                    Answered::Expected => {}
+                    Answered::Unexpected => run.unexpected += 1,
+                    Answered::Error => run.errors += 1,
                 }
                 run.latencies_us.push(sent.elapsed().as_micros() as u64);
             }
@@ -657,6 +624,128 @@ async fn load_to(
     }
     total.wall = started.elapsed();
     total
+}
+
+/// Sends every `(instance, body)` once to `base_urls[instance]`, `concurrency` at a time
+/// in all, and times each answer; an answer whose outcome is not in `accepted` counts as
+/// unexpected.
+async fn load_to(
+    client: &reqwest::Client,
+    base_urls: &[String],
+    targets: Arc<Vec<(usize, Bytes)>>,
+    concurrency: usize,
+    accepted: &[&'static str],
+) -> Run {
+    let urls: Arc<Vec<String>> = Arc::new(
+        base_urls
+            .iter()
+            .map(|u| format!("{u}/ClaimApproved"))
+            .collect(),
+    );
+    let needles: Arc<Vec<Vec<u8>>> = Arc::new(
+        accepted
+            .iter()
+            .map(|e| format!("\"outcome\":\"{e}\"").into_bytes())
+            .collect(),
+    );
+    let client = client.clone();
+    closed_loop(targets.len(), concurrency, move |i| {
+        let (client, urls, targets, needles) = (
+            client.clone(),
+            urls.clone(),
+            targets.clone(),
+            needles.clone(),
+        );
+        async move {
+            let (instance, body) = &targets[i];
+            let Some(url) = urls.get(*instance) else {
+                return Answered::Error;
+            };
+            let answer = client
+                .post(url)
+                .header("content-type", "application/json; charset=utf-8")
+                .header(
+                    "x-azure-functions-invocationid",
+                    uuid::Uuid::new_v4().to_string(),
+                )
+                .body(body.clone())
+                .send()
+                .await;
+            let Ok(response) = answer else {
+                return Answered::Error;
+            };
+            let ok = response.status().is_success();
+            match response.bytes().await {
+                Ok(bytes) if ok => {
+                    let known = needles
+                        .iter()
+                        .any(|needle| bytes.windows(needle.len()).any(|w| w == &needle[..]));
+                    if known {
+                        Answered::Expected
+                    } else {
+                        Answered::Unexpected
+                    }
+                }
+                _ => Answered::Error,
+            }
+        }
+    })
+    .await
+}
+
+/// One `POST /api/payments`: its Idempotency-Key and body.
+type PaymentRequest = (String, Bytes);
+
+/// `count` payment requests for new claims, each with its own key.
+fn payment_requests(count: usize, run: &str) -> Vec<PaymentRequest> {
+    (0..count)
+        .map(|n| {
+            (
+                uuid::Uuid::new_v4().to_string(),
+                Bytes::from(claim_body(n as u64, run)),
+            )
+        })
+        .collect()
+}
+
+/// Sends every payment request once, `concurrency` at a time. A first request must be
+/// answered 201; a replay (the same key and body again) 201 with `Idempotent-Replayed: true`.
+async fn load_payments(
+    client: &reqwest::Client,
+    base_url: &str,
+    requests: Arc<Vec<PaymentRequest>>,
+    concurrency: usize,
+    replay: bool,
+) -> Run {
+    let url = Arc::new(format!("{base_url}/api/payments"));
+    let client = client.clone();
+    closed_loop(requests.len(), concurrency, move |i| {
+        let (client, url, requests) = (client.clone(), url.clone(), requests.clone());
+        async move {
+            let (key, body) = &requests[i];
+            let answer = client
+                .post(url.as_str())
+                .header("content-type", "application/json")
+                .header("idempotency-key", key)
+                .body(body.clone())
+                .send()
+                .await;
+            let Ok(response) = answer else {
+                return Answered::Error;
+            };
+            let replayed = response
+                .headers()
+                .get("idempotent-replayed")
+                .is_some_and(|v| v == "true");
+            let created = response.status() == reqwest::StatusCode::CREATED;
+            match response.bytes().await {
+                Ok(_) if created && replayed == replay => Answered::Expected,
+                Ok(_) if created => Answered::Unexpected,
+                _ => Answered::Error,
+            }
+        }
+    })
+    .await
 }
 
 fn percentile_ms(sorted_us: &[u64], p: usize) -> f64 {
@@ -771,6 +860,24 @@ async fn measured(
     let run = load(client, &base_url, bodies, concurrency, expected).await;
     let after = counters(client, &base_url, process.pid).await?;
     Ok((run, after.since(&before)))
+}
+
+/// One measured phase of `POST /api/payments`. Store round trips are counted per request
+/// (the handler's `invocations` counter counts Service Bus invocations only).
+async fn measured_payments(
+    client: &reqwest::Client,
+    process: &ServeProcess,
+    requests: Arc<Vec<PaymentRequest>>,
+    concurrency: usize,
+    replay: bool,
+) -> anyhow::Result<(Run, Counters)> {
+    let base_url = process.base_url();
+    let before = counters(client, &base_url, process.pid).await?;
+    let run = load_payments(client, &base_url, requests, concurrency, replay).await;
+    let after = counters(client, &base_url, process.pid).await?;
+    let mut delta = after.since(&before);
+    delta.invocations = run.latencies_us.len() as f64;
+    Ok((run, delta))
 }
 
 impl Counters {
@@ -1049,6 +1156,29 @@ async fn throughput(
             .collect()
     };
     let (mut fresh, mut duplicate, mut at_store) = (fresh_acc(), fresh_acc(), fresh_acc());
+    // The HTTP API is the consumer's alone (the baselines serve only ClaimApproved).
+    let consumer = Variant::ALL
+        .iter()
+        .position(|v| *v == Variant::Consumer)
+        .context("the consumer variant is measured")?;
+    let (mut http_fresh, mut http_replay) = (Accumulated::default(), Accumulated::default());
+    let warm = Arc::new(payment_requests(warmup, "warmup"));
+    load_payments(
+        client,
+        &processes[consumer].base_url(),
+        warm.clone(),
+        args.concurrency,
+        false,
+    )
+    .await;
+    load_payments(
+        client,
+        &processes[consumer].base_url(),
+        warm,
+        args.concurrency,
+        true,
+    )
+    .await;
     let mut peak_rss: Vec<Option<u64>> = vec![None; Variant::ALL.len()];
     for round in 0..args.rounds {
         let batches: Vec<(Vec<Bytes>, Vec<Bytes>)> = Variant::ALL
@@ -1092,6 +1222,20 @@ async fn throughput(
                 accumulated[i].add(run, delta);
             }
         }
+        // Beside the message path, on the same process and store: fresh requests, then
+        // the same requests again (retries with the same key).
+        let requests = Arc::new(payment_requests(per_round, &format!("http-{round}")));
+        for (replay, accumulated) in [(false, &mut http_fresh), (true, &mut http_replay)] {
+            let (run, delta) = measured_payments(
+                client,
+                &processes[consumer],
+                requests.clone(),
+                args.concurrency,
+                replay,
+            )
+            .await?;
+            accumulated.add(run, delta);
+        }
     }
 
     let mut figures = Vec::new();
@@ -1101,6 +1245,8 @@ async fn throughput(
             fresh: std::mem::take(&mut fresh[i]).figures(),
             duplicate: std::mem::take(&mut duplicate[i]).figures(),
             duplicate_at_store: std::mem::take(&mut at_store[i]).figures(),
+            http_fresh: (i == consumer).then(|| std::mem::take(&mut http_fresh).figures()),
+            http_replay: (i == consumer).then(|| std::mem::take(&mut http_replay).figures()),
             peak_rss_kib: peak_rss[i].max(processes[i].peak_rss_kib()),
         });
     }
@@ -1684,6 +1830,67 @@ fn thread_split(t: &ThreadCpu) -> String {
 }
 
 impl BenchReport {
+    /// `POST /api/payments` beside the message path, on the consumer's process.
+    fn print_http_beside_messages(&self, o: &mut impl std::fmt::Write) {
+        let Some(v) = self
+            .variants
+            .iter()
+            .find(|v| v.variant == Variant::Consumer)
+        else {
+            return;
+        };
+        let (Some(http_fresh), Some(http_replay)) = (&v.http_fresh, &v.http_replay) else {
+            return;
+        };
+        let _ = writeln!(
+            o,
+            "consumer, message path and POST /api/payments on the same process and store:"
+        );
+        let _ = writeln!(
+            o,
+            "  {:<34}{:>9}{:>8}{:>8}{:>7}{:>9}",
+            "", "req/s", "p50ms", "p99ms", "cpuus", "store rt"
+        );
+        let rows = [
+            ("ClaimApproved, fresh", &v.fresh),
+            ("ClaimApproved, duplicate (memory)", &v.duplicate),
+            ("ClaimApproved, duplicate (store)", &v.duplicate_at_store),
+            ("POST /api/payments, new key", http_fresh),
+            ("POST /api/payments, replayed key", http_replay),
+        ];
+        for (name, p) in rows {
+            let _ = writeln!(
+                o,
+                "  {:<34}{:>9.0}{:>8.2}{:>8.2}{:>7.0}{:>9.2}",
+                name,
+                p.invocations_per_second,
+                p.p50_ms,
+                p.p99_ms,
+                p.server_cpu_us_per_message,
+                p.store_round_trips_per_message
+            );
+        }
+        let problems: usize = [http_fresh, http_replay]
+            .iter()
+            .map(|p| p.errors + p.unexpected_outcomes)
+            .sum();
+        if problems > 0 {
+            let _ = writeln!(
+                o,
+                "  !! {problems} HTTP errors or unexpected answers (a new key must get 201, a replay 201 with Idempotent-Replayed: true)"
+            );
+        }
+        let _ = writeln!(
+            o,
+            "  HTTP/message ratios: new key / fresh message {:.2}x, replay / duplicate at the store {:.2}x",
+            ratio(http_fresh.invocations_per_second, v.fresh.invocations_per_second),
+            ratio(
+                http_replay.invocations_per_second,
+                v.duplicate_at_store.invocations_per_second
+            )
+        );
+    }
+
     /// The compact table.
     pub fn render_text(&self) -> String {
         use std::fmt::Write as _;
@@ -1784,6 +1991,7 @@ impl BenchReport {
             "cpuus = serve CPU (user+system) per invocation, us; the load generator spent {} us per request (fresh/dup/store-dup, same order)",
             generator.join(", ")
         );
+        self.print_http_beside_messages(&mut o);
         let _ = writeln!(o, "serve cpu us per invocation by thread:");
         for v in &self.variants {
             let _ = writeln!(
