@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use serde_json::{json, Value};
+
+use crate::host::{envelope, DataType, DeliveryFields};
 
 /// Where a `serve` process keeps its state: a SQLite file in a temporary directory, or
 /// another store given by its settings (the dev crate's Cosmos DB emulator).
@@ -148,31 +149,23 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The envelope the host sends for our function.json (dataType binary: one base64 string).
+/// The envelope the host sends for our function.json: its binding's `dataType` decides
+/// how the body travels.
 pub fn host_envelope(body: &str, message_id: &str, delivery_count: u32) -> Value {
     let function: Value = serde_json::from_str(
         &std::fs::read_to_string(repo_root().join("function-app/ClaimApproved/function.json"))
             .unwrap(),
     )
     .unwrap();
-    let binding = &function["bindings"][0];
-    let msg = match binding["dataType"].as_str() {
-        Some("binary") => Value::String(base64::engine::general_purpose::STANDARD.encode(body)),
-        // Default data type: the body string, JSON-encoded once more by the host.
-        _ => Value::String(serde_json::to_string(body).unwrap()),
+    let data_type = match function["bindings"][0]["dataType"].as_str() {
+        Some("binary") => DataType::Binary,
+        _ => DataType::String,
     };
-    json!({
-        "Data": { binding["name"].as_str().unwrap(): msg },
-        "Metadata": {
-            "MessageId": serde_json::to_string(message_id).unwrap(),
-            "DeliveryCount": delivery_count.to_string(),
-            "LockToken": "\"0f3a1f52-9a1e-4b0d-8f3e-2b9c7a6d5e41\"",
-            "EnqueuedTimeUtc": "2026-12-01T10:15:30",
-            "ContentType": "\"application/json\"",
-            "MessageActions": {}, "Client": {"FullyQualifiedNamespace": "sb.local", "IsClosed": false},
-            "sys": {"MethodName": "ClaimApproved", "UtcNow": "2026-12-01T10:15:31Z", "RandGuid": "24ad4c06-24ad-4e5b-8294-3da9714877e9"}
-        }
-    })
+    envelope(
+        &DeliveryFields::new(body.as_bytes(), message_id, delivery_count),
+        data_type,
+        "ClaimApproved",
+    )
 }
 
 /// A `ClaimApproved` body with a payee.

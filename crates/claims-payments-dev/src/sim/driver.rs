@@ -26,12 +26,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use async_trait::async_trait;
-use base64::Engine;
 use indicatif::ProgressBar;
 use serde::Serialize;
-use serde_json::{json, Value};
-use time::macros::format_description;
-use time::OffsetDateTime;
+use serde_json::Value;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -174,15 +171,8 @@ impl Handler for FixedHandler {
     async fn transport_failed(&self, _instance: usize, _generation: u64) {}
 }
 
-/// How the trigger hands the body over (`dataType` in function.json).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DataType {
-    /// `"dataType": "binary"` (ours): the body bytes as one base64 string.
-    Binary,
-    /// No dataType: the body as a UTF-8 string, JSON-encoded a second time.
-    String,
-}
+pub use claims_payments_testkit::host::DataType;
+use claims_payments_testkit::host::{self, DeliveryFields};
 
 #[derive(Debug, Clone)]
 pub struct HostSettings {
@@ -274,74 +264,18 @@ pub enum Answer {
     },
 }
 
-fn host_time(t: OffsetDateTime) -> String {
-    t.format(format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second]"
-    ))
-    .unwrap_or_default()
-}
-
-fn host_time_offset(t: OffsetDateTime) -> String {
-    format!("{}+00:00", host_time(t))
-}
-
-fn utc_now_7() -> String {
-    OffsetDateTime::now_utc()
-        .format(format_description!(
-            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:7]Z"
-        ))
-        .unwrap_or_default()
-}
-
-/// A JSON text inside a JSON string: how the host encodes string and number metadata.
-fn encoded(value: impl Serialize) -> Value {
-    Value::String(serde_json::to_string(&value).unwrap_or_default())
-}
-
 /// The invocation envelope the host POSTs for one Service Bus delivery.
 pub fn envelope(delivery: &Delivery, data_type: DataType, function_name: &str) -> Value {
     let message = &delivery.message;
-    let msg = match data_type {
-        DataType::Binary => {
-            Value::String(base64::engine::general_purpose::STANDARD.encode(&message.body))
-        }
-        DataType::String => encoded(String::from_utf8_lossy(&message.body)),
+    let fields = DeliveryFields {
+        body: &message.body,
+        message_id: &message.message_id,
+        delivery_count: delivery.delivery_count,
+        lock_token: delivery.lock_token,
+        sequence_number: message.sequence_number,
+        enqueued_at: message.enqueued_at,
     };
-    let application_properties = json!({"eventType": "ClaimApproved"});
-    json!({
-        "Data": { "msg": msg },
-        "Metadata": {
-            "MessageReceiver": {},
-            "MessageSession": {},
-            "MessageActions": {},
-            "SessionActions": {},
-            "ReceiveActions": {},
-            "Client": {
-                "FullyQualifiedNamespace": "sb-claims-sim.servicebus.windows.net",
-                "IsClosed": false,
-                "TransportType": 0,
-                "Identifier": "sb-claims-sim-receiver"
-            },
-            "DeliveryCount": encoded(delivery.delivery_count),
-            "LockToken": encoded(delivery.lock_token.to_string()),
-            "ExpiresAtUtc": "9999-12-31T23:59:59",
-            "ExpiresAt": "9999-12-31T23:59:59+00:00",
-            "EnqueuedTimeUtc": host_time(message.enqueued_at),
-            "EnqueuedTime": host_time_offset(message.enqueued_at),
-            "MessageId": encoded(&*message.message_id),
-            "ContentType": encoded("application/json"),
-            "SequenceNumber": encoded(message.sequence_number),
-            "Subject": encoded("ClaimApproved"),
-            "Label": encoded("ClaimApproved"),
-            "ApplicationProperties": application_properties.clone(),
-            "UserProperties": application_properties,
-            "sys": {
-                "MethodName": function_name,
-                "UtcNow": utc_now_7(),
-                "RandGuid": Uuid::new_v4().to_string()
-            }
-        }
-    })
+    host::envelope(&fields, data_type, function_name)
 }
 
 fn is_json_media_type(content_type: Option<&str>) -> bool {
