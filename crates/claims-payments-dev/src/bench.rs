@@ -54,10 +54,10 @@ use axum::body::Bytes;
 use serde::Serialize;
 use tokio::io::AsyncBufReadExt;
 
-use crate::sim::bank::{BankSettings, SandboxBank};
+use crate::sim::bank::{SandboxBank, SandboxSettings};
 use crate::sim::driver::{self, DataType};
 use crate::sim::process::{ServeProcess, ServeSpec, TempDir};
-use crate::sim::queue::{Delivery, Message};
+use crate::sim::queue::{Message, QueueDelivery};
 use claims_payments::config::names;
 
 /// `claims-payments-dev bench`.
@@ -520,7 +520,7 @@ fn messages(count: usize, run: &str) -> Vec<Message> {
 
 /// The host envelope of one delivery of `message`.
 fn envelope_of(n: usize, message: &Message, delivery_count: u32) -> Bytes {
-    let delivery = Delivery {
+    let delivery = QueueDelivery {
         entry: n,
         lock_token: uuid::Uuid::new_v4(),
         delivery_count,
@@ -760,7 +760,7 @@ fn percentile_ms(sorted_us: &[u64], p: usize) -> f64 {
 
 /// Deltas of the handler's counters (`GET /metrics`), plus the CPU time of both processes.
 #[derive(Debug, Clone, Copy, Default)]
-struct Counters {
+struct PhaseDeltas {
     invocations: f64,
     round_trips: f64,
     bank_calls: f64,
@@ -778,13 +778,13 @@ struct Counters {
 
 /// One reading of the counters and of both processes' threads.
 struct Sample {
-    metrics: Counters,
+    metrics: PhaseDeltas,
     server: Tasks,
     generator: Tasks,
 }
 
 impl Sample {
-    fn since(&self, before: &Sample) -> Counters {
+    fn since(&self, before: &Sample) -> PhaseDeltas {
         let mut delta = self.metrics.minus(&before.metrics);
         let (server_cpu_us, server_threads, server_io) = self.server.since(&before.server);
         delta.server_cpu_us = server_cpu_us;
@@ -811,7 +811,7 @@ async fn counters(client: &reqwest::Client, base_url: &str, pid: u32) -> anyhow:
             .unwrap_or(0.0)
     };
     Ok(Sample {
-        metrics: Counters {
+        metrics: PhaseDeltas {
             invocations: f("invocations"),
             round_trips: f("storeRoundTrips"),
             bank_calls: f("bankCalls"),
@@ -821,7 +821,7 @@ async fn counters(client: &reqwest::Client, base_url: &str, pid: u32) -> anyhow:
             syncs: f("sqliteSyncs"),
             lease_waits: f("leaseWaits"),
             takeovers: f("takeovers"),
-            ..Counters::default()
+            ..PhaseDeltas::default()
         },
         server: Tasks::of(pid),
         generator: Tasks::of(std::process::id()),
@@ -854,7 +854,7 @@ async fn measured(
     bodies: Arc<Vec<Bytes>>,
     concurrency: usize,
     expected: &'static str,
-) -> anyhow::Result<(Run, Counters)> {
+) -> anyhow::Result<(Run, PhaseDeltas)> {
     let base_url = process.base_url();
     let before = counters(client, &base_url, process.pid).await?;
     let run = load(client, &base_url, bodies, concurrency, expected).await;
@@ -870,7 +870,7 @@ async fn measured_payments(
     requests: Arc<Vec<PaymentRequest>>,
     concurrency: usize,
     replay: bool,
-) -> anyhow::Result<(Run, Counters)> {
+) -> anyhow::Result<(Run, PhaseDeltas)> {
     let base_url = process.base_url();
     let before = counters(client, &base_url, process.pid).await?;
     let run = load_payments(client, &base_url, requests, concurrency, replay).await;
@@ -880,9 +880,9 @@ async fn measured_payments(
     Ok((run, delta))
 }
 
-impl Counters {
-    fn minus(&self, before: &Counters) -> Counters {
-        Counters {
+impl PhaseDeltas {
+    fn minus(&self, before: &PhaseDeltas) -> PhaseDeltas {
+        PhaseDeltas {
             invocations: self.invocations - before.invocations,
             round_trips: self.round_trips - before.round_trips,
             bank_calls: self.bank_calls - before.bank_calls,
@@ -904,13 +904,13 @@ impl Counters {
         }
     }
 
-    fn plus(&self, other: &Counters) -> Counters {
-        let negated = Counters::default().minus(other);
+    fn plus(&self, other: &PhaseDeltas) -> PhaseDeltas {
+        let negated = PhaseDeltas::default().minus(other);
         self.minus(&negated)
     }
 }
 
-fn round_trips(run: &Run, delta: &Counters) -> RoundTrips {
+fn round_trips(run: &Run, delta: &PhaseDeltas) -> RoundTrips {
     RoundTrips {
         messages: run.latencies_us.len(),
         errors: run.errors + run.unexpected,
@@ -951,7 +951,7 @@ struct Accumulated {
 }
 
 impl Accumulated {
-    fn add(&mut self, run: Run, delta: Counters) {
+    fn add(&mut self, run: Run, delta: PhaseDeltas) {
         self.latencies_us.extend(run.latencies_us);
         self.wall += run.wall;
         self.errors += run.errors;
@@ -1278,7 +1278,7 @@ async fn store_round_trips(
     concurrency: usize,
     client: &reqwest::Client,
 ) -> anyhow::Result<StoreRoundTrips> {
-    let bank = SandboxBank::start(BankSettings::default()).await?;
+    let bank = SandboxBank::start(SandboxSettings::default()).await?;
     let ledger_spec = make_spec("ledger-only");
     let ledger_only = ServeProcess::start(&ledger_spec).await?;
     let sent = messages(sample, "round-trips");
@@ -1675,7 +1675,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         .await?,
     ];
 
-    let bank = SandboxBank::start(BankSettings::default()).await?;
+    let bank = SandboxBank::start(SandboxSettings::default()).await?;
     let startup_figures = vec![
         startup(&exe, dir, args.starts, "sqlite, ledger-only", None).await?,
         startup(
@@ -2243,7 +2243,7 @@ async fn instances_run(
         exe.display()
     );
     let emulator = start_emulator(&emulator_path).await?;
-    let bank = SandboxBank::start(BankSettings::default()).await?;
+    let bank = SandboxBank::start(SandboxSettings::default()).await?;
     let mut processes = Vec::new();
     for i in 0..n {
         let s = cosmos_spec(
@@ -2283,7 +2283,7 @@ async fn instances_run(
         &["paid", "duplicate"],
     )
     .await;
-    let mut total = Counters::default();
+    let mut total = PhaseDeltas::default();
     for ((process, url), before) in processes.iter().zip(&urls).zip(&before) {
         let after = counters(client, url, process.pid).await?;
         total = total.plus(&after.since(before));

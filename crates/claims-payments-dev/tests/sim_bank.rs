@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use claims_payments_dev::sim::bank::{BankAnswer, BankSettings, SandboxBank};
+use claims_payments_dev::sim::bank::{BankAnswer, SandboxBank, SandboxSettings};
 
 const CLAIM: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
 
@@ -47,7 +47,9 @@ async fn post(
 
 #[tokio::test]
 async fn a_replayed_key_returns_the_same_payment_and_pays_once() {
-    let bank = SandboxBank::start(BankSettings::default()).await.unwrap();
+    let bank = SandboxBank::start(SandboxSettings::default())
+        .await
+        .unwrap();
     let c = client(Duration::from_secs(5));
     let (s1, b1, r1) = post(&c, &bank, Some("k1"), body("125.50", "NL91")).await;
     let (s2, b2, r2) = post(&c, &bank, Some("k1"), body("125.50", "NL91")).await;
@@ -65,7 +67,9 @@ async fn a_replayed_key_returns_the_same_payment_and_pays_once() {
 
 #[tokio::test]
 async fn a_reused_key_with_another_body_is_refused_with_422() {
-    let bank = SandboxBank::start(BankSettings::default()).await.unwrap();
+    let bank = SandboxBank::start(SandboxSettings::default())
+        .await
+        .unwrap();
     let c = client(Duration::from_secs(5));
     assert_eq!(
         post(&c, &bank, Some("k"), body("10.00", "NL91")).await.0,
@@ -86,10 +90,10 @@ async fn a_reused_key_with_another_body_is_refused_with_422() {
 
 #[tokio::test]
 async fn a_key_still_being_processed_gets_409_then_the_replay() {
-    let bank = SandboxBank::start(BankSettings {
+    let bank = SandboxBank::start(SandboxSettings {
         latency_min_ms: 300,
         latency_max_ms: 300,
-        ..BankSettings::default()
+        ..SandboxSettings::default()
     })
     .await
     .unwrap();
@@ -121,7 +125,9 @@ async fn a_key_still_being_processed_gets_409_then_the_replay() {
 
 #[tokio::test]
 async fn a_closed_account_is_refused_for_good_and_never_paid() {
-    let bank = SandboxBank::start(BankSettings::default()).await.unwrap();
+    let bank = SandboxBank::start(SandboxSettings::default())
+        .await
+        .unwrap();
     let c = client(Duration::from_secs(5));
     for _ in 0..2 {
         let (status, json, _) = post(&c, &bank, Some("c"), body("5.00", "CLOSED-1")).await;
@@ -139,7 +145,9 @@ async fn a_closed_account_is_refused_for_good_and_never_paid() {
 
 #[tokio::test]
 async fn requests_that_break_the_contract_are_400_and_pay_nothing() {
-    let bank = SandboxBank::start(BankSettings::default()).await.unwrap();
+    let bank = SandboxBank::start(SandboxSettings::default())
+        .await
+        .unwrap();
     let c = client(Duration::from_secs(5));
     assert_eq!(post(&c, &bank, None, body("5.00", "NL91")).await.0, 400);
     let number_amount =
@@ -160,11 +168,11 @@ async fn requests_that_break_the_contract_are_400_and_pay_nothing() {
 #[tokio::test]
 async fn a_lost_answer_pays_but_the_client_never_learns_the_payment_id() {
     let timeout = Duration::from_millis(150);
-    let bank = SandboxBank::start(BankSettings {
+    let bank = SandboxBank::start(SandboxSettings {
         seed: 7,
         lost_answer_rate: 1.0,
         client_timeout_ms: timeout.as_millis() as u64,
-        ..BankSettings::default()
+        ..SandboxSettings::default()
     })
     .await
     .unwrap();
@@ -227,11 +235,11 @@ async fn a_lost_answer_pays_but_the_client_never_learns_the_payment_id() {
 #[tokio::test]
 async fn injected_faults_follow_the_seed() {
     async fn statuses(seed: u64) -> Vec<u16> {
-        let bank = SandboxBank::start(BankSettings {
+        let bank = SandboxBank::start(SandboxSettings {
             seed,
             error_5xx_rate: 0.3,
             rate_429: 0.3,
-            ..BankSettings::default()
+            ..SandboxSettings::default()
         })
         .await
         .unwrap();
@@ -280,7 +288,9 @@ async fn lookup(
 /// refused, and an empty list when it holds nothing.
 #[tokio::test]
 async fn the_lookup_lists_what_the_bank_holds_under_a_reference() {
-    let bank = SandboxBank::start(BankSettings::default()).await.unwrap();
+    let bank = SandboxBank::start(SandboxSettings::default())
+        .await
+        .unwrap();
     let c = client(Duration::from_secs(5));
     assert_eq!(lookup(&c, &bank, "r1").await, (200, serde_json::json!([])));
     let (status, paid, _) =
@@ -311,9 +321,9 @@ async fn the_lookup_lists_what_the_bank_holds_under_a_reference() {
 /// why the service never sends after the window and asks by reference instead.
 #[tokio::test]
 async fn a_forgotten_key_pays_again_and_the_lookup_still_finds_both() {
-    let bank = SandboxBank::start(BankSettings {
+    let bank = SandboxBank::start(SandboxSettings {
         key_window_ms: Some(50),
-        ..BankSettings::default()
+        ..SandboxSettings::default()
     })
     .await
     .unwrap();
@@ -330,9 +340,9 @@ async fn a_forgotten_key_pays_again_and_the_lookup_still_finds_both() {
 
 #[tokio::test]
 async fn lookup_faults_answer_503() {
-    let bank = SandboxBank::start(BankSettings {
+    let bank = SandboxBank::start(SandboxSettings {
         lookup_5xx_rate: 1.0,
-        ..BankSettings::default()
+        ..SandboxSettings::default()
     })
     .await
     .unwrap();

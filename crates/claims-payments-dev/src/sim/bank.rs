@@ -44,7 +44,7 @@ use super::chance;
 
 /// Fault knobs. Rates are probabilities per request.
 #[derive(Debug, Clone)]
-pub struct BankSettings {
+pub struct SandboxSettings {
     pub seed: u64,
     pub error_5xx_rate: f64,
     pub rate_429: f64,
@@ -66,9 +66,9 @@ pub struct BankSettings {
     pub lookup_5xx_rate: f64,
 }
 
-impl Default for BankSettings {
+impl Default for SandboxSettings {
     fn default() -> Self {
-        BankSettings {
+        SandboxSettings {
             seed: 0,
             error_5xx_rate: 0.0,
             rate_429: 0.0,
@@ -195,7 +195,7 @@ struct Books {
 pub type MidPayoutHook = Arc<dyn Fn(&str, Option<&str>) + Send + Sync>;
 
 struct Bank {
-    settings: BankSettings,
+    settings: SandboxSettings,
     books: Mutex<Books>,
     mid_payout: Mutex<Option<MidPayoutHook>>,
 }
@@ -262,12 +262,12 @@ impl Drop for SandboxBank {
 }
 
 impl SandboxBank {
-    pub async fn start(settings: BankSettings) -> anyhow::Result<SandboxBank> {
+    pub async fn start(settings: SandboxSettings) -> anyhow::Result<SandboxBank> {
         Self::start_on(settings, 0).await
     }
 
     async fn start_listening(
-        settings: BankSettings,
+        settings: SandboxSettings,
         listener: tokio::net::TcpListener,
     ) -> anyhow::Result<SandboxBank> {
         let addr = listener.local_addr()?;
@@ -303,7 +303,7 @@ impl SandboxBank {
     }
 
     /// Starts on a given loopback port (0: any), for `claims-payments-dev sandbox-bank`.
-    pub async fn start_on(settings: BankSettings, port: u16) -> anyhow::Result<SandboxBank> {
+    pub async fn start_on(settings: SandboxSettings, port: u16) -> anyhow::Result<SandboxBank> {
         Self::start_listening(
             settings,
             tokio::net::TcpListener::bind(("127.0.0.1", port)).await?,

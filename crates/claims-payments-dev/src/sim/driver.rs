@@ -34,7 +34,7 @@ use uuid::Uuid;
 
 use super::chance;
 use super::process::{Endpoint, KillReason, Supervisor};
-use super::queue::{Abandoned, Delivery, Failure, Queue};
+use super::queue::{Abandoned, Failure, Queue, QueueDelivery};
 
 /// The host version the driver claims to be, in headers and the User-Agent.
 pub const HOST_VERSION: &str = "4.1037.0.0";
@@ -265,7 +265,7 @@ pub enum Answer {
 }
 
 /// The invocation envelope the host POSTs for one Service Bus delivery.
-pub fn envelope(delivery: &Delivery, data_type: DataType, function_name: &str) -> Value {
+pub fn envelope(delivery: &QueueDelivery, data_type: DataType, function_name: &str) -> Value {
     let message = &delivery.message;
     let fields = DeliveryFields {
         body: &message.body,
@@ -380,7 +380,7 @@ pub fn host_client(concurrency: usize) -> anyhow::Result<reqwest::Client> {
 pub async fn invoke(
     client: &reqwest::Client,
     endpoint: &Endpoint,
-    delivery: &Delivery,
+    delivery: &QueueDelivery,
     settings: &HostSettings,
 ) -> Answer {
     let envelope = envelope(delivery, settings.data_type, &settings.function_name);
@@ -544,7 +544,7 @@ impl Host {
     /// Picks the instance for `delivery` and takes one of its slots: among the live
     /// instances with a free slot, preferring those not already working on this
     /// message, one chosen from the seed. Waits while none can take it.
-    async fn assign(&self, delivery: &Delivery) -> anyhow::Result<(usize, Endpoint)> {
+    async fn assign(&self, delivery: &QueueDelivery) -> anyhow::Result<(usize, Endpoint)> {
         let n = self.instances();
         let cap = self.settings.concurrency.max(1);
         let key = format!(
@@ -621,7 +621,7 @@ impl Host {
         }
     }
 
-    fn release(&self, delivery: &Delivery, instance: usize) {
+    fn release(&self, delivery: &QueueDelivery, instance: usize) {
         let mut d = self.dispatch_mut();
         d.in_flight[instance] = d.in_flight[instance].saturating_sub(1);
         if let Some(holders) = d.holders.get_mut(&delivery.entry) {
@@ -636,7 +636,12 @@ impl Host {
         self.slot_freed.notify_waiters();
     }
 
-    fn schedule_chaos(self: &Arc<Self>, delivery: &Delivery, instance: usize, endpoint: &Endpoint) {
+    fn schedule_chaos(
+        self: &Arc<Self>,
+        delivery: &QueueDelivery,
+        instance: usize,
+        endpoint: &Endpoint,
+    ) {
         let s = &self.settings;
         let key = format!(
             "{}/{}",
@@ -680,7 +685,13 @@ impl Host {
         }
     }
 
-    fn settle(&self, delivery: &Delivery, instance: usize, endpoint: &Endpoint, answer: Answer) {
+    fn settle(
+        &self,
+        delivery: &QueueDelivery,
+        instance: usize,
+        endpoint: &Endpoint,
+        answer: Answer,
+    ) {
         match answer {
             Answer::Success { label, .. } => {
                 let settled = self.queue.complete(delivery, &label);

@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use bank::{BankSettings, SandboxBank};
+use bank::{SandboxBank, SandboxSettings};
 use claims_payments::config::names;
 use claims_payments::store::{PaymentRecord, Store};
 use driver::{DataType, Host, HostSettings, Instances};
@@ -696,7 +696,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
 
     let bank = if with_bank {
         Some(
-            SandboxBank::start(BankSettings {
+            SandboxBank::start(SandboxSettings {
                 seed,
                 error_5xx_rate: opts.bank_5xx_rate,
                 rate_429: opts.bank_429_rate,

@@ -34,7 +34,7 @@ pub struct Message {
 
 /// A locked message handed to a receiver.
 #[derive(Debug, Clone)]
-pub struct Delivery {
+pub struct QueueDelivery {
     pub entry: usize,
     pub lock_token: Uuid,
     pub delivery_count: u32,
@@ -164,7 +164,10 @@ impl Queue {
 
     /// Locks the next available message. `Ok(None)` once every message is settled;
     /// while some are locked by other receivers, waits for them to settle or return.
-    pub async fn receive(&self, deadline: Instant) -> Result<Option<Delivery>, DeadlinePassed> {
+    pub async fn receive(
+        &self,
+        deadline: Instant,
+    ) -> Result<Option<QueueDelivery>, DeadlinePassed> {
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -176,7 +179,7 @@ impl Queue {
                     entry.delivery_count += 1;
                     let token = Uuid::new_v4();
                     entry.lock = Some(token);
-                    return Ok(Some(Delivery {
+                    return Ok(Some(QueueDelivery {
                         entry: index,
                         lock_token: token,
                         delivery_count: entry.delivery_count,
@@ -201,7 +204,7 @@ impl Queue {
     }
 
     /// Completes the message if `delivery` still holds its lock.
-    pub fn complete(&self, delivery: &Delivery, label: &str) -> Result<(), LockLost> {
+    pub fn complete(&self, delivery: &QueueDelivery, label: &str) -> Result<(), LockLost> {
         let mut inner = self.lock();
         let entry = &mut inner.entries[delivery.entry];
         if !Self::holds_lock(entry, delivery.lock_token) {
@@ -220,7 +223,11 @@ impl Queue {
 
     /// Releases the lock after a failed delivery: the message is delivered again at
     /// once, or dead-lettered when it has used up MaxDeliveryCount.
-    pub fn abandon(&self, delivery: &Delivery, failure: Failure) -> Result<Abandoned, LockLost> {
+    pub fn abandon(
+        &self,
+        delivery: &QueueDelivery,
+        failure: Failure,
+    ) -> Result<Abandoned, LockLost> {
         let mut inner = self.lock();
         let entry = &mut inner.entries[delivery.entry];
         if !Self::holds_lock(entry, delivery.lock_token) {
@@ -234,7 +241,7 @@ impl Queue {
 
     /// The lock of `delivery` expired while its receiver still works on it: the broker
     /// makes the message available to others. False if it was settled meanwhile.
-    pub fn expire_lock(&self, delivery: &Delivery) -> bool {
+    pub fn expire_lock(&self, delivery: &QueueDelivery) -> bool {
         let mut inner = self.lock();
         if !Self::holds_lock(&inner.entries[delivery.entry], delivery.lock_token) {
             return false;

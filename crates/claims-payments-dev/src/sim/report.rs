@@ -1031,7 +1031,7 @@ mod tests {
     use super::*;
     use crate::sim::bank::{BankLedger, Payout};
     use crate::sim::queue::{Failure, Message};
-    use crate::sim::scenario::{Claim, Copy};
+    use crate::sim::scenario::{Claim, MessageCopy};
     use std::sync::Arc;
 
     const C1: &str = "11111111-1111-4111-8111-111111111111";
@@ -1047,8 +1047,8 @@ mod tests {
         }
     }
 
-    fn copy(id: &str, kind: CopyKind, claim: Option<usize>, payload: usize) -> Copy {
-        Copy {
+    fn copy(id: &str, kind: CopyKind, claim: Option<usize>, payload: usize) -> MessageCopy {
+        MessageCopy {
             message_id: id.into(),
             body: b"{}".to_vec(),
             kind,

@@ -100,7 +100,7 @@ pub enum CopyKind {
 
 /// One message the producer puts on the queue.
 #[derive(Debug, Clone)]
-pub struct Copy {
+pub struct MessageCopy {
     pub message_id: String,
     pub body: Vec<u8>,
     pub kind: CopyKind,
@@ -139,7 +139,7 @@ pub struct ScenarioSettings {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub claims: Vec<Claim>,
-    pub copies: Vec<Copy>,
+    pub copies: Vec<MessageCopy>,
     /// Indices into `copies`, in the order the producer sends them.
     pub send_order: Vec<usize>,
 }
@@ -235,7 +235,7 @@ pub fn plan(settings: &ScenarioSettings) -> Plan {
     let base_time =
         OffsetDateTime::from_unix_timestamp(1_767_225_600).unwrap_or(OffsetDateTime::UNIX_EPOCH);
     let mut claims: Vec<Claim> = Vec::new();
-    let mut copies: Vec<Copy> = Vec::new();
+    let mut copies: Vec<MessageCopy> = Vec::new();
     // (position, copy index): originals at n * SLOT, extras after their original.
     const SLOT: u64 = 1 << 20;
     let mut positions: Vec<(u64, usize)> = Vec::new();
@@ -260,7 +260,7 @@ pub fn plan(settings: &ScenarioSettings) -> Plan {
             let kind = invalid_kinds[rng.random_range(0..invalid_kinds.len())];
             let claim = uuid_from(&mut rng).to_string();
             positions.push((position, copies.len()));
-            copies.push(Copy {
+            copies.push(MessageCopy {
                 message_id: id,
                 body: invalid_body(kind, &claim),
                 kind: CopyKind::Invalid,
@@ -276,7 +276,7 @@ pub fn plan(settings: &ScenarioSettings) -> Plan {
             let claim = rng.random_range(0..claims.len());
             let body = claims[claim].payloads[0].body(approved_at, rng.random_bool(0.5));
             positions.push((position, copies.len()));
-            copies.push(Copy {
+            copies.push(MessageCopy {
                 message_id: id,
                 body: body.into_bytes(),
                 kind: CopyKind::BusinessDuplicate,
@@ -326,7 +326,7 @@ pub fn plan(settings: &ScenarioSettings) -> Plan {
             payloads: vec![payload.clone()],
         });
         positions.push((position, copies.len()));
-        copies.push(Copy {
+        copies.push(MessageCopy {
             message_id: id.clone(),
             body: original.clone().into_bytes(),
             kind: CopyKind::Original,
@@ -347,7 +347,7 @@ pub fn plan(settings: &ScenarioSettings) -> Plan {
         };
         if rng.random_bool(settings.duplicate_rate.clamp(0.0, 1.0)) {
             positions.push((later(&mut rng), copies.len()));
-            copies.push(Copy {
+            copies.push(MessageCopy {
                 message_id: id.clone(),
                 body: original.into_bytes(),
                 kind: CopyKind::ProducerResend,
@@ -367,7 +367,7 @@ pub fn plan(settings: &ScenarioSettings) -> Plan {
             let body = changed.body(approved_at, false);
             claims[claim].payloads.push(changed);
             positions.push((later(&mut rng), copies.len()));
-            copies.push(Copy {
+            copies.push(MessageCopy {
                 message_id: id,
                 body: body.into_bytes(),
                 kind: CopyKind::ConflictingPayload,
