@@ -20,11 +20,9 @@ use azure_data_cosmos::{ContainerClient, CosmosClient};
 
 use super::errors::describe;
 use super::settings::{CosmosAuth, CosmosSettings};
+// Where they were first defined; settings own them so that settings do not depend on this module.
+pub use super::settings::{DEFAULT_CONTAINER, DEFAULT_DATABASE};
 
-/// The container name used by default and in `infra/cosmos-container.json`.
-pub const DEFAULT_CONTAINER: &str = "payments";
-/// The database name used by default.
-pub const DEFAULT_DATABASE: &str = "payments";
 
 pub const PARTITION_KEY_PATH: &str = "/claimId";
 pub const UNIQUE_KEY_PATHS: [&str; 2] = ["/docType", "/dedupKey"];

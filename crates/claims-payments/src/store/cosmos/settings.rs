@@ -33,8 +33,13 @@ use azure_identity::{
 };
 use base64::Engine;
 
-use super::container::{DEFAULT_CONTAINER, DEFAULT_DATABASE};
 use crate::config::names;
+
+
+/// The container name used by default and in `infra/cosmos-container.json`.
+pub const DEFAULT_CONTAINER: &str = "payments";
+/// The database name used by default.
+pub const DEFAULT_DATABASE: &str = "payments";
 
 /// A setting with an invalid (or missing) value. Names the setting, never echoes a secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
