@@ -31,7 +31,7 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The last request under a key leaves this long before the bank's key window ends,
 /// so clock skew and a slow network cannot land it after the bank forgot the key.
-pub const KEY_WINDOW_MARGIN: Duration = Duration::from_secs(5 * 60);
+pub(crate) const KEY_WINDOW_MARGIN: Duration = Duration::from_secs(5 * 60);
 /// How much of the bank's answer goes into reasons and logs.
 const SNIPPET_CHARS: usize = 200;
 

@@ -274,7 +274,7 @@ fn bank_api_key(value: String) -> Result<SecretString, ConfigError> {
 }
 
 impl Settings {
-    pub const DEFAULT_PORT: u16 = 3000;
+    pub(crate) const DEFAULT_PORT: u16 = 3000;
 
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {

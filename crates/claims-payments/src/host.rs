@@ -23,7 +23,7 @@ use serde_json::value::RawValue;
 use crate::message::MessageId;
 
 /// The binding name in `function.json`.
-pub const TRIGGER_BINDING: &str = "msg";
+pub(crate) const TRIGGER_BINDING: &str = "msg";
 
 /// Why an invocation envelope cannot be used. Permanent: the same envelope will fail again.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

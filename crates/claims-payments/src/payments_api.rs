@@ -42,7 +42,7 @@ use crate::store::{
 use crate::telemetry;
 
 /// The pseudo-consumer under which key records are stored.
-pub const KEY_CONSUMER: &str = "payments-api";
+pub(crate) const KEY_CONSUMER: &str = "payments-api";
 /// Where problem types live (`type` of every problem answer).
 const PROBLEM_BASE: &str = "https://claims-payments/problems/";
 

@@ -39,7 +39,7 @@ use crate::store::{
 use crate::telemetry;
 
 /// At most this many payments are examined per run; the rest wait for the next one.
-pub const MAX_PER_RUN: usize = 500;
+pub(crate) const MAX_PER_RUN: usize = 500;
 
 /// How one payment ended in this run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -28,7 +28,7 @@ use crate::telemetry;
 /// After SIGTERM, in-flight invocations get this long to finish. It stays below the
 /// platform's shutdown grace so the process exits on its own terms; an invocation cut
 /// short is redelivered and resumes from the stored state (a later delivery takes over).
-pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(25);
+pub(crate) const SHUTDOWN_DRAIN: Duration = Duration::from_secs(25);
 
 /// Everything a request needs, built once at start-up.
 pub struct AppState {
@@ -132,7 +132,7 @@ pub fn consumer_for(settings: &Settings, store: DynStore) -> anyhow::Result<Cons
 }
 
 /// The application state the settings describe, on `store`.
-pub fn app_state(settings: &Settings, store: DynStore) -> anyhow::Result<AppState> {
+pub(crate) fn app_state(settings: &Settings, store: DynStore) -> anyhow::Result<AppState> {
     Ok(AppState::new(consumer_for(settings, store)?)
         .with_reconcile_min_age(settings.reconcile_min_age)
         .with_http(settings.http_auth, settings.key_retention))
@@ -219,7 +219,7 @@ pub async fn run(
 /// Serves `app` on `listener` until `shutdown` resolves, then drains for at most
 /// [`SHUTDOWN_DRAIN`]. Unlike `axum::serve`, every connection has a header read timeout,
 /// so neither a slow client nor a shutdown waits on one for ever.
-pub async fn serve_router(
+pub(crate) async fn serve_router(
     listener: TcpListener,
     app: Router,
     shutdown: impl std::future::Future<Output = ()>,

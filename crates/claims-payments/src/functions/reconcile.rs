@@ -18,7 +18,7 @@ use crate::startup::AppState;
 pub const FUNCTION_NAME: &str = "Reconcile";
 /// A timer run stops taking up new payments after this, well inside functionTimeout
 /// (3 min); the rest wait for the next run.
-pub const RUN_BUDGET: Duration = Duration::from_secs(90);
+pub(crate) const RUN_BUDGET: Duration = Duration::from_secs(90);
 
 /// The `Reconcile` timer invocation: settles unknown and orphaned payouts (see
 /// [`crate::reconcile`]), one run at a time across instances, and answers the host with
