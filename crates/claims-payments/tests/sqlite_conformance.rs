@@ -250,3 +250,45 @@ async fn a_failed_wal_sync_refuses_its_writes_and_fails_the_store() {
         Err(StoreError::Permanent(_))
     ));
 }
+
+/// The server acts on a failed store: `serve` stops and returns an error (the binary
+/// then exits non-zero and the host restarts it), instead of answering from a store
+/// that can no longer make anything durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wal_sync_stops_the_server_with_an_error() {
+    use claims_payments::config::Settings;
+    use claims_payments::startup::{serve, Seams};
+    use claims_payments::store::{AttemptId, DynStore, Store};
+
+    let dir = tempfile::tempdir().unwrap();
+    let gate = SyncGate::new();
+    let store =
+        SqliteStore::open_with_sync_hook(dir.path().join("hooked.db"), gate.clone()).unwrap();
+    let configured = dir.path().join("payments.db");
+    let settings = Settings::from_lookup(|name| match name {
+        "PAYMENTS_SQLITE_PATH" => Some(configured.to_string_lossy().into_owned()),
+        "FUNCTIONS_CUSTOMHANDLER_PORT" => Some("0".into()),
+        _ => None,
+    })
+    .unwrap();
+    let served: DynStore = store.clone();
+    let server = tokio::spawn(serve(
+        settings,
+        Seams {
+            store_layer: Some(Box::new(move |_opened| served)),
+            ..Seams::default()
+        },
+    ));
+
+    gate.fail_next();
+    let (inbox, payment) = conformance::records(&common::new_claim(), "m-1", AttemptId::new());
+    assert!(store.claim(&inbox, &payment).await.is_err());
+    // A guard against hanging if the server ignored the failure, not a speed check.
+    let stopped = tokio::time::timeout(std::time::Duration::from_secs(60), server)
+        .await
+        .expect("the server stops once its store failed")
+        .unwrap();
+    let error = stopped.expect_err("a failed store is an error").to_string();
+    assert!(error.contains("store failed"), "{error}");
+    assert!(error.contains("WAL sync failed"), "{error}");
+}

@@ -23,7 +23,6 @@ use super::settings::{CosmosAuth, CosmosSettings};
 // Where they were first defined; settings own them so that settings do not depend on this module.
 pub use super::settings::{DEFAULT_CONTAINER, DEFAULT_DATABASE};
 
-
 pub const PARTITION_KEY_PATH: &str = "/claimId";
 pub const UNIQUE_KEY_PATHS: [&str; 2] = ["/docType", "/dedupKey"];
 

@@ -35,7 +35,6 @@ use base64::Engine;
 
 use crate::config::names;
 
-
 /// The container name used by default and in `infra/cosmos-container.json`.
 pub const DEFAULT_CONTAINER: &str = "payments";
 /// The database name used by default.
