@@ -24,6 +24,7 @@ use azure_data_cosmos::fault_injection::{
 };
 use azure_data_cosmos::models::{ContainerProperties, TimeToLive};
 use azure_data_cosmos::{ContainerClient, CosmosClient};
+use claims_payments::consumer::OutcomeKind;
 use claims_payments::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
 use claims_payments::store::cosmos::container::indexing_policy_difference;
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id, InboxDoc, PaymentDoc};
@@ -319,7 +320,7 @@ fn payment_record(claim: ClaimId, message_id: &str) -> PaymentRecord {
 fn completed(inbox: &InboxRecord) -> InboxRecord {
     InboxRecord {
         status: InboxStatus::Completed,
-        outcome: Some("paid".to_owned()),
+        outcome: Some(OutcomeKind::Paid.into()),
         lease_until: None,
         updated_at: now(),
         ..inbox.clone()

@@ -77,7 +77,7 @@ impl From<&InboxRecord> for InboxLine {
             claim_id: r.claim_id.to_string(),
             message_id: r.message_id.to_string(),
             status: r.status.as_str(),
-            outcome: r.outcome.clone(),
+            outcome: r.outcome.as_ref().map(ToString::to_string),
             owner: r.owner.to_string(),
             lease_until: r.lease_until.map(rfc3339),
             first_delivery_count: r.first_delivery_count,
@@ -218,7 +218,9 @@ pub async fn inbox(
                 r.message_id.to_string(),
                 r.claim_id.to_string(),
                 r.status.as_str().to_owned(),
-                r.outcome.clone().unwrap_or_else(|| "-".into()),
+                r.outcome
+                    .as_ref()
+                    .map_or_else(|| "-".into(), ToString::to_string),
                 format!("{}..{}", r.first_delivery_count, r.last_delivery_count),
                 r.lease_until.map(rfc3339).unwrap_or_else(|| "-".into()),
                 rfc3339(r.expires_at),

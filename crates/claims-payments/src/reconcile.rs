@@ -30,11 +30,11 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::bank::{BankClient, Lookup, PayoutOutcome, SendWindow};
-use crate::consumer::Consumer;
+use crate::consumer::{Consumer, OutcomeKind};
 use crate::message::{ClaimId, MessageId, PayloadHash};
 use crate::store::{
-    AttemptId, InboxKey, InboxRecord, InboxStatus, InsertResult, PaymentRecord, PaymentStatus,
-    StoreError, Version, Versioned,
+    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, PaymentRecord,
+    PaymentStatus, StoreError, Version, Versioned,
 };
 use crate::telemetry;
 
@@ -287,14 +287,14 @@ impl Reconciler {
             updated_at: now,
             ..p.clone()
         };
-        let outcome_label = match status {
-            PaymentStatus::Paid => "paid",
-            PaymentStatus::Rejected => "rejected",
-            _ => "needs-reconciliation",
+        let outcome = match status {
+            PaymentStatus::Paid => OutcomeKind::Paid,
+            PaymentStatus::Rejected => OutcomeKind::Rejected,
+            _ => OutcomeKind::NeedsReconciliation,
         };
         let final_inbox = InboxRecord {
             status: InboxStatus::Completed,
-            outcome: Some(outcome_label.to_owned()),
+            outcome: Some(outcome.into()),
             lease_until: None,
             updated_at: now,
             ..held
@@ -604,7 +604,7 @@ impl RunLease {
         let now = OffsetDateTime::now_utc();
         let done = InboxRecord {
             status: InboxStatus::Completed,
-            outcome: Some("reconciled".into()),
+            outcome: Some(InboxOutcome::RunReleased),
             lease_until: None,
             updated_at: now,
             ..self.record

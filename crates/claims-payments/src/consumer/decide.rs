@@ -8,9 +8,11 @@
 
 use time::OffsetDateTime;
 
-use super::{Delivery, Outcome, Policy};
+use super::{Delivery, Outcome, OutcomeKind, Policy};
 use crate::message::{ClaimApproved, PayloadHash, Purpose};
-use crate::store::{AttemptId, InboxKey, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus};
+use crate::store::{
+    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
+};
 
 /// What one attempt knows about the message it handles.
 pub(crate) struct Attempt<'a> {
@@ -164,7 +166,7 @@ pub(crate) fn decide(
                 NextAction::CompleteInbox {
                     inbox: InboxRecord {
                         status: InboxStatus::Completed,
-                        outcome: Some(outcome.label().to_owned()),
+                        outcome: Some(outcome.kind().into()),
                         lease_until: None,
                         ..touched(a, inbox, policy, now)
                     },
@@ -200,7 +202,7 @@ fn on_inbox(
     }
     match record.status {
         InboxStatus::Completed => NextAction::Finish(Outcome::Duplicate {
-            first_outcome: record.outcome.clone(),
+            first_outcome: record.outcome.as_ref().and_then(InboxOutcome::kind),
         }),
         InboxStatus::InProgress if record.lease_alive(now) && !a.supersedes(record) => {
             NextAction::WaitForLiveAttempt {
@@ -256,7 +258,7 @@ fn on_payment(
     let outcome = if same_message {
         // Our own message, back after its inbox record expired.
         Outcome::Duplicate {
-            first_outcome: Some(outcome_of(payment).label().to_owned()),
+            first_outcome: Some(outcome_of(payment).kind()),
         }
     } else {
         Outcome::BusinessDuplicate {
@@ -264,7 +266,7 @@ fn on_payment(
         }
     };
     NextAction::FinishBusinessDuplicate {
-        inbox: inbox_record(a, policy, now, None, Some(outcome.label().to_owned())),
+        inbox: inbox_record(a, policy, now, None, Some(outcome.kind())),
         outcome,
     }
 }
@@ -276,7 +278,7 @@ pub(crate) fn inbox_record(
     policy: &Policy,
     now: OffsetDateTime,
     lease_until: Option<OffsetDateTime>,
-    outcome: Option<String>,
+    outcome: Option<OutcomeKind>,
 ) -> InboxRecord {
     InboxRecord {
         consumer: a.key.consumer.clone(),
@@ -288,7 +290,7 @@ pub(crate) fn inbox_record(
         } else {
             InboxStatus::Completed
         },
-        outcome,
+        outcome: outcome.map(InboxOutcome::Message),
         owner: a.id,
         lease_until,
         first_delivery_count: a.delivery.delivery_count,
@@ -427,10 +429,10 @@ mod tests {
         }
     }
 
-    fn completed_by_other(a: &Attempt<'_>, outcome: &str) -> InboxRecord {
+    fn completed_by_other(a: &Attempt<'_>, outcome: OutcomeKind) -> InboxRecord {
         InboxRecord {
             owner: AttemptId::new(),
-            ..inbox_record(a, &policy(), now() - secs(10), None, Some(outcome.into()))
+            ..inbox_record(a, &policy(), now() - secs(10), None, Some(outcome))
         }
     }
 
@@ -458,7 +460,7 @@ mod tests {
             on(&a, Observed::Claimed { inbox: &held }),
             NextAction::PayOut
         );
-        let done = inbox_record(&a, &policy(), now(), None, Some("recorded".into()));
+        let done = inbox_record(&a, &policy(), now(), None, Some(OutcomeKind::Recorded));
         assert_eq!(
             on(&a, Observed::Claimed { inbox: &done }),
             NextAction::Finish(Outcome::Recorded)
@@ -469,11 +471,11 @@ mod tests {
     fn completed_record_with_the_same_payload_is_a_duplicate_with_the_first_outcome() {
         let (m, d) = (msg("10.00"), delivery("evt-1", 2));
         let a = attempt(&m, &d);
-        let seen = completed_by_other(&a, "paid");
+        let seen = completed_by_other(&a, OutcomeKind::Paid);
         assert_eq!(
             on(&a, Observed::Inbox(&seen)),
             NextAction::Finish(Outcome::Duplicate {
-                first_outcome: Some("paid".into())
+                first_outcome: Some(OutcomeKind::Paid)
             })
         );
     }
@@ -481,7 +483,7 @@ mod tests {
     #[test]
     fn a_different_payload_under_the_same_message_id_is_a_conflict() {
         let (first, d) = (msg("10.00"), delivery("evt-1", 1));
-        let stored = completed_by_other(&attempt(&first, &d), "paid");
+        let stored = completed_by_other(&attempt(&first, &d), OutcomeKind::Paid);
         let other = msg("11.00");
         let a = attempt(&other, &d);
         assert!(
@@ -589,7 +591,7 @@ mod tests {
         let a = attempt(&m, &d);
         let own_live = inbox_record(&a, &policy(), now(), Some(now() + secs(60)), None);
         assert_eq!(on(&a, Observed::Inbox(&own_live)), NextAction::Resume);
-        let own_done = inbox_record(&a, &policy(), now(), None, Some("paid".into()));
+        let own_done = inbox_record(&a, &policy(), now(), None, Some(OutcomeKind::Paid));
         assert_eq!(
             on(&a, Observed::Inbox(&own_done)),
             NextAction::AnswerFromPayment
@@ -636,7 +638,7 @@ mod tests {
             }
         );
         assert_eq!(inbox.status, InboxStatus::Completed);
-        assert_eq!(inbox.outcome.as_deref(), Some("rejected"));
+        assert_eq!(inbox.outcome, Some(OutcomeKind::Rejected.into()));
         assert_eq!(inbox.lease_until, None);
         let seen = Observed::Held {
             inbox: &held,
@@ -665,7 +667,7 @@ mod tests {
             }
         );
         assert_eq!(inbox.status, InboxStatus::Completed);
-        assert_eq!(inbox.outcome.as_deref(), Some("business-duplicate"));
+        assert_eq!(inbox.outcome, Some(OutcomeKind::BusinessDuplicate.into()));
         assert_eq!(inbox.message_id.as_str(), "evt-2");
         assert_eq!(inbox.owner, a.id);
         assert_eq!(inbox.lease_until, None);
@@ -698,10 +700,10 @@ mod tests {
         assert_eq!(
             outcome,
             Outcome::Duplicate {
-                first_outcome: Some("paid".into())
+                first_outcome: Some(OutcomeKind::Paid)
             }
         );
-        assert_eq!(inbox.outcome.as_deref(), Some("duplicate"));
+        assert_eq!(inbox.outcome, Some(OutcomeKind::Duplicate.into()));
         // Its payout still owed: hold it again and resume.
         let owed = payment(&m, "evt-1", PaymentStatus::InProgress);
         let NextAction::ReclaimPayout { inbox } = on(&a, Observed::Payment(&owed)) else {
@@ -737,7 +739,7 @@ mod tests {
             on(&a, Observed::PayoutOwner(None)),
             NextAction::WaitForPayout
         );
-        let finished = completed_by_other(&owner_attempt, "paid");
+        let finished = completed_by_other(&owner_attempt, OutcomeKind::Paid);
         assert_eq!(
             on(&a, Observed::PayoutOwner(Some(&finished))),
             NextAction::WaitForPayout

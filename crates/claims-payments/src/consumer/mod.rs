@@ -41,7 +41,7 @@ use crate::store::{
 use crate::telemetry;
 
 use decide::{decide, Attempt, NextAction, Observed, TakeOverReason};
-pub use outcome::Outcome;
+pub use outcome::{Outcome, OutcomeKind};
 use wait::BoundedWait;
 
 /// One delivery of a message, as the broker numbers it.
@@ -97,7 +97,7 @@ type Flow = Result<Outcome, Failure>;
 /// A completed inbox record never changes again, so a redelivery of a message in this
 /// cache is answered without a store round trip. Anything else (a different payload, a
 /// message seen in progress, a miss) goes through the store as usual, where the guard is.
-type CompletedCache = quick_cache::sync::Cache<InboxKey, (PayloadHash, Option<String>)>;
+type CompletedCache = quick_cache::sync::Cache<InboxKey, (PayloadHash, Option<OutcomeKind>)>;
 
 /// Enough for the redeliveries of the last few minutes at full speed, a few MiB.
 const COMPLETED_CACHE_ENTRIES: usize = 20_000;
@@ -180,8 +180,8 @@ impl Consumer {
         };
         if outcome.completes_message() {
             let first = match &outcome {
-                Outcome::Duplicate { first_outcome } => first_outcome.clone(),
-                other => Some(other.label().to_owned()),
+                Outcome::Duplicate { first_outcome } => *first_outcome,
+                other => Some(other.kind()),
             };
             self.completed.insert(key, (hash, first));
         }
@@ -272,7 +272,7 @@ impl Consumer {
     /// In progress under our lease; or, in ledger-only mode, completed at once.
     fn new_inbox(&self, a: &Attempt<'_>, now: OffsetDateTime) -> InboxRecord {
         if self.bank.is_none() {
-            let recorded = Some(Outcome::Recorded.label().to_owned());
+            let recorded = Some(OutcomeKind::Recorded);
             decide::inbox_record(a, &self.policy, now, None, recorded)
         } else {
             let lease = Some(now + self.policy.lease);
@@ -566,7 +566,7 @@ impl Consumer {
         };
         let final_inbox = InboxRecord {
             status: crate::store::InboxStatus::Completed,
-            outcome: Some(outcome.label().to_owned()),
+            outcome: Some(outcome.kind().into()),
             lease_until: None,
             ..decide::touched(a, &inbox, &self.policy, now)
         };

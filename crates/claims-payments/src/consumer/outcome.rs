@@ -1,7 +1,72 @@
-//! How a delivery ends: the [`Outcome`] the host answers with, and the counters it adds to.
+//! How a delivery ends: the [`Outcome`] the host answers with, its [`OutcomeKind`] (the
+//! one vocabulary of logs, answers, counters and stored inbox records), and the
+//! counters it adds to.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
 
 use crate::message::MessageId;
 use crate::telemetry;
+
+/// The name of how a delivery ended, without its details. These strings are stored in
+/// inbox records and appear in logs and HTTP answers: never rename one, or data written
+/// before would no longer read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutcomeKind {
+    Recorded,
+    Paid,
+    Duplicate,
+    BusinessDuplicate,
+    Rejected,
+    NeedsReconciliation,
+    Conflict,
+    InvalidMessage,
+    RetryLater,
+    StoreFailure,
+}
+
+impl OutcomeKind {
+    pub const ALL: [OutcomeKind; 10] = [
+        OutcomeKind::Recorded,
+        OutcomeKind::Paid,
+        OutcomeKind::Duplicate,
+        OutcomeKind::BusinessDuplicate,
+        OutcomeKind::Rejected,
+        OutcomeKind::NeedsReconciliation,
+        OutcomeKind::Conflict,
+        OutcomeKind::InvalidMessage,
+        OutcomeKind::RetryLater,
+        OutcomeKind::StoreFailure,
+    ];
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OutcomeKind::Recorded => "recorded",
+            OutcomeKind::Paid => "paid",
+            OutcomeKind::Duplicate => "duplicate",
+            OutcomeKind::BusinessDuplicate => "business-duplicate",
+            OutcomeKind::Rejected => "rejected",
+            OutcomeKind::NeedsReconciliation => "needs-reconciliation",
+            OutcomeKind::Conflict => "conflict",
+            OutcomeKind::InvalidMessage => "invalid-message",
+            OutcomeKind::RetryLater => "retry-later",
+            OutcomeKind::StoreFailure => "store-failure",
+        }
+    }
+
+    /// The kind a stored or logged string names; `None` for any other string.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for OutcomeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// How a delivery ended. The label is what logs, answers and counters use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,7 +76,7 @@ pub enum Outcome {
     /// The bank made the payout.
     Paid { bank_payment_id: String },
     /// The message was handled before; nothing was done now.
-    Duplicate { first_outcome: Option<String> },
+    Duplicate { first_outcome: Option<OutcomeKind> },
     /// The claim already has a payment from another message with the same payload.
     BusinessDuplicate { original_message: MessageId },
     /// The bank refused the payout for good; recorded for a person to handle.
@@ -31,19 +96,24 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn label(&self) -> &'static str {
+    pub fn kind(&self) -> OutcomeKind {
         match self {
-            Outcome::Recorded => "recorded",
-            Outcome::Paid { .. } => "paid",
-            Outcome::Duplicate { .. } => "duplicate",
-            Outcome::BusinessDuplicate { .. } => "business-duplicate",
-            Outcome::Rejected { .. } => "rejected",
-            Outcome::NeedsReconciliation { .. } => "needs-reconciliation",
-            Outcome::Conflict { .. } => "conflict",
-            Outcome::InvalidMessage { .. } => "invalid-message",
-            Outcome::RetryLater { .. } => "retry-later",
-            Outcome::StoreFailure { .. } => "store-failure",
+            Outcome::Recorded => OutcomeKind::Recorded,
+            Outcome::Paid { .. } => OutcomeKind::Paid,
+            Outcome::Duplicate { .. } => OutcomeKind::Duplicate,
+            Outcome::BusinessDuplicate { .. } => OutcomeKind::BusinessDuplicate,
+            Outcome::Rejected { .. } => OutcomeKind::Rejected,
+            Outcome::NeedsReconciliation { .. } => OutcomeKind::NeedsReconciliation,
+            Outcome::Conflict { .. } => OutcomeKind::Conflict,
+            Outcome::InvalidMessage { .. } => OutcomeKind::InvalidMessage,
+            Outcome::RetryLater { .. } => OutcomeKind::RetryLater,
+            Outcome::StoreFailure { .. } => OutcomeKind::StoreFailure,
         }
+    }
+
+    /// The kind's string, for log lines and answers.
+    pub fn label(&self) -> &'static str {
+        self.kind().as_str()
     }
 
     /// Whether the host should complete the message (answer 2xx).
@@ -101,5 +171,39 @@ impl Outcome {
             Outcome::RetryLater { .. } => c.retry_later.inc(),
             Outcome::StoreFailure { .. } => c.store_failures.inc(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_keep_the_strings_stored_and_logged_before() {
+        let strings: Vec<&str> = OutcomeKind::ALL.iter().map(OutcomeKind::as_str).collect();
+        assert_eq!(
+            strings,
+            [
+                "recorded",
+                "paid",
+                "duplicate",
+                "business-duplicate",
+                "rejected",
+                "needs-reconciliation",
+                "conflict",
+                "invalid-message",
+                "retry-later",
+                "store-failure"
+            ]
+        );
+        for kind in OutcomeKind::ALL {
+            // serde and as_str agree, and both read back.
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.as_str()));
+            assert_eq!(serde_json::from_str::<OutcomeKind>(&json).unwrap(), kind);
+            assert_eq!(OutcomeKind::parse(kind.as_str()), Some(kind));
+        }
+        assert_eq!(OutcomeKind::parse("Paid"), None);
+        assert!(serde_json::from_str::<OutcomeKind>("\"lost\"").is_err());
     }
 }

@@ -42,8 +42,8 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
-    ClaimResult, InboxKey, InboxRecord, InboxStatus, InsertResult, PaymentRecord, PaymentStatus,
-    Store, StoreError, StoreResult, Version, Versioned,
+    ClaimResult, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, PaymentRecord,
+    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 use crate::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
 use crate::telemetry;
@@ -766,7 +766,11 @@ impl InboxRow {
             payload_hash: PayloadHash::from_stored(self.payload_hash),
             status: InboxStatus::parse(&self.status)
                 .ok_or_else(|| corrupt("inbox status", &self.status))?,
-            outcome: self.outcome,
+            outcome: self
+                .outcome
+                .as_deref()
+                .map(|o| InboxOutcome::parse(o).map_err(|_| corrupt("inbox outcome", o)))
+                .transpose()?,
             owner: serde_json::from_value(serde_json::Value::String(self.owner.clone()))
                 .map_err(|_| corrupt("owner", &self.owner))?,
             lease_until: self.lease_until_ms.map(from_ms).transpose()?,
@@ -905,7 +909,7 @@ fn insert_inbox(conn: &Connection, r: &InboxRecord) -> StoreResult<bool> {
             r.message_id.as_str(),
             r.payload_hash.as_str(),
             r.status.as_str(),
-            r.outcome,
+            r.outcome.as_ref().map(InboxOutcome::as_str),
             r.owner.to_string(),
             r.lease_until.map(to_ms),
             r.first_delivery_count,
@@ -970,7 +974,7 @@ fn replace_inbox_row(
             r.message_id.as_str(),
             r.payload_hash.as_str(),
             r.status.as_str(),
-            r.outcome,
+            r.outcome.as_ref().map(InboxOutcome::as_str),
             r.owner.to_string(),
             r.lease_until.map(to_ms),
             r.first_delivery_count,
@@ -1271,5 +1275,46 @@ mod tests {
                 "{code}"
             );
         }
+    }
+
+    fn inbox_row(outcome: Option<&str>) -> InboxRow {
+        InboxRow {
+            consumer: "payments".into(),
+            claim_id: "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b".into(),
+            message_id: "evt-1".into(),
+            payload_hash: "sha256:00".into(),
+            status: "completed".into(),
+            outcome: outcome.map(str::to_owned),
+            owner: crate::store::AttemptId::new().to_string(),
+            lease_until_ms: None,
+            first_delivery_count: 1,
+            last_delivery_count: 1,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            expires_at_ms: 0,
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn stored_outcomes_read_as_written_and_unknown_ones_are_a_store_error() {
+        for stored in [
+            "paid",
+            "business-duplicate",
+            "reconciled",
+            r#"{"status":201}"#,
+        ] {
+            let record = inbox_row(Some(stored)).into_record().unwrap().record;
+            assert_eq!(
+                record.outcome.as_ref().map(InboxOutcome::as_str),
+                Some(stored)
+            );
+        }
+        assert_eq!(inbox_row(None).into_record().unwrap().record.outcome, None);
+        let err = inbox_row(Some("lost")).into_record().unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Permanent(m) if m.contains("inbox outcome") && m.contains("lost")),
+            "{err}"
+        );
     }
 }

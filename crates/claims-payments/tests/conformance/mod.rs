@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use claims_payments::consumer::{Outcome, Step};
+use claims_payments::consumer::{Outcome, OutcomeKind, Step};
 use claims_payments::message::{ClaimId, MessageId, Purpose};
 use claims_payments::store::{
-    AttemptId, ClaimResult, DynStore, InboxKey, InboxRecord, InboxStatus, InsertResult,
-    PaymentRecord, PaymentStatus, StoreError,
+    AttemptId, ClaimResult, DynStore, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
+    InsertResult, PaymentRecord, PaymentStatus, StoreError,
 };
 use time::OffsetDateTime;
 use tokio::sync::Barrier;
@@ -312,7 +312,7 @@ pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
     store.replace_inbox(&taken, &inbox_version).await.unwrap();
     let done_inbox = InboxRecord {
         status: InboxStatus::Completed,
-        outcome: Some("paid".into()),
+        outcome: Some(OutcomeKind::Paid.into()),
         lease_until: None,
         ..inbox.clone()
     };
@@ -355,7 +355,10 @@ pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
     assert_eq!(p.record.bank_payment_id.as_deref(), Some("pay-1"));
     let i = store.inbox(&inbox.key()).await.unwrap().unwrap();
     assert_eq!(i.record.status, InboxStatus::Completed);
-    assert_eq!(i.record.outcome.as_deref(), Some("paid"));
+    assert_eq!(
+        i.record.outcome.as_ref().map(InboxOutcome::as_str),
+        Some("paid")
+    );
 }
 
 pub async fn record_handled_refuses_a_second_record(store: DynStore) {

@@ -17,7 +17,8 @@ use time::{OffsetDateTime, UtcOffset};
 
 use crate::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
 use crate::store::{
-    AttemptId, InboxKey, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus, StoreError,
+    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
+    StoreError,
 };
 
 pub const INBOX_DOC_TYPE: &str = "inbox";
@@ -138,7 +139,7 @@ pub struct InboxDoc {
     pub message_id: String,
     pub payload_hash: String,
     pub status: String,
-    pub outcome: Option<String>,
+    pub outcome: Option<InboxOutcome>,
     pub owner: AttemptId,
     pub lease_until: Option<String>,
     pub first_delivery_count: u32,
@@ -411,5 +412,44 @@ mod tests {
         );
         let err = decode::<PaymentDoc>("payment", b"{\"id\": 3}").unwrap_err();
         assert!(matches!(err, StoreError::Permanent(_)));
+    }
+
+    #[test]
+    fn inbox_outcomes_keep_their_stored_strings_and_unknown_ones_are_refused() {
+        let doc = |outcome: serde_json::Value| {
+            serde_json::json!({
+                "id": "inbox:payments:evt-1", "claimId": ClaimId::random().to_string(),
+                "docType": "inbox", "dedupKey": "payments/evt-1", "consumer": "payments",
+                "messageId": "evt-1", "payloadHash": "h", "status": "completed",
+                "outcome": outcome, "owner": AttemptId::new(), "leaseUntil": null,
+                "firstDeliveryCount": 1, "lastDeliveryCount": 1,
+                "createdAt": "2026-01-01T00:00:00Z", "updatedAt": "2026-01-01T00:00:00Z",
+                "expiresAt": "2026-01-02T00:00:00Z", "ttl": 86400
+            })
+            .to_string()
+        };
+        for stored in [
+            "recorded",
+            "needs-reconciliation",
+            "reconciled",
+            r#"{"status":201}"#,
+        ] {
+            let read: InboxDoc = decode("inbox", doc(stored.into()).as_bytes()).unwrap();
+            let record = read.clone().into_record(None).unwrap();
+            assert_eq!(
+                record.outcome.as_ref().map(InboxOutcome::as_str),
+                Some(stored)
+            );
+            // Written back as the same string.
+            let written = serde_json::to_value(InboxDoc::from_record(&record, 86400)).unwrap();
+            assert_eq!(written["outcome"], stored);
+        }
+        let read: InboxDoc = decode("inbox", doc(serde_json::Value::Null).as_bytes()).unwrap();
+        assert_eq!(read.outcome, None);
+        let err = decode::<InboxDoc>("inbox", doc("lost".into()).as_bytes()).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Permanent(m) if m.contains("unknown outcome")),
+            "{err}"
+        );
     }
 }
