@@ -38,12 +38,12 @@ impl From<&PaymentRecord> for LedgerLine {
     fn from(p: &PaymentRecord) -> Self {
         LedgerLine {
             claim_id: p.claim_id.to_string(),
-            amount: p.amount.clone(),
-            currency: p.currency.clone(),
+            amount: p.money.amount_string(),
+            currency: p.money.currency().code().to_owned(),
             status: p.status.as_str(),
             message_id: p.message_id.to_string(),
             bank_payment_id: p.bank_payment_id.clone(),
-            tenant_id: p.tenant_id.clone(),
+            tenant_id: p.tenant_id.as_ref().map(|t| t.as_str().to_owned()),
             status_reason: p.status_reason.clone(),
             created_at: rfc3339(p.created_at),
             updated_at: rfc3339(p.updated_at),
@@ -172,8 +172,8 @@ pub async fn ledger(
         .map(|p| {
             vec![
                 p.claim_id.to_string(),
-                p.amount.clone(),
-                p.currency.clone(),
+                p.money.amount_string(),
+                p.money.currency().code().to_owned(),
                 p.status.as_str().to_owned(),
                 p.message_id.to_string(),
                 p.bank_payment_id.clone().unwrap_or_else(|| "-".into()),

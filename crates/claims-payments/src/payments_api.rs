@@ -250,8 +250,8 @@ impl From<&PaymentRecord> for PaymentResource {
         let at = |t: OffsetDateTime| t.format(&Rfc3339).unwrap_or_default();
         PaymentResource {
             claim_id: p.claim_id.to_string(),
-            amount: p.amount.clone(),
-            currency: p.currency.clone(),
+            amount: p.money.amount_string(),
+            currency: p.money.currency().code().to_owned(),
             status: p.status.as_str(),
             bank_payment_id: p.bank_payment_id.clone(),
             created_at: at(p.created_at),

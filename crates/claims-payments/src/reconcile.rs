@@ -409,8 +409,8 @@ impl Reconciler {
             } else {
                 Verdict::Mismatch {
                     evidence: format!(
-                        "{evidence}, but the ledger says {} {}; never paid again, check by hand",
-                        p.amount, p.currency
+                        "{evidence}, but the ledger says {}; never paid again, check by hand",
+                        p.money
                     ),
                 }
             };
@@ -518,7 +518,7 @@ fn orphaned(
 
 fn same_amount(p: &PaymentRecord, amount: &str, currency: &str) -> bool {
     let parse = |s: &str| s.trim().parse::<Decimal>().ok().map(|d| d.normalize());
-    parse(&p.amount).is_some() && parse(&p.amount) == parse(amount) && p.currency == currency
+    parse(amount) == Some(p.money.amount()) && p.money.currency().code() == currency
 }
 
 fn carries_reference(body: &str, key: &str) -> bool {

@@ -311,10 +311,9 @@ pub(crate) fn payment_record(
     PaymentRecord {
         claim_id: a.msg.claim_id,
         purpose: Purpose::Payout,
-        tenant_id: a.msg.tenant.as_ref().map(|t| t.as_str().to_owned()),
-        amount: a.msg.money.amount_string(),
-        currency: a.msg.money.currency().code().to_owned(),
-        payee: a.msg.payee.as_ref().map(|p| p.as_str().to_owned()),
+        tenant_id: a.msg.tenant.clone(),
+        money: a.msg.money,
+        payee: a.msg.payee.clone(),
         payload_hash: a.hash.clone(),
         message_id: a.delivery.message_id.clone(),
         idempotency_key: a.msg.idempotency_key(),

@@ -22,7 +22,9 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::consumer::OutcomeKind;
-use crate::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
+use crate::message::{
+    ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
+};
 
 /// Identifies one processing attempt (one invocation). Written into the inbox record
 /// it creates or takes over, so the attempt can recognise its own committed write
@@ -232,11 +234,11 @@ impl PaymentStatus {
 pub struct PaymentRecord {
     pub claim_id: ClaimId,
     pub purpose: Purpose,
-    pub tenant_id: Option<String>,
-    /// Decimal as a string, exactly as sent to the bank.
-    pub amount: String,
-    pub currency: String,
-    pub payee: Option<String>,
+    pub tenant_id: Option<TenantId>,
+    /// Stored as two strings: the amount exactly as sent to the bank
+    /// ([`Money::amount_string`]) and the currency code.
+    pub money: Money,
+    pub payee: Option<PayeeRef>,
     pub payload_hash: PayloadHash,
     /// The message that created the payment.
     pub message_id: MessageId,

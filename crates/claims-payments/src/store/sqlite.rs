@@ -45,7 +45,10 @@ use super::{
     ClaimResult, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
-use crate::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
+use crate::message::{
+    ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
+    TenantId,
+};
 use crate::telemetry;
 
 /// Most jobs one commit may carry; bounds the latency a large group adds.
@@ -704,6 +707,11 @@ fn from_ms(ms: i64) -> StoreResult<OffsetDateTime> {
         .map_err(|e| StoreError::Permanent(format!("corrupt timestamp {ms}: {e}")))
 }
 
+/// A stored payment field that does not parse as the domain type it was written from.
+fn corrupt_payment(e: InvalidMessage) -> StoreError {
+    StoreError::Permanent(format!("corrupt payment in the database: {e}"))
+}
+
 fn corrupt(what: &str, value: &str) -> StoreError {
     StoreError::Permanent(format!("corrupt {what} in the database: {value:?}"))
 }
@@ -837,10 +845,19 @@ impl PaymentRow {
             claim_id: ClaimId::parse(&self.claim_id)
                 .map_err(|_| corrupt("claim id", &self.claim_id))?,
             purpose,
-            tenant_id: self.tenant_id,
-            amount: self.amount,
-            currency: self.currency,
-            payee: self.payee,
+            tenant_id: self
+                .tenant_id
+                .as_deref()
+                .map(TenantId::from_stored)
+                .transpose()
+                .map_err(corrupt_payment)?,
+            money: Money::from_stored(&self.amount, &self.currency).map_err(corrupt_payment)?,
+            payee: self
+                .payee
+                .as_deref()
+                .map(PayeeRef::from_stored)
+                .transpose()
+                .map_err(corrupt_payment)?,
             payload_hash: PayloadHash::from_stored(self.payload_hash),
             message_id: MessageId::parse(&self.message_id)
                 .map_err(|_| corrupt("message id", &self.message_id))?,
@@ -932,10 +949,10 @@ fn insert_payment(conn: &Connection, p: &PaymentRecord) -> StoreResult<bool> {
         stmt.execute(params![
             p.claim_id.to_string(),
             p.purpose.as_str(),
-            p.tenant_id,
-            p.amount,
-            p.currency,
-            p.payee,
+            p.tenant_id.as_ref().map(TenantId::as_str),
+            p.money.amount_string(),
+            p.money.currency().code(),
+            p.payee.as_ref().map(PayeeRef::as_str),
             p.payload_hash.as_str(),
             p.message_id.as_str(),
             p.idempotency_key.as_str(),
@@ -1316,5 +1333,54 @@ mod tests {
             matches!(&err, StoreError::Permanent(m) if m.contains("inbox outcome") && m.contains("lost")),
             "{err}"
         );
+    }
+
+    fn payment_row(amount: &str, currency: &str, tenant: Option<&str>) -> PaymentRow {
+        PaymentRow {
+            claim_id: "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b".into(),
+            purpose: "payout".into(),
+            tenant_id: tenant.map(str::to_owned),
+            amount: amount.into(),
+            currency: currency.into(),
+            payee: Some("NL91ABNA0417164300".into()),
+            payload_hash: "sha256:00".into(),
+            message_id: "evt-1".into(),
+            idempotency_key: "claim-payment-x".into(),
+            payout_request: None,
+            status: "recorded".into(),
+            bank_payment_id: None,
+            status_reason: None,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn stored_payment_values_parse_strictly_and_a_bad_one_is_a_store_error() {
+        let record = payment_row("1000", "JPY", Some("acme"))
+            .into_record()
+            .unwrap()
+            .record;
+        assert_eq!(record.money.amount_string(), "1000");
+        assert_eq!(record.money.currency().code(), "JPY");
+        assert_eq!(
+            record.tenant_id.as_ref().map(TenantId::as_str),
+            Some("acme")
+        );
+        for (amount, currency, tenant) in [
+            ("12.5", "EUR", None),
+            ("1e3", "EUR", None),
+            ("12.50", "EURO", None),
+            ("12.50", "EUR", Some("")),
+        ] {
+            let err = payment_row(amount, currency, tenant)
+                .into_record()
+                .unwrap_err();
+            assert!(
+                matches!(&err, StoreError::Permanent(m) if m.starts_with("corrupt payment in the database")),
+                "{amount} {currency} {tenant:?}: {err}"
+            );
+        }
     }
 }
