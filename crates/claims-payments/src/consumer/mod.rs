@@ -145,10 +145,6 @@ impl Consumer {
         self.bank.as_ref()
     }
 
-    pub fn pays_out(&self) -> bool {
-        self.bank.is_some()
-    }
-
     /// Handles one delivery. Never panics on data; every path ends in an outcome.
     pub async fn handle(&self, msg: &ClaimApproved, delivery: &Delivery) -> Outcome {
         let key = self.inbox_key(msg, delivery);
