@@ -90,7 +90,7 @@ impl Naive {
                 };
             }
         }
-        inbox.outcome = Some(outcome.label().to_owned());
+        inbox.outcome = Some(outcome.kind().into());
         match self.store.claim(&inbox, &payment).await {
             Ok(ClaimResult::Claimed { .. }) => outcome,
             Ok(ClaimResult::InboxExists(_)) => Outcome::Duplicate {

@@ -24,7 +24,9 @@ use azure_data_cosmos::fault_injection::{
 };
 use azure_data_cosmos::models::{ContainerProperties, TimeToLive};
 use azure_data_cosmos::{ContainerClient, CosmosClient};
+use claims_payments::consumer::OutcomeKind;
 use claims_payments::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
+use claims_payments::message::{Money, PayeeRef, TenantId};
 use claims_payments::store::cosmos::container::indexing_policy_difference;
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id, InboxDoc, PaymentDoc};
 use claims_payments::store::cosmos::{
@@ -298,10 +300,9 @@ fn payment_record(claim: ClaimId, message_id: &str) -> PaymentRecord {
     PaymentRecord {
         claim_id: claim,
         purpose: Purpose::Payout,
-        tenant_id: Some("acme".to_owned()),
-        amount: "1250.10".to_owned(),
-        currency: "EUR".to_owned(),
-        payee: Some("NL91ABNA0417164300".to_owned()),
+        tenant_id: Some(TenantId::parse("acme").unwrap()),
+        money: Money::from_stored("1250.10", "EUR").unwrap(),
+        payee: Some(PayeeRef::parse("NL91ABNA0417164300").unwrap()),
         payload_hash: PayloadHash::from_stored(format!("sha256:{claim}")),
         message_id: message(message_id),
         idempotency_key: IdempotencyKey::for_payout(None, claim),
@@ -319,7 +320,7 @@ fn payment_record(claim: ClaimId, message_id: &str) -> PaymentRecord {
 fn completed(inbox: &InboxRecord) -> InboxRecord {
     InboxRecord {
         status: InboxStatus::Completed,
-        outcome: Some("paid".to_owned()),
+        outcome: Some(OutcomeKind::Paid.into()),
         lease_until: None,
         updated_at: now(),
         ..inbox.clone()

@@ -135,12 +135,12 @@ impl From<&PaymentRecord> for LedgerLine {
     fn from(p: &PaymentRecord) -> Self {
         LedgerLine {
             claim_id: p.claim_id.to_string(),
-            amount: p.amount.clone(),
-            currency: p.currency.clone(),
+            amount: p.money.amount_string(),
+            currency: p.money.currency().code().to_owned(),
             status: p.status.as_str(),
             message_id: p.message_id.to_string(),
             bank_payment_id: p.bank_payment_id.clone(),
-            tenant_id: p.tenant_id.clone(),
+            tenant_id: p.tenant_id.as_ref().map(|t| t.as_str().to_owned()),
             status_reason: p.status_reason.clone(),
             created_at: rfc3339(p.created_at),
             updated_at: rfc3339(p.updated_at),
@@ -174,7 +174,7 @@ impl From<&InboxRecord> for InboxLine {
             claim_id: r.claim_id.to_string(),
             message_id: r.message_id.to_string(),
             status: r.status.as_str(),
-            outcome: r.outcome.clone(),
+            outcome: r.outcome.as_ref().map(ToString::to_string),
             owner: r.owner.to_string(),
             lease_until: r.lease_until.map(rfc3339),
             first_delivery_count: r.first_delivery_count,
@@ -269,8 +269,8 @@ pub async fn ledger(
         .map(|p| {
             vec![
                 p.claim_id.to_string(),
-                p.amount.clone(),
-                p.currency.clone(),
+                p.money.amount_string(),
+                p.money.currency().code().to_owned(),
                 p.status.as_str().to_owned(),
                 p.message_id.to_string(),
                 p.bank_payment_id.clone().unwrap_or_else(|| "-".into()),
@@ -315,7 +315,9 @@ pub async fn inbox(
                 r.message_id.to_string(),
                 r.claim_id.to_string(),
                 r.status.as_str().to_owned(),
-                r.outcome.clone().unwrap_or_else(|| "-".into()),
+                r.outcome
+                    .as_ref()
+                    .map_or_else(|| "-".into(), ToString::to_string),
                 format!("{}..{}", r.first_delivery_count, r.last_delivery_count),
                 r.lease_until.map(rfc3339).unwrap_or_else(|| "-".into()),
                 rfc3339(r.expires_at),

@@ -189,6 +189,23 @@ impl Money {
         self.currency
     }
 
+    /// Reads an amount and a currency back from the store, where [`Money::amount_string`]
+    /// and [`Currency::code`] wrote them: the message's strict grammar and limits, and
+    /// the canonical form, so that writing the value again gives the same bytes.
+    pub fn from_stored(amount: &str, currency: &str) -> Result<Self, InvalidMessage> {
+        if !is_plain_decimal(amount) {
+            return Err(InvalidMessage::new(
+                "amount",
+                format!("{amount:?} is not a plain decimal number"),
+            ));
+        }
+        let value = Decimal::from_str_exact(amount)
+            .map_err(|_| InvalidMessage::new("amount", format!("{amount:?} is out of range")))?;
+        let money = Money::new(value, Currency::parse(currency)?)?;
+        canonical("amount", amount, &money.amount_string())?;
+        Ok(money)
+    }
+
     /// The amount as the string every document and the bank body carry, with the
     /// currency's fraction digits (`12.50`, `1000` for JPY).
     pub fn amount_string(&self) -> String {
@@ -244,6 +261,18 @@ fn is_plain_decimal(s: &str) -> bool {
     }
 }
 
+/// A stored value must be exactly what writing its parsed form gives.
+fn canonical(field: &'static str, stored: &str, written: &str) -> Result<(), InvalidMessage> {
+    if stored == written {
+        Ok(())
+    } else {
+        Err(InvalidMessage::new(
+            field,
+            format!("{stored:?} is not in its canonical form {written:?}"),
+        ))
+    }
+}
+
 fn bounded_text(
     field: &'static str,
     value: &str,
@@ -287,6 +316,13 @@ impl TenantId {
         .map(TenantId)
     }
 
+    /// Reads a tenant back from the store: the same grammar, and no surrounding spaces.
+    pub fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
+        let tenant = Self::parse(s)?;
+        canonical("tenantId", s, tenant.as_str())?;
+        Ok(tenant)
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -306,6 +342,13 @@ impl PayeeRef {
             "printable ASCII",
         )
         .map(PayeeRef)
+    }
+
+    /// Reads a payee back from the store: the same grammar, and no surrounding spaces.
+    pub fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
+        let payee = Self::parse(s)?;
+        canonical("payee", s, payee.as_str())?;
+        Ok(payee)
     }
 
     pub fn as_str(&self) -> &str {
@@ -679,6 +722,41 @@ mod tests {
             IdempotencyKey::for_payout(Some(&tenant), claim).as_str(),
             format!("acme:claim-payment-{CLAIM}")
         );
+    }
+
+    #[test]
+    fn stored_values_read_back_only_in_the_form_they_were_written() {
+        let eur = Currency::parse("EUR").unwrap();
+        let money = Money::from_stored("12.50", "EUR").unwrap();
+        assert_eq!(money, Money::new(Decimal::new(125, 1), eur).unwrap());
+        assert_eq!(money.amount_string(), "12.50");
+        assert_eq!(
+            Money::from_stored("1000", "JPY").unwrap().amount_string(),
+            "1000"
+        );
+        for (amount, currency, field) in [
+            ("12.5", "EUR", "amount"),
+            ("012.50", "EUR", "amount"),
+            ("1e2", "EUR", "amount"),
+            ("-1.00", "EUR", "amount"),
+            ("0.00", "EUR", "amount"),
+            ("12.50", "eur", "currency"),
+            ("12.50", "", "currency"),
+            ("", "EUR", "amount"),
+        ] {
+            let err = Money::from_stored(amount, currency).expect_err(amount);
+            assert_eq!(err.field, field, "{amount} {currency}: {err}");
+        }
+        assert_eq!(TenantId::from_stored("acme").unwrap().as_str(), "acme");
+        assert_eq!(
+            TenantId::from_stored(" acme").unwrap_err().field,
+            "tenantId"
+        );
+        assert_eq!(TenantId::from_stored("a b").unwrap_err().field, "tenantId");
+        let iban = "NL91ABNA0417164300";
+        assert_eq!(PayeeRef::from_stored(iban).unwrap().as_str(), iban);
+        assert_eq!(PayeeRef::from_stored("x ").unwrap_err().field, "payee");
+        assert_eq!(PayeeRef::from_stored("").unwrap_err().field, "payee");
     }
 
     #[test]

@@ -36,8 +36,8 @@ use time::OffsetDateTime;
 use crate::consumer::{Consumer, Delivery, Outcome};
 use crate::message::{ClaimApproved, ClaimId, MessageId, PayloadHash, Purpose};
 use crate::store::{
-    AttemptId, InboxKey, InboxRecord, InboxStatus, InsertResult, PaymentRecord, StoreError,
-    Version, Versioned,
+    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, PaymentRecord,
+    StoreError, Version, Versioned,
 };
 use crate::telemetry;
 
@@ -250,8 +250,8 @@ impl From<&PaymentRecord> for PaymentResource {
         let at = |t: OffsetDateTime| t.format(&Rfc3339).unwrap_or_default();
         PaymentResource {
             claim_id: p.claim_id.to_string(),
-            amount: p.amount.clone(),
-            currency: p.currency.clone(),
+            amount: p.money.amount_string(),
+            currency: p.money.currency().code().to_owned(),
             status: p.status.as_str(),
             bank_payment_id: p.bank_payment_id.clone(),
             created_at: at(p.created_at),
@@ -482,11 +482,10 @@ impl PaymentsApi {
             )));
         }
         if !expired && record.status == InboxStatus::Completed {
-            if let Some(mut answer) = record
-                .outcome
-                .as_deref()
-                .and_then(|o| serde_json::from_str::<Answer>(o).ok())
-            {
+            if let Some(mut answer) = record.outcome.as_ref().and_then(|o| match o {
+                InboxOutcome::HttpAnswer(json) => serde_json::from_str::<Answer>(json).ok(),
+                _ => None,
+            }) {
                 telemetry::counters().http_replays.inc();
                 answer.replayed = true;
                 return Ok(Begin::Answer(answer));
@@ -576,7 +575,9 @@ impl PaymentsApi {
         let now = OffsetDateTime::now_utc();
         let done = InboxRecord {
             status: InboxStatus::Completed,
-            outcome: serde_json::to_string(&answer).ok(),
+            outcome: serde_json::to_string(&answer)
+                .ok()
+                .map(InboxOutcome::HttpAnswer),
             lease_until: None,
             updated_at: now,
             ..record

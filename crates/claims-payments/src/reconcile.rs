@@ -30,11 +30,11 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::bank::{BankClient, Lookup, PayoutOutcome, SendWindow};
-use crate::consumer::Consumer;
+use crate::consumer::{Consumer, OutcomeKind};
 use crate::message::{ClaimId, MessageId, PayloadHash};
 use crate::store::{
-    AttemptId, InboxKey, InboxRecord, InboxStatus, InsertResult, PaymentRecord, PaymentStatus,
-    StoreError, Version, Versioned,
+    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, PaymentRecord,
+    PaymentStatus, StoreError, Version, Versioned,
 };
 use crate::telemetry;
 
@@ -287,14 +287,14 @@ impl Reconciler {
             updated_at: now,
             ..p.clone()
         };
-        let outcome_label = match status {
-            PaymentStatus::Paid => "paid",
-            PaymentStatus::Rejected => "rejected",
-            _ => "needs-reconciliation",
+        let outcome = match status {
+            PaymentStatus::Paid => OutcomeKind::Paid,
+            PaymentStatus::Rejected => OutcomeKind::Rejected,
+            _ => OutcomeKind::NeedsReconciliation,
         };
         let final_inbox = InboxRecord {
             status: InboxStatus::Completed,
-            outcome: Some(outcome_label.to_owned()),
+            outcome: Some(outcome.into()),
             lease_until: None,
             updated_at: now,
             ..held
@@ -409,8 +409,8 @@ impl Reconciler {
             } else {
                 Verdict::Mismatch {
                     evidence: format!(
-                        "{evidence}, but the ledger says {} {}; never paid again, check by hand",
-                        p.amount, p.currency
+                        "{evidence}, but the ledger says {}; never paid again, check by hand",
+                        p.money
                     ),
                 }
             };
@@ -518,7 +518,7 @@ fn orphaned(
 
 fn same_amount(p: &PaymentRecord, amount: &str, currency: &str) -> bool {
     let parse = |s: &str| s.trim().parse::<Decimal>().ok().map(|d| d.normalize());
-    parse(&p.amount).is_some() && parse(&p.amount) == parse(amount) && p.currency == currency
+    parse(amount) == Some(p.money.amount()) && p.money.currency().code() == currency
 }
 
 fn carries_reference(body: &str, key: &str) -> bool {
@@ -604,7 +604,7 @@ impl RunLease {
         let now = OffsetDateTime::now_utc();
         let done = InboxRecord {
             status: InboxStatus::Completed,
-            outcome: Some("reconciled".into()),
+            outcome: Some(InboxOutcome::RunReleased),
             lease_until: None,
             updated_at: now,
             ..self.record

@@ -489,11 +489,14 @@ pub fn ledger_rows(records: &[PaymentRecord]) -> anyhow::Result<Vec<LedgerRow>> 
         .map(|r| {
             Ok(LedgerRow {
                 claim_id: r.claim_id.to_string(),
-                amount: r
-                    .amount
-                    .parse()
-                    .with_context(|| format!("ledger amount {:?} is not a decimal", r.amount))?,
-                currency: r.currency.clone(),
+                // The stored string (scale included), as the verifier always read it.
+                amount: r.money.amount_string().parse().with_context(|| {
+                    format!(
+                        "ledger amount {:?} is not a decimal",
+                        r.money.amount_string()
+                    )
+                })?,
+                currency: r.money.currency().code().to_owned(),
                 status: r.status.as_str().to_owned(),
                 message_id: r.message_id.to_string(),
                 bank_payment_id: r.bank_payment_id.clone(),

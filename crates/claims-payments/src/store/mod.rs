@@ -21,7 +21,10 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
+use crate::consumer::OutcomeKind;
+use crate::message::{
+    ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
+};
 
 /// Identifies one processing attempt (one invocation). Written into the inbox record
 /// it creates or takes over, so the attempt can recognise its own committed write
@@ -92,8 +95,8 @@ pub struct InboxRecord {
     pub message_id: MessageId,
     pub payload_hash: PayloadHash,
     pub status: InboxStatus,
-    /// The label of how the message ended (`paid`, `recorded`, ...) once completed.
-    pub outcome: Option<String>,
+    /// How the message ended, once completed.
+    pub outcome: Option<InboxOutcome>,
     /// The attempt that created the record or last took it over.
     pub owner: AttemptId,
     /// While in progress: the owner's lease. After it, another attempt may take over.
@@ -109,6 +112,79 @@ pub struct InboxRecord {
 impl InboxRecord {
     pub fn lease_alive(&self, now: OffsetDateTime) -> bool {
         self.status == InboxStatus::InProgress && self.lease_until.is_some_and(|until| until > now)
+    }
+}
+
+/// What a completed inbox record says about how it ended. Stored as one string (the
+/// `outcome` column or field), exactly as before this type existed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboxOutcome {
+    /// A message's outcome (`paid`, `recorded`, ...), written by the consumer or reconcile.
+    Message(OutcomeKind),
+    /// A reconcile run's lease record, given back after the run (`reconciled`).
+    RunReleased,
+    /// A `payments-api` key record: the answer it replays, as JSON text (always an
+    /// object, so it never collides with a name above), kept byte for byte.
+    HttpAnswer(String),
+}
+
+impl InboxOutcome {
+    const RUN_RELEASED: &'static str = "reconciled";
+
+    /// The stored string.
+    pub fn as_str(&self) -> &str {
+        match self {
+            InboxOutcome::Message(kind) => kind.as_str(),
+            InboxOutcome::RunReleased => Self::RUN_RELEASED,
+            InboxOutcome::HttpAnswer(json) => json,
+        }
+    }
+
+    /// Reads a stored string. An unknown one is an error (a bug or a hand edit), never
+    /// guessed at.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if let Some(kind) = OutcomeKind::parse(s) {
+            Ok(InboxOutcome::Message(kind))
+        } else if s == Self::RUN_RELEASED {
+            Ok(InboxOutcome::RunReleased)
+        } else if s.starts_with('{') {
+            Ok(InboxOutcome::HttpAnswer(s.to_owned()))
+        } else {
+            Err(format!("unknown outcome {s:?}"))
+        }
+    }
+
+    /// The message outcome, if this is one.
+    pub fn kind(&self) -> Option<OutcomeKind> {
+        match self {
+            InboxOutcome::Message(kind) => Some(*kind),
+            _ => None,
+        }
+    }
+}
+
+impl From<OutcomeKind> for InboxOutcome {
+    fn from(kind: OutcomeKind) -> Self {
+        InboxOutcome::Message(kind)
+    }
+}
+
+impl fmt::Display for InboxOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for InboxOutcome {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for InboxOutcome {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        InboxOutcome::parse(&s).map_err(serde::de::Error::custom)
     }
 }
 
@@ -158,11 +234,11 @@ impl PaymentStatus {
 pub struct PaymentRecord {
     pub claim_id: ClaimId,
     pub purpose: Purpose,
-    pub tenant_id: Option<String>,
-    /// Decimal as a string, exactly as sent to the bank.
-    pub amount: String,
-    pub currency: String,
-    pub payee: Option<String>,
+    pub tenant_id: Option<TenantId>,
+    /// Stored as two strings: the amount exactly as sent to the bank
+    /// ([`Money::amount_string`]) and the currency code.
+    pub money: Money,
+    pub payee: Option<PayeeRef>,
     pub payload_hash: PayloadHash,
     /// The message that created the payment.
     pub message_id: MessageId,
@@ -288,3 +364,34 @@ pub trait Store: Send + Sync + 'static {
 }
 
 pub type DynStore = Arc<dyn Store>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_outcomes_written_before_read_back_and_unknown_ones_are_refused() {
+        for kind in OutcomeKind::ALL {
+            let stored = format!("\"{}\"", kind.as_str());
+            let read: InboxOutcome = serde_json::from_str(&stored).unwrap();
+            assert_eq!(read, InboxOutcome::Message(kind));
+            assert_eq!(serde_json::to_string(&read).unwrap(), stored);
+        }
+        assert_eq!(
+            InboxOutcome::parse("reconciled"),
+            Ok(InboxOutcome::RunReleased)
+        );
+        let answer = r#"{"status":201,"body":"{}"}"#;
+        let read = InboxOutcome::parse(answer).unwrap();
+        assert_eq!(read, InboxOutcome::HttpAnswer(answer.into()));
+        assert_eq!(read.as_str(), answer);
+        for bad in ["", "Paid", "lost", " paid"] {
+            assert!(InboxOutcome::parse(bad).is_err(), "{bad:?}");
+            let json = serde_json::to_string(bad).unwrap();
+            assert!(
+                serde_json::from_str::<InboxOutcome>(&json).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+}

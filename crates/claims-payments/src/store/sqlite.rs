@@ -42,10 +42,13 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
-    ClaimResult, InboxKey, InboxRecord, InboxStatus, InsertResult, PaymentRecord, PaymentStatus,
-    Store, StoreError, StoreResult, Version, Versioned,
+    ClaimResult, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, PaymentRecord,
+    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
-use crate::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
+use crate::message::{
+    ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
+    TenantId,
+};
 use crate::telemetry;
 
 /// Most jobs one commit may carry; bounds the latency a large group adds.
@@ -704,6 +707,11 @@ fn from_ms(ms: i64) -> StoreResult<OffsetDateTime> {
         .map_err(|e| StoreError::Permanent(format!("corrupt timestamp {ms}: {e}")))
 }
 
+/// A stored payment field that does not parse as the domain type it was written from.
+fn corrupt_payment(e: InvalidMessage) -> StoreError {
+    StoreError::Permanent(format!("corrupt payment in the database: {e}"))
+}
+
 fn corrupt(what: &str, value: &str) -> StoreError {
     StoreError::Permanent(format!("corrupt {what} in the database: {value:?}"))
 }
@@ -766,7 +774,11 @@ impl InboxRow {
             payload_hash: PayloadHash::from_stored(self.payload_hash),
             status: InboxStatus::parse(&self.status)
                 .ok_or_else(|| corrupt("inbox status", &self.status))?,
-            outcome: self.outcome,
+            outcome: self
+                .outcome
+                .as_deref()
+                .map(|o| InboxOutcome::parse(o).map_err(|_| corrupt("inbox outcome", o)))
+                .transpose()?,
             owner: serde_json::from_value(serde_json::Value::String(self.owner.clone()))
                 .map_err(|_| corrupt("owner", &self.owner))?,
             lease_until: self.lease_until_ms.map(from_ms).transpose()?,
@@ -833,10 +845,19 @@ impl PaymentRow {
             claim_id: ClaimId::parse(&self.claim_id)
                 .map_err(|_| corrupt("claim id", &self.claim_id))?,
             purpose,
-            tenant_id: self.tenant_id,
-            amount: self.amount,
-            currency: self.currency,
-            payee: self.payee,
+            tenant_id: self
+                .tenant_id
+                .as_deref()
+                .map(TenantId::from_stored)
+                .transpose()
+                .map_err(corrupt_payment)?,
+            money: Money::from_stored(&self.amount, &self.currency).map_err(corrupt_payment)?,
+            payee: self
+                .payee
+                .as_deref()
+                .map(PayeeRef::from_stored)
+                .transpose()
+                .map_err(corrupt_payment)?,
             payload_hash: PayloadHash::from_stored(self.payload_hash),
             message_id: MessageId::parse(&self.message_id)
                 .map_err(|_| corrupt("message id", &self.message_id))?,
@@ -905,7 +926,7 @@ fn insert_inbox(conn: &Connection, r: &InboxRecord) -> StoreResult<bool> {
             r.message_id.as_str(),
             r.payload_hash.as_str(),
             r.status.as_str(),
-            r.outcome,
+            r.outcome.as_ref().map(InboxOutcome::as_str),
             r.owner.to_string(),
             r.lease_until.map(to_ms),
             r.first_delivery_count,
@@ -928,10 +949,10 @@ fn insert_payment(conn: &Connection, p: &PaymentRecord) -> StoreResult<bool> {
         stmt.execute(params![
             p.claim_id.to_string(),
             p.purpose.as_str(),
-            p.tenant_id,
-            p.amount,
-            p.currency,
-            p.payee,
+            p.tenant_id.as_ref().map(TenantId::as_str),
+            p.money.amount_string(),
+            p.money.currency().code(),
+            p.payee.as_ref().map(PayeeRef::as_str),
             p.payload_hash.as_str(),
             p.message_id.as_str(),
             p.idempotency_key.as_str(),
@@ -970,7 +991,7 @@ fn replace_inbox_row(
             r.message_id.as_str(),
             r.payload_hash.as_str(),
             r.status.as_str(),
-            r.outcome,
+            r.outcome.as_ref().map(InboxOutcome::as_str),
             r.owner.to_string(),
             r.lease_until.map(to_ms),
             r.first_delivery_count,
@@ -1269,6 +1290,96 @@ mod tests {
             assert!(
                 matches!(map_sqlite_error(failure(code)), StoreError::Transient(_)),
                 "{code}"
+            );
+        }
+    }
+
+    fn inbox_row(outcome: Option<&str>) -> InboxRow {
+        InboxRow {
+            consumer: "payments".into(),
+            claim_id: "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b".into(),
+            message_id: "evt-1".into(),
+            payload_hash: "sha256:00".into(),
+            status: "completed".into(),
+            outcome: outcome.map(str::to_owned),
+            owner: crate::store::AttemptId::new().to_string(),
+            lease_until_ms: None,
+            first_delivery_count: 1,
+            last_delivery_count: 1,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            expires_at_ms: 0,
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn stored_outcomes_read_as_written_and_unknown_ones_are_a_store_error() {
+        for stored in [
+            "paid",
+            "business-duplicate",
+            "reconciled",
+            r#"{"status":201}"#,
+        ] {
+            let record = inbox_row(Some(stored)).into_record().unwrap().record;
+            assert_eq!(
+                record.outcome.as_ref().map(InboxOutcome::as_str),
+                Some(stored)
+            );
+        }
+        assert_eq!(inbox_row(None).into_record().unwrap().record.outcome, None);
+        let err = inbox_row(Some("lost")).into_record().unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Permanent(m) if m.contains("inbox outcome") && m.contains("lost")),
+            "{err}"
+        );
+    }
+
+    fn payment_row(amount: &str, currency: &str, tenant: Option<&str>) -> PaymentRow {
+        PaymentRow {
+            claim_id: "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b".into(),
+            purpose: "payout".into(),
+            tenant_id: tenant.map(str::to_owned),
+            amount: amount.into(),
+            currency: currency.into(),
+            payee: Some("NL91ABNA0417164300".into()),
+            payload_hash: "sha256:00".into(),
+            message_id: "evt-1".into(),
+            idempotency_key: "claim-payment-x".into(),
+            payout_request: None,
+            status: "recorded".into(),
+            bank_payment_id: None,
+            status_reason: None,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn stored_payment_values_parse_strictly_and_a_bad_one_is_a_store_error() {
+        let record = payment_row("1000", "JPY", Some("acme"))
+            .into_record()
+            .unwrap()
+            .record;
+        assert_eq!(record.money.amount_string(), "1000");
+        assert_eq!(record.money.currency().code(), "JPY");
+        assert_eq!(
+            record.tenant_id.as_ref().map(TenantId::as_str),
+            Some("acme")
+        );
+        for (amount, currency, tenant) in [
+            ("12.5", "EUR", None),
+            ("1e3", "EUR", None),
+            ("12.50", "EURO", None),
+            ("12.50", "EUR", Some("")),
+        ] {
+            let err = payment_row(amount, currency, tenant)
+                .into_record()
+                .unwrap_err();
+            assert!(
+                matches!(&err, StoreError::Permanent(m) if m.starts_with("corrupt payment in the database")),
+                "{amount} {currency} {tenant:?}: {err}"
             );
         }
     }

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use claims_payments::consumer::{Outcome, Step};
-use claims_payments::message::{ClaimId, MessageId, Purpose};
+use claims_payments::consumer::{Outcome, OutcomeKind, Step};
+use claims_payments::message::{ClaimId, MessageId, Money, PayeeRef, Purpose};
 use claims_payments::store::{
-    AttemptId, ClaimResult, DynStore, InboxKey, InboxRecord, InboxStatus, InsertResult,
-    PaymentRecord, PaymentStatus, StoreError,
+    AttemptId, ClaimResult, DynStore, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
+    InsertResult, PaymentRecord, PaymentStatus, StoreError,
 };
 use time::OffsetDateTime;
 use tokio::sync::Barrier;
@@ -107,9 +107,8 @@ pub fn records(claim: &str, message_id: &str, owner: AttemptId) -> (InboxRecord,
         claim_id: msg.claim_id,
         purpose: Purpose::Payout,
         tenant_id: None,
-        amount: msg.money.amount_string(),
-        currency: "EUR".into(),
-        payee: Some("NL91ABNA0417164300".into()),
+        money: Money::from_stored(&msg.money.amount_string(), "EUR").unwrap(),
+        payee: Some(PayeeRef::parse("NL91ABNA0417164300").unwrap()),
         payload_hash: msg.payload_hash(),
         message_id: MessageId::parse(message_id).unwrap(),
         idempotency_key: msg.idempotency_key(),
@@ -150,7 +149,7 @@ pub async fn claim_creates_both_records(store: DynStore) {
         .await
         .unwrap()
         .expect("payment");
-    assert_eq!(stored.record.amount, "100.00");
+    assert_eq!(stored.record.money.amount_string(), "100.00");
     assert_eq!(stored.record.payout_request, payment.payout_request);
     assert_eq!(stored.record.idempotency_key, payment.idempotency_key);
     assert_eq!(stored.record.status, PaymentStatus::InProgress);
@@ -312,7 +311,7 @@ pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
     store.replace_inbox(&taken, &inbox_version).await.unwrap();
     let done_inbox = InboxRecord {
         status: InboxStatus::Completed,
-        outcome: Some("paid".into()),
+        outcome: Some(OutcomeKind::Paid.into()),
         lease_until: None,
         ..inbox.clone()
     };
@@ -355,7 +354,10 @@ pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
     assert_eq!(p.record.bank_payment_id.as_deref(), Some("pay-1"));
     let i = store.inbox(&inbox.key()).await.unwrap().unwrap();
     assert_eq!(i.record.status, InboxStatus::Completed);
-    assert_eq!(i.record.outcome.as_deref(), Some("paid"));
+    assert_eq!(
+        i.record.outcome.as_ref().map(InboxOutcome::as_str),
+        Some("paid")
+    );
 }
 
 pub async fn record_handled_refuses_a_second_record(store: DynStore) {
@@ -466,7 +468,7 @@ pub async fn five_deliveries_make_one_payment(store: DynStore) {
         .unwrap()
         .unwrap();
     assert_eq!(p.record.status, PaymentStatus::Paid);
-    assert_eq!(p.record.amount, "250.10");
+    assert_eq!(p.record.money.amount_string(), "250.10");
 }
 
 pub async fn crash_after_commit_then_redelivery_is_a_duplicate(store: DynStore) {
@@ -528,7 +530,7 @@ pub async fn same_message_id_with_another_payload_is_a_conflict(store: DynStore)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(p.record.amount, "10.00");
+    assert_eq!(p.record.money.amount_string(), "10.00");
 }
 
 pub async fn same_claim_under_a_new_message_is_a_business_duplicate(store: DynStore) {

@@ -15,9 +15,12 @@ use time::format_description::well_known::Rfc3339;
 use time::macros::format_description;
 use time::{OffsetDateTime, UtcOffset};
 
-use crate::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
+use crate::message::{
+    ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
+};
 use crate::store::{
-    AttemptId, InboxKey, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus, StoreError,
+    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
+    StoreError,
 };
 
 pub const INBOX_DOC_TYPE: &str = "inbox";
@@ -138,7 +141,7 @@ pub struct InboxDoc {
     pub message_id: String,
     pub payload_hash: String,
     pub status: String,
-    pub outcome: Option<String>,
+    pub outcome: Option<InboxOutcome>,
     pub owner: AttemptId,
     pub lease_until: Option<String>,
     pub first_delivery_count: u32,
@@ -253,10 +256,10 @@ impl PaymentDoc {
             doc_type: PAYMENT_DOC_TYPE.to_owned(),
             dedup_key: payment_dedup_key(record.purpose),
             purpose: record.purpose.as_str().to_owned(),
-            tenant_id: record.tenant_id.clone(),
-            amount: record.amount.clone(),
-            currency: record.currency.clone(),
-            payee: record.payee.clone(),
+            tenant_id: record.tenant_id.as_ref().map(|t| t.as_str().to_owned()),
+            amount: record.money.amount_string(),
+            currency: record.money.currency().code().to_owned(),
+            payee: record.payee.as_ref().map(|p| p.as_str().to_owned()),
             payload_hash: record.payload_hash.as_str().to_owned(),
             message_id: record.message_id.as_str().to_owned(),
             idempotency_key: record.idempotency_key.as_str().to_owned(),
@@ -287,10 +290,20 @@ impl PaymentDoc {
         Ok(PaymentRecord {
             claim_id,
             purpose: parse_purpose(DOC, &self.purpose)?,
-            tenant_id: self.tenant_id,
-            amount: self.amount,
-            currency: self.currency,
-            payee: self.payee,
+            tenant_id: self
+                .tenant_id
+                .as_deref()
+                .map(TenantId::from_stored)
+                .transpose()
+                .map_err(|e| corrupt(DOC, "tenantId", e))?,
+            money: Money::from_stored(&self.amount, &self.currency)
+                .map_err(|e| corrupt(DOC, e.field, e))?,
+            payee: self
+                .payee
+                .as_deref()
+                .map(PayeeRef::from_stored)
+                .transpose()
+                .map_err(|e| corrupt(DOC, "payee", e))?,
             payload_hash: PayloadHash::from_stored(self.payload_hash),
             message_id: MessageId::parse(&self.message_id)
                 .map_err(|e| corrupt(DOC, "messageId", e))?,
@@ -411,5 +424,91 @@ mod tests {
         );
         let err = decode::<PaymentDoc>("payment", b"{\"id\": 3}").unwrap_err();
         assert!(matches!(err, StoreError::Permanent(_)));
+    }
+
+    #[test]
+    fn inbox_outcomes_keep_their_stored_strings_and_unknown_ones_are_refused() {
+        let doc = |outcome: serde_json::Value| {
+            serde_json::json!({
+                "id": "inbox:payments:evt-1", "claimId": ClaimId::random().to_string(),
+                "docType": "inbox", "dedupKey": "payments/evt-1", "consumer": "payments",
+                "messageId": "evt-1", "payloadHash": "h", "status": "completed",
+                "outcome": outcome, "owner": AttemptId::new(), "leaseUntil": null,
+                "firstDeliveryCount": 1, "lastDeliveryCount": 1,
+                "createdAt": "2026-01-01T00:00:00Z", "updatedAt": "2026-01-01T00:00:00Z",
+                "expiresAt": "2026-01-02T00:00:00Z", "ttl": 86400
+            })
+            .to_string()
+        };
+        for stored in [
+            "recorded",
+            "needs-reconciliation",
+            "reconciled",
+            r#"{"status":201}"#,
+        ] {
+            let read: InboxDoc = decode("inbox", doc(stored.into()).as_bytes()).unwrap();
+            let record = read.clone().into_record(None).unwrap();
+            assert_eq!(
+                record.outcome.as_ref().map(InboxOutcome::as_str),
+                Some(stored)
+            );
+            // Written back as the same string.
+            let written = serde_json::to_value(InboxDoc::from_record(&record, 86400)).unwrap();
+            assert_eq!(written["outcome"], stored);
+        }
+        let read: InboxDoc = decode("inbox", doc(serde_json::Value::Null).as_bytes()).unwrap();
+        assert_eq!(read.outcome, None);
+        let err = decode::<InboxDoc>("inbox", doc("lost".into()).as_bytes()).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Permanent(m) if m.contains("unknown outcome")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn payment_fields_read_as_domain_types_and_write_back_the_same_strings() {
+        let doc = PaymentDoc {
+            id: "payment:payout".into(),
+            claim_id: ClaimId::random().to_string(),
+            doc_type: PAYMENT_DOC_TYPE.into(),
+            dedup_key: "payout".into(),
+            purpose: "payout".into(),
+            tenant_id: Some("acme".into()),
+            amount: "1250.10".into(),
+            currency: "EUR".into(),
+            payee: Some("NL91ABNA0417164300".into()),
+            payload_hash: "h".into(),
+            message_id: "m".into(),
+            idempotency_key: "k".into(),
+            payout_request: None,
+            status: "recorded".into(),
+            bank_payment_id: None,
+            status_reason: None,
+            created_at: "2026-01-01T00:00:00.000000000Z".into(),
+            updated_at: "2026-01-01T00:00:00.000000000Z".into(),
+        };
+        let record = doc.clone().into_record(None).unwrap();
+        assert_eq!(record.money.amount_string(), "1250.10");
+        assert_eq!(
+            record.tenant_id.as_ref().map(TenantId::as_str),
+            Some("acme")
+        );
+        assert_eq!(PaymentDoc::from_record(&record), doc);
+
+        let bad = |edit: fn(&mut PaymentDoc), field: &str| {
+            let mut d = doc.clone();
+            edit(&mut d);
+            let err = d.into_record(None).unwrap_err();
+            assert!(
+                matches!(&err, StoreError::Permanent(m) if m.contains(&format!("payment document: {field}"))),
+                "{field}: {err}"
+            );
+        };
+        bad(|d| d.amount = "1250.1".into(), "amount");
+        bad(|d| d.amount = "12,50".into(), "amount");
+        bad(|d| d.amount = "-5.00".into(), "amount");
+        bad(|d| d.currency = "XXX".into(), "currency");
+        bad(|d| d.tenant_id = Some("a b".into()), "tenantId");
+        bad(|d| d.payee = Some(String::new()), "payee");
     }
 }

@@ -1,0 +1,675 @@
+//! The consumer state machine: turns at-least-once deliveries into exactly one payment.
+//!
+//! Written once, against the [`Store`] port. One delivery goes:
+//!
+//! 1. **Claim**: one atomic store step creates the inbox record (in progress, with our
+//!    lease; or already completed in ledger-only mode) and the payment record.
+//! 2. If the claim is refused, decide from what exists:
+//!    - inbox record owned by this very attempt: our own write, re-sent by the SDK after
+//!      an ambiguous timeout. Carry on as a fresh claim;
+//!    - different payload hash: **conflict**, never accepted;
+//!    - completed: **duplicate**, success, no writes (a write would restart the TTL);
+//!    - in progress under a live lease: another attempt works on it; wait, bounded;
+//!    - in progress under an expired lease: **take over** with a conditional write;
+//!    - payment of another message for this claim: **business duplicate**.
+//! 3. **Payout** (bank configured): the stored request under the stored Idempotency-Key.
+//! 4. **Finalize**: one conditional step marks payment and inbox final; if our lease was
+//!    taken over meanwhile it fails, and we re-read instead of overwriting.
+//!
+//! Nothing is ever deleted after the bank may have been called. An outcome that cannot
+//! be known becomes `needs_reconciliation`, never a second payout.
+//!
+//! Layout: [`decide`] holds every rule as a pure function (what was read -> what to do
+//! next); this module does the I/O in one loop (read, decide, act, until an outcome);
+//! [`wait`] is the one bounded wait; [`outcome`] is how a delivery ends.
+
+mod decide;
+mod outcome;
+mod wait;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use crate::bank::{BankClient, PayoutOutcome, SendWindow};
+use crate::message::{ClaimApproved, MessageId, PayloadHash, Purpose};
+use crate::store::{
+    AttemptId, ClaimResult, DynStore, InboxKey, InboxRecord, InsertResult, PaymentRecord,
+    PaymentStatus, StoreError, Version, Versioned,
+};
+use crate::telemetry;
+
+use decide::{decide, Attempt, NextAction, Observed, TakeOverReason};
+pub use outcome::{Outcome, OutcomeKind};
+use wait::BoundedWait;
+
+/// One delivery of a message, as the broker numbers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub message_id: MessageId,
+    /// 1 on the first delivery. 0 when the host did not say.
+    pub delivery_count: u32,
+}
+
+/// The points between the steps where a process can die. Tests inject crashes there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// The claim is committed; nothing else happened yet.
+    AfterClaim,
+    /// The bank answered; its answer is not stored yet.
+    AfterBankCall,
+    /// Everything is stored; the host has not been answered yet.
+    AfterFinalize,
+}
+
+/// Decides whether to simulate a crash at a step. Production code has none.
+pub type CrashHook = Arc<dyn Fn(Step) -> bool + Send + Sync>;
+
+/// The timing rules of the state machine.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub consumer_name: String,
+    pub inbox_retention: Duration,
+    pub lease: Duration,
+    pub inflight_wait: Duration,
+    pub retry_budget: Duration,
+    pub bank_key_window: Duration,
+}
+
+#[derive(Debug)]
+enum Failure {
+    Store(StoreError),
+    /// A test hook stopped the attempt as a crash would: no cleanup, no further writes.
+    Crashed(Step),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+type Flow = Result<Outcome, Failure>;
+
+/// Messages this process saw completed: (payload hash, first outcome).
+///
+/// A completed inbox record never changes again, so a redelivery of a message in this
+/// cache is answered without a store round trip. Anything else (a different payload, a
+/// message seen in progress, a miss) goes through the store as usual, where the guard is.
+type CompletedCache = quick_cache::sync::Cache<InboxKey, (PayloadHash, Option<OutcomeKind>)>;
+
+/// Enough for the redeliveries of the last few minutes at full speed, a few MiB.
+const COMPLETED_CACHE_ENTRIES: usize = 20_000;
+
+#[derive(Clone)]
+pub struct Consumer {
+    store: DynStore,
+    bank: Option<BankClient>,
+    policy: Policy,
+    crash_hook: Option<CrashHook>,
+    completed: Arc<CompletedCache>,
+}
+
+fn now() -> OffsetDateTime {
+    OffsetDateTime::now_utc()
+}
+
+impl Consumer {
+    pub fn new(store: DynStore, bank: Option<BankClient>, policy: Policy) -> Self {
+        Consumer {
+            store,
+            bank,
+            policy,
+            crash_hook: None,
+            completed: Arc::new(CompletedCache::new(COMPLETED_CACHE_ENTRIES)),
+        }
+    }
+
+    /// Simulated crashes for tests: the attempt stops dead at the chosen steps.
+    pub fn with_crash_hook(mut self, hook: CrashHook) -> Self {
+        self.crash_hook = Some(hook);
+        self
+    }
+
+    pub fn store(&self) -> &DynStore {
+        &self.store
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The bank client, when payouts are on (reconcile asks the same bank).
+    pub fn bank(&self) -> Option<&BankClient> {
+        self.bank.as_ref()
+    }
+
+    /// Handles one delivery. Never panics on data; every path ends in an outcome.
+    pub async fn handle(&self, msg: &ClaimApproved, delivery: &Delivery) -> Outcome {
+        let key = self.inbox_key(msg, delivery);
+        let hash = msg.payload_hash();
+        if let Some((seen_hash, first_outcome)) = self.completed.get(&key) {
+            if seen_hash == hash {
+                let outcome = Outcome::Duplicate { first_outcome };
+                outcome.count();
+                return outcome;
+            }
+        }
+        let outcome = match self.process(msg, delivery, key.clone(), hash.clone()).await {
+            Ok(outcome) => outcome,
+            Err(Failure::Crashed(step)) => Outcome::RetryLater {
+                reason: format!("simulated crash {step:?}"),
+            },
+            Err(Failure::Store(e @ StoreError::Permanent(_))) => {
+                tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, storeError = "permanent", error = %e, "store failed; retrying cannot help until an operator repairs the store");
+                Outcome::StoreFailure {
+                    reason: e.to_string(),
+                }
+            }
+            Err(Failure::Store(e)) => {
+                tracing::error!(claimId = %msg.claim_id, messageId = %delivery.message_id, storeError = "transient", error = %e, "store failed");
+                Outcome::RetryLater {
+                    reason: e.to_string(),
+                }
+            }
+        };
+        if outcome.completes_message() {
+            let first = match &outcome {
+                Outcome::Duplicate { first_outcome } => *first_outcome,
+                other => Some(other.kind()),
+            };
+            self.completed.insert(key, (hash, first));
+        }
+        outcome.count();
+        outcome
+    }
+
+    fn crash_point(&self, step: Step) -> Result<(), Failure> {
+        match &self.crash_hook {
+            Some(hook) if hook(step) => Err(Failure::Crashed(step)),
+            _ => Ok(()),
+        }
+    }
+
+    async fn process(
+        &self,
+        msg: &ClaimApproved,
+        delivery: &Delivery,
+        key: InboxKey,
+        hash: PayloadHash,
+    ) -> Flow {
+        if self.bank.is_some() && msg.payee.is_none() {
+            return Ok(Outcome::InvalidMessage {
+                reason: "payee: is missing, and payouts are enabled (BANK_API_URL is set)".into(),
+            });
+        }
+        let attempt = Attempt {
+            msg,
+            delivery,
+            id: AttemptId::new(),
+            hash,
+            key,
+        };
+        let now = now();
+        let inbox = self.new_inbox(&attempt, now);
+        let payment = self.new_payment(&attempt, now);
+        let start = match self.store.claim(&inbox, &payment).await? {
+            ClaimResult::Claimed { inbox_version } => {
+                self.crash_point(Step::AfterClaim)?;
+                match decide(
+                    &attempt,
+                    Observed::Claimed { inbox: &inbox },
+                    &self.policy,
+                    now,
+                ) {
+                    NextAction::PayOut => State::Payout(inbox, inbox_version, payment),
+                    other => return finished(other),
+                }
+            }
+            ClaimResult::InboxExists(seen) => State::Seen(seen, self.attempt_wait()),
+            ClaimResult::PaymentExists(existing) => State::Payment(
+                existing.record,
+                BoundedWait::for_payout(self.policy.inflight_wait),
+            ),
+        };
+        self.run(&attempt, start).await
+    }
+
+    /// The records a first attempt of `delivery` claims: its inbox record, owned by
+    /// `attempt`, and the payment. Baselines and tests use it to write exactly what the
+    /// guard writes.
+    pub fn first_records(
+        &self,
+        msg: &ClaimApproved,
+        delivery: &Delivery,
+        attempt: AttemptId,
+        now: OffsetDateTime,
+    ) -> (InboxRecord, PaymentRecord) {
+        let a = Attempt {
+            msg,
+            delivery,
+            id: attempt,
+            hash: msg.payload_hash(),
+            key: self.inbox_key(msg, delivery),
+        };
+        (self.new_inbox(&a, now), self.new_payment(&a, now))
+    }
+
+    /// The inbox key of `delivery` for this consumer.
+    pub fn inbox_key(&self, msg: &ClaimApproved, delivery: &Delivery) -> InboxKey {
+        InboxKey {
+            consumer: self.policy.consumer_name.clone(),
+            claim_id: msg.claim_id,
+            message_id: delivery.message_id.clone(),
+        }
+    }
+
+    /// In progress under our lease; or, in ledger-only mode, completed at once.
+    fn new_inbox(&self, a: &Attempt<'_>, now: OffsetDateTime) -> InboxRecord {
+        if self.bank.is_none() {
+            let recorded = Some(OutcomeKind::Recorded);
+            decide::inbox_record(a, &self.policy, now, None, recorded)
+        } else {
+            let lease = Some(now + self.policy.lease);
+            decide::inbox_record(a, &self.policy, now, lease, None)
+        }
+    }
+
+    fn new_payment(&self, a: &Attempt<'_>, now: OffsetDateTime) -> PaymentRecord {
+        decide::payment_record(a, self.bank.is_none(), now)
+    }
+
+    fn attempt_wait(&self) -> BoundedWait {
+        BoundedWait::for_attempt(self.policy.inflight_wait)
+    }
+
+    /// The loop: read, decide, act, until an outcome.
+    async fn run(&self, a: &Attempt<'_>, mut state: State) -> Flow {
+        // Set while we finish another message's orphaned payout: its outcome is not this
+        // delivery's answer. Unless it must stop us, we go back to waiting for the payment.
+        let mut return_to: Option<State> = None;
+        loop {
+            let progress = match state {
+                State::Seen(seen, wait) => self.on_inbox(a, seen, wait).await?,
+                State::Payment(payment, wait) => self.on_payment(a, payment, wait).await?,
+                State::AwaitPayout(payment, wait) => self.await_payout(a, payment, wait).await?,
+                State::Resume(inbox, version) => self.resume(a, inbox, version).await?,
+                State::Payout(inbox, version, payment) => {
+                    self.payout(a, inbox, version, payment).await?
+                }
+            };
+            state = match progress {
+                Progress::Next(next) => next,
+                Progress::Adopt { finish, then } => {
+                    return_to = Some(then);
+                    finish
+                }
+                Progress::Done(outcome) => match return_to.take() {
+                    Some(then) if !matches!(outcome, Outcome::RetryLater { .. }) => then,
+                    _ => return Ok(outcome),
+                },
+            };
+        }
+    }
+
+    /// This message's inbox record exists: ours, a duplicate, a conflict, or held by
+    /// another attempt (wait for it, or take it over).
+    async fn on_inbox(
+        &self,
+        a: &Attempt<'_>,
+        seen: Versioned<InboxRecord>,
+        mut wait: BoundedWait,
+    ) -> Advance {
+        Ok(
+            match decide(a, Observed::Inbox(&seen.record), &self.policy, now()) {
+                NextAction::AnswerFromPayment => {
+                    telemetry::counters().own_write_recognised.inc();
+                    let payment = self.store.payment(a.msg.claim_id, Purpose::Payout).await?;
+                    let seen = Observed::OwnCompleted(payment.as_ref().map(|p| &p.record));
+                    return finished(decide(a, seen, &self.policy, now())).map(Progress::Done);
+                }
+                NextAction::Resume => {
+                    telemetry::counters().own_write_recognised.inc();
+                    tracing::info!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, "own committed write recognised after a re-sent request");
+                    Progress::Next(State::Resume(seen.record, seen.version))
+                }
+                NextAction::WaitForLiveAttempt { lease_until } => {
+                    if !wait.pause().await {
+                        return Ok(Progress::Done(Outcome::RetryLater {
+                            reason: format!(
+                                "another attempt is processing this message (lease until {})",
+                                lease_until.map(|t| t.to_string()).unwrap_or_default()
+                            ),
+                        }));
+                    }
+                    Progress::Next(State::Seen(self.reread_inbox(a).await?, wait))
+                }
+                NextAction::TakeOver { record, reason } => {
+                    match self.take_over(a, record, &seen, reason).await? {
+                        Some((taken, version)) => Progress::Next(State::Resume(taken, version)),
+                        None => Progress::Next(State::Seen(self.reread_inbox(a).await?, wait)),
+                    }
+                }
+                other => Progress::Done(finished(other)?),
+            },
+        )
+    }
+
+    /// The claim already has a payment and this message has no inbox record.
+    async fn on_payment(
+        &self,
+        a: &Attempt<'_>,
+        payment: PaymentRecord,
+        wait: BoundedWait,
+    ) -> Advance {
+        Ok(
+            match decide(a, Observed::Payment(&payment), &self.policy, now()) {
+                NextAction::FinishBusinessDuplicate { inbox, outcome } => {
+                    match self.store.record_handled(&inbox).await? {
+                        InsertResult::Inserted(_) => Progress::Done(outcome),
+                        InsertResult::AlreadyExists(seen) => {
+                            Progress::Next(State::Seen(*seen, self.attempt_wait()))
+                        }
+                    }
+                }
+                NextAction::ReclaimPayout { inbox } => {
+                    match self.store.record_handled(&inbox).await? {
+                        InsertResult::Inserted(version) => {
+                            Progress::Next(State::Resume(inbox, version))
+                        }
+                        InsertResult::AlreadyExists(seen) => {
+                            Progress::Next(State::Seen(*seen, self.attempt_wait()))
+                        }
+                    }
+                }
+                NextAction::InspectPayoutOwner { owner } => {
+                    let owner = self.store.inbox(&owner).await?;
+                    let seen = Observed::PayoutOwner(owner.as_ref().map(|o| &o.record));
+                    match (decide(a, seen, &self.policy, now()), owner) {
+                        (NextAction::AdoptOrphanedPayout { record }, Some(owner)) => {
+                            let reason = TakeOverReason::LeaseExpired;
+                            match self.take_over(a, record, &owner, reason).await? {
+                                Some((taken, version)) => Progress::Adopt {
+                                    finish: State::Resume(taken, version),
+                                    then: State::AwaitPayout(payment, wait),
+                                },
+                                None => Progress::Next(State::AwaitPayout(payment, wait)),
+                            }
+                        }
+                        (NextAction::WaitForPayout, _) => {
+                            Progress::Next(State::AwaitPayout(payment, wait))
+                        }
+                        (other, _) => Progress::Done(finished(other)?),
+                    }
+                }
+                other => Progress::Done(finished(other)?),
+            },
+        )
+    }
+
+    /// Another message's payout of this claim is in progress: wait, then look again.
+    async fn await_payout(
+        &self,
+        a: &Attempt<'_>,
+        payment: PaymentRecord,
+        mut wait: BoundedWait,
+    ) -> Advance {
+        if !wait.pause().await {
+            return Ok(Progress::Done(Outcome::RetryLater {
+                reason: format!(
+                    "claim {} has a payout in progress from message {}",
+                    a.msg.claim_id, payment.message_id
+                ),
+            }));
+        }
+        let payment = self
+            .store
+            .payment(a.msg.claim_id, Purpose::Payout)
+            .await?
+            .ok_or_else(|| StoreError::Permanent("a payment disappeared".into()))?
+            .record;
+        Ok(Progress::Next(State::Payment(payment, wait)))
+    }
+
+    async fn reread_inbox(&self, a: &Attempt<'_>) -> Result<Versioned<InboxRecord>, Failure> {
+        self.store.inbox(&a.key).await?.ok_or_else(|| {
+            Failure::Store(StoreError::Transient(
+                "the inbox record disappeared while in use; the next delivery starts over".into(),
+            ))
+        })
+    }
+
+    /// Continues a message whose lease we now hold, from where its records say.
+    async fn resume(&self, a: &Attempt<'_>, inbox: InboxRecord, version: Version) -> Advance {
+        let payment = self.store.payment(a.msg.claim_id, Purpose::Payout).await?;
+        let seen = Observed::Held {
+            inbox: &inbox,
+            payment: payment.as_ref().map(|p| &p.record),
+        };
+        match (decide(a, seen, &self.policy, now()), payment) {
+            (NextAction::PayOut, Some(payment)) => Ok(Progress::Next(State::Payout(
+                inbox,
+                version,
+                payment.record,
+            ))),
+            (NextAction::CompleteInbox { inbox, outcome }, Some(payment)) => {
+                self.store
+                    .finalize(&inbox, &version, &payment.record)
+                    .await?;
+                Ok(Progress::Done(outcome))
+            }
+            (other, _) => Ok(Progress::Done(finished(other)?)),
+        }
+    }
+
+    /// Calls the bank under the stored key and request, then finalizes.
+    async fn payout(
+        &self,
+        a: &Attempt<'_>,
+        inbox: InboxRecord,
+        version: Version,
+        payment: PaymentRecord,
+    ) -> Advance {
+        let retry_later = |reason| Ok(Progress::Done(Outcome::RetryLater { reason }));
+        let Some(bank) = &self.bank else {
+            self.release(&inbox, &version).await;
+            return retry_later(format!(
+                "claim {} has a payout in progress but BANK_API_URL is not set",
+                a.msg.claim_id
+            ));
+        };
+        let Some(body) = payment.payout_request.clone() else {
+            return Err(StoreError::Permanent(format!(
+                "payment for claim {} has no stored payout request",
+                a.msg.claim_id
+            ))
+            .into());
+        };
+        let window = SendWindow::new(
+            self.policy.retry_budget,
+            payment.created_at,
+            self.policy.bank_key_window,
+        );
+        let result = bank.pay(&payment.idempotency_key, &body, window).await;
+        self.crash_point(Step::AfterBankCall)?;
+
+        let (status, bank_payment_id, reason, outcome) = match result {
+            PayoutOutcome::Paid { payment_id } => (
+                PaymentStatus::Paid,
+                Some(payment_id.clone()),
+                None,
+                Outcome::Paid {
+                    bank_payment_id: payment_id,
+                },
+            ),
+            PayoutOutcome::Rejected { reason, .. } => (
+                PaymentStatus::Rejected,
+                None,
+                Some(reason.clone()),
+                Outcome::Rejected { reason },
+            ),
+            PayoutOutcome::KeyMismatch { reason } => (
+                PaymentStatus::NeedsReconciliation,
+                None,
+                Some(reason.clone()),
+                Outcome::NeedsReconciliation { reason },
+            ),
+            PayoutOutcome::KeyWindowClosed {
+                attempts,
+                last_error,
+            } => {
+                // Resending now could pay twice: the bank may have forgotten the key.
+                let reason = format!(
+                    "payout first requested at {}, and the bank's Idempotency-Key window ({}h) closes before another request could leave ({attempts} sent now{}); check the bank before paying",
+                    payment.created_at,
+                    self.policy.bank_key_window.as_secs() / 3600,
+                    if last_error.is_empty() { String::new() } else { format!(", last: {last_error}") },
+                );
+                (
+                    PaymentStatus::NeedsReconciliation,
+                    None,
+                    Some(reason.clone()),
+                    Outcome::NeedsReconciliation { reason },
+                )
+            }
+            PayoutOutcome::ServiceFault { status, reason } => {
+                // Our own fault (credential, URL): not a verdict on the payment. Keep
+                // the message on the queue and let the next delivery go at once.
+                self.release(&inbox, &version).await;
+                return retry_later(format!(
+                    "bank refused the service's request ({status}): {reason}"
+                ));
+            }
+            PayoutOutcome::GaveUp {
+                attempts,
+                last_error,
+            } => {
+                // Let the next delivery take over at once instead of waiting out our lease.
+                self.release(&inbox, &version).await;
+                return retry_later(format!(
+                    "bank unavailable after {attempts} attempts: {last_error}"
+                ));
+            }
+        };
+        let now = now();
+        let final_payment = PaymentRecord {
+            status,
+            bank_payment_id,
+            status_reason: reason,
+            updated_at: now,
+            ..payment
+        };
+        let final_inbox = InboxRecord {
+            status: crate::store::InboxStatus::Completed,
+            outcome: Some(outcome.kind().into()),
+            lease_until: None,
+            ..decide::touched(a, &inbox, &self.policy, now)
+        };
+        match self
+            .store
+            .finalize(&final_inbox, &version, &final_payment)
+            .await
+        {
+            Ok(()) => {
+                self.crash_point(Step::AfterFinalize)?;
+                Ok(Progress::Done(outcome))
+            }
+            Err(StoreError::PreconditionFailed) => {
+                // Our lease was taken over; the new owner pays under the same key and
+                // finishes. Judge the message by what is stored now.
+                tracing::warn!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, "lease lost before finalize; deferring to the new owner");
+                let seen = self.reread_inbox(a).await?;
+                Ok(Progress::Next(State::Seen(seen, self.attempt_wait())))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Gives up our lease so the next delivery can take over immediately. Best effort:
+    /// if it fails, the lease simply runs out.
+    async fn release(&self, inbox: &InboxRecord, version: &Version) {
+        let released = InboxRecord {
+            lease_until: Some(now()),
+            updated_at: now(),
+            ..inbox.clone()
+        };
+        if let Err(e) = self.store.replace_inbox(&released, version).await {
+            tracing::warn!(claimId = %inbox.claim_id, messageId = %inbox.message_id, error = %e, "could not release the lease; it will expire");
+        }
+    }
+
+    /// Writes `taken` over `seen` if its version still holds. `None`: another attempt
+    /// moved first.
+    async fn take_over(
+        &self,
+        a: &Attempt<'_>,
+        taken: InboxRecord,
+        seen: &Versioned<InboxRecord>,
+        reason: TakeOverReason,
+    ) -> Result<Option<(InboxRecord, Version)>, Failure> {
+        match self.store.replace_inbox(&taken, &seen.version).await {
+            Ok(version) => {
+                telemetry::counters().takeovers.inc();
+                tracing::info!(
+                    claimId = %a.msg.claim_id,
+                    messageId = %a.delivery.message_id,
+                    deliveryCount = a.delivery.delivery_count,
+                    leaseOf = %seen.record.message_id,
+                    previousOwner = %seen.record.owner,
+                    previousDeliveryCount = seen.record.last_delivery_count,
+                    reason = reason.as_str(),
+                    "took over the lease of an earlier attempt"
+                );
+                Ok(Some((taken, version)))
+            }
+            Err(StoreError::PreconditionFailed) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Where one attempt stands between two store reads.
+enum State {
+    /// This message's inbox record, to judge. The wait bounds how long a live holder
+    /// is waited for; it starts when the flow first looks at the record.
+    Seen(Versioned<InboxRecord>, BoundedWait),
+    /// The claim's payment (this message has no inbox record), to judge.
+    Payment(PaymentRecord, BoundedWait),
+    /// Another message's payout of the claim is in progress: wait, then re-read it.
+    AwaitPayout(PaymentRecord, BoundedWait),
+    /// We hold the lease: read the payment and continue from it.
+    Resume(InboxRecord, Version),
+    /// We hold the lease and the payout is owed: call the bank and finalize.
+    Payout(InboxRecord, Version, PaymentRecord),
+}
+
+/// What one step of the loop produced.
+// One value per attempt, moved from step to step: boxing would only add allocations.
+#[allow(clippy::large_enum_variant)]
+enum Progress {
+    Next(State),
+    Done(Outcome),
+    /// We took another message's orphaned payout over: run `finish` to its end, then
+    /// continue with `then` unless it ended in retry-later.
+    Adopt {
+        finish: State,
+        then: State,
+    },
+}
+
+type Advance = Result<Progress, Failure>;
+
+/// The outcome of a decision that ends the flow; anything else is a broken rule.
+fn finished(action: NextAction) -> Flow {
+    match action {
+        NextAction::Finish(outcome) => Ok(outcome),
+        NextAction::Corrupt(problem) => Err(StoreError::Permanent(problem).into()),
+        // Never produced at this point by `decide`; fail safe (keep the message, alert)
+        // rather than guess or panic.
+        other => Err(StoreError::Permanent(format!(
+            "internal: decision {other:?} has no action at this point"
+        ))
+        .into()),
+    }
+}
