@@ -17,7 +17,7 @@ use claims_payments::bank::{BankClient, PayoutOutcome, SendWindow};
 use claims_payments::consumer::{Consumer, CrashHook, Delivery, Outcome, Step};
 use claims_payments::functions::claim_approved::{ClaimHandler, FUNCTION_NAME};
 use claims_payments::host::OutcomeSummary;
-use claims_payments::http::{invocation_answer, read_body, ready};
+use claims_payments::http::{invocation_answer, metrics, read_body, ready};
 use claims_payments::message::{ClaimApproved, IdempotencyKey};
 use claims_payments::store::{
     AttemptId, ClaimResult, DynStore, InboxStatus, PaymentStatus, StoreError,
@@ -126,10 +126,12 @@ impl ClaimHandler for Naive {
     }
 }
 
-/// The do-nothing handler: reads each invocation whole, answers 200.
+/// The do-nothing handler: reads each invocation whole, answers 200 (with the readiness
+/// probe and the counters, which the benchmark reads around each phase).
 pub fn noop_router() -> Router {
     Router::new()
         .route("/", get(ready))
+        .route("/metrics", get(metrics))
         .route(&format!("/{FUNCTION_NAME}"), post(noop))
 }
 

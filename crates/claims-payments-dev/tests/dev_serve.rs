@@ -97,3 +97,28 @@ async fn five_deliveries_make_one_ledger_row_on_cosmos_over_http() {
     handler.kill();
     assert_eq!(ledger_on(&backend.env()).await, 1);
 }
+
+/// The baselines behind the same route and composition root: the do-nothing handler
+/// answers without storing (and still serves the readiness probe and the counters the
+/// benchmark reads), the naive one records.
+#[tokio::test]
+async fn the_baselines_answer_behind_the_products_routes() {
+    let client = reqwest::Client::new();
+    for (handler, expected) in [("noop", "noop"), ("naive", "recorded")] {
+        let backend = Backend::sqlite();
+        let mut env = backend.env();
+        env.push(("PAYMENTS_DEV_HANDLER", handler));
+        let serve = Handler::start_on(EXE, &env);
+        let body = claim_body(&common::new_claim(), "10.00");
+        let (status, answer) = invoke(&client, &serve, &host_envelope(&body, "m-1", 1))
+            .await
+            .unwrap();
+        assert_eq!(
+            (status, outcome(&answer)),
+            (200, expected),
+            "{handler}: {answer}"
+        );
+        let metrics = client.get(serve.url("/metrics")).send().await.unwrap();
+        assert_eq!(metrics.status(), 200, "{handler}: GET /metrics");
+    }
+}

@@ -51,7 +51,8 @@ pub async fn ready() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ready"}))
 }
 
-async fn metrics() -> Json<telemetry::CountersSnapshot> {
+/// The counters, for local runs and the benchmark.
+pub async fn metrics() -> Json<telemetry::CountersSnapshot> {
     Json(telemetry::counters().snapshot())
 }
 
