@@ -1057,7 +1057,7 @@ fn serve_log_filter(shell: Option<String>) -> String {
 }
 
 /// The message `serve` logs (at info) when it takes over the lease of an earlier
-/// attempt (src/consumer.rs); the same event counts `takeovers` in `/metrics`.
+/// attempt (claims-payments src/consumer/); the same event counts `takeovers` in `/metrics`.
 const TAKEOVER_LINE: &str = "took over the lease of an earlier attempt";
 
 /// The `simulate` subcommand: runs, prints the report (text or `--json`) and returns
