@@ -21,6 +21,9 @@ use tokio::sync::Barrier;
 
 use claims_payments_testkit::fake_bank::{self as common, BankFault, FakeBank};
 
+mod contract;
+pub use contract::*;
+
 /// Whatever must stay alive as long as the store (a temp dir, an emulator).
 pub type Keep = Box<dyn std::any::Any + Send>;
 
@@ -66,6 +69,11 @@ macro_rules! store_conformance {
             reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone,
             reconcile_racing_a_live_redelivery_pays_once,
             two_reconcile_runs_racing_settle_once,
+            a_claim_and_its_finalize_read_back_whole,
+            a_duplicate_claim_returns_the_stored_record_and_writes_nothing,
+            a_business_duplicate_returns_the_stored_payment_then_records_the_message,
+            listings_are_oldest_first_bounded_and_whole,
+            replace_inbox_needs_the_current_version_of_an_existing_record,
             api_first_request_replay_and_mismatch,
             api_request_cut_mid_payout_resumes_under_the_same_key,
         );
