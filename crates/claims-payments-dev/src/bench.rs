@@ -29,7 +29,7 @@
 //! measured from exec to the first answer on `GET /` (the host's readiness probe), peak
 //! memory is `VmHWM` from `/proc/<pid>/status` after the load.
 //!
-//! Cosmos request units: the SDK's in-process emulator charges a fixed stub, so the bench
+//! Cosmos request units: the SDK's in-process emulator charges a constant made-up figure, so the bench
 //! computes each case's charge from Microsoft's published request-unit rules for the
 //! documents the real consumer writes ([`ru`]), under the deployed indexing policy and the
 //! one before issue 17, with the cost per million messages. When `COSMOS_TEST_ENDPOINT`
@@ -361,7 +361,7 @@ pub struct RoundTrips {
 #[serde(rename_all = "camelCase")]
 pub struct StoreRoundTrips {
     pub store: String,
-    /// What the request units are: the SDK emulator's stub, or charges measured elsewhere.
+    /// What the request units are: the SDK emulator's constant charge, or charges measured elsewhere.
     pub request_units_are: String,
     pub fresh: RoundTrips,
     /// Duplicates the process saw completed: answered from memory.
@@ -1730,7 +1730,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
             Ok(emulator) => {
                 let figures = store_round_trips(
                     "cosmos (SDK emulator over HTTP)",
-                    "the emulator's fixed stub, not Azure charges",
+                    "the emulator's constant charge, not Azure charges",
                     |name| {
                         cosmos_spec(
                             spec(&exe, dir, &format!("rt-cosmos-{name}")),
@@ -2205,7 +2205,7 @@ pub struct InstancesFigures {
     pub p99_ms: f64,
     /// Cosmos requests per message (all instances).
     pub round_trips_per_message: f64,
-    /// The emulator's stub charge per message, not Azure's (see the computed table).
+    /// The emulator's constant charge per message, not Azure's (see the computed table).
     pub emulator_request_units_per_message: f64,
     pub bank_calls_per_message: f64,
     /// Deliveries that found the message in progress under another attempt's lease
@@ -2401,7 +2401,7 @@ impl InstancesReport {
             o,
             "met a lease = deliveries that found the message in progress under another attempt's lease (another instance's when N > 1; \
              with N = 1 the two deliveries meet in one process), over all deliveries (waited for it: {}; took it over: {}); \
-             emu RU = the SDK emulator's stub charge, not Azure's (the computed per-case table of `bench` applies)",
+             emu RU = the SDK emulator's constant charge, not Azure's (the computed per-case table of `bench` applies)",
             self.runs
                 .iter()
                 .map(|r| format!("{:.0}", r.lease_waits))

@@ -2,7 +2,7 @@
 //! request-unit rules for the documents the service really writes, and what that costs
 //! per million messages.
 //!
-//! The SDK's in-process emulator charges a fixed stub (about 1.24 RU per batch operation,
+//! The SDK's in-process emulator charges a constant figure (about 1.24 RU per batch operation,
 //! whatever the document), so its figures say nothing about Azure's bill. Instead the bench
 //! runs the real consumer (the state machine `serve` runs) in this process against the
 //! emulator, through a [`RecordingStore`] that logs every Cosmos request the store sends,
