@@ -52,13 +52,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use axum::body::Bytes;
 use serde::Serialize;
-use tokio::io::AsyncBufReadExt;
 
-use crate::sim::bank::{SandboxBank, SandboxSettings};
+use crate::sim::bank::{FakeBank, FakeBankSettings};
 use crate::sim::driver::{self, DataType};
-use crate::sim::process::{ServeProcess, ServeSpec, TempDir};
 use crate::sim::queue::{Message, QueueDelivery};
 use claims_payments::config::names;
+use claims_payments_testkit::process::{CosmosEmulator, ServeProcess, ServeSpec, TempDir};
 
 /// `claims-payments-dev bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -1278,7 +1277,7 @@ async fn store_round_trips(
     concurrency: usize,
     client: &reqwest::Client,
 ) -> anyhow::Result<StoreRoundTrips> {
-    let bank = SandboxBank::start(SandboxSettings::default()).await?;
+    let bank = FakeBank::start_with(FakeBankSettings::default()).await?;
     let ledger_spec = make_spec("ledger-only");
     let ledger_only = ServeProcess::start(&ledger_spec).await?;
     let sent = messages(sample, "round-trips");
@@ -1373,53 +1372,6 @@ async fn startup(
         median_ms: samples[samples.len() / 2],
         min_ms: samples[0],
         max_ms: samples[samples.len() - 1],
-    })
-}
-
-/// A running `cosmos-emulator` and the settings it printed. Killed on drop.
-struct Emulator {
-    _child: tokio::process::Child,
-    endpoint: String,
-    key: String,
-}
-
-async fn start_emulator(path: &Path) -> anyhow::Result<Emulator> {
-    let mut child = tokio::process::Command::new(path)
-        .args(["--port", "0", "--provision"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start {}", path.display()))?;
-    let stdout = child
-        .stdout
-        .take()
-        .context("no stdout from cosmos-emulator")?;
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let (mut endpoint, mut key) = (None, None);
-    let read = async {
-        while let Some(line) = lines.next_line().await? {
-            if let Some(v) = line.strip_prefix("COSMOS_ENDPOINT=") {
-                endpoint = Some(v.trim().to_owned());
-            } else if let Some(v) = line.strip_prefix("COSMOS_KEY=") {
-                key = Some(v.trim().to_owned());
-            } else if line.trim() == "ready" {
-                return anyhow::Ok(true);
-            }
-        }
-        anyhow::Ok(false)
-    };
-    let ready = tokio::time::timeout(Duration::from_secs(60), read)
-        .await
-        .context("cosmos-emulator did not print `ready` within 60 s")??;
-    ensure!(ready, "cosmos-emulator exited before it was ready");
-    // Keep draining stdout so a chatty emulator can never block on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(Emulator {
-        _child: child,
-        endpoint: endpoint.context("cosmos-emulator printed no COSMOS_ENDPOINT")?,
-        key: key.context("cosmos-emulator printed no COSMOS_KEY")?,
     })
 }
 
@@ -1675,7 +1627,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         .await?,
     ];
 
-    let bank = SandboxBank::start(SandboxSettings::default()).await?;
+    let bank = FakeBank::start_with(FakeBankSettings::default()).await?;
     let startup_figures = vec![
         startup(&exe, dir, args.starts, "sqlite, ledger-only", None).await?,
         startup(
@@ -1725,7 +1677,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
             exe.display()
         ))
     } else {
-        match start_emulator(&emulator_path).await {
+        match CosmosEmulator::start(&emulator_path, None).await {
             Err(e) => Some(format!("cosmos-emulator did not start: {e:#}")),
             Ok(emulator) => {
                 let figures = store_round_trips(
@@ -1734,8 +1686,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
                     |name| {
                         cosmos_spec(
                             spec(&exe, dir, &format!("rt-cosmos-{name}")),
-                            &emulator.endpoint,
-                            &emulator.key,
+                            emulator.setting(names::COSMOS_ENDPOINT).unwrap_or_default(),
+                            emulator.setting(names::COSMOS_KEY).unwrap_or_default(),
                             claims_payments::store::cosmos::container::DEFAULT_DATABASE,
                             claims_payments::store::cosmos::container::DEFAULT_CONTAINER,
                         )
@@ -2242,14 +2194,14 @@ async fn instances_run(
         "no cosmos-emulator next to {} (build it with `cargo build --bins`)",
         exe.display()
     );
-    let emulator = start_emulator(&emulator_path).await?;
-    let bank = SandboxBank::start(SandboxSettings::default()).await?;
+    let emulator = CosmosEmulator::start(&emulator_path, None).await?;
+    let bank = FakeBank::start_with(FakeBankSettings::default()).await?;
     let mut processes = Vec::new();
     for i in 0..n {
         let s = cosmos_spec(
             spec(exe, dir, &format!("instances-{n}-{i}")),
-            &emulator.endpoint,
-            &emulator.key,
+            emulator.setting(names::COSMOS_ENDPOINT).unwrap_or_default(),
+            emulator.setting(names::COSMOS_KEY).unwrap_or_default(),
             claims_payments::store::cosmos::container::DEFAULT_DATABASE,
             claims_payments::store::cosmos::container::DEFAULT_CONTAINER,
         )

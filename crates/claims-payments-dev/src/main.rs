@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use claims_payments_dev::sim::bank::{SandboxBank, SandboxSettings};
+use claims_payments_dev::sim::bank::{FakeBank, FakeBankSettings};
 use claims_payments_dev::{bench, dev_serve, sim};
 
 #[derive(Parser)]
@@ -44,7 +44,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Simulate(args) => sim::main(*args).await,
         Command::Bench(args) => bench::main(args).await,
         Command::SandboxBank { port } => {
-            let bank = SandboxBank::start_on(SandboxSettings::default(), port).await?;
+            let bank = FakeBank::start_on(FakeBankSettings::default(), port).await?;
             println!("BANK_API_URL={}", bank.url());
             println!("ready");
             tokio::signal::ctrl_c().await?;

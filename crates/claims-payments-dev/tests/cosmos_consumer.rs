@@ -2,7 +2,8 @@
 //! the first attempt committed, the re-send meets a 409 (batch) or 412 (ETag), and the
 //! consumer must recognise its own write instead of treating it as someone else's.
 
-use claims_payments_testkit::fake_bank as common;
+use claims_payments_testkit::fixtures as common;
+use claims_payments_testkit::wait::wait_until;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use azure_data_cosmos::fault_injection::{
 use claims_payments::message::Purpose;
 use claims_payments::store::{DynStore, PaymentStatus};
 use claims_payments_dev::emulator::InProcessEmulator;
-use common::FakeBank;
+use claims_payments_testkit::bank::{BankFault, FakeBank};
 
 fn lost_batch_response(id: &str) -> Arc<FaultInjectionRule> {
     let result = FaultInjectionResultBuilder::new()
@@ -92,19 +93,17 @@ async fn a_finalize_committed_before_its_response_was_lost_reports_paid() {
     let consumer = common::bank_consumer(store.clone(), &bank);
     // Let the claim through, then lose the finalize's response: the SDK re-sends it with
     // the old ETag and gets 412 for our own committed write.
-    bank.script([common::BankFault::Slow(Duration::from_millis(200))]);
+    bank.script([BankFault::Slow(Duration::from_millis(200))]);
     let msg = common::message(&common::new_claim(), "8.00");
     let handle = {
         let (consumer, msg) = (consumer.clone(), msg.clone());
         tokio::spawn(async move { consumer.handle(&msg, &common::delivery("evt-1", 1)).await })
     };
     // The claim is committed once the bank has the request; only the finalize remains.
-    for _ in 0..1000 {
-        if !bank.requests().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_until(Duration::from_secs(10), "the payout request", || {
+        !bank.requests().is_empty()
+    })
+    .await;
     rule.enable();
     let outcome = handle.await.unwrap();
     assert_eq!(rule.hit_count(), 1, "the finalize's response was lost once");

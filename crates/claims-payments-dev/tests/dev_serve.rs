@@ -7,7 +7,7 @@ use claims_payments::config::Settings;
 use claims_payments::startup::open_store;
 use claims_payments::store::sqlite::Access;
 use claims_payments_dev::emulator::ServedEmulator;
-use claims_payments_testkit::fake_bank as common;
+use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::service::{
     claim_body, host_envelope, invoke, outcome, Backend, Handler,
 };

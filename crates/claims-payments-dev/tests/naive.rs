@@ -6,7 +6,8 @@ use claims_payments::functions::claim_approved::ClaimHandler;
 use claims_payments::store::sqlite::SqliteStore;
 use claims_payments::store::DynStore;
 use claims_payments_dev::baselines::Naive;
-use claims_payments_testkit::fake_bank::{self as common, FakeBank};
+use claims_payments_testkit::bank::FakeBank;
+use claims_payments_testkit::fixtures as common;
 
 fn sqlite() -> (DynStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use claims_payments_dev::sim::bank::{BankAnswer, SandboxBank, SandboxSettings};
+use claims_payments_testkit::bank::{BankAnswer, FakeBank, FakeBankSettings};
+use claims_payments_testkit::wait::wait_until;
 
 const CLAIM: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
 
@@ -24,7 +25,7 @@ fn client(timeout: Duration) -> reqwest::Client {
 
 async fn post(
     client: &reqwest::Client,
-    bank: &SandboxBank,
+    bank: &FakeBank,
     key: Option<&str>,
     body: String,
 ) -> (u16, serde_json::Value, Option<String>) {
@@ -47,7 +48,7 @@ async fn post(
 
 #[tokio::test]
 async fn a_replayed_key_returns_the_same_payment_and_pays_once() {
-    let bank = SandboxBank::start(SandboxSettings::default())
+    let bank = FakeBank::start_with(FakeBankSettings::default())
         .await
         .unwrap();
     let c = client(Duration::from_secs(5));
@@ -67,7 +68,7 @@ async fn a_replayed_key_returns_the_same_payment_and_pays_once() {
 
 #[tokio::test]
 async fn a_reused_key_with_another_body_is_refused_with_422() {
-    let bank = SandboxBank::start(SandboxSettings::default())
+    let bank = FakeBank::start_with(FakeBankSettings::default())
         .await
         .unwrap();
     let c = client(Duration::from_secs(5));
@@ -90,10 +91,10 @@ async fn a_reused_key_with_another_body_is_refused_with_422() {
 
 #[tokio::test]
 async fn a_key_still_being_processed_gets_409_then_the_replay() {
-    let bank = SandboxBank::start(SandboxSettings {
+    let bank = FakeBank::start_with(FakeBankSettings {
         latency_min_ms: 300,
         latency_max_ms: 300,
-        ..SandboxSettings::default()
+        ..FakeBankSettings::default()
     })
     .await
     .unwrap();
@@ -113,7 +114,12 @@ async fn a_key_still_being_processed_gets_409_then_the_replay() {
                 .unwrap()
         })
     };
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the first request is processing",
+        || bank.processing("slow"),
+    )
+    .await;
     let (status, json, _) = post(&c, &bank, Some("slow"), body("7.00", "NL91")).await;
     assert_eq!(status, 409, "{json}");
     let paid = first.await.unwrap();
@@ -125,7 +131,7 @@ async fn a_key_still_being_processed_gets_409_then_the_replay() {
 
 #[tokio::test]
 async fn a_closed_account_is_refused_for_good_and_never_paid() {
-    let bank = SandboxBank::start(SandboxSettings::default())
+    let bank = FakeBank::start_with(FakeBankSettings::default())
         .await
         .unwrap();
     let c = client(Duration::from_secs(5));
@@ -145,7 +151,7 @@ async fn a_closed_account_is_refused_for_good_and_never_paid() {
 
 #[tokio::test]
 async fn requests_that_break_the_contract_are_400_and_pay_nothing() {
-    let bank = SandboxBank::start(SandboxSettings::default())
+    let bank = FakeBank::start_with(FakeBankSettings::default())
         .await
         .unwrap();
     let c = client(Duration::from_secs(5));
@@ -168,11 +174,11 @@ async fn requests_that_break_the_contract_are_400_and_pay_nothing() {
 #[tokio::test]
 async fn a_lost_answer_pays_but_the_client_never_learns_the_payment_id() {
     let timeout = Duration::from_millis(150);
-    let bank = SandboxBank::start(SandboxSettings {
+    let bank = FakeBank::start_with(FakeBankSettings {
         seed: 7,
         lost_answer_rate: 1.0,
         client_timeout_ms: timeout.as_millis() as u64,
-        ..SandboxSettings::default()
+        ..FakeBankSettings::default()
     })
     .await
     .unwrap();
@@ -201,9 +207,14 @@ async fn a_lost_answer_pays_but_the_client_never_learns_the_payment_id() {
     });
     let learned = futures::future::join_all(attempts).await;
     assert!(learned.iter().all(Option::is_none), "{learned:?}");
-    // Let the stalled requests finish paying, then ask again: each key was paid once
-    // and the replay hands out that payment's id.
-    tokio::time::sleep(timeout * 3).await;
+    // Let the stalled requests finish paying (each is recorded once it paid), then ask
+    // again: each key was paid once and the replay hands out that payment's id.
+    wait_until(
+        Duration::from_secs(10),
+        "every stalled request paid",
+        || bank.ledger().requests.len() == keys.len(),
+    )
+    .await;
     let ledger = bank.ledger();
     assert_eq!(ledger.payouts.len(), keys.len());
     let kinds: std::collections::BTreeSet<_> = ledger.requests.iter().map(|r| r.answer).collect();
@@ -235,11 +246,11 @@ async fn a_lost_answer_pays_but_the_client_never_learns_the_payment_id() {
 #[tokio::test]
 async fn injected_faults_follow_the_seed() {
     async fn statuses(seed: u64) -> Vec<u16> {
-        let bank = SandboxBank::start(SandboxSettings {
+        let bank = FakeBank::start_with(FakeBankSettings {
             seed,
             error_5xx_rate: 0.3,
             rate_429: 0.3,
-            ..SandboxSettings::default()
+            ..FakeBankSettings::default()
         })
         .await
         .unwrap();
@@ -267,11 +278,7 @@ fn with_reference(amount: &str, payee: &str, reference: &str) -> String {
     )
 }
 
-async fn lookup(
-    c: &reqwest::Client,
-    bank: &SandboxBank,
-    reference: &str,
-) -> (u16, serde_json::Value) {
+async fn lookup(c: &reqwest::Client, bank: &FakeBank, reference: &str) -> (u16, serde_json::Value) {
     let response = c
         .get(format!("{}/payments?reference={reference}", bank.url()))
         .send()
@@ -288,7 +295,7 @@ async fn lookup(
 /// refused, and an empty list when it holds nothing.
 #[tokio::test]
 async fn the_lookup_lists_what_the_bank_holds_under_a_reference() {
-    let bank = SandboxBank::start(SandboxSettings::default())
+    let bank = FakeBank::start_with(FakeBankSettings::default())
         .await
         .unwrap();
     let c = client(Duration::from_secs(5));
@@ -321,14 +328,15 @@ async fn the_lookup_lists_what_the_bank_holds_under_a_reference() {
 /// why the service never sends after the window and asks by reference instead.
 #[tokio::test]
 async fn a_forgotten_key_pays_again_and_the_lookup_still_finds_both() {
-    let bank = SandboxBank::start(SandboxSettings {
+    let bank = FakeBank::start_with(FakeBankSettings {
         key_window_ms: Some(50),
-        ..SandboxSettings::default()
+        ..FakeBankSettings::default()
     })
     .await
     .unwrap();
     let c = client(Duration::from_secs(5));
     let (s1, first, _) = post(&c, &bank, Some("f1"), with_reference("9.00", "NL91", "f1")).await;
+    // The scenario: the key window (50 ms) passes.
     tokio::time::sleep(Duration::from_millis(120)).await;
     let (s2, second, _) = post(&c, &bank, Some("f1"), with_reference("9.00", "NL91", "f1")).await;
     assert_eq!((s1, s2), (201, 201));
@@ -340,9 +348,9 @@ async fn a_forgotten_key_pays_again_and_the_lookup_still_finds_both() {
 
 #[tokio::test]
 async fn lookup_faults_answer_503() {
-    let bank = SandboxBank::start(SandboxSettings {
+    let bank = FakeBank::start_with(FakeBankSettings {
         lookup_5xx_rate: 1.0,
-        ..SandboxSettings::default()
+        ..FakeBankSettings::default()
     })
     .await
     .unwrap();

@@ -80,6 +80,7 @@ async fn invoke(State(fake): State<Arc<Fake>>, headers: HeaderMap, bytes: Bytes)
         "flaky" if invocation.delivery_count < 3 => retry_later(),
         "poison-until-redrive" if call <= 3 => retry_later(),
         "slow" => {
+            // The scenario: a handler that takes its time.
             tokio::time::sleep(Duration::from_millis(300)).await;
             paid()
         }

@@ -1,12 +1,24 @@
 //! What the tests of `claims-payments` and `claims-payments-dev` share, so each exists
 //! once. Never shipped: only tests and the dev crate depend on it.
 //!
-//! - [`fake_bank`]: a scriptable fake bank, messages, deliveries and consumers;
+//! - [`bank`]: the one fake bank (scripted and seeded faults, ledger, control API),
+//!   used by the tests, the simulator, the benchmark and `sandbox-bank`;
+//! - [`chance`]: deterministic fault decisions from a seed;
+//! - [`fixtures`]: messages, deliveries, policies and consumers;
 //! - [`host`]: the invocation envelope the Functions host sends, built once;
-//! - [`service`]: the real binary as a child process, host envelopes, store backends;
-//! - [`sync_gate`]: a SQLite sync hook that holds or fails WAL syncs.
+//! - [`process`]: the one way to start `<exe> serve` and the `cosmos-emulator` binary
+//!   (readiness, kill, stop, exit status, logs), for the tests, the simulator and the
+//!   benchmark;
+//! - [`service`]: the real binary as a blocking child process, host envelopes, store
+//!   backends;
+//! - [`sync_gate`]: a SQLite sync hook that holds or fails WAL syncs;
+//! - [`wait`]: bounded waits for a condition, instead of sleeps.
 
-pub mod fake_bank;
+pub mod bank;
+pub mod chance;
+pub mod fixtures;
 pub mod host;
+pub mod process;
 pub mod service;
 pub mod sync_gate;
+pub mod wait;

@@ -2,12 +2,13 @@
 //! it: start and readiness, invocation envelopes, SIGKILL; and where it keeps its state.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::host::{envelope, DataType, DeliveryFields};
+use crate::process::{free_port, probe_blocking, ServeSpec};
 
 /// Where a `serve` process keeps its state: a SQLite file in a temporary directory, or
 /// another store given by its settings (the dev crate's Cosmos DB emulator).
@@ -51,15 +52,9 @@ impl Backend {
     }
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A `serve` child process of the real binary, killed when dropped.
+/// A `serve` child process of the real binary, killed when dropped: the blocking form
+/// of [`crate::process::ServeProcess`] for tests without a runtime, started from the
+/// same [`ServeSpec`] and ready by the same probe (`GET /` answers).
 pub struct Handler {
     pub child: Child,
     pub port: u16,
@@ -74,15 +69,16 @@ impl Handler {
         Handler::start_on(exe, &env)
     }
 
-    /// Starts `exe serve` with `env` and waits until it listens; panics if it exits.
+    /// Starts `exe serve` with `env` and waits until it is ready; panics if it exits.
     pub fn start_on(exe: &str, env: &[(&str, &str)]) -> Handler {
         Handler::try_start(exe, env, None).unwrap_or_else(|(status, stderr)| {
             panic!("serve exited with {status} before it was ready: {stderr}")
         })
     }
 
-    /// Starts `serve` (as user `uid` if given) and waits until it listens or exits; an exit
-    /// comes back with its status and stderr.
+    /// Starts `serve` (as user `uid` if given) and waits until it is ready or exits; an
+    /// exit comes back with its status and stderr. The settings a test does not give are
+    /// the defaults, whatever the test's own environment says.
     pub fn try_start(
         exe: &str,
         env: &[(&str, &str)],
@@ -90,37 +86,33 @@ impl Handler {
     ) -> Result<Handler, (std::process::ExitStatus, String)> {
         use std::io::Read;
         use std::os::unix::process::CommandExt;
-        let port = free_port();
-        let mut cmd = Command::new(exe);
-        cmd.arg("serve")
-            .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
+        let spec = ServeSpec::new(exe)
             .env("LOG_FORMAT", "json")
             .env("RUST_LIB_BACKTRACE", "0")
-            .env_remove("BANK_API_URL")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+            .envs(env.iter().copied());
+        let port = free_port().expect("a free loopback port");
+        let (mut cmd, _) = spec.command(port).expect("the serve command");
+        cmd.stderr(Stdio::piped());
         if let Some(uid) = uid {
             cmd.uid(uid).gid(uid);
         }
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {exe} serve: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + spec.ready_timeout;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 let mut stderr = String::new();
                 let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
                 return Err((status, stderr));
             }
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if probe_blocking(port) {
                 return Ok(Handler { child, port });
             }
             assert!(
                 Instant::now() < deadline,
-                "serve neither listened nor exited"
+                "serve neither answered GET / nor exited within {:?}",
+                spec.ready_timeout
             );
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -3,7 +3,7 @@
 //! after the inbox expired. (The naive baseline that pays twice without the guard is
 //! tested in claims-payments-dev.)
 
-use claims_payments_testkit::fake_bank as common;
+use claims_payments_testkit::fixtures as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use claims_payments::consumer::{Policy, Step};
 use claims_payments::message::{ClaimApproved, IdempotencyKey};
 use claims_payments::store::sqlite::SqliteStore;
 use claims_payments::store::{DynStore, PaymentStatus};
-use common::{BankFault, FakeBank};
+use claims_payments_testkit::bank::{BankFault, FakeBank};
 use proptest::prelude::*;
 use time::OffsetDateTime;
 
@@ -218,7 +218,7 @@ proptest! {
 
 fn bank_client(bank: &FakeBank, timeout: Duration, api_key: Option<&str>) -> BankClient {
     BankClient::new(&BankSettings {
-        url: bank.url(),
+        url: bank.url().parse().unwrap(),
         api_key: api_key.map(|k| secrecy::SecretString::from(k.to_owned())),
         timeout,
         key_window: Duration::from_secs(86_400),
@@ -269,7 +269,9 @@ async fn the_first_bank_request_always_gets_its_full_timeout() {
     bank.script([BankFault::Slow(Duration::from_millis(300))]);
     let client = bank_client(&bank, Duration::from_secs(10), None);
     let key = IdempotencyKey::from_stored("claim-payment-y".into());
-    let outcome = client.pay(&key, "{}", window(Duration::ZERO)).await;
+    // A body the bank accepts: it checks the payout contract.
+    let body = common::message(&common::new_claim(), "1.00").payout_request_body();
+    let outcome = client.pay(&key, &body, window(Duration::ZERO)).await;
     assert!(matches!(outcome, PayoutOutcome::Paid { .. }), "{outcome:?}");
     assert_eq!(bank.requests().len(), 1);
 }
@@ -280,7 +282,10 @@ async fn the_bank_credential_is_a_header_and_errors_carry_no_url() {
     let bank = FakeBank::start().await;
     let client = bank_client(&bank, Duration::from_secs(5), Some("s3cr3t-token"));
     let key = IdempotencyKey::from_stored("claim-payment-z".into());
-    let outcome = client.pay(&key, "{}", window(Duration::from_secs(5))).await;
+    let body = common::message(&common::new_claim(), "1.00").payout_request_body();
+    let outcome = client
+        .pay(&key, &body, window(Duration::from_secs(5)))
+        .await;
     assert!(matches!(outcome, PayoutOutcome::Paid { .. }), "{outcome:?}");
     assert_eq!(
         bank.authorizations(),

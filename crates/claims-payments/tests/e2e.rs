@@ -5,10 +5,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use claims_payments_testkit::fake_bank::{self as common, FakeBank};
+use claims_payments_testkit::bank::{BankFault, FakeBank};
+use claims_payments_testkit::fixtures as common;
+use claims_payments_testkit::process::free_port;
 use claims_payments_testkit::service::{
-    claim_body, free_port, host_envelope, invoke, outcome, Backend, Handler,
+    claim_body, host_envelope, invoke, outcome, Backend, Handler,
 };
+use claims_payments_testkit::wait::wait_until;
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_claims-payments");
@@ -185,7 +188,10 @@ async fn readiness_unknown_routes_and_oversized_bodies_get_json_answers() {
 fn an_invalid_setting_stops_the_process_before_serving_and_names_it() {
     let out = Command::new(EXE)
         .arg("serve")
-        .env("FUNCTIONS_CUSTOMHANDLER_PORT", free_port().to_string())
+        .env(
+            "FUNCTIONS_CUSTOMHANDLER_PORT",
+            free_port().unwrap().to_string(),
+        )
         .env("INBOX_RETENTION_DAYS", "forever")
         .output()
         .unwrap();
@@ -215,7 +221,7 @@ fn sigterm_drains_and_exits_zero() {
 async fn sigkill_mid_payout_with_production_timings_is_taken_over_by_the_next_delivery() {
     let bank = FakeBank::start().await;
     // The first request stays at the bank (which pays it later) while the handler dies.
-    bank.script([common::BankFault::Slow(Duration::from_secs(8))]);
+    bank.script([BankFault::Slow(Duration::from_secs(8))]);
     let (_dir, db) = temp_db();
     let url = bank.url().to_string();
     let production = [
@@ -237,9 +243,12 @@ async fn sigkill_mid_payout_with_production_timings_is_taken_over_by_the_next_de
         );
         async move { client.post(url).json(&envelope).send().await }
     });
-    while bank.requests().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(
+        Duration::from_secs(30),
+        "the payout request reached the bank",
+        || !bank.requests().is_empty(),
+    )
+    .await;
     handler.kill();
     assert!(
         first.await.unwrap().is_err(),
@@ -266,9 +275,10 @@ async fn sigkill_mid_payout_with_production_timings_is_taken_over_by_the_next_de
     assert_eq!(ledger(&db)[0]["status"], "paid");
     // The killed attempt's request is still at the bank; when it lands, the same key
     // makes it a replay, not a second payout.
-    while bank.requests().len() < 2 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(Duration::from_secs(30), "the second payout request", || {
+        bank.requests().len() >= 2
+    })
+    .await;
     assert_eq!(bank.effective_payouts(), 1);
 }
 
@@ -285,7 +295,8 @@ fn a_slow_client_is_cut_off_and_cannot_hold_the_shutdown() {
             .unwrap();
         let mut writer = stream.try_clone().unwrap();
         std::thread::spawn(move || {
-            // One header byte a second, until the server hangs up.
+            // One header byte a second, until the server hangs up: the slow client is
+            // the scenario, not a wait.
             while writer.write_all(b"X").is_ok() {
                 std::thread::sleep(Duration::from_secs(1));
             }
@@ -507,7 +518,7 @@ fn reconcile_cli(db: &Path, bank_url: &str, args: &[&str]) -> (Option<i32>, Valu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_from_the_cli_and_the_timer_settles_an_unknown_payout() {
     let bank = FakeBank::start().await;
-    bank.always(Some(common::BankFault::Unavailable));
+    bank.always(Some(BankFault::Unavailable));
     let (_dir, db) = temp_db();
     let url = bank.url().to_string();
     let env = [
@@ -740,7 +751,7 @@ async fn the_payments_api_answers_as_its_contract_says() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_payments_api_answers_503_and_the_retry_pays_once() {
     let bank = FakeBank::start().await;
-    bank.always(Some(common::BankFault::Unavailable));
+    bank.always(Some(BankFault::Unavailable));
     let (_dir, db) = temp_db();
     let url = bank.url().to_string();
     let handler = Handler::start(
@@ -775,7 +786,7 @@ async fn the_payments_api_answers_503_and_the_retry_pays_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_payments_api_answers_409_while_the_key_is_in_flight() {
     let bank = FakeBank::start().await;
-    bank.script([common::BankFault::Slow(Duration::from_millis(1500))]);
+    bank.script([BankFault::Slow(Duration::from_millis(1500))]);
     let (_dir, db) = temp_db();
     let url = bank.url().to_string();
     let handler = Handler::start(EXE, &db, &[("BANK_API_URL", url.as_str())]);
@@ -795,9 +806,12 @@ async fn the_payments_api_answers_409_while_the_key_is_in_flight() {
                 .as_u16()
         })
     };
-    while bank.requests().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(
+        Duration::from_secs(30),
+        "the first request reached the bank",
+        || !bank.requests().is_empty(),
+    )
+    .await;
     let (s, h, b) = pay(&c, &handler, Some("dbl"), &body, &[]).await;
     assert_eq!(
         (s, problem_type(&b).as_str()),

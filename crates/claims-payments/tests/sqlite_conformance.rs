@@ -3,10 +3,13 @@
 #[macro_use]
 mod conformance;
 
+use std::time::Duration;
+
 use claims_payments::store::sqlite::SqliteStore;
 use claims_payments::store::DynStore;
-use claims_payments_testkit::fake_bank as common;
+use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::sync_gate::{SyncGate, SyncPause};
+use claims_payments_testkit::wait::wait_until;
 
 async fn make_store() -> (DynStore, conformance::Keep) {
     let dir = tempfile::tempdir().unwrap();
@@ -45,17 +48,17 @@ impl CommittedNotSynced {
             async move { store.claim(&inbox, &payment).await }
         });
         let observer = rusqlite::Connection::open(&path).unwrap();
-        while observer
-            .query_row(
-                "SELECT count(*) FROM inbox WHERE message_id = ?1",
-                [message_id],
-                |r| r.get::<_, i64>(0),
-            )
-            .unwrap()
-            == 0
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
+        wait_until(Duration::from_secs(10), "the claim is committed", || {
+            observer
+                .query_row(
+                    "SELECT count(*) FROM inbox WHERE message_id = ?1",
+                    [message_id],
+                    |r| r.get::<_, i64>(0),
+                )
+                .unwrap()
+                > 0
+        })
+        .await;
         CommittedNotSynced {
             dir,
             store,
@@ -80,7 +83,8 @@ async fn no_answer_before_the_commit_it_relies_on_is_synced() {
         let (store, key) = (held.store.clone(), held.key.clone());
         async move { store.inbox(&key).await }
     });
-    // Without the guard both answers arrive within microseconds of the commit.
+    // Without the guard both answers arrive within microseconds of the commit. Kept as
+    // a sleep: it is the window in which nothing may happen, there is no event to await.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert!(
         !held.claim.is_finished(),
@@ -115,9 +119,10 @@ async fn a_store_dropped_with_a_group_still_to_sync_keeps_the_commit() {
     drop(held.store);
     // Every connection closes (the checkpointer's within one round), which deletes the WAL.
     let wal = held.dir.path().join("payments.db-wal");
-    while wal.exists() {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    wait_until(Duration::from_secs(10), "the WAL is deleted", || {
+        !wal.exists()
+    })
+    .await;
     drop(held.pause);
 
     let reopened = SqliteStore::open(held.dir.path().join("payments.db")).unwrap();

@@ -40,7 +40,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::emulator::InProcessEmulator;
-use crate::sim::bank::{SandboxBank, SandboxSettings};
+use crate::sim::bank::{FakeBank, FakeBankSettings};
 use claims_payments::config::names;
 use claims_payments::message::{ClaimApproved, ClaimId, MessageId, Purpose};
 use claims_payments::store::cosmos::container::{container_definition, DEFAULT_CONTAINER};
@@ -609,7 +609,7 @@ pub async fn computed(messages: usize) -> anyhow::Result<Vec<CaseCost>> {
     let emulator = InProcessEmulator::new()?;
     emulator.provision(DATABASE, DEFAULT_CONTAINER).await?;
     let retention = Duration::from_secs(30 * 24 * 3600);
-    let bank = SandboxBank::start(SandboxSettings::default()).await?;
+    let bank = FakeBank::start_with(FakeBankSettings::default()).await?;
     let consumer_name = "ClaimApprovedHandler";
     let store = Arc::new(RecordingStore::new(Arc::new(
         emulator

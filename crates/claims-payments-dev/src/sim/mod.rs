@@ -15,8 +15,7 @@
 //! The seed decides the messages and every fault the driver and the bank inject (see
 //! [`chance`]); process crashes land wherever the scheduler puts them.
 
-pub mod bank;
-pub mod chance;
+pub use claims_payments_testkit::{bank, chance};
 pub mod driver;
 pub mod http_client;
 pub mod process;
@@ -58,11 +57,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use bank::{SandboxBank, SandboxSettings};
+use bank::{FakeBank, FakeBankSettings};
 use claims_payments::config::names;
 use claims_payments::store::{PaymentRecord, Store};
+use claims_payments_testkit::process::{self as spawn, CosmosEmulator, ServeSpec, TempDir};
 use driver::{DataType, Host, HostSettings, Instances};
-use process::{CosmosEmulator, ServeSpec, Supervisor, TempDir};
+use process::Supervisor;
 use queue::Queue;
 use report::{LedgerRow, Report};
 use scenario::ScenarioSettings;
@@ -406,7 +406,7 @@ impl ReconcileCommand {
         if let Some(age) = older_than {
             cmd.args(["--older-than", age]);
         }
-        for name in process::controlled_env() {
+        for name in spawn::controlled_env() {
             cmd.env_remove(name);
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -699,7 +699,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
 
     let bank = if with_bank {
         Some(
-            SandboxBank::start(SandboxSettings {
+            FakeBank::start_with(FakeBankSettings {
                 seed,
                 error_5xx_rate: opts.bank_5xx_rate,
                 rate_429: opts.bank_429_rate,
@@ -901,7 +901,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     if let Some(emulator) = emulator {
         emulator.stop().await;
     }
-    let bank_ledger = bank.as_ref().map(SandboxBank::ledger);
+    let bank_ledger = bank.as_ref().map(FakeBank::ledger);
     let verification = report::verify(&report::Evidence {
         plan: &plan,
         entries: &entries,
@@ -1199,9 +1199,8 @@ mod tests {
     #[test]
     fn a_bank_client_name_is_an_instance_and_a_generation() {
         let url_part = format!("instance-3-gen-{}", process::GENERATION_TOKEN);
-        let spec =
-            ServeSpec::new("x".into()).env("BANK_API_URL", format!("http://b/clients/{url_part}"));
-        let started = spec.for_generation(12);
+        let spec = ServeSpec::new("x").env("BANK_API_URL", format!("http://b/clients/{url_part}"));
+        let started = process::for_generation(&spec, 12);
         assert_eq!(started.env[0].1, "http://b/clients/instance-3-gen-12");
         assert_eq!(mid_payout_client("instance-3-gen-12"), Some((2, 12)));
         assert_eq!(mid_payout_client("instance-0-gen-1"), None);

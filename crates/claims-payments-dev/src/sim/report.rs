@@ -1145,7 +1145,7 @@ mod tests {
             claim_id: claim.into(),
             amount: Decimal::new(cents, 2),
             currency: "EUR".into(),
-            payee: "NL00SIMB0000000001".into(),
+            payee: Some("NL00SIMB0000000001".into()),
         }
     }
 

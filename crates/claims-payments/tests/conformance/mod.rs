@@ -19,7 +19,9 @@ use claims_payments::store::{
 use time::OffsetDateTime;
 use tokio::sync::Barrier;
 
-use claims_payments_testkit::fake_bank::{self as common, BankFault, FakeBank};
+use claims_payments_testkit::bank::{BankFault, FakeBank};
+use claims_payments_testkit::fixtures as common;
+use claims_payments_testkit::wait::wait_until;
 
 mod contract;
 pub use contract::*;
@@ -696,7 +698,11 @@ pub async fn live_lease_makes_a_duplicate_wait_for_the_result(store: DynStore) {
         let (consumer, msg) = (consumer.clone(), msg.clone());
         tokio::spawn(async move { consumer.handle(&msg, &common::delivery("evt-1", 1)).await })
     };
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The first attempt holds the lease once its payout request is at the bank.
+    wait_until(Duration::from_secs(10), "the first payout request", || {
+        !bank.requests().is_empty()
+    })
+    .await;
     // A producer's re-send of the same MessageId: its own first delivery, so not
     // later than the holder's (see the takeover by DeliveryCount below).
     let second = consumer.handle(&msg, &common::delivery("evt-1", 1)).await;
@@ -724,6 +730,11 @@ pub async fn takeover_while_the_first_worker_is_alive_pays_once(store: DynStore)
         let (consumer, msg) = (consumer.clone(), msg.clone());
         tokio::spawn(async move { consumer.handle(&msg, &common::delivery("evt-1", 1)).await })
     };
+    wait_until(Duration::from_secs(10), "the first payout request", || {
+        !bank.requests().is_empty()
+    })
+    .await;
+    // The scenario: the first worker's lease (100 ms) expires while it stalls.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let second = consumer.handle(&msg, &common::delivery("evt-1", 2)).await;
     let first = first.await.unwrap();
@@ -760,6 +771,7 @@ pub async fn business_duplicate_finishes_an_orphaned_payout(store: DynStore) {
         common::deliver(&dying, &msg, "evt-1", 1).await,
         "retry-later"
     );
+    // The scenario: the dead worker's lease (100 ms) expires.
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(
         common::deliver(&consumer, &msg, "evt-2", 1).await,
@@ -1089,6 +1101,7 @@ pub async fn reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone(sto
         "{early:?}"
     );
 
+    // The scenario: the lease (200 ms, on the store's wall clock) expires.
     let lease_gone = OffsetDateTime::now_utc() + Duration::from_millis(250);
     while OffsetDateTime::now_utc() < lease_gone {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1229,6 +1242,7 @@ pub async fn api_request_cut_mid_payout_resumes_under_the_same_key(store: DynSto
     let in_flight = api.post(&key_headers("cut"), body.as_bytes()).await;
     assert_eq!(in_flight.status, 409, "{in_flight:?}");
     assert!(in_flight.retry_after.is_some());
+    // The scenario: the lease (400 ms, on the store's wall clock) expires.
     let lease_gone = OffsetDateTime::now_utc() + Duration::from_millis(450);
     while OffsetDateTime::now_utc() < lease_gone {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1236,9 +1250,10 @@ pub async fn api_request_cut_mid_payout_resumes_under_the_same_key(store: DynSto
     let retry = api.post(&key_headers("cut"), body.as_bytes()).await;
     assert_eq!(retry.status, 201, "{retry:?}");
     // The cut request's payout lands at the bank too: the same key makes it one payout.
-    while bank.requests().len() < 2 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until(Duration::from_secs(10), "the cut request's payout", || {
+        bank.requests().len() >= 2
+    })
+    .await;
     assert_eq!(bank.effective_payouts(), 1);
     let replay = api.post(&key_headers("cut"), body.as_bytes()).await;
     assert!(replay.replayed && replay.status == 201, "{replay:?}");

@@ -1,4 +1,6 @@
-//! The sandbox bank: a payment provider's payout API, with idempotency keys and faults.
+//! The one fake bank of the workspace: a payment provider's payout API, with
+//! idempotency keys and faults. The product's tests, the simulator, the benchmark and
+//! `claims-payments-dev sandbox-bank` all run this bank.
 //!
 //! It behaves like a real provider so the service's payout client is tested against
 //! the contract, not against a mock that agrees with it:
@@ -9,22 +11,30 @@
 //!   pays nothing; the same key with another body answers 422; the same key while the
 //!   first request is still being processed answers 409;
 //! - a closed payee account (payee `CLOSED-...`) is refused with 402, for good (and the
-//!   refusal is replayed for the key);
-//! - faults, decided per (key, attempt) from the seed: 503, 429 with Retry-After, and
-//!   "answer lost": the payout is made but the client never learns it (the answer
-//!   comes after the client's timeout, or the connection is cut mid-body), or the
-//!   request stays "processing" past the client's timeout before it pays.
+//!   refusal is replayed for the key); `payee` may be null (the client sends it so for a
+//!   claim without one);
+//! - `GET /payments?reference=` lists what the bank holds under a reference: its
+//!   payouts, its refusals and whatever a test made it [`FakeBank::hold`];
+//! - faults, decided per (key, attempt) from the seed ([`FakeBankSettings`]): 503, 429
+//!   with Retry-After, and "answer lost": the payout is made but the client never learns
+//!   it (the answer comes after the client's timeout, or the connection is cut
+//!   mid-body), or the request stays "processing" past the client's timeout before it
+//!   pays;
+//! - faults a test scripts for the next requests ([`FakeBank::script`],
+//!   [`FakeBank::always`], [`FakeBank::fail_lookups`], `POST /_control/fail-next`),
+//!   applied before the seeded ones.
 //!
 //! The API is also served under `/clients/{client}/` (`POST /clients/{client}/payments`
 //! and the lookup), so that each caller configured with its own base URL is known by
 //! name, the way a bank sees which host a request came from; the mid-payout fault
 //! hands that name to the simulator, which kills the caller.
 //!
-//! It keeps two ledgers: every request (key, body bytes, what was answered) and every
-//! effective payout (one per key). Payouts are made in tasks detached from the HTTP
+//! It keeps three records: every request as it arrived (key, body, `Authorization`,
+//! time), every answer (key, body bytes, what was answered) and every effective payout
+//! (one per key). Payouts are made in tasks detached from the HTTP
 //! request, so a client that hangs up cannot leave a key half processed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,11 +50,11 @@ use rust_decimal::Decimal;
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
-use super::chance;
+use crate::chance;
 
 /// Fault knobs. Rates are probabilities per request.
 #[derive(Debug, Clone)]
-pub struct SandboxSettings {
+pub struct FakeBankSettings {
     pub seed: u64,
     pub error_5xx_rate: f64,
     pub rate_429: f64,
@@ -57,7 +67,7 @@ pub struct SandboxSettings {
     pub client_timeout_ms: u64,
     pub retry_after_secs: u64,
     /// Probability per new payout that the bank pays and then the handler that asked
-    /// dies before the answer reaches it (see [`SandboxBank::on_mid_payout`]).
+    /// dies before the answer reaches it (see [`FakeBank::on_mid_payout`]).
     pub kill_mid_payout_rate: f64,
     /// The bank forgets an Idempotency-Key this long after it first saw it: a request
     /// with a forgotten key is a new payout (as at a real provider). `None`: never.
@@ -66,9 +76,9 @@ pub struct SandboxSettings {
     pub lookup_5xx_rate: f64,
 }
 
-impl Default for SandboxSettings {
+impl Default for FakeBankSettings {
     fn default() -> Self {
-        SandboxSettings {
+        FakeBankSettings {
             seed: 0,
             error_5xx_rate: 0.0,
             rate_429: 0.0,
@@ -95,7 +105,7 @@ pub struct Payout {
     pub claim_id: String,
     pub amount: Decimal,
     pub currency: String,
-    pub payee: String,
+    pub payee: Option<String>,
 }
 
 /// What the bank answered (or did) for one request.
@@ -126,6 +136,9 @@ pub enum BankAnswer {
     CutAfterPay,
     /// Kept "processing" past the client's timeout, then paid.
     LostWhileProcessing,
+    /// A status a test scripted ([`BankFault::Reject`], [`BankFault::Status`]); nothing
+    /// paid.
+    Scripted(u16),
 }
 
 impl BankAnswer {
@@ -138,6 +151,7 @@ impl BankAnswer {
                 | BankAnswer::LostAfterPay
                 | BankAnswer::CutAfterPay
                 | BankAnswer::LostWhileProcessing
+                | BankAnswer::Scripted(_)
         )
     }
 }
@@ -152,6 +166,40 @@ pub struct BankRequest {
     /// For replays: whether the body bytes were identical to the first request's
     /// (the service promises to re-send the stored bytes unchanged).
     pub byte_identical: Option<bool>,
+}
+
+/// What a test makes the bank do with the next payout request, before the seeded
+/// faults and before the request is read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BankFault {
+    /// 503 without paying.
+    Unavailable,
+    /// 503 with this Retry-After value, without paying.
+    UnavailableFor(String),
+    /// 429 with Retry-After: 0, without paying.
+    Throttled,
+    /// 429 with this Retry-After value, without paying.
+    ThrottledFor(String),
+    /// Handles the request, then answers after the client's timeout
+    /// ([`FakeBankSettings::client_timeout_ms`]): a new key is paid and the client never
+    /// learns it.
+    LoseAnswer,
+    /// 400: a definite rejection, without paying.
+    Reject,
+    /// Answers this status without paying (401, 404, 402, ...).
+    Status(u16),
+    /// Waits this long before handling the request normally (the bank has not seen
+    /// the key yet while it waits).
+    Slow(Duration),
+}
+
+/// A request as it arrived, before the bank did anything with it.
+#[derive(Debug, Clone)]
+struct Arrival {
+    idempotency_key: Option<String>,
+    body: Vec<u8>,
+    authorization: Option<String>,
+    at: time::OffsetDateTime,
 }
 
 /// Everything the bank saw and did.
@@ -181,10 +229,17 @@ struct Books {
     keys: HashMap<String, KeyEntry>,
     attempts: HashMap<String, u64>,
     lookups: u64,
-    /// Payout requests still to refuse with 503 (`POST /_control/fail-next`).
-    fail_next: u64,
+    /// Faults for the next payout requests, in order.
+    script: VecDeque<BankFault>,
+    /// Applied to every payout request once the script is empty.
+    always: Option<BankFault>,
+    /// Lookups still to answer 503, before the seeded lookup faults.
+    failing_lookups: u64,
+    /// Payments the lookup lists beyond the bank's own: (reference, entry).
+    held: Vec<(String, serde_json::Value)>,
     /// Keys forgotten after the key window, and how often a forgotten key came back.
     forgotten_keys: u64,
+    arrivals: Vec<Arrival>,
     payouts: Vec<Payout>,
     requests: Vec<BankRequest>,
 }
@@ -195,7 +250,7 @@ struct Books {
 pub type MidPayoutHook = Arc<dyn Fn(&str, Option<&str>) + Send + Sync>;
 
 struct Bank {
-    settings: SandboxSettings,
+    settings: FakeBankSettings,
     books: Mutex<Books>,
     mid_payout: Mutex<Option<MidPayoutHook>>,
 }
@@ -231,7 +286,7 @@ impl Bank {
     /// Makes the payout for `key` (which must be Processing) and returns its id.
     fn pay(&self, key: &str, request: &ValidRequest) -> String {
         let mut books = self.books();
-        let payment_id = format!("pay_{:07}", books.payouts.len() + 1);
+        let payment_id = format!("pay-{}", books.payouts.len() + 1);
         books.payouts.push(Payout {
             payment_id: payment_id.clone(),
             idempotency_key: key.to_owned(),
@@ -248,28 +303,35 @@ impl Bank {
     }
 }
 
-/// A running sandbox bank on an ephemeral loopback port. Stops when dropped.
-pub struct SandboxBank {
+/// A running fake bank on a loopback port. Stops when dropped.
+pub struct FakeBank {
     addr: SocketAddr,
     bank: Arc<Bank>,
     server: JoinHandle<()>,
 }
 
-impl Drop for SandboxBank {
+impl Drop for FakeBank {
     fn drop(&mut self) {
         self.server.abort();
     }
 }
 
-impl SandboxBank {
-    pub async fn start(settings: SandboxSettings) -> anyhow::Result<SandboxBank> {
+impl FakeBank {
+    /// A bank without seeded faults on any free port: what a test scripts is all that
+    /// goes wrong.
+    pub async fn start() -> FakeBank {
+        Self::start_with(FakeBankSettings::default())
+            .await
+            .expect("the fake bank binds a loopback port")
+    }
+
+    pub async fn start_with(settings: FakeBankSettings) -> anyhow::Result<FakeBank> {
         Self::start_on(settings, 0).await
     }
 
-    async fn start_listening(
-        settings: SandboxSettings,
-        listener: tokio::net::TcpListener,
-    ) -> anyhow::Result<SandboxBank> {
+    /// Starts on a given loopback port (0: any), for `claims-payments-dev sandbox-bank`.
+    pub async fn start_on(settings: FakeBankSettings, port: u16) -> anyhow::Result<FakeBank> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
         let bank = Arc::new(Bank {
             settings,
@@ -287,31 +349,22 @@ impl SandboxBank {
             .with_state(bank.clone());
         let server = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!(error = %e, "sandbox bank stopped");
+                tracing::error!(error = %e, "fake bank stopped");
             }
         });
-        Ok(SandboxBank { addr, bank, server })
+        Ok(FakeBank { addr, bank, server })
     }
 
     /// What a mid-payout fault does while the bank holds the request: the simulator
     /// kills the handler process that sent it (named by its client, see
-    /// [`SandboxBank::client_url`]).
+    /// [`FakeBank::client_url`]).
     pub fn on_mid_payout(&self, hook: MidPayoutHook) {
         if let Ok(mut slot) = self.bank.mid_payout.lock() {
             *slot = Some(hook);
         }
     }
 
-    /// Starts on a given loopback port (0: any), for `claims-payments-dev sandbox-bank`.
-    pub async fn start_on(settings: SandboxSettings, port: u16) -> anyhow::Result<SandboxBank> {
-        Self::start_listening(
-            settings,
-            tokio::net::TcpListener::bind(("127.0.0.1", port)).await?,
-        )
-        .await
-    }
-
-    /// The base URL to give the service as `BANK_API_URL`.
+    /// The base URL to give the service as `BANK_API_URL` (no trailing slash).
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -329,6 +382,93 @@ impl SandboxBank {
             requests: books.requests.clone(),
         }
     }
+
+    /// Faults for the next payout requests, in order, after those already scripted.
+    pub fn script(&self, faults: impl IntoIterator<Item = BankFault>) {
+        self.bank.books().script.extend(faults);
+    }
+
+    /// A fault for every payout request once the script is empty (`None`: no more).
+    pub fn always(&self, fault: Option<BankFault>) {
+        self.bank.books().always = fault;
+    }
+
+    /// The next `n` lookups answer 503.
+    pub fn fail_lookups(&self, n: usize) {
+        self.bank.books().failing_lookups = n as u64;
+    }
+
+    /// Makes the lookup list a payment under `reference`, as if the bank held it.
+    pub fn hold(&self, reference: &str, id: &str, status: &str, amount: &str, currency: &str) {
+        self.bank.books().held.push((
+            reference.to_owned(),
+            serde_json::json!({"paymentId": id, "status": status, "amount": amount, "currency": currency, "reference": reference}),
+        ));
+    }
+
+    /// Money that left the bank: one payout per key (per key window).
+    pub fn effective_payouts(&self) -> usize {
+        self.bank.books().payouts.len()
+    }
+
+    /// Every payout request as it arrived, answered yet or not: (Idempotency-Key or
+    /// "", body).
+    pub fn requests(&self) -> Vec<(String, String)> {
+        self.bank
+            .books()
+            .arrivals
+            .iter()
+            .map(|a| {
+                (
+                    a.idempotency_key.clone().unwrap_or_default(),
+                    String::from_utf8_lossy(&a.body).into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// When each payout request arrived, in the order of [`FakeBank::requests`].
+    pub fn arrivals(&self) -> Vec<time::OffsetDateTime> {
+        self.bank.books().arrivals.iter().map(|a| a.at).collect()
+    }
+
+    /// The `Authorization` header of each payout request, in the same order.
+    pub fn authorizations(&self) -> Vec<Option<String>> {
+        self.bank
+            .books()
+            .arrivals
+            .iter()
+            .map(|a| a.authorization.clone())
+            .collect()
+    }
+
+    /// How many lookups (`GET /payments?reference=`) the bank was asked.
+    pub fn lookups(&self) -> usize {
+        self.bank.books().lookups as usize
+    }
+
+    /// Whether the bank is still processing the first request under `key` (a request
+    /// with that key now is answered 409).
+    pub fn processing(&self, key: &str) -> bool {
+        self.bank
+            .books()
+            .keys
+            .get(key)
+            .is_some_and(|e| matches!(e.state, KeyState::Processing))
+    }
+
+    /// The payout made under `key`: (the first request's body, payment id).
+    pub fn payout_for(&self, key: &str) -> Option<(String, String)> {
+        let books = self.bank.books();
+        let entry = books.keys.get(key)?;
+        match &entry.state {
+            KeyState::Paid(id) => Some((
+                String::from_utf8_lossy(&entry.body).into_owned(),
+                id.clone(),
+            )),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -336,7 +476,7 @@ struct ValidRequest {
     claim_id: String,
     amount: Decimal,
     currency: String,
-    payee: String,
+    payee: Option<String>,
     reference: Option<String>,
 }
 
@@ -365,7 +505,10 @@ fn validate(body: &[u8]) -> Result<(serde_json::Value, ValidRequest), String> {
     if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(format!("currency {currency:?} is not an ISO 4217 code"));
     }
-    let payee = field("payee")?;
+    let payee = match value.get("payee") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(_) => Some(field("payee")?),
+    };
     let reference = match value.get("reference") {
         None => None,
         Some(_) => Some(field("reference")?),
@@ -425,12 +568,68 @@ async fn pay_request(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|k| !k.is_empty() && k.len() <= 255)
-        .map(str::to_owned);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (fault, key) = {
+        let mut books = bank.books();
+        books.arrivals.push(Arrival {
+            idempotency_key: header("idempotency-key"),
+            body: body.to_vec(),
+            authorization: header("authorization"),
+            at: time::OffsetDateTime::now_utc(),
+        });
+        let fault = books.script.pop_front().or_else(|| books.always.clone());
+        let key = header("idempotency-key")
+            .map(|k| k.trim().to_owned())
+            .filter(|k| !k.is_empty() && k.len() <= 255);
+        (fault, key)
+    };
+    let s = &bank.settings;
+    let past_timeout = Duration::from_millis(s.client_timeout_ms + 200);
+    let scripted = |answer: BankAnswer, status: StatusCode, retry_after: Option<&str>| {
+        bank.record(key.as_deref(), &body, answer, None);
+        let (message, code) = match status {
+            StatusCode::SERVICE_UNAVAILABLE => ("payment engine unavailable", "unavailable"),
+            StatusCode::TOO_MANY_REQUESTS => ("slow down", "rate_limited"),
+            _ => ("scripted by the test", "scripted"),
+        };
+        let mut response = error(status, message, code);
+        if let Some(after) = retry_after.and_then(|a| header::HeaderValue::from_str(a).ok()) {
+            response.headers_mut().insert(header::RETRY_AFTER, after);
+        }
+        response
+    };
+    let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+    let throttled = StatusCode::TOO_MANY_REQUESTS;
+    let mut lose_answer = false;
+    match &fault {
+        Some(BankFault::Unavailable) => {
+            return scripted(BankAnswer::Injected5xx, unavailable, None)
+        }
+        Some(BankFault::UnavailableFor(after)) => {
+            return scripted(BankAnswer::Injected5xx, unavailable, Some(after))
+        }
+        Some(BankFault::Throttled) => {
+            return scripted(BankAnswer::Injected429, throttled, Some("0"))
+        }
+        Some(BankFault::ThrottledFor(after)) => {
+            return scripted(BankAnswer::Injected429, throttled, Some(after))
+        }
+        Some(BankFault::Reject) => {
+            return scripted(BankAnswer::Scripted(400), StatusCode::BAD_REQUEST, None)
+        }
+        Some(BankFault::Status(status)) => {
+            let code = StatusCode::from_u16(*status).unwrap_or(StatusCode::IM_A_TEAPOT);
+            return scripted(BankAnswer::Scripted(*status), code, None);
+        }
+        Some(BankFault::Slow(wait)) => tokio::time::sleep(*wait).await,
+        Some(BankFault::LoseAnswer) => lose_answer = true,
+        None => {}
+    }
     let Some(key) = key else {
         bank.record(None, &body, BankAnswer::InvalidRequest, None);
         return error(
@@ -439,7 +638,6 @@ async fn pay_request(
             "idempotency_key_missing",
         );
     };
-    let s = &bank.settings;
     let attempt = {
         let mut books = bank.books();
         let n = books.attempts.entry(key.clone()).or_insert(0);
@@ -448,28 +646,13 @@ async fn pay_request(
     };
     let k = key.as_bytes();
 
-    let scripted_failure = {
-        let mut books = bank.books();
-        let fail = books.fail_next > 0;
-        books.fail_next = books.fail_next.saturating_sub(1);
-        fail
-    };
-    if scripted_failure || chance::hit(s.error_5xx_rate, s.seed, "bank-5xx", k, attempt) {
+    if chance::hit(s.error_5xx_rate, s.seed, "bank-5xx", k, attempt) {
         bank.record(Some(&key), &body, BankAnswer::Injected5xx, None);
-        let mut response = error(
+        return error(
             StatusCode::SERVICE_UNAVAILABLE,
             "payment engine unavailable",
             "unavailable",
         );
-        if scripted_failure {
-            // An outage that says how long it lasts: a client honours it, so each
-            // request of the service meets exactly one of the scripted failures.
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                header::HeaderValue::from(s.retry_after_secs),
-            );
-        }
-        return response;
     }
     if chance::hit(s.rate_429, s.seed, "bank-429", k, attempt) {
         bank.record(Some(&key), &body, BankAnswer::Injected429, None);
@@ -527,7 +710,10 @@ async fn pay_request(
         }
     };
 
-    match step {
+    if let Step::New = step {
+        return process_new(bank, key, body, request, attempt, client, lose_answer).await;
+    }
+    let response = match step {
         Step::Reused => {
             bank.record(Some(&key), &body, BankAnswer::KeyReused, Some(false));
             error(
@@ -564,8 +750,12 @@ async fn pay_request(
                 "account_closed",
             )
         }
-        Step::New => process_new(bank, key, body, request, attempt, client).await,
+        Step::New => unreachable!("handled above"),
+    };
+    if lose_answer {
+        tokio::time::sleep(past_timeout).await;
     }
+    response
 }
 
 #[derive(serde::Deserialize)]
@@ -573,9 +763,12 @@ struct FailNext {
     count: u64,
 }
 
-/// Test control: the next `count` payout requests answer 503 and pay nothing.
+/// Test control: the next `count` payout requests answer 503 and pay nothing (what was
+/// scripted before is replaced). The 503 says how long the outage lasts (Retry-After): a
+/// client honours it, so each request of the service meets exactly one of the failures.
 async fn fail_next(State(bank): State<Arc<Bank>>, axum::Json(f): axum::Json<FailNext>) -> Response {
-    bank.books().fail_next = f.count;
+    let after = BankFault::UnavailableFor(bank.settings.retry_after_secs.to_string());
+    bank.books().script = std::iter::repeat_n(after, f.count as usize).collect();
     json(StatusCode::OK, serde_json::json!({"failNext": f.count}))
 }
 
@@ -612,18 +805,22 @@ async fn lookup(State(bank): State<Arc<Bank>>, Query(q): Query<LookupQuery>) -> 
         );
     };
     let s = &bank.settings;
-    let n = {
+    let (n, failing) = {
         let mut books = bank.books();
         books.lookups += 1;
-        books.lookups
+        let failing = books.failing_lookups > 0;
+        books.failing_lookups = books.failing_lookups.saturating_sub(1);
+        (books.lookups, failing)
     };
-    if chance::hit(
-        s.lookup_5xx_rate,
-        s.seed,
-        "bank-lookup-5xx",
-        reference.as_bytes(),
-        n,
-    ) {
+    if failing
+        || chance::hit(
+            s.lookup_5xx_rate,
+            s.seed,
+            "bank-lookup-5xx",
+            reference.as_bytes(),
+            n,
+        )
+    {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
             "lookup unavailable",
@@ -653,6 +850,13 @@ async fn lookup(State(bank): State<Arc<Bank>>, Query(q): Query<LookupQuery>) -> 
             }));
         }
     }
+    held.extend(
+        books
+            .held
+            .iter()
+            .filter(|(r, _)| *r == reference)
+            .map(|(_, v)| v.clone()),
+    );
     json(StatusCode::OK, serde_json::Value::Array(held))
 }
 
@@ -665,12 +869,13 @@ async fn process_new(
     request: ValidRequest,
     attempt: u64,
     client: Option<String>,
+    lose_answer: bool,
 ) -> Response {
     let s = bank.settings.clone();
     let k = key.as_bytes().to_vec();
     let spread = s.latency_max_ms.saturating_sub(s.latency_min_ms);
     let latency = s.latency_min_ms + chance::upto(spread, s.seed, "bank-latency", &k, attempt);
-    let lost = chance::hit(s.lost_answer_rate, s.seed, "bank-lost", &k, attempt);
+    let lost = !lose_answer && chance::hit(s.lost_answer_rate, s.seed, "bank-lost", &k, attempt);
     let lost_mode = chance::upto(2, s.seed, "bank-lost-mode", &k, attempt);
     let past_timeout = Duration::from_millis(s.client_timeout_ms + 200);
     let mid_payout = chance::hit(
@@ -687,7 +892,11 @@ async fn process_new(
         if latency > 0 {
             tokio::time::sleep(Duration::from_millis(latency)).await;
         }
-        if request.payee.starts_with("CLOSED") {
+        if request
+            .payee
+            .as_deref()
+            .is_some_and(|p| p.starts_with("CLOSED"))
+        {
             if let Some(entry) = bank.books().keys.get_mut(&key) {
                 entry.state = KeyState::Rejected;
             }
@@ -713,7 +922,7 @@ async fn process_new(
             tokio::time::sleep(past_timeout).await;
             return paid(&id);
         }
-        if lost && lost_mode == 1 {
+        if lose_answer || (lost && lost_mode == 1) {
             bank.record(Some(&key), &body, BankAnswer::LostAfterPay, None);
             tokio::time::sleep(past_timeout).await;
             return paid(&id);
@@ -721,7 +930,7 @@ async fn process_new(
         if lost {
             bank.record(Some(&key), &body, BankAnswer::CutAfterPay, None);
             let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
-                Ok(Bytes::from_static(b"{\"paymentId\":\"pay_")),
+                Ok(Bytes::from_static(b"{\"paymentId\":\"pay-")),
                 Err(std::io::Error::new(
                     std::io::ErrorKind::ConnectionReset,
                     "sandbox bank cut the connection",
