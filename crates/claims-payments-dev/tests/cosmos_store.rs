@@ -24,9 +24,7 @@ use azure_data_cosmos::fault_injection::{
 };
 use azure_data_cosmos::models::{ContainerProperties, TimeToLive};
 use azure_data_cosmos::{ContainerClient, CosmosClient};
-use claims_payments::consumer::OutcomeKind;
-use claims_payments::message::{ClaimId, IdempotencyKey, MessageId, PayloadHash, Purpose};
-use claims_payments::message::{Money, PayeeRef, TenantId};
+use claims_payments::message::{ClaimApproved, ClaimId, MessageId, Purpose};
 use claims_payments::store::cosmos::container::indexing_policy_difference;
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id, InboxDoc, PaymentDoc};
 use claims_payments::store::cosmos::{
@@ -34,11 +32,12 @@ use claims_payments::store::cosmos::{
     CosmosStore,
 };
 use claims_payments::store::{
-    AttemptId, ClaimResult, InboxRecord, InboxStatus, InsertResult, PaymentRecord, PaymentStatus,
-    Store, StoreError, Version,
+    AttemptId, ClaimResult, InboxRecord, InsertResult, PaymentRecord, PaymentStatus, Store,
+    StoreError,
 };
 use claims_payments::telemetry::counters;
 use claims_payments_dev::emulator::{serve, InProcessEmulator, RequestObserver, EMULATOR_KEY};
+use claims_payments_testkit::records::{claimed_version, completed, paid, records_for};
 use futures::FutureExt;
 use time::OffsetDateTime;
 
@@ -276,71 +275,20 @@ fn message(id: &str) -> MessageId {
     MessageId::parse(id).unwrap()
 }
 
+/// The message every record here is built from: a tenant, a payee, 1250.10 EUR.
+fn claim_message(claim: ClaimId) -> ClaimApproved {
+    ClaimApproved::parse(&format!(
+        r#"{{"claimId":"{claim}","amount":"1250.10","currency":"EUR","tenantId":"acme","payee":"NL91ABNA0417164300"}}"#
+    ))
+    .unwrap()
+}
+
 fn inbox_record(claim: ClaimId, message_id: &str, owner: AttemptId) -> InboxRecord {
-    let at = now();
-    InboxRecord {
-        consumer: CONSUMER.to_owned(),
-        claim_id: claim,
-        message_id: message(message_id),
-        payload_hash: PayloadHash::from_stored(format!("sha256:{claim}")),
-        status: InboxStatus::InProgress,
-        outcome: None,
-        owner,
-        lease_until: Some(at + time::Duration::minutes(2)),
-        first_delivery_count: 1,
-        last_delivery_count: 1,
-        created_at: at,
-        updated_at: at,
-        expires_at: at + time::Duration::days(30),
-    }
+    records_for(&claim_message(claim), message_id, owner, now()).0
 }
 
 fn payment_record(claim: ClaimId, message_id: &str) -> PaymentRecord {
-    let at = now();
-    PaymentRecord {
-        claim_id: claim,
-        purpose: Purpose::Payout,
-        tenant_id: Some(TenantId::parse("acme").unwrap()),
-        money: Money::from_stored("1250.10", "EUR").unwrap(),
-        payee: Some(PayeeRef::parse("NL91ABNA0417164300").unwrap()),
-        payload_hash: PayloadHash::from_stored(format!("sha256:{claim}")),
-        message_id: message(message_id),
-        idempotency_key: IdempotencyKey::for_payout(None, claim),
-        payout_request: Some(format!(
-            r#"{{"claimId":"{claim}","amount":"1250.10","currency":"EUR","payee":"NL91ABNA0417164300"}}"#
-        )),
-        status: PaymentStatus::InProgress,
-        bank_payment_id: None,
-        status_reason: None,
-        created_at: at,
-        updated_at: at,
-    }
-}
-
-fn completed(inbox: &InboxRecord) -> InboxRecord {
-    InboxRecord {
-        status: InboxStatus::Completed,
-        outcome: Some(OutcomeKind::Paid.into()),
-        lease_until: None,
-        updated_at: now(),
-        ..inbox.clone()
-    }
-}
-
-fn paid(payment: &PaymentRecord) -> PaymentRecord {
-    PaymentRecord {
-        status: PaymentStatus::Paid,
-        bank_payment_id: Some("bank-123".to_owned()),
-        updated_at: now(),
-        ..payment.clone()
-    }
-}
-
-fn claimed_version(result: ClaimResult) -> Version {
-    match result {
-        ClaimResult::Claimed { inbox_version } => inbox_version,
-        other => panic!("expected Claimed, got {other:?}"),
-    }
+    records_for(&claim_message(claim), message_id, AttemptId::new(), now()).1
 }
 
 fn rule(

@@ -9,6 +9,7 @@
 //! - [`process`]: the one way to start `<exe> serve` and the `cosmos-emulator` binary
 //!   (readiness, kill, stop, exit status, logs), for the tests, the simulator and the
 //!   benchmark;
+//! - [`records`]: store records as the consumer writes them, and their later states;
 //! - [`service`]: the real binary as a blocking child process, host envelopes, store
 //!   backends;
 //! - [`sync_gate`]: a SQLite sync hook that holds or fails WAL syncs;
@@ -19,6 +20,7 @@ pub mod chance;
 pub mod fixtures;
 pub mod host;
 pub mod process;
+pub mod records;
 pub mod service;
 pub mod sync_gate;
 pub mod wait;

@@ -3,70 +3,27 @@
 //! with the versions the writes returned. These ran only against Cosmos before; here they
 //! run against every store.
 
-use claims_payments::consumer::OutcomeKind;
+use claims_payments::message::Purpose;
 use claims_payments::store::{
-    AttemptId, ClaimResult, DynStore, InboxRecord, InboxStatus, InsertResult, PaymentRecord,
-    PaymentStatus, StoreError, Version,
+    AttemptId, ClaimResult, DynStore, InboxRecord, InsertResult, PaymentRecord, StoreError,
 };
+use claims_payments_testkit::records::{claimed_version, completed, now_ms, paid, records_for};
 use time::OffsetDateTime;
 
-use super::{claim_id, common, records};
-use claims_payments::message::Purpose;
+use super::{claim_id, common};
 
-/// Now, at the precision every store keeps.
-fn now_ms() -> OffsetDateTime {
-    let now = OffsetDateTime::now_utc();
-    now.replace_nanosecond(now.nanosecond() / 1_000_000 * 1_000_000)
-        .unwrap_or(now)
-}
-
-/// [`records`] with every timestamp at millisecond precision, so whole records compare.
+/// [`records`] stamped `at` (millisecond precision), so whole records compare.
 fn exact_records(
     claim: &str,
     message_id: &str,
     at: OffsetDateTime,
 ) -> (InboxRecord, PaymentRecord) {
-    let (inbox, payment) = records(claim, message_id, AttemptId::new());
-    (
-        InboxRecord {
-            lease_until: Some(at + std::time::Duration::from_secs(60)),
-            created_at: at,
-            updated_at: at,
-            expires_at: at + std::time::Duration::from_secs(30 * 86_400),
-            ..inbox
-        },
-        PaymentRecord {
-            created_at: at,
-            updated_at: at,
-            ..payment
-        },
+    records_for(
+        &common::message(claim, "100.00"),
+        message_id,
+        AttemptId::new(),
+        at,
     )
-}
-
-fn completed(inbox: &InboxRecord) -> InboxRecord {
-    InboxRecord {
-        status: InboxStatus::Completed,
-        outcome: Some(OutcomeKind::Paid.into()),
-        lease_until: None,
-        updated_at: now_ms(),
-        ..inbox.clone()
-    }
-}
-
-fn paid(payment: &PaymentRecord) -> PaymentRecord {
-    PaymentRecord {
-        status: PaymentStatus::Paid,
-        bank_payment_id: Some("bank-123".to_owned()),
-        updated_at: now_ms(),
-        ..payment.clone()
-    }
-}
-
-fn claimed_version(result: ClaimResult) -> Version {
-    match result {
-        ClaimResult::Claimed { inbox_version } => inbox_version,
-        other => panic!("expected Claimed, got {other:?}"),
-    }
 }
 
 pub async fn a_claim_and_its_finalize_read_back_whole(store: DynStore) {

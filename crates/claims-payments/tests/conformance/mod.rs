@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments::consumer::{Outcome, OutcomeKind, Step};
-use claims_payments::message::{ClaimId, MessageId, Money, PayeeRef, Purpose};
+use claims_payments::message::{ClaimId, MessageId, Purpose};
 use claims_payments::store::{
     AttemptId, ClaimResult, DynStore, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
     InsertResult, PaymentRecord, PaymentStatus, StoreError,
@@ -95,42 +95,7 @@ fn claim_id(s: &str) -> ClaimId {
     ClaimId::parse(s).unwrap()
 }
 
-pub fn records(claim: &str, message_id: &str, owner: AttemptId) -> (InboxRecord, PaymentRecord) {
-    let msg = common::message(claim, "100.00");
-    let now = OffsetDateTime::now_utc();
-    let inbox = InboxRecord {
-        consumer: "ClaimApprovedHandler".into(),
-        claim_id: msg.claim_id,
-        message_id: MessageId::parse(message_id).unwrap(),
-        payload_hash: msg.payload_hash(),
-        status: InboxStatus::InProgress,
-        outcome: None,
-        owner,
-        lease_until: Some(now + Duration::from_secs(60)),
-        first_delivery_count: 1,
-        last_delivery_count: 1,
-        created_at: now,
-        updated_at: now,
-        expires_at: now + Duration::from_secs(30 * 86_400),
-    };
-    let payment = PaymentRecord {
-        claim_id: msg.claim_id,
-        purpose: Purpose::Payout,
-        tenant_id: None,
-        money: Money::from_stored(&msg.money.amount_string(), "EUR").unwrap(),
-        payee: Some(PayeeRef::parse("NL91ABNA0417164300").unwrap()),
-        payload_hash: msg.payload_hash(),
-        message_id: MessageId::parse(message_id).unwrap(),
-        idempotency_key: msg.idempotency_key(),
-        payout_request: Some(msg.payout_request_body()),
-        status: PaymentStatus::InProgress,
-        bank_payment_id: None,
-        status_reason: None,
-        created_at: now,
-        updated_at: now,
-    };
-    (inbox, payment)
-}
+pub use claims_payments_testkit::records::records;
 
 /// Timestamps survive at millisecond precision in every store.
 fn same_instant(a: OffsetDateTime, b: OffsetDateTime) -> bool {
