@@ -228,8 +228,8 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() {
-                    let env = crate::Env::emulator().await;
-                    crate::run_on(env, |env| Box::pin(crate::scenarios::$scenario(env))).await;
+                    let env = crate::cosmos_store::Env::emulator().await;
+                    crate::cosmos_store::run_on(env, |env| Box::pin(crate::cosmos_store::scenarios::$scenario(env))).await;
                 }
             )*
         }
@@ -237,8 +237,8 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() {
-                    let Some(env) = crate::Env::real().await else { return };
-                    crate::run_on(env, |env| Box::pin(crate::scenarios::$scenario(env))).await;
+                    let Some(env) = crate::cosmos_store::Env::real().await else { return };
+                    crate::cosmos_store::run_on(env, |env| Box::pin(crate::cosmos_store::scenarios::$scenario(env))).await;
                 }
             )*
         }
@@ -1028,7 +1028,7 @@ mod scenarios {
 #[test]
 fn container_definition_equals_the_infra_file() {
     let infra: serde_json::Value =
-        serde_json::from_str(include_str!("../../../infra/cosmos-container.json"))
+        serde_json::from_str(include_str!("../../../../infra/cosmos-container.json"))
             .expect("infra/cosmos-container.json is JSON");
     assert_eq!(container_definition("payments"), infra);
     let text: serde_json::Value = serde_json::from_str(&container_definition_json()).unwrap();

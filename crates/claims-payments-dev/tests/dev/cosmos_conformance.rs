@@ -1,15 +1,12 @@
 //! The conformance suite on the Cosmos DB adapter: every test gets its own in-process
 //! emulator with the service's container definition provisioned.
 
-// The one conformance suite, shared with the SQLite run in the product crate.
-#[macro_use]
-#[path = "../../claims-payments/tests/conformance/mod.rs"]
-mod conformance;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments::store::DynStore;
+
+use crate::conformance;
 use claims_payments_dev::emulator::InProcessEmulator;
 
 /// The inbox documents' `ttl`; the in-process emulator does not expire documents anyway.
