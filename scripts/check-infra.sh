@@ -770,7 +770,7 @@ for label, v in sets.items():
         errors.append(f"{label}: lockDuration must be PT5S..PT5M (Service Bus limit)")
     # A re-sent or re-driven message (DeliveryCount from 1 again) can free a dead attempt's
     # message only by waiting its lease out; the remaining deliveries must outlast it
-    # (the handler refuses to start otherwise: src/config.rs).
+    # (the handler refuses to start otherwise: crates/claims-payments/src/config.rs).
     deliveries = int(v["maxDeliveryCount"])
     if not int(v["inflightWaitMs"]) * (deliveries - 1) > int(v["leaseMs"]):
         errors.append(f"{label}: INFLIGHT_WAIT_MS x (maxDeliveryCount - 1) = {int(v['inflightWaitMs']) * (deliveries - 1)} ms "
@@ -820,16 +820,16 @@ for key in keys:
     if not re.search(rf"^#### `{re.escape(key)}`", docs, re.M):
         errors.append(f"{key}: no runbook entry (#### `{key}`: ...) in docs/deploy.md")
 # The handler's side of the log contract (lines the queries look for), read from the Rust sources.
-src = "\n".join(f.read_text() for f in Path("src").rglob("*.rs"))
+src = "\n".join(f.read_text() for f in Path("crates/claims-payments/src").rglob("*.rs"))
 for line in ("invocation finished", "claims-payments custom handler listening", "bank-service-fault", "bankStatus", "reconcile finished", "orphanedInProgress", "stillUnknown", "mismatches"):
     if line not in src:
-        errors.append(f"the alerts look for {line!r}, which no file under src/ writes")
+        errors.append(f"the alerts look for {line!r}, which nothing under crates/claims-payments/src/ (the product) writes")
 if errors:
     sys.exit("\n".join(errors))
 print(f"{len(alert_resources)} alert resources, {len(keys)} rules with runbooks: {', '.join(keys)}")
 PY
 }
-check "alerts: every rule notifies the action group, has a runbook in docs/deploy.md, queries return rows only on trouble, log lines exist in src/" \
+check "alerts: every rule notifies the action group, has a runbook in docs/deploy.md, queries return rows only on trouble, log lines exist in the product crate" \
   check_alerts infra/modules/alerts.bicep
 summarize_without_by() {
   sed 's/ by bankStatus = toint(line.bankStatus)//' infra/modules/alerts.bicep >"$WORK/alerts-no-by.bicep"
