@@ -200,3 +200,39 @@ pub async fn invoke(
 pub fn outcome(answer: &Value) -> &str {
     answer["ReturnValue"]["outcome"].as_str().unwrap_or("")
 }
+
+/// Starts `exe serve` with `env`, delivers one new `ClaimApproved` (1250.50 EUR) five
+/// times under MessageId `claim-approved-1`, asserts the answers (200; `recorded`, then
+/// `duplicate` four times; the first log line names the outcome), stops the process and
+/// returns the claim, for the caller to check its ledger.
+pub async fn deliver_one_message_five_times(exe: &str, env: &[(&str, &str)]) -> String {
+    let handler = Handler::start_on(exe, env);
+    let client = reqwest::Client::new();
+    let claim = crate::fixtures::new_claim();
+    let body = claim_body(&claim, "1250.50");
+    let mut outcomes = Vec::new();
+    for n in 1..=5 {
+        let (status, answer) = invoke(
+            &client,
+            &handler,
+            &host_envelope(&body, "claim-approved-1", n),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["Logs"][0], format!("outcome: {}", outcome(&answer)));
+        outcomes.push(outcome(&answer).to_owned());
+    }
+    assert_eq!(
+        outcomes,
+        [
+            "recorded",
+            "duplicate",
+            "duplicate",
+            "duplicate",
+            "duplicate"
+        ]
+    );
+    handler.kill();
+    claim
+}

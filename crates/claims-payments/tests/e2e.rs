@@ -9,7 +9,7 @@ use claims_payments_testkit::bank::{BankFault, FakeBank};
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::process::free_port;
 use claims_payments_testkit::service::{
-    claim_body, host_envelope, invoke, outcome, Backend, Handler,
+    claim_body, deliver_one_message_five_times, host_envelope, invoke, outcome, Backend, Handler,
 };
 use claims_payments_testkit::wait::wait_until;
 use serde_json::{json, Value};
@@ -45,34 +45,7 @@ fn temp_db() -> (tempfile::TempDir, PathBuf) {
 }
 
 async fn five_deliveries_of_one_message_make_one_ledger_row(backend: Backend) {
-    let handler = Handler::start_on(EXE, &backend.env());
-    let client = reqwest::Client::new();
-    let claim = common::new_claim();
-    let body = claim_body(&claim, "1250.50");
-    let mut outcomes = Vec::new();
-    for n in 1..=5 {
-        let (status, answer) = invoke(
-            &client,
-            &handler,
-            &host_envelope(&body, "claim-approved-1", n),
-        )
-        .await
-        .unwrap();
-        assert_eq!(status, 200, "{answer}");
-        assert_eq!(answer["Logs"][0], format!("outcome: {}", outcome(&answer)));
-        outcomes.push(outcome(&answer).to_owned());
-    }
-    assert_eq!(
-        outcomes,
-        [
-            "recorded",
-            "duplicate",
-            "duplicate",
-            "duplicate",
-            "duplicate"
-        ]
-    );
-    handler.kill();
+    let claim = deliver_one_message_five_times(EXE, &backend.env()).await;
     let rows = ledger_on(&backend.env());
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["claimId"], claim);

@@ -9,7 +9,7 @@ use claims_payments::store::sqlite::Access;
 use claims_payments_dev::emulator::ServedEmulator;
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::service::{
-    claim_body, host_envelope, invoke, outcome, Backend, Handler,
+    claim_body, deliver_one_message_five_times, host_envelope, invoke, outcome, Backend, Handler,
 };
 
 /// A Cosmos DB emulator account served over loopback HTTP by this test process.
@@ -69,32 +69,7 @@ async fn sigkill_after_commit_then_restart_on_cosmos_skips_the_duplicate() {
 #[tokio::test]
 async fn five_deliveries_make_one_ledger_row_on_cosmos_over_http() {
     let backend = cosmos();
-    let handler = Handler::start_on(EXE, &backend.env());
-    let client = reqwest::Client::new();
-    let body = claim_body(&common::new_claim(), "1250.50");
-    let mut outcomes = Vec::new();
-    for n in 1..=5 {
-        let (status, answer) = invoke(
-            &client,
-            &handler,
-            &host_envelope(&body, "claim-approved-1", n),
-        )
-        .await
-        .unwrap();
-        assert_eq!(status, 200, "{answer}");
-        outcomes.push(outcome(&answer).to_owned());
-    }
-    assert_eq!(
-        outcomes,
-        [
-            "recorded",
-            "duplicate",
-            "duplicate",
-            "duplicate",
-            "duplicate"
-        ]
-    );
-    handler.kill();
+    deliver_one_message_five_times(EXE, &backend.env()).await;
     assert_eq!(ledger_on(&backend.env()).await, 1);
 }
 
