@@ -92,11 +92,7 @@ impl ServeSpec {
             .env(names::FUNCTIONS_CUSTOMHANDLER_PORT, port.to_string());
         let log_start = match &self.log {
             Some(path) => {
-                let file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .with_context(|| format!("cannot open {}", path.display()))?;
+                let file = open_log(path)?;
                 let start = file.metadata().map(|m| m.len()).unwrap_or(0);
                 command.stdout(file.try_clone()?).stderr(file);
                 start
@@ -125,6 +121,15 @@ impl ServeSpec {
         }
         Ok((command, log_start))
     }
+}
+
+/// A log file shared by successive starts: opened for appending, created if missing.
+fn open_log(path: &Path) -> anyhow::Result<std::fs::File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))
 }
 
 /// A free loopback port. The port is released before the child binds it; the race
@@ -341,12 +346,7 @@ impl CosmosEmulator {
         }
         match log {
             Some(path) => {
-                let file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .with_context(|| format!("cannot open {}", path.display()))?;
-                command.stderr(file);
+                command.stderr(open_log(path)?);
             }
             None => {
                 command.stderr(Stdio::null());
