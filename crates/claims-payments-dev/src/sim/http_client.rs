@@ -31,6 +31,9 @@ pub struct HttpStats {
     pub replays_checked: usize,
     pub key_reuses_checked: usize,
     pub cross_scope_checked: usize,
+    /// Of those, answers replayed from that scope's own earlier send, whose answer a
+    /// kill had cut off (the contract allows it; the check tells it from a leak).
+    pub cross_scope_own_replays: usize,
     /// Intents that ended with a payment (201, 202, or 200 for a claim paid before).
     pub succeeded: usize,
     /// Answers that break the contract; any is a failed verdict.
@@ -132,6 +135,10 @@ struct Reply {
     body: String,
     replayed: bool,
     retry_after: Option<u64>,
+    /// Earlier sends of this key and body by the same `until_final` that got no answer
+    /// (a serve killed mid-request): one of them may have been processed, so a replay
+    /// of its stored answer is then correct.
+    unanswered_before: usize,
 }
 
 async fn post(
@@ -164,6 +171,7 @@ async fn post(
                 body,
                 replayed,
                 retry_after,
+                unanswered_before: 0,
             })
         }
         Err(_) => None,
@@ -188,14 +196,23 @@ async fn until_final(
     stats: &Mutex<HttpStats>,
 ) -> Option<Reply> {
     let give_up = tokio::time::Instant::now() + PATIENCE;
+    let mut unanswered = 0;
     while tokio::time::Instant::now() < give_up {
         match post(client, supervisor, key, body, stats).await {
             Some(r) if matches!(r.status, 409 | 503) && retryable(&r) => {
                 let wait = r.retry_after.unwrap_or(1).min(2);
                 tokio::time::sleep(Duration::from_secs(wait)).await;
             }
-            Some(r) => return Some(r),
-            None => tokio::time::sleep(Duration::from_millis(200)).await,
+            Some(r) => {
+                return Some(Reply {
+                    unanswered_before: unanswered,
+                    ..r
+                })
+            }
+            None => {
+                unanswered += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
     }
     None
@@ -289,22 +306,65 @@ async fn one_intent(
             }
         }
     }
-    // The same key from another scope (tenant): never a replay, never 422.
+    // The same key from another scope (tenant): that scope's own request, never 422.
     if chance::hit(0.3, seed, "http-scope", c, 0) {
         let mut other = original;
         other["tenantId"] = serde_json::Value::String("another-tenant".into());
         if let Some(r) =
             until_final(client, supervisor, &intent.key, &other.to_string(), stats).await
         {
+            let found = cross_scope_violation(&first, &r);
             if let Ok(mut s) = stats.lock() {
                 s.cross_scope_checked += 1;
+                s.cross_scope_own_replays += usize::from(r.replayed && found.is_none());
             }
-            if r.replayed || r.status == 422 {
-                violation(format!(
-                    "another scope's identical key was answered {} (replayed {})",
-                    r.status, r.replayed
-                ));
+            if let Some(text) = found {
+                violation(text);
             }
         }
+    }
+}
+
+/// The same key sent from another scope must be a request of that scope's own: never
+/// 422, never the first scope's stored answer, and a replay only of an answer this
+/// scope's own earlier send (lost to a kill) left behind.
+fn cross_scope_violation(first_scope: &Reply, other_scope: &Reply) -> Option<String> {
+    let leaked = other_scope.replayed
+        && (other_scope.unanswered_before == 0
+            || (other_scope.status == first_scope.status && other_scope.body == first_scope.body));
+    (leaked || other_scope.status == 422).then(|| {
+        format!(
+            "another scope's identical key was answered {} (replayed {}, after {} unanswered sends)",
+            other_scope.status, other_scope.replayed, other_scope.unanswered_before
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(status: u16, body: &str, replayed: bool, unanswered_before: usize) -> Reply {
+        Reply {
+            status,
+            body: body.into(),
+            replayed,
+            retry_after: None,
+            unanswered_before,
+        }
+    }
+
+    #[test]
+    fn another_scope_may_replay_only_its_own_lost_answer() {
+        let first = reply(201, r#"{"status":"paid"}"#, false, 0);
+        let own_conflict = r#"{"type":"claim-already-paid"}"#;
+        // Its own request: a fresh answer, or its own answer replayed after a lost one.
+        assert!(cross_scope_violation(&first, &reply(409, own_conflict, false, 0)).is_none());
+        assert!(cross_scope_violation(&first, &reply(409, own_conflict, true, 1)).is_none());
+        // A replay before this scope ever had an answer stored, the first scope's
+        // answer, or 422: the scopes are not apart.
+        assert!(cross_scope_violation(&first, &reply(409, own_conflict, true, 0)).is_some());
+        assert!(cross_scope_violation(&first, &reply(201, &first.body, true, 2)).is_some());
+        assert!(cross_scope_violation(&first, &reply(422, "{}", false, 0)).is_some());
     }
 }

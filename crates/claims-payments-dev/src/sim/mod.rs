@@ -867,7 +867,13 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         )
     };
     host.run_until_settled(deadline).await?;
-    let http = http.await.unwrap_or_default();
+    let http = match tokio::time::timeout_at(deadline.into(), http).await {
+        Ok(joined) => joined.unwrap_or_default(),
+        Err(_) => anyhow::bail!(
+            "the HTTP clients did not finish before the deadline (--timeout-secs {}; the messages had settled): raise it or lower --http-share",
+            opts.timeout_secs
+        ),
+    };
     // The operator re-drives the dead-letter queue once.
     let redriven = queue.redrive_dead_letters();
     if redriven > 0 {

@@ -921,7 +921,7 @@ impl Report {
             let answers: Vec<String> = h.answers.iter().map(|(k, n)| format!("{k} {n}")).collect();
             let _ = writeln!(
                 o,
-                "http       {} intents ({} double submits), {} requests: {}; {} succeeded; checked {} replays, {} key reuses, {} cross-scope keys  [{}]",
+                "http       {} intents ({} double submits), {} requests: {}; {} succeeded; checked {} replays, {} key reuses, {} cross-scope keys ({} replayed their own lost answer)  [{}]",
                 h.intents,
                 h.double_submits,
                 h.requests,
@@ -930,6 +930,7 @@ impl Report {
                 h.replays_checked,
                 h.key_reuses_checked,
                 h.cross_scope_checked,
+                h.cross_scope_own_replays,
                 if h.violations.is_empty() && h.succeeded == h.intents { "ok".to_owned() } else { format!("FAIL: {}", h.violations.join("; ")) }
             );
         }
