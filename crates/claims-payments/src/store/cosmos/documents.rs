@@ -387,18 +387,18 @@ mod tests {
         assert_eq!(parse_timestamp("t", "t", &b).unwrap(), later);
     }
 
-    #[test]
-    fn corrupt_documents_name_the_field() {
-        let doc = PaymentDoc {
+    /// A payment document every field of which is valid, with the optional ones set.
+    fn valid_payment_doc() -> PaymentDoc {
+        PaymentDoc {
             id: "payment:payout".into(),
-            claim_id: "not-a-uuid".into(),
+            claim_id: ClaimId::random().to_string(),
             doc_type: PAYMENT_DOC_TYPE.into(),
             dedup_key: "payout".into(),
             purpose: "payout".into(),
-            tenant_id: None,
-            amount: "1.00".into(),
+            tenant_id: Some("acme".into()),
+            amount: "1250.10".into(),
             currency: "EUR".into(),
-            payee: None,
+            payee: Some("NL91ABNA0417164300".into()),
             payload_hash: "h".into(),
             message_id: "m".into(),
             idempotency_key: "k".into(),
@@ -406,8 +406,16 @@ mod tests {
             status: "recorded".into(),
             bank_payment_id: None,
             status_reason: None,
-            created_at: "2026-01-01T00:00:00Z".into(),
-            updated_at: "2026-01-01T00:00:00Z".into(),
+            created_at: "2026-01-01T00:00:00.000000000Z".into(),
+            updated_at: "2026-01-01T00:00:00.000000000Z".into(),
+        }
+    }
+
+    #[test]
+    fn corrupt_documents_name_the_field() {
+        let doc = PaymentDoc {
+            claim_id: "not-a-uuid".into(),
+            ..valid_payment_doc()
         };
         let err = doc.clone().into_record(None).unwrap_err();
         assert!(
@@ -467,26 +475,7 @@ mod tests {
 
     #[test]
     fn payment_fields_read_as_domain_types_and_write_back_the_same_strings() {
-        let doc = PaymentDoc {
-            id: "payment:payout".into(),
-            claim_id: ClaimId::random().to_string(),
-            doc_type: PAYMENT_DOC_TYPE.into(),
-            dedup_key: "payout".into(),
-            purpose: "payout".into(),
-            tenant_id: Some("acme".into()),
-            amount: "1250.10".into(),
-            currency: "EUR".into(),
-            payee: Some("NL91ABNA0417164300".into()),
-            payload_hash: "h".into(),
-            message_id: "m".into(),
-            idempotency_key: "k".into(),
-            payout_request: None,
-            status: "recorded".into(),
-            bank_payment_id: None,
-            status_reason: None,
-            created_at: "2026-01-01T00:00:00.000000000Z".into(),
-            updated_at: "2026-01-01T00:00:00.000000000Z".into(),
-        };
+        let doc = valid_payment_doc();
         let record = doc.clone().into_record(None).unwrap();
         assert_eq!(record.money.amount_string(), "1250.10");
         assert_eq!(
