@@ -84,10 +84,7 @@ pub async fn invoke(State(state): State<Arc<AppState>>, body: Bytes) -> Response
             summary_answer(
                 StatusCode::OK,
                 "reconciled",
-                format!(
-                    "examined {}, paid by lookup {}, paid now {}, rejected {}, still unknown {}, mismatches {}",
-                    summary.examined, summary.paid_by_lookup, summary.paid_now, summary.rejected, summary.still_unknown, summary.mismatches
-                ),
+                summary.counts(),
             )
         }
         Err(e) => {

@@ -295,7 +295,7 @@ pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
         bank_payment_id: Some("pay-1".into()),
         ..payment.clone()
     };
-    let stale = store.finalize(&done_inbox, &inbox_version, &paid).await;
+    let stale = store.finalize(&done_inbox, &inbox_version, &paid, None).await;
     assert!(
         matches!(stale, Err(StoreError::PreconditionFailed)),
         "{stale:?}"
@@ -317,7 +317,7 @@ pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
         ..done_inbox
     };
     store
-        .finalize(&done_inbox, &current.version, &paid)
+        .finalize(&done_inbox, &current.version, &paid, None)
         .await
         .unwrap();
     let p = store
