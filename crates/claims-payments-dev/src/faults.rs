@@ -10,8 +10,8 @@ use claims_payments::consumer::{Delivery, Outcome};
 use claims_payments::functions::claim_approved::ClaimHandler;
 use claims_payments::message::{ClaimApproved, ClaimId, Purpose};
 use claims_payments::store::{
-    ClaimResult, DynStore, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus, Store, StoreResult,
-    Version, Versioned,
+    ClaimResult, DynStore, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
+    Store, StoreResult, Version, Versioned,
 };
 use rand::RngExt;
 use time::OffsetDateTime;

@@ -111,6 +111,16 @@ pub enum BankStatus {
     Pending,
 }
 
+impl std::fmt::Display for BankStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BankStatus::Paid => "paid",
+            BankStatus::Rejected => "rejected",
+            BankStatus::Pending => "pending",
+        })
+    }
+}
+
 impl BankStatus {
     fn from_word(word: &str) -> Self {
         match word.to_ascii_lowercase().as_str() {
@@ -458,11 +468,15 @@ fn read_lookup(
             return unknown(format!("lookup entry {n} has an unusable paymentId"));
         };
         let Some(amount) = crate::message::parse_decimal_amount(&entry.amount) else {
-            return unknown(format!("lookup entry {n} has an amount that is not a decimal"));
+            return unknown(format!(
+                "lookup entry {n} has an amount that is not a decimal"
+            ));
         };
         let currency = entry.currency.as_str();
         if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
-            return unknown(format!("lookup entry {n} has a currency that is not a code"));
+            return unknown(format!(
+                "lookup entry {n} has a currency that is not a code"
+            ));
         }
         held.push(BankPayment {
             payment_id: payment_id.to_owned(),
@@ -495,7 +509,12 @@ fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 
 /// The bank contract's answers (DESIGN.md §8), in one place. Of the body, only the
 /// `paymentId` of a success and the `code` of an error are read.
-fn classify(status: StatusCode, body: &[u8], after: Option<Duration>, secret: Option<&str>) -> Answer {
+fn classify(
+    status: StatusCode,
+    body: &[u8],
+    after: Option<Duration>,
+    secret: Option<&str>,
+) -> Answer {
     let described = || match error_code(body, secret) {
         Some(code) => format!("bank answered {status} (code {code})"),
         None => format!("bank answered {status}"),
@@ -530,10 +549,7 @@ fn classify(status: StatusCode, body: &[u8], after: Option<Duration>, secret: Op
             after,
         },
         422 => Answer::Done(PayoutOutcome::KeyMismatch {
-            reason: format!(
-                "{} (same Idempotency-Key, different body)",
-                described()
-            ),
+            reason: format!("{} (same Idempotency-Key, different body)", described()),
         }),
         // 401, 403, 404, 405, 407, 413, 415, any other 4xx, and redirects (3xx): the
         // request was wrong, not the payment.
@@ -550,7 +566,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn outcome(status: u16, body: &str) -> Result<PayoutOutcome, String> {
-        match classify(StatusCode::from_u16(status).unwrap(), body.as_bytes(), None, None) {
+        match classify(
+            StatusCode::from_u16(status).unwrap(),
+            body.as_bytes(),
+            None,
+            None,
+        ) {
             Answer::Done(o) => Ok(o),
             Answer::Retry { error, .. } => Err(error),
         }
@@ -689,9 +710,15 @@ mod tests {
         ));
         for (entries, why) in [
             (vec![entry(None, "paid", "10.00")], "no reference"),
-            (vec![entry(Some("tenant-b:claim-payment-9"), "paid", "10.00")], "another reference"),
             (
-                vec![entry(Some(KEY), "paid", "10.00"), entry(Some("other"), "paid", "10.00")],
+                vec![entry(Some("tenant-b:claim-payment-9"), "paid", "10.00")],
+                "another reference",
+            ),
+            (
+                vec![
+                    entry(Some(KEY), "paid", "10.00"),
+                    entry(Some("other"), "paid", "10.00"),
+                ],
                 "another reference",
             ),
             (vec![entry(Some(KEY), "paid", "1e3")], "amount"),
@@ -704,7 +731,10 @@ mod tests {
         }
         let mut lower_currency = entry(Some(KEY), "paid", "10.00");
         lower_currency["currency"] = "eur".into();
-        assert!(matches!(lookup_of(&[lower_currency]), Lookup::Unknown { .. }));
+        assert!(matches!(
+            lookup_of(&[lower_currency]),
+            Lookup::Unknown { .. }
+        ));
     }
 
     /// A bank (or proxy) that reflects our request in its answers: nothing of its text
@@ -721,13 +751,20 @@ mod tests {
                 Answer::Done(outcome) => format!("{outcome:?}"),
             };
             assert!(!text.contains(secret) && !text.contains("Bearer"), "{text}");
-            let Lookup::Unknown { reason } = read_lookup(status, echo.as_bytes(), &key, Some(secret)) else {
+            let Lookup::Unknown { reason } =
+                read_lookup(status, echo.as_bytes(), &key, Some(secret))
+            else {
                 panic!("a {status} lookup is not an answer")
             };
             assert!(!reason.contains(secret), "{reason}");
         }
         // The contract's error code is kept; one that carries the credential is not.
-        let coded = classify(StatusCode::PAYMENT_REQUIRED, br#"{"code":"insufficient_funds","error":"Bearer x"}"#, None, Some(secret));
+        let coded = classify(
+            StatusCode::PAYMENT_REQUIRED,
+            br#"{"code":"insufficient_funds","error":"Bearer x"}"#,
+            None,
+            Some(secret),
+        );
         assert_eq!(
             coded,
             Answer::Done(PayoutOutcome::Rejected {
@@ -736,7 +773,16 @@ mod tests {
             })
         );
         let leaked = format!(r#"{{"code":"{secret}"}}"#);
-        assert!(!format!("{:?}", classify(StatusCode::BAD_REQUEST, leaked.as_bytes(), None, Some(secret))).contains(secret));
+        assert!(!format!(
+            "{:?}",
+            classify(
+                StatusCode::BAD_REQUEST,
+                leaked.as_bytes(),
+                None,
+                Some(secret)
+            )
+        )
+        .contains(secret));
         // A "payment id" that reflects the credential is no payment id.
         let paid = format!(r#"{{"paymentId":"Bearer-{secret}"}}"#);
         assert!(matches!(
@@ -750,6 +796,93 @@ mod tests {
         let bad = format!(r#"[{{"paymentId":1,"status":"{secret}"}}]"#);
         match read_lookup(StatusCode::OK, bad.as_bytes(), &key, Some(secret)) {
             Lookup::Unknown { reason } => assert!(!reason.contains(secret), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A bank answer larger than any the contract allows is never read whole: a lookup
+    /// is unknown, with the reason; a payout success is asked again.
+    #[tokio::test]
+    async fn oversized_answers_are_cut_off_and_read_as_unknown() {
+        use axum::routing::get;
+        let big = || "[".to_owned() + &"{\"paymentId\":\"p\"},".repeat(40_000) + "{}]";
+        let app = axum::Router::new()
+            .route(
+                "/sized/payments",
+                get(move || async move { big() }).post(|| async {
+                    (
+                        axum::http::StatusCode::CREATED,
+                        "{\"paymentId\":\"".to_owned() + &"x".repeat(MAX_ANSWER_BYTES) + "\"}",
+                    )
+                }),
+            )
+            // Chunked, without a Content-Length: the cap holds while streaming.
+            .route(
+                "/streamed/payments",
+                get(move || async move {
+                    let chunks = (0..1000).map(|_| Ok::<_, std::io::Error>("[{}],".repeat(100)));
+                    axum::body::Body::from_stream(futures::stream::iter(chunks))
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let key = IdempotencyKey::from_stored(KEY.into());
+        for path in ["sized", "streamed"] {
+            let client = BankClient::new(&BankSettings {
+                url: format!("http://{addr}/{path}").parse().unwrap(),
+                api_key: None,
+                timeout: Duration::from_secs(10),
+                key_window: Duration::from_secs(3600),
+            })
+            .unwrap();
+            match client.lookup(&key).await {
+                Lookup::Unknown { reason } => {
+                    assert!(reason.contains("more than 65536 bytes"), "{path}: {reason}")
+                }
+                other => panic!("{path}: {other:?}"),
+            }
+            if path == "sized" {
+                let window = SendWindow::new(
+                    Duration::from_millis(50),
+                    OffsetDateTime::now_utc(),
+                    Duration::from_secs(3600),
+                );
+                match client.pay(&key, "{}", window).await {
+                    PayoutOutcome::GaveUp { last_error, .. } => {
+                        assert!(last_error.contains("more than"), "{last_error}")
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    }
+
+    /// A lookup that times out says so (and never reads as "not paid").
+    #[tokio::test]
+    async fn a_lookup_that_times_out_is_named_a_timeout() {
+        let app = axum::Router::new().route(
+            "/payments",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                "[]"
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = BankClient::new(&BankSettings {
+            url: format!("http://{addr}/").parse().unwrap(),
+            api_key: None,
+            timeout: Duration::from_millis(100),
+            key_window: Duration::from_secs(3600),
+        })
+        .unwrap();
+        match client
+            .lookup(&IdempotencyKey::from_stored(KEY.into()))
+            .await
+        {
+            Lookup::Unknown { reason } => assert_eq!(reason, "lookup timed out after 100 ms"),
             other => panic!("{other:?}"),
         }
     }

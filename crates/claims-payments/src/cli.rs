@@ -48,7 +48,8 @@ pub struct ReconcileArgs {
 /// `--older-than`: a human duration no longer than [`reconcile::MAX_MIN_AGE`], so no
 /// date arithmetic can overflow on it.
 fn parse_min_age(text: &str) -> Result<std::time::Duration, String> {
-    let age = humantime::parse_duration(text).map_err(|e| format!("{e} (for example 30s, 15m, 2h)"))?;
+    let age =
+        humantime::parse_duration(text).map_err(|e| format!("{e} (for example 30s, 15m, 2h)"))?;
     if age > reconcile::MAX_MIN_AGE {
         return Err(format!(
             "{text} is longer than the longest minimum age, {}",

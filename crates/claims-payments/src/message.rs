@@ -252,12 +252,13 @@ fn parse_amount(raw: &RawValue) -> Result<Decimal, InvalidMessage> {
 }
 
 /// An amount another party (the bank) wrote, under the same strict grammar as a
-/// message's: `None` for anything else. Normalised, so `75.0` equals `75.00`.
+/// message's: `None` for anything else. Its scale is kept for display; decimals
+/// compare by value, so `75.0` equals `75.00`.
 pub(crate) fn parse_decimal_amount(text: &str) -> Option<Decimal> {
     if !is_plain_decimal(text) {
         return None;
     }
-    Decimal::from_str_exact(text).ok().map(|d| d.normalize())
+    Decimal::from_str_exact(text).ok()
 }
 
 /// `-?[0-9]+(\.[0-9]+)?`

@@ -54,7 +54,7 @@ use crate::telemetry;
 
 /// At most this many payments are listed per run; the rest wait for the next one (and
 /// the report says there are more).
-pub(crate) const MAX_PER_RUN: usize = 500;
+pub const MAX_PER_RUN: usize = 500;
 /// Mismatched payments are counted up to this many in a report.
 const MAX_COUNTED: usize = 10_000;
 /// The longest `--older-than` (and minimum age) a run accepts: ten years.
@@ -387,7 +387,10 @@ impl Reconciler {
                 p,
                 Settlement::Skipped,
                 p.status,
-                format!("settled meanwhile by another run or a delivery (now {})", p.status.as_str()),
+                format!(
+                    "settled meanwhile by another run or a delivery (now {})",
+                    p.status.as_str()
+                ),
             ));
         }
         let decision = match self.ask(p).await {
@@ -396,7 +399,12 @@ impl Reconciler {
         };
         if decision.result == Settlement::StillUnknown {
             self.release(&held).await;
-            return Ok(line(p, Settlement::StillUnknown, p.status, decision.evidence));
+            return Ok(line(
+                p,
+                Settlement::StillUnknown,
+                p.status,
+                decision.evidence,
+            ));
         }
         let now = OffsetDateTime::now_utc();
         let how = match decision.result {
@@ -426,7 +434,12 @@ impl Reconciler {
             ..held.record
         };
         match store
-            .finalize(&final_inbox, &held.version, &final_payment, Some(&payment.version))
+            .finalize(
+                &final_inbox,
+                &held.version,
+                &final_payment,
+                Some(&payment.version),
+            )
             .await
         {
             Ok(()) => Ok(line(p, decision.result, decision.status, reason)),
@@ -644,9 +657,20 @@ impl Decision {
 
 /// What the entries the bank holds under our reference mean for `p`. Pure.
 fn judge(p: &PaymentRecord, held: &[BankPayment]) -> Finding {
-    let describe = |b: &BankPayment| format!("{} {:?} {} {}", b.payment_id, b.status, b.amount, b.currency);
-    let paid: Vec<&BankPayment> = held.iter().filter(|b| b.status == BankStatus::Paid).collect();
-    let pending: Vec<&BankPayment> = held.iter().filter(|b| b.status == BankStatus::Pending).collect();
+    let describe = |b: &BankPayment| {
+        format!(
+            "{} ({} {} {})",
+            b.payment_id, b.status, b.amount, b.currency
+        )
+    };
+    let paid: Vec<&BankPayment> = held
+        .iter()
+        .filter(|b| b.status == BankStatus::Paid)
+        .collect();
+    let pending: Vec<&BankPayment> = held
+        .iter()
+        .filter(|b| b.status == BankStatus::Pending)
+        .collect();
     if paid.len() > 1 {
         let list: Vec<String> = paid.iter().map(|b| describe(b)).collect();
         return Finding::Mismatch {
@@ -730,10 +754,15 @@ fn not_orphaned(
         Some(i) => i.record.updated_at,
         None => p.updated_at,
     };
-    match idle_since.checked_add(time::Duration::try_from(min_age).ok()?) {
+    let ripe = time::Duration::try_from(min_age)
+        .ok()
+        .and_then(|age| idle_since.checked_add(age));
+    match ripe {
         Some(ripe) if ripe <= now => None,
         Some(ripe) => Some(format!("idle since {idle_since}; examined from {ripe}")),
-        None => Some(format!("idle since {idle_since}; the minimum age is never reached")),
+        None => Some(format!(
+            "idle since {idle_since}; the minimum age is never reached"
+        )),
     }
 }
 
@@ -750,6 +779,121 @@ fn carries_reference(body: &str, key: &str) -> bool {
                 .map(|r| r == key)
         })
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use rust_decimal::Decimal;
+
+    use super::*;
+    use crate::message::{Currency, IdempotencyKey, Money, Purpose};
+
+    fn ledger(amount: i64) -> PaymentRecord {
+        let claim_id = ClaimId::random();
+        let now = OffsetDateTime::now_utc();
+        PaymentRecord {
+            claim_id,
+            purpose: Purpose::Payout,
+            tenant_id: None,
+            money: Money::new(Decimal::new(amount, 0), Currency::parse("EUR").unwrap()).unwrap(),
+            payee: None,
+            payload_hash: PayloadHash::from_stored("h".into()),
+            message_id: MessageId::parse("m-1").unwrap(),
+            idempotency_key: IdempotencyKey::for_payout(None, claim_id),
+            payout_request: None,
+            status: PaymentStatus::NeedsReconciliation,
+            bank_payment_id: None,
+            status_reason: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    fn held(id: &str, status: BankStatus, amount: i64) -> BankPayment {
+        BankPayment {
+            payment_id: id.into(),
+            status,
+            amount: Decimal::new(amount, 0),
+            currency: "EUR".into(),
+        }
+    }
+
+    #[test]
+    fn one_matching_paid_entry_is_paid_and_nothing_is_none_held() {
+        let p = ledger(75);
+        assert!(matches!(
+            judge(&p, &[held("b1", BankStatus::Paid, 75), held("r1", BankStatus::Rejected, 75)]),
+            Finding::Paid { payment_id, .. } if payment_id == "b1"
+        ));
+        assert!(matches!(judge(&p, &[]), Finding::NoneHeld));
+        assert!(matches!(
+            judge(&p, &[held("r1", BankStatus::Rejected, 75)]),
+            Finding::Rejected { .. }
+        ));
+    }
+
+    #[test]
+    fn several_paid_entries_are_a_double_payment_for_a_person() {
+        let p = ledger(75);
+        let found = judge(
+            &p,
+            &[
+                held("b1", BankStatus::Paid, 75),
+                held("b2", BankStatus::Paid, 75),
+            ],
+        );
+        match found {
+            Finding::Mismatch {
+                evidence,
+                double_payment: true,
+            } => assert!(
+                evidence.contains("b1") && evidence.contains("b2"),
+                "{evidence}"
+            ),
+            _ => panic!("two payouts under one reference must need a person"),
+        }
+        assert!(matches!(
+            judge(&p, &[held("b1", BankStatus::Paid, 57)]),
+            Finding::Mismatch {
+                double_payment: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn pending_anywhere_is_still_unknown() {
+        let p = ledger(75);
+        for entries in [
+            vec![
+                held("r1", BankStatus::Rejected, 75),
+                held("q1", BankStatus::Pending, 75),
+            ],
+            vec![
+                held("q1", BankStatus::Pending, 75),
+                held("r1", BankStatus::Rejected, 75),
+            ],
+            vec![
+                held("b1", BankStatus::Paid, 75),
+                held("q1", BankStatus::Pending, 75),
+            ],
+        ] {
+            assert!(
+                matches!(judge(&p, &entries), Finding::Unknown { .. }),
+                "{entries:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_age_past_the_calendar_is_never_reached_and_never_panics() {
+        let p = ledger(1);
+        let now = OffsetDateTime::now_utc();
+        for age in [MAX_MIN_AGE, Duration::from_secs(u64::MAX), Duration::MAX] {
+            assert!(not_orphaned(&p, None, now, age).is_some(), "{age:?}");
+        }
+        assert!(not_orphaned(&p, None, now + Duration::from_secs(1), Duration::ZERO).is_none());
+    }
 }
 
 /// The run lease: one reconcile run at a time across instances. An inbox record of the

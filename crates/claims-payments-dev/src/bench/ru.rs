@@ -47,8 +47,8 @@ use claims_payments::store::cosmos::container::{container_definition, DEFAULT_CO
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id};
 use claims_payments::store::cosmos::CosmosStore;
 use claims_payments::store::{
-    ClaimResult, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus, Store, StoreError,
-    StoreResult, Version, Versioned,
+    ClaimResult, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus, Store,
+    StoreError, StoreResult, Version, Versioned,
 };
 
 /// RU per indexed term written or removed.
@@ -440,7 +440,11 @@ impl Store for RecordingStore {
             self.known(claim, &id).await,
             self.known(claim, &pay_id).await,
         );
-        match self.inner.finalize(inbox, inbox_version, payment, payment_version).await {
+        match self
+            .inner
+            .finalize(inbox, inbox_version, payment, payment_version)
+            .await
+        {
             Ok(()) => {
                 self.replaced(claim, &id, inbox_before).await;
                 self.replaced(claim, &pay_id, payment_before).await;

@@ -384,7 +384,9 @@ mod scenarios {
         );
 
         // The claim's version is spent: the same finalize again is refused.
-        let again = store.finalize(&final_inbox, &version, &final_payment, None).await;
+        let again = store
+            .finalize(&final_inbox, &version, &final_payment, None)
+            .await;
         assert!(
             matches!(again, Err(StoreError::PreconditionFailed)),
             "{again:?}"
@@ -672,7 +674,9 @@ mod scenarios {
 
         lost.enable();
         let (final_inbox, final_payment) = (completed(&inbox), paid(&payment));
-        let outcome = store.finalize(&final_inbox, &version, &final_payment, None).await;
+        let outcome = store
+            .finalize(&final_inbox, &version, &final_payment, None)
+            .await;
         assert!(
             matches!(outcome, Err(StoreError::PreconditionFailed)),
             "{outcome:?}"

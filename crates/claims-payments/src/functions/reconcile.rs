@@ -81,11 +81,7 @@ pub async fn invoke(State(state): State<Arc<AppState>>, body: Bytes) -> Response
     match result {
         Ok(summary) => {
             reconcile::log_summary(&summary, "timer");
-            summary_answer(
-                StatusCode::OK,
-                "reconciled",
-                summary.counts(),
-            )
+            summary_answer(StatusCode::OK, "reconciled", summary.counts())
         }
         Err(e) => {
             tracing::error!(trigger = "timer", error = %e, "reconcile failed");

@@ -67,7 +67,9 @@ pub async fn a_claim_and_its_finalize_read_back_whole(store: DynStore) {
         final_payment
     );
     // The claim's version is spent: the same finalize again is refused.
-    let again = store.finalize(&final_inbox, &version, &final_payment, None).await;
+    let again = store
+        .finalize(&final_inbox, &version, &final_payment, None)
+        .await;
     assert!(
         matches!(again, Err(StoreError::PreconditionFailed)),
         "{again:?}"
