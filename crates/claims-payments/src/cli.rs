@@ -107,6 +107,9 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
             done(purge(&store, &mut stdout()).await)
         }
         OperatorCommand::Reconcile(args) => {
+            if settings.bank.is_none() {
+                anyhow::bail!("BANK_API_URL is not set: there is no bank to reconcile with");
+            }
             let store = startup::open_store(settings, Access::Existing).await?;
             let consumer = startup::consumer_for(settings, store)?;
             let reconciler = Reconciler::new(consumer).ok_or_else(|| {

@@ -509,18 +509,26 @@ async fn reconcile_from_the_cli_and_the_timer_settles_an_unknown_payout() {
     assert_eq!(outcome(&answer), "needs-reconciliation");
     bank.always(None);
 
-    // A dry run asks the bank and changes nothing.
-    let (_, dry) = reconcile_cli(&db, &url, &["--dry-run"]);
-    assert_eq!(dry["lines"][0]["result"], "would-settle", "{dry}");
+    // A dry run asks the bank and changes nothing; its verdict is a real run's.
+    let (code, dry) = reconcile_cli(&db, &url, &["--dry-run"]);
+    assert_eq!((code, &dry["dryRun"]), (Some(0), &json!(true)), "{dry}");
+    assert_eq!(dry["lines"][0]["result"], "paid-now", "{dry}");
     assert_eq!(ledger(&db)[0]["status"], "needs_reconciliation");
     assert_eq!(bank.effective_payouts(), 0);
+    bank.fail_lookups(1);
+    let (code, dry) = reconcile_cli(&db, &url, &["--dry-run"]);
+    assert_eq!(
+        (code, dry["stillUnknown"].as_u64()),
+        (Some(3), Some(1)),
+        "a dry run that would leave a payment unknown says so: {dry}"
+    );
 
-    // The lookup fails: still unknown, exit 1, nothing paid.
+    // The lookup fails: still unknown, exit 3 (open items), nothing paid.
     bank.fail_lookups(1);
     let (code, report) = reconcile_cli(&db, &url, &[]);
     assert_eq!(
         (code, report["stillUnknown"].as_u64()),
-        (Some(1), Some(1)),
+        (Some(3), Some(1)),
         "{report}"
     );
     assert_eq!(bank.effective_payouts(), 0);
@@ -553,6 +561,49 @@ async fn reconcile_from_the_cli_and_the_timer_settles_an_unknown_payout() {
         "{report}"
     );
     assert_eq!(bank.effective_payouts(), 1);
+}
+
+/// `reconcile`'s exit codes tell "cannot run" (1) and "usage" (2) from "open items
+/// remain" (3), and a duration past the calendar is a usage error, not a panic.
+#[test]
+fn reconcile_exit_codes_tell_cannot_run_from_usage_from_open_items() {
+    let (_dir, db) = temp_db();
+    let run = |args: &[&str], env: &[(&str, &str)], db: &Path| {
+        let out = Command::new(EXE)
+            .arg("reconcile")
+            .args(args)
+            .env_remove("PAYMENTS_STORE")
+            .env_remove("BANK_API_URL")
+            .env("PAYMENTS_SQLITE_PATH", db)
+            .envs(env.iter().copied())
+            .env("RUST_LIB_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Cannot run: no database yet, and no bank configured.
+    let bank = [("BANK_API_URL", "http://127.0.0.1:9/")];
+    let (code, err) = run(&[], &bank, &db);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("payments.db") || err.contains("database"),
+        "{err}"
+    );
+    let (code, err) = run(&[], &[], &db);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("BANK_API_URL"), "{err}");
+    // Usage: durations past what a date can hold are refused by name, never a panic.
+    for age in ["500000y", "18446744073709551615s", "soon"] {
+        let (code, err) = run(&["--older-than", age], &bank, &db);
+        assert_eq!(code, Some(2), "{age}: {err}");
+        assert!(
+            err.contains("--older-than") && !err.contains("panicked"),
+            "{age}: {err}"
+        );
+    }
 }
 
 async fn pay(
