@@ -124,7 +124,7 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&summary)?);
             } else {
-                print!("{}", reconcile::render_text(&summary));
+                print!("{}", render_reconcile(&summary));
             }
             Ok(match summary.verdict() {
                 reconcile::Verdict::Settled => ExitCode::SUCCESS,
@@ -132,6 +132,26 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
             })
         }
     }
+}
+
+/// Renders the report for people: one line per payment, then the summary.
+fn render_reconcile(summary: &reconcile::Summary) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    for l in &summary.lines {
+        let _ = writeln!(
+            o,
+            "{}  {}  {} -> {}  {:?}: {}",
+            printable(&l.claim_id),
+            printable(&l.message_id),
+            l.before,
+            l.after,
+            l.result,
+            printable(&l.detail)
+        );
+    }
+    let _ = writeln!(o, "{}", summary.counts());
+    o
 }
 
 fn rfc3339(t: OffsetDateTime) -> String {

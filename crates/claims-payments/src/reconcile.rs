@@ -979,26 +979,6 @@ impl RunLease {
     }
 }
 
-/// Renders the report for people: one line per payment, then the summary.
-pub fn render_text(summary: &Summary) -> String {
-    use std::fmt::Write;
-    let mut o = String::new();
-    for l in &summary.lines {
-        let _ = writeln!(
-            o,
-            "{}  {}  {} -> {}  {:?}: {}",
-            crate::cli::printable(&l.claim_id),
-            crate::cli::printable(&l.message_id),
-            l.before,
-            l.after,
-            l.result,
-            crate::cli::printable(&l.detail)
-        );
-    }
-    let _ = writeln!(o, "{}", summary.counts());
-    o
-}
-
 /// Logs a run's summary as one structured line (`reconcile finished`), the line the
 /// alerts query.
 pub fn log_summary(summary: &Summary, trigger: &'static str) {
