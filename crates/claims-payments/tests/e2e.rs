@@ -1039,9 +1039,9 @@ async fn under_app_service_auth_every_route_knows_the_caller() {
     let auditor = principal("33333333-3333-3333-3333-333333333333", &["Payments.Read"]);
     let nobody = principal("44444444-4444-4444-4444-444444444444", &[]);
     let as_ = |p: &str| vec![("X-MS-CLIENT-PRINCIPAL", p.to_owned())];
-    let with = |h: &[(&'static str, String)]| -> Vec<(&str, &str)> {
+    fn with<'a>(h: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
         h.iter().map(|(k, v)| (*k, v.as_str())).collect()
-    };
+    }
     let get = |claim: String, h: Vec<(&'static str, String)>| {
         let c = c.clone();
         let url = handler.url(&format!("/api/payments/{claim}"));

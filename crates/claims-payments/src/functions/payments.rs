@@ -17,7 +17,11 @@ pub const ROUTE: &str = "/api/payments";
 pub const GET_ROUTE: &str = "/api/payments/{claim_id}";
 
 pub async fn post(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    state.api.post(&headers, body).await.into_parts().into_response()
+    state
+        .api
+        .handle_post(&headers, body)
+        .await
+        .into_parts().into_response()
 }
 
 pub async fn get(

@@ -54,6 +54,7 @@ pub enum CallerAuth {
 pub struct Scope(String);
 
 impl Scope {
+    #[cfg(test)]
     pub(crate) fn new(s: impl Into<String>) -> Self {
         Scope(s.into())
     }

@@ -11,13 +11,20 @@
 //! hash the consumer uses), a lease, and, once done, the answer given.
 //!
 //! One request goes:
+//! 0. who calls and may they pay ([`caller`]: 401, 403), is the body JSON (415), is the
+//!    key a key ([`key`]) and the body one valid object (400): nothing is written for any
+//!    of these, so no refusal of the request itself is ever stored under its key;
 //! 1. create the key record (in progress, our lease) with a conditional create; if it
 //!    exists: another fingerprint → 422; completed → the stored answer, byte for byte,
 //!    with `Idempotent-Replayed: true`; in progress under a live lease → 409 with
 //!    `Retry-After`; under an expired lease → take it over (conditional replace);
 //! 2. hand the payment to the consumer as a message whose MessageId is derived from the
-//!    key record (same claim, payout and finalize steps, same outcomes);
+//!    key record, `http-<scope tag>-<key hash>` (same claim, payout and finalize steps,
+//!    same outcomes; the tag says which caller created the payment);
 //! 3. store the answer in the key record (conditional on our lease) and send it.
+//!
+//! Steps 1 to 3 run on a task of their own, which the request awaits: a client that
+//! disconnects drops only the wait, never the payment half-way.
 //!
 //! A crash between any two steps leaves the key record in progress under a lease that
 //! runs out: the client's retry takes it over and step 2 resumes where the consumer's
@@ -90,16 +97,14 @@ impl PaymentsApi {
         }
     }
 
-    /// Handles `POST /api/payments`. Every path ends in an answer.
+    /// Handles `POST /api/payments` as the route receives it. Every path ends in an answer.
     ///
     /// Everything that can refuse the request without a write comes first (caller, role,
     /// media type, body, key), so no refusal of the request itself is ever stored under
     /// its key: a corrected request with the same key is a first request.
-    pub async fn post(&self, headers: &HeaderMap, body: Body) -> Answer {
+    pub async fn handle_post(&self, headers: &HeaderMap, body: Body) -> Answer {
         telemetry::counters().http_requests.inc();
-        let caller = match Caller::authenticate(self.auth, headers)
-            .and_then(|c| c.authorize(Action::Pay).map(|()| c))
-        {
+        let caller = match self.payer(headers) {
             Ok(c) => c,
             Err(refused) => return refused,
         };
@@ -133,6 +138,27 @@ impl PaymentsApi {
                 )
             }
         };
+        self.post_as(caller, headers, &body).await
+    }
+
+    /// A payment request whose body was read already (the conformance suite drives the
+    /// engine this way): the caller's checks, then as [`Self::handle_post`]. The media
+    /// type is the route's business and is not checked here.
+    pub async fn post(&self, headers: &HeaderMap, body: &[u8]) -> Answer {
+        match self.payer(headers) {
+            Ok(caller) => self.post_as(caller, headers, body).await,
+            Err(refused) => refused,
+        }
+    }
+
+    /// The caller, if it may pay.
+    fn payer(&self, headers: &HeaderMap) -> Result<Caller, Answer> {
+        let caller = Caller::authenticate(self.auth, headers)?;
+        caller.authorize(Action::Pay)?;
+        Ok(caller)
+    }
+
+    async fn post_as(&self, caller: Caller, headers: &HeaderMap, body: &[u8]) -> Answer {
         let raw_key = match headers.get_all("idempotency-key").iter().collect::<Vec<_>>()[..] {
             [] => {
                 return Answer::problem(
@@ -152,7 +178,7 @@ impl PaymentsApi {
             Ok(k) => k,
             Err(problem) => return invalid_key(format!("Idempotency-Key {problem}")),
         };
-        let msg = match parse_body(&body) {
+        let msg = match parse_body(body) {
             Ok(m) => m,
             Err(detail) => return invalid_body(detail),
         };
