@@ -117,10 +117,15 @@ pub fn json_request(headers: &HeaderMap) -> Result<(), String> {
     for coding in headers.get_all(header::CONTENT_ENCODING) {
         let identity = coding
             .to_str()
-            .map(|c| c.split(',').all(|c| c.trim().eq_ignore_ascii_case("identity") || c.trim().is_empty()))
+            .map(|c| {
+                c.split(',')
+                    .all(|c| c.trim().eq_ignore_ascii_case("identity") || c.trim().is_empty())
+            })
             .unwrap_or(false);
         if !identity {
-            return Err("Content-Encoding is not supported; send the body without a content coding".into());
+            return Err(
+                "Content-Encoding is not supported; send the body without a content coding".into(),
+            );
         }
     }
     Ok(())
@@ -171,7 +176,10 @@ mod tests {
             with(&[("content-type", "application/json")]),
             with(&[("content-type", "Application/JSON; charset=UTF-8")]),
             with(&[("content-type", "application/merge-patch+json")]),
-            with(&[("content-type", "application/json"), ("content-encoding", "identity")]),
+            with(&[
+                ("content-type", "application/json"),
+                ("content-encoding", "identity"),
+            ]),
         ] {
             assert_eq!(json_request(&ok), Ok(()), "{ok:?}");
         }
@@ -180,8 +188,14 @@ mod tests {
             with(&[("content-type", "text/plain")]),
             with(&[("content-type", "application/x-www-form-urlencoded")]),
             with(&[("content-type", "application/json; charset=latin1")]),
-            with(&[("content-type", "application/json"), ("content-encoding", "gzip")]),
-            with(&[("content-type", "application/json"), ("content-encoding", "br, identity")]),
+            with(&[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ]),
+            with(&[
+                ("content-type", "application/json"),
+                ("content-encoding", "br, identity"),
+            ]),
         ] {
             assert!(json_request(&bad).is_err(), "{bad:?}");
         }

@@ -935,7 +935,10 @@ async fn no_answer_of_the_payments_api_carries_the_banks_words() {
             .text()
             .await
             .unwrap();
-        assert!(!got.contains(SECRET), "bank {status}: GET carries it: {got}");
+        assert!(
+            !got.contains(SECRET),
+            "bank {status}: GET carries it: {got}"
+        );
     }
     assert!(bank.arrived.load(Ordering::SeqCst) >= 4);
 }
@@ -1000,7 +1003,10 @@ async fn a_client_that_disconnects_mid_payout_gets_the_stored_answer_on_retry() 
     assert_eq!(h["idempotent-replayed"], "true");
     let resource: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(
-        (resource["status"].as_str(), resource["bankPaymentId"].as_str()),
+        (
+            resource["status"].as_str(),
+            resource["bankPaymentId"].as_str()
+        ),
         (Some("paid"), Some("p-echo-1"))
     );
     assert_eq!(bank.answered.load(Ordering::SeqCst), 1, "one payout");
@@ -1059,12 +1065,31 @@ async fn under_app_service_auth_every_route_knows_the_caller() {
 
     // No principal: 401 on both routes, nothing written.
     let (s, _, b) = pay(&c, &handler, Some("a-1"), &body, &[]).await;
-    assert_eq!((s, problem_type(&b).as_str()), (401, "caller-unknown"), "{b}");
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (401, "caller-unknown"),
+        "{b}"
+    );
     let (s, b) = get(claim.clone(), vec![]).await;
-    assert_eq!((s, problem_type(&b).as_str()), (401, "caller-unknown"), "{b}");
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (401, "caller-unknown"),
+        "{b}"
+    );
     // A malformed principal: 401 with a reason, the header never echoed.
-    let (s, _, b) = pay(&c, &handler, Some("a-1"), &body, &[("X-MS-CLIENT-PRINCIPAL", "eyJub3QiOiJqc29u")]).await;
-    assert_eq!((s, problem_type(&b).as_str()), (401, "caller-unknown"), "{b}");
+    let (s, _, b) = pay(
+        &c,
+        &handler,
+        Some("a-1"),
+        &body,
+        &[("X-MS-CLIENT-PRINCIPAL", "eyJub3QiOiJqc29u")],
+    )
+    .await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (401, "caller-unknown"),
+        "{b}"
+    );
     assert!(!b.contains("eyJub3Qi"), "{b}");
     // Signed in without the role: 403.
     let (s, _, b) = pay(&c, &handler, Some("a-1"), &body, &with(&as_(&nobody))).await;
@@ -1081,10 +1106,16 @@ async fn under_app_service_auth_every_route_knows_the_caller() {
     assert_eq!(h["idempotent-replayed"], "true");
     // X-MS-CLIENT-PRINCIPAL-ID agreeing with the principal is fine; disagreeing is 401.
     let mut agreeing = as_(&alice);
-    agreeing.push(("X-MS-CLIENT-PRINCIPAL-ID", "11111111-1111-1111-1111-111111111111".into()));
+    agreeing.push((
+        "X-MS-CLIENT-PRINCIPAL-ID",
+        "11111111-1111-1111-1111-111111111111".into(),
+    ));
     assert_eq!(get(claim.clone(), agreeing).await.0, 200);
     let mut disagreeing = as_(&alice);
-    disagreeing.push(("X-MS-CLIENT-PRINCIPAL-ID", "22222222-2222-2222-2222-222222222222".into()));
+    disagreeing.push((
+        "X-MS-CLIENT-PRINCIPAL-ID",
+        "22222222-2222-2222-2222-222222222222".into(),
+    ));
     assert_eq!(get(claim.clone(), disagreeing).await.0, 401);
     // A new key of her own for the same payment: as for any caller, the existing payment.
     let (s, _, b) = pay(&c, &handler, Some("a-2"), &body, &with(&as_(&alice))).await;
@@ -1094,26 +1125,45 @@ async fn under_app_service_auth_every_route_knows_the_caller() {
     // own: the claim is paid by someone else, 409 without any of that payment.
     for key in ["a-1", "b-1"] {
         let (s, h, b) = pay(&c, &handler, Some(key), &body, &with(&as_(&bob))).await;
-        assert_eq!((s, problem_type(&b).as_str()), (409, "claim-already-paid"), "{key}: {b}");
+        assert_eq!(
+            (s, problem_type(&b).as_str()),
+            (409, "claim-already-paid"),
+            "{key}: {b}"
+        );
         assert!(h.get("idempotent-replayed").is_none());
         assert!(h.get("location").is_none());
-        assert!(!b.contains("300.00") && !b.contains(&claim), "no details: {b}");
+        assert!(
+            !b.contains("300.00") && !b.contains(&claim),
+            "no details: {b}"
+        );
     }
     // Bob may not read Alice's payment: to him it does not exist.
     let (s, b) = get(claim.clone(), as_(&bob)).await;
-    assert_eq!((s, problem_type(&b).as_str()), (404, "payment-not-found"), "{b}");
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (404, "payment-not-found"),
+        "{b}"
+    );
     // The auditor (Payments.Read) reads every payment, but may not pay.
     assert_eq!(get(claim.clone(), as_(&auditor)).await.0, 200);
     let other = claim_body(&common::new_claim(), "1.00");
     let (s, _, b) = pay(&c, &handler, Some("r-1"), &other, &with(&as_(&auditor))).await;
     assert_eq!((s, problem_type(&b).as_str()), (403, "forbidden"), "{b}");
 
-    // Bob's own payment is his to read; the key "a-1" under Bob pays his claim.
+    // Bob's own payment is his to read, and only his (and the auditor's).
     let bobs = common::new_claim();
-    let (s, _, b) = pay(&c, &handler, Some("a-1"), &claim_body(&bobs, "2.00"), &with(&as_(&bob))).await;
+    let (s, _, b) = pay(
+        &c,
+        &handler,
+        Some("b-2"),
+        &claim_body(&bobs, "2.00"),
+        &with(&as_(&bob)),
+    )
+    .await;
     assert_eq!(s, 201, "{b}");
     assert_eq!(get(bobs.clone(), as_(&bob)).await.0, 200);
-    assert_eq!(get(bobs, as_(&alice)).await.0, 404);
+    assert_eq!(get(bobs.clone(), as_(&alice)).await.0, 404);
+    assert_eq!(get(bobs, as_(&auditor)).await.0, 200);
     assert_eq!(ledger(&db).len(), 2);
 }
 
@@ -1131,7 +1181,11 @@ async fn the_payments_api_refuses_loose_input() {
     // Keys that are something else once read as a Structured Field.
     for key in ["a, b", "abc;x=1", ":YWJj:", "\"a\", \"b\""] {
         let (s, _, b) = pay(&c, &handler, Some(key), &body, &[]).await;
-        assert_eq!((s, problem_type(&b).as_str()), (400, "idempotency-key-invalid"), "{key}: {b}");
+        assert_eq!(
+            (s, problem_type(&b).as_str()),
+            (400, "idempotency-key-invalid"),
+            "{key}: {b}"
+        );
     }
     // Two header lines are refused as such.
     let two = c
@@ -1151,7 +1205,11 @@ async fn the_payments_api_refuses_loose_input() {
     let negative = claim_body(&claim, "-20.00");
     for (key, wrong) in [("fix-payee", no_payee), ("fix-amount", negative)] {
         let (s, _, b) = pay(&c, &handler, Some(key), &wrong, &[]).await;
-        assert_eq!((s, problem_type(&b).as_str()), (400, "invalid-body"), "{key}: {b}");
+        assert_eq!(
+            (s, problem_type(&b).as_str()),
+            (400, "invalid-body"),
+            "{key}: {b}"
+        );
     }
     let (s, _, b) = pay(&c, &handler, Some("fix-payee"), &body, &[]).await;
     assert_eq!(s, 201, "{b}");
@@ -1160,7 +1218,14 @@ async fn the_payments_api_refuses_loose_input() {
     assert_eq!(bank.effective_payouts(), 1);
 
     // A JSON array is not the object the contract asks for.
-    let array = json!([common::new_claim(), "5.00", "EUR", null, "NL91ABNA0417164300"]).to_string();
+    let array = json!([
+        common::new_claim(),
+        "5.00",
+        "EUR",
+        null,
+        "NL91ABNA0417164300"
+    ])
+    .to_string();
     let (s, _, b) = pay(&c, &handler, Some("arr"), &array, &[]).await;
     assert_eq!((s, problem_type(&b).as_str()), (400, "invalid-body"), "{b}");
 
@@ -1178,17 +1243,32 @@ async fn the_payments_api_refuses_loose_input() {
             .unwrap();
         let s = r.status().as_u16();
         let b = r.text().await.unwrap();
-        assert_eq!((s, problem_type(&b).as_str()), (415, "unsupported-media-type"), "{name}: {b}");
+        assert_eq!(
+            (s, problem_type(&b).as_str()),
+            (415, "unsupported-media-type"),
+            "{name}: {b}"
+        );
     }
-    assert_eq!(ledger(&db).len(), 1, "nothing but the one payment was written");
+    assert_eq!(
+        ledger(&db).len(),
+        1,
+        "nothing but the one payment was written"
+    );
 
     // 404s speak of their own route.
     for path in ["/api/payments/", "/api/payment", "/api/payments/x/y"] {
         let r = c.get(handler.url(path)).send().await.unwrap();
         assert_eq!(r.status().as_u16(), 404, "{path}");
-        assert_eq!(r.headers()["content-type"], "application/problem+json", "{path}");
+        assert_eq!(
+            r.headers()["content-type"],
+            "application/problem+json",
+            "{path}"
+        );
         let b = r.text().await.unwrap();
-        assert!(b.contains("/api/payments") && !b.contains("ClaimApproved"), "{path}: {b}");
+        assert!(
+            b.contains("/api/payments") && !b.contains("ClaimApproved"),
+            "{path}: {b}"
+        );
     }
     let r = c.get(handler.url("/NoSuchFunction")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 404);

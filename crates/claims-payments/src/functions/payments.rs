@@ -21,7 +21,8 @@ pub async fn post(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
         .api
         .handle_post(&headers, body)
         .await
-        .into_parts().into_response()
+        .into_parts()
+        .into_response()
 }
 
 pub async fn get(

@@ -201,12 +201,24 @@ mod tests {
     fn no_outcome_reason_reaches_a_problem_detail() {
         let secret = "Bearer s3cr3t-from-the-bank-echo";
         for outcome in [
-            Outcome::RetryLater { reason: secret.into() },
-            Outcome::StoreFailure { reason: secret.into() },
-            Outcome::InvalidMessage { reason: secret.into() },
-            Outcome::Conflict { reason: secret.into() },
-            Outcome::Rejected { reason: secret.into() },
-            Outcome::NeedsReconciliation { reason: secret.into() },
+            Outcome::RetryLater {
+                reason: secret.into(),
+            },
+            Outcome::StoreFailure {
+                reason: secret.into(),
+            },
+            Outcome::InvalidMessage {
+                reason: secret.into(),
+            },
+            Outcome::Conflict {
+                reason: secret.into(),
+            },
+            Outcome::Rejected {
+                reason: secret.into(),
+            },
+            Outcome::NeedsReconciliation {
+                reason: secret.into(),
+            },
         ] {
             let a = answer_for(&outcome, None);
             assert!(!a.body.contains("s3cr3t"), "{outcome:?}: {}", a.body);

@@ -92,16 +92,18 @@ impl Caller {
     pub fn authenticate(auth: CallerAuth, headers: &HeaderMap) -> Result<Caller, Answer> {
         match auth {
             CallerAuth::FunctionKey => Ok(Caller::KeyHolder),
-            CallerAuth::AppService => principal_of(headers)
-                .map(Caller::Principal)
-                .map_err(|reason| {
-                    Answer::problem(
-                        StatusCode::UNAUTHORIZED,
-                        "caller-unknown",
-                        "The caller is not authenticated",
-                        reason,
-                    )
-                }),
+            CallerAuth::AppService => {
+                principal_of(headers)
+                    .map(Caller::Principal)
+                    .map_err(|reason| {
+                        Answer::problem(
+                            StatusCode::UNAUTHORIZED,
+                            "caller-unknown",
+                            "The caller is not authenticated",
+                            reason,
+                        )
+                    })
+            }
         }
     }
 
@@ -119,7 +121,9 @@ impl Caller {
         let needs = match action {
             Action::Pay => format!("paying needs the app role {PAY_ROLE}"),
             Action::Read => {
-                format!("reading payments needs the app role {READ_ROLE} (or {PAY_ROLE}, for your own)")
+                format!(
+                    "reading payments needs the app role {READ_ROLE} (or {PAY_ROLE}, for your own)"
+                )
             }
         };
         Err(Answer::problem(
@@ -249,10 +253,7 @@ fn principal_of(headers: &HeaderMap) -> Result<Principal, String> {
             );
         }
     }
-    let id = id_in_principal
-        .as_deref()
-        .or(header_id)
-        .unwrap_or_default();
+    let id = id_in_principal.as_deref().or(header_id).unwrap_or_default();
     if id.is_empty()
         || id.chars().count() > MAX_USER_ID_CHARS
         || !id.chars().all(|c| c.is_ascii_graphic())
@@ -354,28 +355,60 @@ mod tests {
         let cases: Vec<(HeaderMap, &str)> = vec![
             (headers(&[]), "missing"),
             (headers(&[("x-ms-client-principal-id", "oid-1")]), "missing"),
-            (headers(&[("x-ms-client-principal", "not base64!")]), "base64"),
-            (headers(&[("x-ms-client-principal", &b64("[1,2]"))]), "neither"),
-            (headers(&[("x-ms-client-principal", &b64("{\"claims\":5}"))]), "App Service"),
-            (headers(&[("x-ms-client-principal", &b64("{\"userId\":\"\",\"identityProvider\":\"aad\"}"))]), "user id"),
             (
-                headers(&[("x-ms-client-principal", &no_role), ("x-ms-client-principal-id", "oid-2")]),
+                headers(&[("x-ms-client-principal", "not base64!")]),
+                "base64",
+            ),
+            (
+                headers(&[("x-ms-client-principal", &b64("[1,2]"))]),
+                "neither",
+            ),
+            (
+                headers(&[("x-ms-client-principal", &b64("{\"claims\":5}"))]),
+                "App Service",
+            ),
+            (
+                headers(&[(
+                    "x-ms-client-principal",
+                    &b64("{\"userId\":\"\",\"identityProvider\":\"aad\"}"),
+                )]),
+                "user id",
+            ),
+            (
+                headers(&[
+                    ("x-ms-client-principal", &no_role),
+                    ("x-ms-client-principal-id", "oid-2"),
+                ]),
                 "does not name",
             ),
             (
-                headers(&[("x-ms-client-principal", &no_role), ("x-ms-client-principal", &no_role)]),
+                headers(&[
+                    ("x-ms-client-principal", &no_role),
+                    ("x-ms-client-principal", &no_role),
+                ]),
                 "more than once",
             ),
             (
-                headers(&[("x-ms-client-principal", &"A".repeat(MAX_PRINCIPAL_BYTES + 4))]),
+                headers(&[(
+                    "x-ms-client-principal",
+                    &"A".repeat(MAX_PRINCIPAL_BYTES + 4),
+                )]),
                 "larger",
             ),
         ];
         for (h, why) in cases {
             let a = Caller::authenticate(CallerAuth::AppService, &h).unwrap_err();
             assert_eq!(a.status, 401, "{why}");
-            assert!(a.body.contains("caller-unknown") && a.body.contains(why), "{why}: {}", a.body);
-            assert!(!a.body.contains("eyJ") && !a.body.contains("AAAA"), "never echoed: {}", a.body);
+            assert!(
+                a.body.contains("caller-unknown") && a.body.contains(why),
+                "{why}: {}",
+                a.body
+            );
+            assert!(
+                !a.body.contains("eyJ") && !a.body.contains("AAAA"),
+                "never echoed: {}",
+                a.body
+            );
         }
         // The principal without a role is known, but may do nothing.
         let c = caller(&headers(&[("x-ms-client-principal", &no_role)])).unwrap();

@@ -54,9 +54,7 @@ pub use answer::{Answer, PaymentResource};
 pub use caller::{Action, Caller, CallerAuth, Scope, MAX_PRINCIPAL_BYTES, PAY_ROLE, READ_ROLE};
 pub use key::ClientKey;
 
-use answer::{
-    answer_for, claim_already_paid, payment_not_found, store_failure, store_unavailable,
-};
+use answer::{answer_for, claim_already_paid, payment_not_found, store_failure, store_unavailable};
 use key::{created_by, KeyIdentity};
 
 /// The pseudo-consumer under which key records are stored.
@@ -423,7 +421,10 @@ impl PaymentsApi {
         // A principal sees a payment in an answer only if it created it: another
         // principal's payment of this claim is a 409 without its details.
         if let Some(p) = &payment {
-            if caller.is_principal() && answer.location.is_some() && !created_by(&p.message_id, scope) {
+            if caller.is_principal()
+                && answer.location.is_some()
+                && !created_by(&p.message_id, scope)
+            {
                 answer = claim_already_paid();
             }
         }
@@ -504,7 +505,10 @@ enum Begin {
 /// client means and the contract does not allow.
 fn parse_body(body: &[u8]) -> Result<ClaimApproved, String> {
     let text = std::str::from_utf8(body).map_err(|_| "body: is not UTF-8 JSON".to_owned())?;
-    let first = text.trim_start_matches([' ', '\t', '\n', '\r']).chars().next();
+    let first = text
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .chars()
+        .next();
     if first != Some('{') {
         return Err("body: must be one JSON object".into());
     }
