@@ -1217,13 +1217,15 @@ async fn the_payments_api_refuses_loose_input() {
     assert_eq!(s, 200, "the same payment again, under another key: {b}");
     assert_eq!(bank.effective_payouts(), 1);
 
-    // A JSON array is not the object the contract asks for.
+    // A JSON array is not the object the contract asks for (serde would read it
+    // positionally: claimId, amount, currency, tenantId, payee, approvedAt).
     let array = json!([
         common::new_claim(),
         "5.00",
         "EUR",
-        null,
-        "NL91ABNA0417164300"
+        "acme",
+        "NL91ABNA0417164300",
+        "2026-12-01T10:15:30Z"
     ])
     .to_string();
     let (s, _, b) = pay(&c, &handler, Some("arr"), &array, &[]).await;
