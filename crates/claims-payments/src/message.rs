@@ -468,6 +468,11 @@ fn optional_string(
 impl ClaimApproved {
     /// Parses the message body (UTF-8 JSON text).
     pub fn parse(body: &str) -> Result<Self, InvalidMessage> {
+        // serde reads a struct from a JSON array too, field by field in order: a message
+        // is an object with named fields, never a positional list.
+        if !body.trim_start().starts_with('{') {
+            return Err(InvalidMessage::new("body", "is not a JSON object"));
+        }
         let wire: WireClaimApproved = serde_json::from_str(body)
             .map_err(|e| InvalidMessage::new("body", format!("is not a JSON object: {e}")))?;
 
@@ -587,6 +592,18 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(big.money.amount_string(), "900719925474.99");
+    }
+
+    #[test]
+    fn a_positional_array_is_not_a_message() {
+        // The fields in WireClaimApproved's order: serde would read this as a message.
+        let array = format!(r#"["{CLAIM}", "10.00", "EUR", null, "NL91ABNA0417164300", null]"#);
+        let err = ClaimApproved::parse(&array).unwrap_err();
+        assert_eq!(err.to_string(), "body: is not a JSON object");
+        assert!(ClaimApproved::parse(&format!(
+            "  \n{{\"claimId\":\"{CLAIM}\",\"amount\":\"1\",\"currency\":\"EUR\"}}"
+        ))
+        .is_ok());
     }
 
     #[test]
