@@ -363,6 +363,37 @@ impl SqliteStore {
             .map_err(|_| StoreError::Permanent("the SQLite syncer has stopped".into()))
     }
 
+    /// Ends the live leases of `consumer`'s in-progress messages, so the next delivery
+    /// of each takes it over at once. `serve` calls this at start, before it listens
+    /// (so before the Functions host, which waits for `GET /` to answer, sends any work):
+    /// it holds the file's instance lock, so every such lease was taken by a `serve`
+    /// that is gone, typically the process the host is replacing. Without this, a
+    /// delivery that meets a dead attempt's lease waits `INFLIGHT_WAIT_MS` and answers
+    /// retry-later, one delivery at a time, until the lease runs out; and every further
+    /// restart cuts such a wait short, costing a delivery without the time it was
+    /// budgeted for, which can dead-letter the message. A lease an operator's
+    /// `reconcile` holds meanwhile may be ended too: taking over from a live attempt is
+    /// safe (same bank Idempotency-Key, version-conditional finalize). The version is
+    /// left as it is, so such a holder's own conditional writes still succeed.
+    pub async fn end_leases_of_earlier_processes(
+        &self,
+        consumer: &str,
+        now: OffsetDateTime,
+    ) -> StoreResult<u64> {
+        let consumer = consumer.to_owned();
+        let now = to_ms(now);
+        self.write(move |conn| {
+            conn.execute(
+                "UPDATE inbox SET lease_until_ms = ?2 \
+                 WHERE consumer = ?1 AND status = 'in_progress' AND lease_until_ms > ?2",
+                params![consumer, now],
+            )
+            .map(|n| Tx::Keep(n as u64))
+            .map_err(map_sqlite_error)
+        })
+        .await
+    }
+
     async fn write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> StoreResult<Tx<T>> + Send + 'static,
