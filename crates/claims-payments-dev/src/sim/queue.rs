@@ -59,6 +59,12 @@ impl Failure {
     fn is_lock_expiry(&self) -> bool {
         self.kind == LOCK_EXPIRED
     }
+
+    /// An answer that refuses the message for good (4xx: conflict, invalid message): it
+    /// is dead-lettered whatever else happened to its deliveries.
+    fn is_permanent(&self) -> bool {
+        self.kind.starts_with('4')
+    }
 }
 
 /// The failure kind of a delivery whose lock expired while the handler still worked.
@@ -68,13 +74,15 @@ pub const LOCK_EXPIRED: &str = "lock expired";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeadLetterCause {
-    /// Every failed delivery was the handler's own answer (a non-2xx, an unreadable
-    /// body): a permanent failure, or retry-later until MaxDeliveryCount.
+    /// The handler's own answers decided it: it refused the message for good (a 4xx
+    /// on some delivery), or every failed delivery was answered (retry-later until
+    /// MaxDeliveryCount, an unreadable body).
     HandlerAnswers,
     /// No failed delivery got an answer (transport failures, function timeouts): the
     /// deliveries were spent on handler processes that died or restarted.
     TransportOnly,
-    /// Both: some deliveries answered, some spent on a dead or restarting handler.
+    /// Retryable answers and unanswered deliveries: restarts spent part of the
+    /// deliveries of a message the handler had not refused.
     Mixed,
     /// Only expired locks (the handler never got to answer in time).
     LockExpiries,
@@ -101,6 +109,8 @@ impl DeadLetterCause {
 pub struct FailureTally {
     /// The handler answered, but not with a success.
     pub answered: u32,
+    /// Of those, answers that refuse the message for good (4xx).
+    pub permanent: u32,
     /// No answer: transport failures and function timeouts.
     pub unanswered: u32,
     pub lock_expiries: u32,
@@ -112,6 +122,7 @@ impl FailureTally {
             self.lock_expiries += 1;
         } else if failure.answered() {
             self.answered += 1;
+            self.permanent += u32::from(failure.is_permanent());
         } else {
             self.unanswered += 1;
         }
@@ -121,6 +132,7 @@ impl FailureTally {
     pub fn cause(&self) -> DeadLetterCause {
         match (self.answered > 0, self.unanswered > 0) {
             (true, false) => DeadLetterCause::HandlerAnswers,
+            (true, true) if self.permanent > 0 => DeadLetterCause::HandlerAnswers,
             (false, true) => DeadLetterCause::TransportOnly,
             (true, true) => DeadLetterCause::Mixed,
             (false, false) => DeadLetterCause::LockExpiries,
@@ -500,6 +512,15 @@ mod tests {
         assert_eq!((tally.answered, tally.unanswered), (2, 1));
         let (cause, _) = cause_after(vec![failure(), failure()]).await;
         assert_eq!(cause, DeadLetterCause::HandlerAnswers);
+        // A conflict is dead-lettered for what the handler said, even if a restart
+        // also cut one of its deliveries.
+        let conflict = Failure {
+            kind: "422 conflict".into(),
+            detail: "another payload".into(),
+        };
+        let (cause, tally) = cause_after(vec![conflict.clone(), transport(), conflict]).await;
+        assert_eq!(cause, DeadLetterCause::HandlerAnswers);
+        assert_eq!((tally.permanent, tally.unanswered), (2, 1));
 
         // An orphaned payout is the scenario's doing, whatever its failures were.
         let q = Queue::new(10);

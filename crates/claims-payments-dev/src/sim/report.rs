@@ -602,6 +602,9 @@ pub struct ProcessSummary {
     pub timeout_restarts: u64,
     pub unexpected_exits: u64,
     pub unexpected_exit_statuses: Vec<String>,
+    /// Exits after which the real host would have stopped itself instead of restarting
+    /// the handler: the third within 30 minutes (see `process::HostRestartLimit`).
+    pub host_stops: u64,
     pub startup_median_ms: f64,
 }
 
@@ -878,6 +881,13 @@ impl Report {
                 format!(" ({})", pr.unexpected_exit_statuses.join("; "))
             }
         );
+        if pr.host_stops > 0 {
+            let _ = writeln!(
+                o,
+                "           a real host would have stopped itself {} times (3 handler exits without a 30-minute gap); here every exit is restarted",
+                pr.host_stops
+            );
+        }
         let outcomes: Vec<String> = h.outcomes.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(o, "answers    {}", outcomes.join(", "));
         let failures: Vec<String> = h.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
