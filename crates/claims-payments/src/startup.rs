@@ -111,7 +111,7 @@ pub async fn open_store(settings: &Settings, access: Access) -> anyhow::Result<D
             if access == Access::Serve {
                 let ended = store
                     .end_leases_of_earlier_processes(
-                        &settings.consumer_name,
+                        &[&settings.consumer_name, crate::payments_api::KEY_CONSUMER],
                         time::OffsetDateTime::now_utc(),
                     )
                     .await

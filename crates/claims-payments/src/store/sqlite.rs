@@ -363,8 +363,9 @@ impl SqliteStore {
             .map_err(|_| StoreError::Permanent("the SQLite syncer has stopped".into()))
     }
 
-    /// Ends the live leases of `consumer`'s in-progress messages, so the next delivery
-    /// of each takes it over at once. `serve` calls this at start, before it listens
+    /// Ends the live leases of the in-progress records of `consumers` (the message
+    /// consumer, the HTTP API's key records), so the next delivery or retry of each
+    /// takes it over at once. `serve` calls this at start, before it listens
     /// (so before the Functions host, which waits for `GET /` to answer, sends any work):
     /// it holds the file's instance lock, so every such lease was taken by a `serve`
     /// that is gone, typically the process the host is replacing. Without this, a
@@ -377,19 +378,23 @@ impl SqliteStore {
     /// left as it is, so such a holder's own conditional writes still succeed.
     pub async fn end_leases_of_earlier_processes(
         &self,
-        consumer: &str,
+        consumers: &[&str],
         now: OffsetDateTime,
     ) -> StoreResult<u64> {
-        let consumer = consumer.to_owned();
+        let consumers: Vec<String> = consumers.iter().map(|c| (*c).to_owned()).collect();
         let now = to_ms(now);
         self.write(move |conn| {
-            conn.execute(
-                "UPDATE inbox SET lease_until_ms = ?2 \
-                 WHERE consumer = ?1 AND status = 'in_progress' AND lease_until_ms > ?2",
-                params![consumer, now],
-            )
-            .map(|n| Tx::Keep(n as u64))
-            .map_err(map_sqlite_error)
+            let mut ended = 0;
+            for consumer in &consumers {
+                ended += conn
+                    .execute(
+                        "UPDATE inbox SET lease_until_ms = ?2 \
+                         WHERE consumer = ?1 AND status = 'in_progress' AND lease_until_ms > ?2",
+                        params![consumer, now],
+                    )
+                    .map_err(map_sqlite_error)? as u64;
+            }
+            Ok(Tx::Keep(ended))
         })
         .await
     }
