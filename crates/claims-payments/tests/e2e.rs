@@ -313,6 +313,55 @@ async fn a_restarted_serve_ends_the_dead_processes_leases_before_it_is_ready() {
     assert_eq!(bank.effective_payouts(), 1);
 }
 
+/// The same for `POST /api/payments`: a request cut by the handler's death leaves its
+/// Idempotency-Key leased; the restarted `serve` ends that lease before it is ready, so
+/// the client's retry under the same key takes over and pays instead of getting 409
+/// `request-in-flight` until the dead request's lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_serve_lets_a_retry_take_over_a_key_the_dead_process_held() {
+    let bank = FakeBank::start().await;
+    bank.script([BankFault::Slow(Duration::from_secs(3))]);
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let settings = [("BANK_API_URL", url.as_str()), ("LEASE_MS", "120000")];
+    let client = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "88.10");
+    let handler = Handler::start(EXE, &db, &settings);
+    let first = tokio::spawn({
+        let (client, body, url) = (client.clone(), body.clone(), handler.url("/api/payments"));
+        async move {
+            client
+                .post(url)
+                .header("content-type", "application/json")
+                .header("Idempotency-Key", "k-restart")
+                .body(body)
+                .send()
+                .await
+        }
+    });
+    wait_until(
+        Duration::from_secs(30),
+        "the payout request reached the bank",
+        || !bank.requests().is_empty(),
+    )
+    .await;
+    handler.kill();
+    assert!(
+        first.await.unwrap().is_err(),
+        "the killed handler never answers"
+    );
+
+    let handler = Handler::start(EXE, &db, &settings);
+    let (status, _, answer) = pay(&client, &handler, Some("k-restart"), &body, &[]).await;
+    assert!(
+        matches!(status, 200 | 201),
+        "the retry takes over from the dead request: {status} {answer}"
+    );
+    handler.kill();
+    assert_eq!(ledger(&db)[0]["status"], "paid");
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
 /// A client that trickles its request headers is cut off, and cannot hold a SIGTERM.
 #[test]
 fn a_slow_client_is_cut_off_and_cannot_hold_the_shutdown() {
