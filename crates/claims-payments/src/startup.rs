@@ -100,11 +100,33 @@ pub struct Seams {
 }
 
 /// Opens the configured store. `access` says how this process uses a SQLite file (serve,
-/// an operator's write, a read-only listing); Cosmos ignores it.
+/// an operator's write, a read-only listing); Cosmos ignores it. For `serve` on SQLite
+/// it also ends the leases the previous `serve` left (see
+/// [`SqliteStore::end_leases_of_earlier_processes`]): that happens before the port opens.
 pub async fn open_store(settings: &Settings, access: Access) -> anyhow::Result<DynStore> {
     Ok(match &settings.store {
-        StoreSettings::Sqlite { path } => SqliteStore::open_as(path, access)
-            .context("cannot use the SQLite database set by PAYMENTS_SQLITE_PATH")?,
+        StoreSettings::Sqlite { path } => {
+            let store = SqliteStore::open_as(path, access)
+                .context("cannot use the SQLite database set by PAYMENTS_SQLITE_PATH")?;
+            if access == Access::Serve {
+                let ended = store
+                    .end_leases_of_earlier_processes(
+                        &[&settings.consumer_name, crate::payments_api::KEY_CONSUMER],
+                        time::OffsetDateTime::now_utc(),
+                    )
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!("cannot end the leases of an earlier serve: {e}")
+                    })?;
+                if ended > 0 {
+                    tracing::info!(
+                        leases = ended,
+                        "ended the leases of attempts by an earlier serve on this file; their next deliveries take over at once"
+                    );
+                }
+            }
+            store
+        }
         StoreSettings::Cosmos(cosmos) => {
             Arc::new(CosmosStore::connect(cosmos, settings.inbox_retention).await?)
         }

@@ -257,6 +257,113 @@ async fn sigkill_mid_payout_with_production_timings_is_taken_over_by_the_next_de
     assert_eq!(bank.effective_payouts(), 1);
 }
 
+/// The host restarts a handler that died (SIGKILL mid-payout here) and sends nothing
+/// until `GET /` answers. By then the new `serve` has ended the dead attempt's lease, so
+/// a copy of the message that proves nothing about that attempt (a producer re-send: a
+/// new broker message, DeliveryCount 1) takes the payout over at once. Without that it
+/// would meet a live lease, wait `INFLIGHT_WAIT_MS` and answer retry-later, delivery
+/// after delivery until the lease ran out, and each further restart would cut one of
+/// those waits short: the simulator saw messages dead-lettered that way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_serve_ends_the_dead_processes_leases_before_it_is_ready() {
+    let bank = FakeBank::start().await;
+    bank.script([BankFault::Slow(Duration::from_secs(3))]);
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let settings = [
+        ("BANK_API_URL", url.as_str()),
+        // The deployed lease and retry budget; a short in-flight wait (the delivery
+        // count keeps the start-up check satisfied), so a wait ends quickly.
+        ("LEASE_MS", "120000"),
+        ("INFLIGHT_WAIT_MS", "1000"),
+        ("MAX_DELIVERY_COUNT", "200"),
+    ];
+    let client = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "615.20");
+    let handler = Handler::start(EXE, &db, &settings);
+    let first = tokio::spawn({
+        let (client, envelope, url) = (
+            client.clone(),
+            host_envelope(&body, "evt-resent", 1),
+            handler.url("/ClaimApproved"),
+        );
+        async move { client.post(url).json(&envelope).send().await }
+    });
+    wait_until(
+        Duration::from_secs(30),
+        "the payout request reached the bank",
+        || !bank.requests().is_empty(),
+    )
+    .await;
+    handler.kill();
+    assert!(
+        first.await.unwrap().is_err(),
+        "the killed handler never answers"
+    );
+
+    let handler = Handler::start(EXE, &db, &settings);
+    let (status, answer) = invoke(&client, &handler, &host_envelope(&body, "evt-resent", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, outcome(&answer)),
+        (200, "paid"),
+        "the re-sent copy takes over from the dead attempt: {answer}"
+    );
+    handler.kill();
+    assert_eq!(ledger(&db)[0]["status"], "paid");
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+/// The same for `POST /api/payments`: a request cut by the handler's death leaves its
+/// Idempotency-Key leased; the restarted `serve` ends that lease before it is ready, so
+/// the client's retry under the same key takes over and pays instead of getting 409
+/// `request-in-flight` until the dead request's lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_serve_lets_a_retry_take_over_a_key_the_dead_process_held() {
+    let bank = FakeBank::start().await;
+    bank.script([BankFault::Slow(Duration::from_secs(3))]);
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let settings = [("BANK_API_URL", url.as_str()), ("LEASE_MS", "120000")];
+    let client = reqwest::Client::new();
+    let body = claim_body(&common::new_claim(), "88.10");
+    let handler = Handler::start(EXE, &db, &settings);
+    let first = tokio::spawn({
+        let (client, body, url) = (client.clone(), body.clone(), handler.url("/api/payments"));
+        async move {
+            client
+                .post(url)
+                .header("content-type", "application/json")
+                .header("Idempotency-Key", "k-restart")
+                .body(body)
+                .send()
+                .await
+        }
+    });
+    wait_until(
+        Duration::from_secs(30),
+        "the payout request reached the bank",
+        || !bank.requests().is_empty(),
+    )
+    .await;
+    handler.kill();
+    assert!(
+        first.await.unwrap().is_err(),
+        "the killed handler never answers"
+    );
+
+    let handler = Handler::start(EXE, &db, &settings);
+    let (status, _, answer) = pay(&client, &handler, Some("k-restart"), &body, &[]).await;
+    assert!(
+        matches!(status, 200 | 201),
+        "the retry takes over from the dead request: {status} {answer}"
+    );
+    handler.kill();
+    assert_eq!(ledger(&db)[0]["status"], "paid");
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
 /// A client that trickles its request headers is cut off, and cannot hold a SIGTERM.
 #[test]
 fn a_slow_client_is_cut_off_and_cannot_hold_the_shutdown() {

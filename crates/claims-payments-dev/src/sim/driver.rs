@@ -18,6 +18,47 @@
 //! With several handler instances ([`Instances`]) each delivery goes to one of the
 //! live instances (see [`Host`]); kills and timeout restarts hit the instance that
 //! has the invocation, and the statistics are kept per instance too.
+//!
+//! ## While the handler restarts
+//! What the real host does when the handler process exits (azure-functions-host,
+//! snapshot 89dc438, Oct 2024; `src/WebJobs.Script/...`):
+//! - `Workers/ProcessManagement/WorkerProcess.cs` `OnProcessExited`: exit code 0 only
+//!   closes the process (no restart), 200 asks for a restart, any other code (a
+//!   SIGKILL too) goes to `HttpWorkerProcess.HandleWorkerProcessExitError`, which
+//!   publishes an `HttpWorkerErrorEvent`.
+//! - `Workers/Http/HttpFunctionInvocationDispatcher.cs` `WorkerError` →
+//!   `DisposeAndRestartWorkerChannel`: `State = WorkerProcessRestarting`, the channel is
+//!   disposed, and `InitializeHttpWorkerChannelAsync` starts a new process on the same
+//!   port (`HttpWorkerOptionsSetup` picks it once per host) and sets `Initialized` only
+//!   after `DefaultHttpWorkerService.IsWorkerReady` got an HTTP answer to `GET /`
+//!   (polled every 25 ms, `InitializationTimeout` 30 s). The third such error without a
+//!   30-minute gap stops the host instead (see `process::HostRestartLimit`).
+//!   `InvokeAsync` only forwards to the channel: nothing is queued or retried there.
+//! - `Description/Workers/WorkerFunctionInvoker.cs` `InvokeCore`: an invocation that
+//!   starts while the dispatcher is not `Initialized` waits in
+//!   `DelayUntilFunctionDispatcherInitializedOrShutdown` (polling every 25 ms, at most
+//!   `(ErrorEventsThreshold + 1) × InitializationTimeout` = 120 s, then the host stops).
+//!   Its message stays locked meanwhile (the Service Bus extension renews the lock), so
+//!   holding it costs no delivery. The check runs once, before the POST.
+//! - `Workers/Http/DefaultHttpWorkerService.cs` `ProcessDefaultInvocationRequest`: an
+//!   exception of the POST (the connection reset by the dying process, or refused
+//!   because the request left before the exit was handled) is set on the invocation's
+//!   result: the invocation fails, with no retry.
+//! - azure-sdk-for-net `sdk/servicebus/Microsoft.Azure.WebJobs.Extensions.ServiceBus/
+//!   src/Primitives/MessageProcessor.cs` `CompleteProcessingMessageAsync` rethrows a
+//!   failed result, so the processor abandons the message: it comes back at once with
+//!   DeliveryCount + 1, and is dead-lettered after MaxDeliveryCount.
+//!
+//! So a handler that dies costs every invocation in flight in it one delivery, which
+//! no host setting avoids, and the host holds everything that arrives until the new
+//! process answers `GET /`. The driver does the same: `Host::assign` sends nothing to
+//! an instance while it restarts (waiting at most [`HOLD_WHILE_RESTARTING`]), and a
+//! worker whose invocation failed at the transport level waits until the supervisor
+//! has seen the exit ([`Handler::transport_failed`]) before it abandons, as the host's
+//! state has flipped by the time Service Bus hands the message out again. What a
+//! restart must not do is make those deliveries add up: `serve` ends the leases the
+//! dead process held before it answers `GET /` (SQLite), so redeliveries take over
+//! instead of waiting out a dead attempt's lease while further restarts cut the waits.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +79,11 @@ use super::queue::{Abandoned, Failure, Queue, QueueDelivery};
 
 /// The host version the driver claims to be, in headers and the User-Agent.
 pub const HOST_VERSION: &str = "4.1037.0.0";
+
+/// How long the host holds an invocation while the handler restarts:
+/// `(ErrorEventsThreshold + 1) × InitializationTimeout` = 4 × 30 s (see the module
+/// documentation). Past it the real host stops; the simulation fails.
+pub const HOLD_WHILE_RESTARTING: Duration = Duration::from_secs(120);
 
 /// What the driver invokes: one or more handler instances (separate processes on one
 /// store) that compete for the queue's messages. Instances are numbered from 0.
@@ -75,7 +121,7 @@ impl Handler for Supervisor {
     }
 
     async fn endpoint(&self, _instance: usize) -> anyhow::Result<Endpoint> {
-        Supervisor::endpoint(self, Duration::from_secs(30)).await
+        Supervisor::endpoint(self, HOLD_WHILE_RESTARTING).await
     }
 
     fn kill(&self, _instance: usize, generation: u64, reason: KillReason) -> bool {
@@ -84,8 +130,12 @@ impl Handler for Supervisor {
     }
 
     async fn transport_failed(&self, _instance: usize, generation: u64) {
-        self.wait_until_replaced(generation, Duration::from_millis(250))
-            .await;
+        self.wait_until_replaced(
+            generation,
+            Duration::from_millis(250),
+            HOLD_WHILE_RESTARTING,
+        )
+        .await;
     }
 }
 
@@ -118,7 +168,7 @@ impl Handler for Instances {
 
     async fn endpoint(&self, instance: usize) -> anyhow::Result<Endpoint> {
         self.get(instance)?
-            .endpoint(Duration::from_secs(30))
+            .endpoint(HOLD_WHILE_RESTARTING)
             .await
             .with_context(|| format!("instance {}", instance + 1))
     }
@@ -135,8 +185,12 @@ impl Handler for Instances {
 
     async fn transport_failed(&self, instance: usize, generation: u64) {
         if let Some(s) = self.0.get(instance) {
-            s.wait_until_replaced(generation, Duration::from_millis(250))
-                .await;
+            s.wait_until_replaced(
+                generation,
+                Duration::from_millis(250),
+                HOLD_WHILE_RESTARTING,
+            )
+            .await;
         }
     }
 }

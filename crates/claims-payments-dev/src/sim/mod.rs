@@ -945,6 +945,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         processes.mid_payout_kills += summary.mid_payout_kills;
         processes.timeout_restarts += summary.timeout_restarts;
         processes.unexpected_exits += summary.unexpected_exits;
+        processes.host_stops += load(&stats.host_stops);
         if let Ok(v) = stats.unexpected_exit_statuses.lock() {
             processes
                 .unexpected_exit_statuses

@@ -5,6 +5,10 @@
 //! crash fault knob, a kill requested by the driver, a function timeout) it starts a new
 //! one on the same database, as the host restarts a handler that exited. The simulator runs one supervisor per handler
 //! instance.
+//!
+//! Unlike the real host it never gives up after a few exits: the chaos rates kill the
+//! handler far more often than a host tolerates. It counts instead how often the host
+//! would have stopped itself ([`HostRestartLimit`]), so the report can say so.
 
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -65,6 +69,44 @@ enum Control {
     Stop(oneshot::Sender<()>),
 }
 
+/// The host's limit on restarting a handler that exited: `HttpWorkerProcess`
+/// publishes an `HttpWorkerErrorEvent` for every exit with a code other than 0 and 200
+/// (a SIGKILL is one), and `HttpFunctionInvocationDispatcher.WorkerError` pushes it on
+/// a stack that is emptied only when the new error comes more than
+/// `WorkerRestartErrorIntervalThresholdInMinutes` (30) after the last one; with
+/// `ErrorEventsThreshold` (3) errors on it, `RestartWorkerChannel` stops the host
+/// ("Exceeded http worker restart retry count. Shutting down Functions Host") instead of
+/// restarting the handler. A restart the host asks for itself (function timeout,
+/// `RestartWorkerWithInvocationIdAsync`) disposes the process first, so its exit is no
+/// error. (azure-functions-host 89dc438, src/WebJobs.Script/Workers/Http/.)
+#[derive(Debug, Default)]
+pub struct HostRestartLimit {
+    errors: Vec<std::time::Instant>,
+}
+
+impl HostRestartLimit {
+    pub const ERROR_EVENTS_THRESHOLD: usize = 3;
+    pub const WINDOW: Duration = Duration::from_secs(30 * 60);
+
+    /// Records a handler exit at `at`; true when the real host would stop itself now
+    /// rather than restart the handler (then a new host starts with no errors counted).
+    pub fn exited(&mut self, at: std::time::Instant) -> bool {
+        if self
+            .errors
+            .last()
+            .is_some_and(|&top| at.duration_since(top) > Self::WINDOW)
+        {
+            self.errors.clear();
+        }
+        self.errors.push(at);
+        if self.errors.len() >= Self::ERROR_EVENTS_THRESHOLD {
+            self.errors.clear();
+            return true;
+        }
+        false
+    }
+}
+
 /// How the handler processes ended.
 #[derive(Debug, Default)]
 pub struct ProcessStats {
@@ -77,6 +119,8 @@ pub struct ProcessStats {
     /// Any other exit (a panic, an error exit): always a finding.
     pub unexpected_exits: AtomicU64,
     pub unexpected_exit_statuses: Mutex<Vec<String>>,
+    /// Exits after which the real host would have stopped itself ([`HostRestartLimit`]).
+    pub host_stops: AtomicU64,
     pub startup_micros: Mutex<Vec<u64>>,
     pub current_pid: AtomicU32,
 }
@@ -123,7 +167,12 @@ impl Supervisor {
     /// The live handler, waiting (bounded) while it restarts.
     pub async fn endpoint(&self, timeout: Duration) -> anyhow::Result<Endpoint> {
         let mut slot = self.slot.clone();
-        let ready = tokio::time::timeout(timeout, slot.wait_for(|s| *s != Slot::Starting))
+        let live = |s: &Slot| match s {
+            Slot::Starting => false,
+            Slot::Ready(_) => !self.current_exited(),
+            Slot::Failed(_) | Slot::Stopped => true,
+        };
+        let ready = tokio::time::timeout(timeout, slot.wait_for(live))
             .await
             .context("the handler did not come back after a restart")?
             .context("the supervisor stopped")?
@@ -136,11 +185,19 @@ impl Supervisor {
     }
 
     /// The live handler now, or None while it restarts (or after it stopped or failed).
+    /// A process that has exited is not live even before this supervisor has reaped it:
+    /// the host's dispatcher turns to "restarting" in the exit event itself, so nothing
+    /// new is sent to the dead port meanwhile.
     pub fn ready(&self) -> Option<Endpoint> {
         match &*self.slot.borrow() {
-            Slot::Ready(endpoint) => Some(endpoint.clone()),
+            Slot::Ready(endpoint) if !self.current_exited() => Some(endpoint.clone()),
             _ => None,
         }
+    }
+
+    /// Whether the current process has exited (a zombie not yet reaped counts).
+    fn current_exited(&self) -> bool {
+        exited(self.stats.current_pid.load(Ordering::Relaxed))
     }
 
     /// Why the handler could not be restarted, once the supervisor gave up.
@@ -152,14 +209,18 @@ impl Supervisor {
     }
 
     /// Waits until `generation` is no longer the live process (it died and the
-    /// supervisor noticed), at most `timeout`.
-    pub async fn wait_until_replaced(&self, generation: u64, timeout: Duration) {
+    /// supervisor noticed), at most `timeout`; longer, up to `hold`, once the process
+    /// is known to have exited (the supervisor is only late to reap it).
+    pub async fn wait_until_replaced(&self, generation: u64, timeout: Duration, hold: Duration) {
         let mut slot = self.slot.clone();
-        let _ = tokio::time::timeout(
-            timeout,
-            slot.wait_for(|s| !matches!(s, Slot::Ready(e) if e.generation == generation)),
-        )
-        .await;
+        let replaced = |s: &Slot| !matches!(s, Slot::Ready(e) if e.generation == generation);
+        if tokio::time::timeout(timeout, slot.wait_for(replaced))
+            .await
+            .is_err()
+            && self.current_exited()
+        {
+            let _ = tokio::time::timeout(hold, slot.wait_for(replaced)).await;
+        }
     }
 
     /// Asks for a SIGKILL of `generation`; ignored if that process is already gone.
@@ -183,6 +244,30 @@ impl Supervisor {
     }
 }
 
+/// Whether the child `pid` has exited, without reaping it (`waitid` with `WNOWAIT`):
+/// true from the moment it is a zombie, and once it is reaped (then it is no child).
+fn exited(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: a zeroed siginfo_t is a valid out-parameter; WNOWAIT leaves the child
+    // for the supervisor to reap.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        match rc {
+            0 => info.si_pid() != 0,
+            // No such child: reaped already.
+            _ => std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD),
+        }
+    }
+}
+
 fn record_start(stats: &ProcessStats, process: &ServeProcess) {
     stats.starts.fetch_add(1, Ordering::Relaxed);
     stats.current_pid.store(process.pid, Ordering::Relaxed);
@@ -201,6 +286,7 @@ async fn supervise(
 ) {
     let mut generation = 1u64;
     let mut restarts = 0u64;
+    let mut limit = HostRestartLimit::default();
     loop {
         slot.send_replace(Slot::Ready(Endpoint {
             generation,
@@ -231,6 +317,10 @@ async fn supervise(
             }
         };
         slot.send_replace(Slot::Starting);
+        if requested != Some(KillReason::FunctionTimeout) && limit.exited(std::time::Instant::now())
+        {
+            stats.host_stops.fetch_add(1, Ordering::Relaxed);
+        }
         classify_exit(&stats, requested, status, || process.last_log_line());
         restarts += 1;
         if restarts > max_restarts {
@@ -282,4 +372,27 @@ fn classify_exit(
             stats.unexpected_exits.fetch_add(1, Ordering::Relaxed)
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn the_host_stops_at_the_third_exit_without_a_thirty_minute_gap() {
+        let t0 = Instant::now();
+        let min = |m: u64| t0 + Duration::from_secs(m * 60);
+        let mut limit = HostRestartLimit::default();
+        assert!(!limit.exited(min(0)));
+        assert!(!limit.exited(min(20)));
+        // 31 minutes after the last one: the count starts again.
+        assert!(!limit.exited(min(51)));
+        assert!(!limit.exited(min(60)));
+        assert!(limit.exited(min(80)));
+        // A new host counts from zero.
+        assert!(!limit.exited(min(81)));
+        assert!(!limit.exited(min(82)));
+        assert!(limit.exited(min(83)));
+    }
 }

@@ -49,6 +49,97 @@ pub struct Failure {
     pub detail: String,
 }
 
+impl Failure {
+    /// Whether the handler answered at all: a transport failure or a function timeout
+    /// is a delivery the handler never answered (its process died, restarted or hung).
+    pub fn answered(&self) -> bool {
+        !(self.kind.starts_with("transport:") || self.kind == "function timeout")
+    }
+
+    fn is_lock_expiry(&self) -> bool {
+        self.kind == LOCK_EXPIRED
+    }
+
+    /// An answer that refuses the message for good (4xx: conflict, invalid message): it
+    /// is dead-lettered whatever else happened to its deliveries.
+    fn is_permanent(&self) -> bool {
+        self.kind.starts_with('4')
+    }
+}
+
+/// The failure kind of a delivery whose lock expired while the handler still worked.
+pub const LOCK_EXPIRED: &str = "lock expired";
+
+/// Why the broker dead-lettered a message, from every failed delivery it had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeadLetterCause {
+    /// The handler's own answers decided it: it refused the message for good (a 4xx
+    /// on some delivery), or every failed delivery was answered (retry-later until
+    /// MaxDeliveryCount, an unreadable body).
+    HandlerAnswers,
+    /// No failed delivery got an answer (transport failures, function timeouts): the
+    /// deliveries were spent on handler processes that died or restarted.
+    TransportOnly,
+    /// Retryable answers and unanswered deliveries: restarts spent part of the
+    /// deliveries of a message the handler had not refused.
+    Mixed,
+    /// Only expired locks (the handler never got to answer in time).
+    LockExpiries,
+    /// The scenario dead-lettered it at once (an orphaned payout, see
+    /// [`Queue::orphan_claim`]).
+    Orphaned,
+}
+
+impl DeadLetterCause {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DeadLetterCause::HandlerAnswers => "handler answers",
+            DeadLetterCause::TransportOnly => "transport only",
+            DeadLetterCause::Mixed => "answers and transport",
+            DeadLetterCause::LockExpiries => "lock expiries only",
+            DeadLetterCause::Orphaned => "orphaned by the scenario",
+        }
+    }
+}
+
+/// The failed deliveries of one message, by class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureTally {
+    /// The handler answered, but not with a success.
+    pub answered: u32,
+    /// Of those, answers that refuse the message for good (4xx).
+    pub permanent: u32,
+    /// No answer: transport failures and function timeouts.
+    pub unanswered: u32,
+    pub lock_expiries: u32,
+}
+
+impl FailureTally {
+    fn add(&mut self, failure: &Failure) {
+        if failure.is_lock_expiry() {
+            self.lock_expiries += 1;
+        } else if failure.answered() {
+            self.answered += 1;
+            self.permanent += u32::from(failure.is_permanent());
+        } else {
+            self.unanswered += 1;
+        }
+    }
+
+    /// The cause of a dead letter with this history (not orphaned).
+    pub fn cause(&self) -> DeadLetterCause {
+        match (self.answered > 0, self.unanswered > 0) {
+            (true, false) => DeadLetterCause::HandlerAnswers,
+            (true, true) if self.permanent > 0 => DeadLetterCause::HandlerAnswers,
+            (false, true) => DeadLetterCause::TransportOnly,
+            (true, true) => DeadLetterCause::Mixed,
+            (false, false) => DeadLetterCause::LockExpiries,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settled {
     Completed {
@@ -59,6 +150,9 @@ pub enum Settled {
         /// The last failure before the broker gave up.
         last: Failure,
         delivery_count: u32,
+        /// Why, from all of its failed deliveries.
+        cause: DeadLetterCause,
+        failures: FailureTally,
     },
 }
 
@@ -77,6 +171,7 @@ struct Entry {
     delivery_count: u32,
     lock: Option<Uuid>,
     last_failure: Option<Failure>,
+    failures: FailureTally,
     settled: Option<Settled>,
     /// A re-drive already sent this dead-lettered message again.
     redriven: bool,
@@ -147,6 +242,7 @@ impl Queue {
             delivery_count: 0,
             lock: None,
             last_failure: None,
+            failures: FailureTally::default(),
             settled: None,
             redriven: false,
             orphaned: false,
@@ -247,7 +343,7 @@ impl Queue {
             return false;
         }
         let failure = Failure {
-            kind: "lock expired".to_owned(),
+            kind: LOCK_EXPIRED.to_owned(),
             detail: format!(
                 "the lock of delivery {} expired while the handler was still working",
                 delivery.delivery_count
@@ -263,11 +359,18 @@ impl Queue {
         let max = self.max_delivery_count;
         let entry = &mut inner.entries[index];
         entry.lock = None;
+        entry.failures.add(&failure);
         if entry.delivery_count >= max || entry.orphaned {
             entry.redriven |= entry.orphaned;
             entry.settled = Some(Settled::DeadLettered {
                 last: failure,
                 delivery_count: entry.delivery_count,
+                cause: if entry.orphaned {
+                    DeadLetterCause::Orphaned
+                } else {
+                    entry.failures.cause()
+                },
+                failures: entry.failures,
             });
             inner.active -= 1;
             Abandoned::DeadLettered
@@ -364,7 +467,7 @@ mod tests {
         let views = q.entries();
         assert!(matches!(
             &views[0].settled,
-            Some(Settled::DeadLettered { delivery_count: 3, last }) if last.kind == "503 retry-later"
+            Some(Settled::DeadLettered { delivery_count: 3, last, .. }) if last.kind == "503 retry-later"
         ));
         assert_eq!(q.redrive_dead_letters(), 1);
         assert_eq!(q.redrive_dead_letters(), 0);
@@ -373,6 +476,65 @@ mod tests {
         assert_eq!(d.delivery_count, 1);
         q.complete(&d, "paid").unwrap();
         assert_eq!(q.active(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_dead_letter_names_its_cause_from_every_failed_delivery() {
+        let transport = || Failure {
+            kind: "transport: connection closed".into(),
+            detail: "the handler died".into(),
+        };
+        let cause_after = |failures: Vec<Failure>| async move {
+            let q = Queue::new(failures.len() as u32);
+            q.send(0, "m", b"{}", false);
+            for f in failures {
+                let d = q.receive(soon()).await.unwrap().unwrap();
+                q.abandon(&d, f).unwrap();
+            }
+            match &q.entries()[0].settled {
+                Some(Settled::DeadLettered {
+                    cause, failures, ..
+                }) => (*cause, *failures),
+                other => panic!("not dead-lettered: {other:?}"),
+            }
+        };
+        let (cause, tally) = cause_after(vec![transport(), transport()]).await;
+        assert_eq!(cause, DeadLetterCause::TransportOnly);
+        assert_eq!((tally.answered, tally.unanswered), (0, 2));
+        let timeout = Failure {
+            kind: "function timeout".into(),
+            detail: String::new(),
+        };
+        let (cause, _) = cause_after(vec![timeout, transport()]).await;
+        assert_eq!(cause, DeadLetterCause::TransportOnly);
+        let (cause, tally) = cause_after(vec![failure(), transport(), failure()]).await;
+        assert_eq!(cause, DeadLetterCause::Mixed);
+        assert_eq!((tally.answered, tally.unanswered), (2, 1));
+        let (cause, _) = cause_after(vec![failure(), failure()]).await;
+        assert_eq!(cause, DeadLetterCause::HandlerAnswers);
+        // A conflict is dead-lettered for what the handler said, even if a restart
+        // also cut one of its deliveries.
+        let conflict = Failure {
+            kind: "422 conflict".into(),
+            detail: "another payload".into(),
+        };
+        let (cause, tally) = cause_after(vec![conflict.clone(), transport(), conflict]).await;
+        assert_eq!(cause, DeadLetterCause::HandlerAnswers);
+        assert_eq!((tally.permanent, tally.unanswered), (2, 1));
+
+        // An orphaned payout is the scenario's doing, whatever its failures were.
+        let q = Queue::new(10);
+        q.send(0, "m", br#"{"claimId":"c1"}"#, false);
+        let d = q.receive(soon()).await.unwrap().unwrap();
+        assert_eq!(q.orphan_claim("c1"), 1);
+        assert_eq!(q.abandon(&d, transport()), Ok(Abandoned::DeadLettered));
+        assert!(matches!(
+            q.entries()[0].settled,
+            Some(Settled::DeadLettered {
+                cause: DeadLetterCause::Orphaned,
+                ..
+            })
+        ));
     }
 
     #[tokio::test]

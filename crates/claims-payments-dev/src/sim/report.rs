@@ -34,7 +34,7 @@ use serde::Serialize;
 
 use super::bank::{BankAnswer, BankLedger, Payout};
 use super::driver::HostStats;
-use super::queue::{EntryView, Settled};
+use super::queue::{DeadLetterCause, EntryView, Settled};
 use super::scenario::{CopyKind, Payload, Plan};
 
 /// One payment as the ledger holds it.
@@ -602,6 +602,9 @@ pub struct ProcessSummary {
     pub timeout_restarts: u64,
     pub unexpected_exits: u64,
     pub unexpected_exit_statuses: Vec<String>,
+    /// Exits after which the real host would have stopped itself instead of restarting
+    /// the handler: the third within 30 minutes (see `process::HostRestartLimit`).
+    pub host_stops: u64,
     pub startup_median_ms: f64,
 }
 
@@ -644,6 +647,37 @@ pub struct BrokerSummary {
     pub dead_lettered_final: usize,
     pub max_delivery_count: u32,
     pub highest_delivery_count: u32,
+    /// Every dead-lettering (the first pass and the re-drive), by cause.
+    pub dead_letter_causes: DeadLetterCauses,
+}
+
+/// Dead-lettered messages by [`DeadLetterCause`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterCauses {
+    pub handler_answers: usize,
+    /// Every delivery spent without an answer: a handler restart alone dead-lettered it.
+    pub transport_only: usize,
+    pub mixed: usize,
+    /// Of the mixed ones, the deliveries that got no answer.
+    pub mixed_unanswered_deliveries: u64,
+    pub lock_expiries_only: usize,
+    pub orphaned: usize,
+}
+
+impl DeadLetterCauses {
+    fn add(&mut self, cause: DeadLetterCause, unanswered: u32) {
+        match cause {
+            DeadLetterCause::HandlerAnswers => self.handler_answers += 1,
+            DeadLetterCause::TransportOnly => self.transport_only += 1,
+            DeadLetterCause::Mixed => {
+                self.mixed += 1;
+                self.mixed_unanswered_deliveries += u64::from(unanswered);
+            }
+            DeadLetterCause::LockExpiries => self.lock_expiries_only += 1,
+            DeadLetterCause::Orphaned => self.orphaned += 1,
+        }
+    }
 }
 
 pub fn broker_summary(entries: &[EntryView], max_delivery_count: u32) -> BrokerSummary {
@@ -653,6 +687,12 @@ pub fn broker_summary(entries: &[EntryView], max_delivery_count: u32) -> BrokerS
     };
     for e in entries {
         s.highest_delivery_count = s.highest_delivery_count.max(e.delivery_count);
+        if let Some(Settled::DeadLettered {
+            cause, failures, ..
+        }) = &e.settled
+        {
+            s.dead_letter_causes.add(*cause, failures.unanswered);
+        }
         let dead = matches!(e.settled, Some(Settled::DeadLettered { .. }));
         if e.message.redrive {
             s.redriven += 1;
@@ -808,6 +848,22 @@ impl Report {
             "dlq        {} dead-lettered, re-driven {}: {} recovered, {} dead-lettered for good",
             b.dead_lettered_first_pass, b.redriven, b.recovered_by_redrive, b.dead_lettered_final
         );
+        let c = &b.dead_letter_causes;
+        let _ = writeln!(
+            o,
+            "dlq causes {} {}, {} {}, {} {} ({} deliveries unanswered), {} {}, {} {}",
+            c.handler_answers,
+            DeadLetterCause::HandlerAnswers.as_str(),
+            c.transport_only,
+            DeadLetterCause::TransportOnly.as_str(),
+            c.mixed,
+            DeadLetterCause::Mixed.as_str(),
+            c.mixed_unanswered_deliveries,
+            c.lock_expiries_only,
+            DeadLetterCause::LockExpiries.as_str(),
+            c.orphaned,
+            DeadLetterCause::Orphaned.as_str(),
+        );
         let pr = &self.processes;
         let _ = writeln!(
             o,
@@ -825,6 +881,13 @@ impl Report {
                 format!(" ({})", pr.unexpected_exit_statuses.join("; "))
             }
         );
+        if pr.host_stops > 0 {
+            let _ = writeln!(
+                o,
+                "           a real host would have stopped itself {} times (3 handler exits without a 30-minute gap); here every exit is restarted",
+                pr.host_stops
+            );
+        }
         let outcomes: Vec<String> = h.outcomes.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(o, "answers    {}", outcomes.join(", "));
         let failures: Vec<String> = h.failures.iter().map(|(k, n)| format!("{k} {n}")).collect();
@@ -1031,7 +1094,7 @@ impl Report {
 mod tests {
     use super::*;
     use crate::sim::bank::{BankLedger, Payout};
-    use crate::sim::queue::{Failure, Message};
+    use crate::sim::queue::{Failure, FailureTally, Message, LOCK_EXPIRED};
     use crate::sim::scenario::{Claim, MessageCopy};
     use std::sync::Arc;
 
@@ -1108,12 +1171,21 @@ mod tests {
     }
 
     fn dead(kind: &str) -> Settled {
+        let last = Failure {
+            kind: kind.into(),
+            detail: "why".into(),
+        };
+        let mut failures = FailureTally::default();
+        match (kind == LOCK_EXPIRED, last.answered()) {
+            (true, _) => failures.lock_expiries = 10,
+            (false, true) => failures.answered = 10,
+            (false, false) => failures.unanswered = 10,
+        }
         Settled::DeadLettered {
-            last: Failure {
-                kind: kind.into(),
-                detail: "why".into(),
-            },
+            last,
             delivery_count: 10,
+            cause: failures.cause(),
+            failures,
         }
     }
 

@@ -396,3 +396,49 @@ async fn a_message_whose_lock_expired_goes_to_an_instance_not_yet_working_on_it(
         .collect();
     assert_eq!(per, vec![(1, 1, 1); 3]);
 }
+
+/// The host stops sending to the handler in the exit event itself (see the driver's
+/// docs); the simulator must too, even before the supervisor has reaped the dead
+/// process. On this single-threaded runtime the supervisor cannot run between the kill
+/// and the check, so without that the dead process would still look ready.
+#[tokio::test]
+async fn a_handler_that_exited_gets_nothing_before_its_supervisor_notices() {
+    use claims_payments_dev::sim::driver::HOLD_WHILE_RESTARTING;
+    use claims_payments_dev::sim::process::Supervisor;
+    use claims_payments_testkit::process::{ServeSpec, TempDir};
+
+    let dir = TempDir::new("sim-exited").unwrap();
+    let spec = ServeSpec::new(env!("CARGO_BIN_EXE_claims-payments-dev")).env(
+        "PAYMENTS_SQLITE_PATH",
+        dir.path().join("payments.db").to_string_lossy(),
+    );
+    let supervisor = Supervisor::start(spec, 5).await.unwrap();
+    let first = supervisor.endpoint(HOLD_WHILE_RESTARTING).await.unwrap();
+    let pid = supervisor
+        .stats
+        .current_pid
+        .load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: kill(2) on our own child has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
+    // Blocking, so the supervisor's task does not run: wait until the kernel reports
+    // the process as exited, without reaping it (its threads are gone, not only its
+    // main thread).
+    let exited = || {
+        // SAFETY: a zeroed siginfo_t is a valid out-parameter; WNOWAIT reaps nothing.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags) == 0
+                && info.si_pid() == pid as libc::pid_t
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !exited() {
+        assert!(Instant::now() < deadline, "the killed handler did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(supervisor.ready(), None, "an exited handler is not ready");
+    let next = supervisor.endpoint(HOLD_WHILE_RESTARTING).await.unwrap();
+    assert_eq!((first.generation, next.generation), (1, 2));
+    supervisor.stop().await;
+}

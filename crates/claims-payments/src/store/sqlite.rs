@@ -366,6 +366,42 @@ impl SqliteStore {
             .map_err(|_| StoreError::Permanent("the SQLite syncer has stopped".into()))
     }
 
+    /// Ends the live leases of the in-progress records of `consumers` (the message
+    /// consumer, the HTTP API's key records), so the next delivery or retry of each
+    /// takes it over at once. `serve` calls this at start, before it listens
+    /// (so before the Functions host, which waits for `GET /` to answer, sends any work):
+    /// it holds the file's instance lock, so every such lease was taken by a `serve`
+    /// that is gone, typically the process the host is replacing. Without this, a
+    /// delivery that meets a dead attempt's lease waits `INFLIGHT_WAIT_MS` and answers
+    /// retry-later, one delivery at a time, until the lease runs out; and every further
+    /// restart cuts such a wait short, costing a delivery without the time it was
+    /// budgeted for, which can dead-letter the message. A lease an operator's
+    /// `reconcile` holds meanwhile may be ended too: taking over from a live attempt is
+    /// safe (same bank Idempotency-Key, version-conditional finalize). The version is
+    /// left as it is, so such a holder's own conditional writes still succeed.
+    pub async fn end_leases_of_earlier_processes(
+        &self,
+        consumers: &[&str],
+        now: OffsetDateTime,
+    ) -> StoreResult<u64> {
+        let consumers: Vec<String> = consumers.iter().map(|c| (*c).to_owned()).collect();
+        let now = to_ms(now);
+        self.write(move |conn| {
+            let mut ended = 0;
+            for consumer in &consumers {
+                ended += conn
+                    .execute(
+                        "UPDATE inbox SET lease_until_ms = ?2 \
+                         WHERE consumer = ?1 AND status = 'in_progress' AND lease_until_ms > ?2",
+                        params![consumer, now],
+                    )
+                    .map_err(map_sqlite_error)? as u64;
+            }
+            Ok(Tx::Keep(ended))
+        })
+        .await
+    }
+
     async fn write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> StoreResult<Tx<T>> + Send + 'static,
