@@ -781,6 +781,114 @@ fn carries_reference(body: &str, key: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The run lease: one reconcile run at a time across instances. An inbox record of the
+/// pseudo-consumer `reconcile-run` under a fixed claim id, taken and given back with the
+/// same conditional writes as a message's lease.
+pub struct RunLease {
+    record: InboxRecord,
+    version: Version,
+}
+
+const RUN_LEASE_CLAIM: &str = "5e3c0f1a-7d2b-4c69-9f41-2a8e6b0d9c17";
+
+impl RunLease {
+    /// Takes the run lease for `length`, or `None` when another run holds it.
+    pub async fn take(consumer: &Consumer, length: Duration) -> Result<Option<Self>, StoreError> {
+        let store = consumer.store();
+        let claim_id = ClaimId::parse(RUN_LEASE_CLAIM)
+            .map_err(|e| StoreError::Permanent(format!("run lease claim id: {e}")))?;
+        let message_id = MessageId::parse("reconcile-run")
+            .map_err(|e| StoreError::Permanent(format!("run lease id: {e}")))?;
+        let key = InboxKey {
+            consumer: "reconcile-run".into(),
+            claim_id,
+            message_id: message_id.clone(),
+        };
+        let now = OffsetDateTime::now_utc();
+        let me = AttemptId::new();
+        let retention = consumer.policy().inbox_retention;
+        match store.inbox(&key).await? {
+            Some(seen) if seen.record.lease_alive(now) => Ok(None),
+            Some(seen) => {
+                let record = InboxRecord {
+                    status: InboxStatus::InProgress,
+                    owner: me,
+                    lease_until: Some(now + length),
+                    updated_at: now,
+                    expires_at: now + retention,
+                    ..seen.record
+                };
+                match store.replace_inbox(&record, &seen.version).await {
+                    Ok(version) => Ok(Some(RunLease { record, version })),
+                    Err(StoreError::PreconditionFailed) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+            None => {
+                let record = InboxRecord {
+                    consumer: key.consumer,
+                    claim_id,
+                    message_id,
+                    payload_hash: PayloadHash::from_stored("reconcile-run".into()),
+                    status: InboxStatus::InProgress,
+                    outcome: None,
+                    owner: me,
+                    lease_until: Some(now + length),
+                    first_delivery_count: 0,
+                    last_delivery_count: 0,
+                    created_at: now,
+                    updated_at: now,
+                    expires_at: now + retention,
+                };
+                match store.record_handled(&record).await? {
+                    InsertResult::Inserted(version) => Ok(Some(RunLease { record, version })),
+                    InsertResult::AlreadyExists(_) => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// Gives the run lease back. Best effort: otherwise it expires.
+    pub async fn release(self, consumer: &Consumer) {
+        let now = OffsetDateTime::now_utc();
+        let done = InboxRecord {
+            status: InboxStatus::Completed,
+            outcome: Some(InboxOutcome::RunReleased),
+            lease_until: None,
+            updated_at: now,
+            ..self.record
+        };
+        if let Err(e) = consumer.store().replace_inbox(&done, &self.version).await {
+            tracing::warn!(error = %e, "could not release the reconcile run lease; it will expire");
+        }
+    }
+}
+
+/// Logs a run's summary as one structured line (`reconcile finished`), the line the
+/// alerts query.
+pub fn log_summary(summary: &Summary, trigger: &'static str) {
+    tracing::info!(
+        trigger,
+        dryRun = summary.dry_run,
+        verdict = ?summary.verdict(),
+        examined = summary.examined,
+        paidByLookup = summary.paid_by_lookup,
+        paidNow = summary.paid_now,
+        rejected = summary.rejected,
+        stillUnknown = summary.still_unknown,
+        mismatches = summary.mismatches,
+        doublePayments = summary.double_payments,
+        skipped = summary.skipped,
+        waiting = summary.waiting,
+        notReached = summary.not_reached,
+        moreBeyondLimit = summary.more_beyond_limit,
+        needsAPerson = summary.needs_a_person,
+        needsReconciliationBefore = summary.needs_reconciliation_before,
+        orphanedInProgress = summary.orphaned_in_progress_before,
+        "reconcile finished"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use rust_decimal::Decimal;
@@ -894,112 +1002,4 @@ mod tests {
         }
         assert!(not_orphaned(&p, None, now + Duration::from_secs(1), Duration::ZERO).is_none());
     }
-}
-
-/// The run lease: one reconcile run at a time across instances. An inbox record of the
-/// pseudo-consumer `reconcile-run` under a fixed claim id, taken and given back with the
-/// same conditional writes as a message's lease.
-pub struct RunLease {
-    record: InboxRecord,
-    version: Version,
-}
-
-const RUN_LEASE_CLAIM: &str = "5e3c0f1a-7d2b-4c69-9f41-2a8e6b0d9c17";
-
-impl RunLease {
-    /// Takes the run lease for `length`, or `None` when another run holds it.
-    pub async fn take(consumer: &Consumer, length: Duration) -> Result<Option<Self>, StoreError> {
-        let store = consumer.store();
-        let claim_id = ClaimId::parse(RUN_LEASE_CLAIM)
-            .map_err(|e| StoreError::Permanent(format!("run lease claim id: {e}")))?;
-        let message_id = MessageId::parse("reconcile-run")
-            .map_err(|e| StoreError::Permanent(format!("run lease id: {e}")))?;
-        let key = InboxKey {
-            consumer: "reconcile-run".into(),
-            claim_id,
-            message_id: message_id.clone(),
-        };
-        let now = OffsetDateTime::now_utc();
-        let me = AttemptId::new();
-        let retention = consumer.policy().inbox_retention;
-        match store.inbox(&key).await? {
-            Some(seen) if seen.record.lease_alive(now) => Ok(None),
-            Some(seen) => {
-                let record = InboxRecord {
-                    status: InboxStatus::InProgress,
-                    owner: me,
-                    lease_until: Some(now + length),
-                    updated_at: now,
-                    expires_at: now + retention,
-                    ..seen.record
-                };
-                match store.replace_inbox(&record, &seen.version).await {
-                    Ok(version) => Ok(Some(RunLease { record, version })),
-                    Err(StoreError::PreconditionFailed) => Ok(None),
-                    Err(e) => Err(e),
-                }
-            }
-            None => {
-                let record = InboxRecord {
-                    consumer: key.consumer,
-                    claim_id,
-                    message_id,
-                    payload_hash: PayloadHash::from_stored("reconcile-run".into()),
-                    status: InboxStatus::InProgress,
-                    outcome: None,
-                    owner: me,
-                    lease_until: Some(now + length),
-                    first_delivery_count: 0,
-                    last_delivery_count: 0,
-                    created_at: now,
-                    updated_at: now,
-                    expires_at: now + retention,
-                };
-                match store.record_handled(&record).await? {
-                    InsertResult::Inserted(version) => Ok(Some(RunLease { record, version })),
-                    InsertResult::AlreadyExists(_) => Ok(None),
-                }
-            }
-        }
-    }
-
-    /// Gives the run lease back. Best effort: otherwise it expires.
-    pub async fn release(self, consumer: &Consumer) {
-        let now = OffsetDateTime::now_utc();
-        let done = InboxRecord {
-            status: InboxStatus::Completed,
-            outcome: Some(InboxOutcome::RunReleased),
-            lease_until: None,
-            updated_at: now,
-            ..self.record
-        };
-        if let Err(e) = consumer.store().replace_inbox(&done, &self.version).await {
-            tracing::warn!(error = %e, "could not release the reconcile run lease; it will expire");
-        }
-    }
-}
-
-/// Logs a run's summary as one structured line (`reconcile finished`), the line the
-/// alerts query.
-pub fn log_summary(summary: &Summary, trigger: &'static str) {
-    tracing::info!(
-        trigger,
-        dryRun = summary.dry_run,
-        verdict = ?summary.verdict(),
-        examined = summary.examined,
-        paidByLookup = summary.paid_by_lookup,
-        paidNow = summary.paid_now,
-        rejected = summary.rejected,
-        stillUnknown = summary.still_unknown,
-        mismatches = summary.mismatches,
-        doublePayments = summary.double_payments,
-        skipped = summary.skipped,
-        waiting = summary.waiting,
-        notReached = summary.not_reached,
-        moreBeyondLimit = summary.more_beyond_limit,
-        needsAPerson = summary.needs_a_person,
-        needsReconciliationBefore = summary.needs_reconciliation_before,
-        orphanedInProgress = summary.orphaned_in_progress_before,
-        "reconcile finished"
-    );
 }
