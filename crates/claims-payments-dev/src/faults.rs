@@ -10,8 +10,8 @@ use claims_payments::consumer::{Delivery, Outcome};
 use claims_payments::functions::claim_approved::ClaimHandler;
 use claims_payments::message::{ClaimApproved, ClaimId, Purpose};
 use claims_payments::store::{
-    ClaimResult, DynStore, InboxKey, InboxRecord, InsertResult, PaymentRecord, Store, StoreResult,
-    Version, Versioned,
+    ClaimResult, DynStore, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
+    Store, StoreResult, Version, Versioned,
 };
 use rand::RngExt;
 use time::OffsetDateTime;
@@ -63,15 +63,21 @@ impl Store for SlowStore {
         inbox: &InboxRecord,
         inbox_version: &Version,
         payment: &PaymentRecord,
+        payment_version: Option<&Version>,
     ) -> StoreResult<()> {
         tokio::time::sleep(self.delay).await;
-        self.inner.finalize(inbox, inbox_version, payment).await
+        self.inner
+            .finalize(inbox, inbox_version, payment, payment_version)
+            .await
     }
     async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
         self.inner.list_payments(limit).await
     }
     async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
         self.inner.unsettled_payments(limit).await
+    }
+    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
+        self.inner.count_payments(status, limit).await
     }
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
         self.inner.list_inbox(limit).await

@@ -406,6 +406,15 @@ impl FakeBank {
         ));
     }
 
+    /// Makes the lookup for `listed_under` list `entry` exactly as given: an entry of a
+    /// hostile or sloppy bank (a reference in other letter case, none at all, another one).
+    pub fn hold_entry(&self, listed_under: &str, entry: serde_json::Value) {
+        self.bank
+            .books()
+            .held
+            .push((listed_under.to_owned(), entry));
+    }
+
     /// Money that left the bank: one payout per key (per key window).
     pub fn effective_payouts(&self) -> usize {
         self.bank.books().payouts.len()

@@ -12,13 +12,21 @@
 //! request ever leaves after it). The credential travels in its own header from its
 //! own secret setting (`BANK_API_KEY`), never in the URL, and no error this module
 //! produces carries a URL.
+//!
+//! The bank is a peer, not a friend: an answer is read only as far as the contract
+//! defines it (status, `paymentId`, the lookup's entries, an error `code` token), and
+//! never more than [`MAX_ANSWER_BYTES`] of it. No other text of the bank's is kept,
+//! logged, stored or passed on: a bank (or a proxy in front of it) that echoes the
+//! request's headers must not carry `BANK_API_KEY` into a reason, a log line or an
+//! answer to a client.
 
 use std::time::{Duration, SystemTime};
 
 use rand::RngExt;
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
-use secrecy::ExposeSecret;
+use rust_decimal::Decimal;
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use time::OffsetDateTime;
 use tokio::time::Instant;
@@ -32,8 +40,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The last request under a key leaves this long before the bank's key window ends,
 /// so clock skew and a slow network cannot land it after the bank forgot the key.
 pub(crate) const KEY_WINDOW_MARGIN: Duration = Duration::from_secs(5 * 60);
-/// How much of the bank's answer goes into reasons and logs.
-const SNIPPET_CHARS: usize = 200;
+/// The most of one answer that is read. A payout answer is an id; a lookup lists the
+/// few payments under one reference (a few hundred bytes each). Anything larger is not
+/// an answer the contract allows, and is never buffered whole.
+pub(crate) const MAX_ANSWER_BYTES: usize = 64 * 1024;
+/// The longest `paymentId` or error `code` kept from the bank.
+const MAX_TOKEN_CHARS: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PayoutOutcome {
@@ -80,42 +92,64 @@ impl SendWindow {
 /// What the bank says it holds under a reference (`GET /payments?reference=`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
-    /// An authoritative answer (200 with a JSON array): these payments, maybe none.
+    /// An authoritative answer (200 with a JSON array whose every entry the contract
+    /// allows, each under our reference): these payments, maybe none.
     Holds(Vec<BankPayment>),
-    /// Anything else (5xx, 429, timeouts, an unreadable body): ask again later. Never
-    /// read as "not paid".
+    /// Anything else (5xx, 429, timeouts, an oversized or unreadable body, an entry
+    /// without our reference): ask again later. Never read as "not paid", never as "paid".
     Unknown { reason: String },
 }
 
-/// One payment the bank holds, as its lookup lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BankPayment {
-    pub payment_id: String,
-    /// The bank's word (`paid`, `rejected`, ...).
-    pub status: String,
-    /// Decimal text, compared as a decimal.
-    pub amount: String,
-    pub currency: String,
-    #[serde(default)]
-    pub reference: Option<String>,
+/// How the bank says one payment ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BankStatus {
+    /// The bank made the payment.
+    Paid,
+    /// The bank refused it for good.
+    Rejected,
+    /// Anything else (`pending`, `processing`, a word we do not know): it may still pay.
+    Pending,
 }
 
-impl BankPayment {
-    /// Whether the bank made this payment (as opposed to refusing it).
-    pub fn is_paid(&self) -> bool {
-        matches!(
-            self.status.to_ascii_lowercase().as_str(),
-            "paid" | "succeeded" | "completed" | "settled"
-        )
+impl std::fmt::Display for BankStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BankStatus::Paid => "paid",
+            BankStatus::Rejected => "rejected",
+            BankStatus::Pending => "pending",
+        })
     }
+}
 
-    pub fn is_rejected(&self) -> bool {
-        matches!(
-            self.status.to_ascii_lowercase().as_str(),
-            "rejected" | "refused" | "failed"
-        )
+impl BankStatus {
+    fn from_word(word: &str) -> Self {
+        match word.to_ascii_lowercase().as_str() {
+            "paid" | "succeeded" | "completed" | "settled" => BankStatus::Paid,
+            "rejected" | "refused" | "failed" => BankStatus::Rejected,
+            _ => BankStatus::Pending,
+        }
     }
+}
+
+/// One payment the bank holds under our reference, as its lookup lists it, read into
+/// the contract's types (DESIGN.md §8): a token id, a decimal amount, a currency code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BankPayment {
+    pub payment_id: String,
+    pub status: BankStatus,
+    pub amount: Decimal,
+    pub currency: String,
+}
+
+/// A lookup entry exactly as the contract lists it; every field required.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LookupEntry {
+    payment_id: String,
+    status: String,
+    amount: String,
+    currency: String,
+    reference: Option<String>,
 }
 
 #[derive(Clone)]
@@ -123,12 +157,8 @@ pub struct BankClient {
     http: reqwest::Client,
     payments_url: Url,
     timeout: Duration,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PaidBody {
-    payment_id: String,
+    /// The credential's value, only to refuse any bank text that carries it back.
+    secret: Option<SecretString>,
 }
 
 /// What one request taught us.
@@ -170,6 +200,7 @@ impl BankClient {
             http,
             payments_url,
             timeout: settings.timeout,
+            secret: settings.api_key.clone(),
         })
     }
 
@@ -248,13 +279,38 @@ impl BankClient {
             Ok(r) => r,
             Err(e) => {
                 return Lookup::Unknown {
-                    reason: format!("lookup failed: {}", e.without_url()),
+                    reason: format!("lookup {}", self.transport_failure(&e)),
                 }
             }
         };
         let status = response.status();
-        let body = response.bytes().await.unwrap_or_default();
-        read_lookup(status, &body, reference)
+        match read_bounded(response).await {
+            Ok(body) => read_lookup(status, &body, reference, self.secret()),
+            Err(ReadFailure::TooLarge) => Lookup::Unknown {
+                reason: format!(
+                    "lookup answered {status} with more than {MAX_ANSWER_BYTES} bytes, more than any answer the contract allows"
+                ),
+            },
+            Err(ReadFailure::Transport(e)) => Lookup::Unknown {
+                reason: format!("lookup {}", self.transport_failure(&e)),
+            },
+        }
+    }
+
+    /// "timed out after N ms" or "failed: connection error", without the URL or any
+    /// text of the peer's.
+    fn transport_failure(&self, e: &reqwest::Error) -> String {
+        if e.is_timeout() {
+            format!("timed out after {} ms", self.timeout.as_millis())
+        } else if e.is_body() || e.is_decode() {
+            "failed: the answer was cut off".into()
+        } else {
+            "failed: connection error".into()
+        }
+    }
+
+    fn secret(&self) -> Option<&str> {
+        self.secret.as_ref().map(|s| s.expose_secret())
     }
 
     async fn attempt(&self, key: &IdempotencyKey, body: &str) -> Answer {
@@ -269,63 +325,167 @@ impl BankClient {
             .await;
         let response = match response {
             Ok(r) => r,
+            // Without the URL: an operator's URL may still carry something private.
             Err(e) => {
-                let kind = if e.is_timeout() {
-                    "timeout"
-                } else {
-                    "connection error"
-                };
-                // Without the URL: an operator's URL may still carry something private.
                 return Answer::Retry {
-                    error: format!("{kind}: {}", e.without_url()),
+                    error: self.transport_failure(&e),
                     after: None,
-                };
+                }
             }
         };
         let status = response.status();
         let headers = response.headers().clone();
-        let body = response.bytes().await.unwrap_or_default();
-        read_answer(status, &headers, &body, SystemTime::now())
+        let body = match read_bounded(response).await {
+            Ok(body) => body,
+            // An error's body is only read for its code; a success needs its id: ask
+            // again (a replay of the key answers with the same id).
+            Err(ReadFailure::TooLarge) if !status.is_success() => Vec::new(),
+            Err(ReadFailure::TooLarge) => {
+                return Answer::Retry {
+                    error: format!(
+                        "bank answered {status} with more than {MAX_ANSWER_BYTES} bytes"
+                    ),
+                    after: None,
+                }
+            }
+            Err(ReadFailure::Transport(e)) => {
+                return Answer::Retry {
+                    error: self.transport_failure(&e),
+                    after: None,
+                }
+            }
+        };
+        read_answer(status, &headers, &body, SystemTime::now(), self.secret())
     }
+}
+
+enum ReadFailure {
+    TooLarge,
+    Transport(reqwest::Error),
+}
+
+/// Reads at most [`MAX_ANSWER_BYTES`] of an answer, chunk by chunk: a hostile or broken
+/// bank cannot make us buffer more than that.
+async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, ReadFailure> {
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+    {
+        return Err(ReadFailure::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(ReadFailure::Transport)? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(ReadFailure::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// Reads one answer of the bank. Pure, and total: no status, header or body can make
 /// it panic (a property test feeds it arbitrary ones).
-fn read_answer(status: StatusCode, headers: &HeaderMap, body: &[u8], now: SystemTime) -> Answer {
-    let text = String::from_utf8_lossy(body);
+fn read_answer(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: SystemTime,
+    secret: Option<&str>,
+) -> Answer {
     let after = headers
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| retry_after(v, now));
-    classify(status, &text, after)
+    classify(status, body, after, secret)
 }
 
-/// Reads a lookup answer. Only a 200 whose body is a JSON array of payments is an
-/// answer; the entries for other references (a bank that ignores the filter) are dropped.
-fn read_lookup(status: StatusCode, body: &[u8], reference: &IdempotencyKey) -> Lookup {
+/// A token the contract lets us keep (`paymentId`, an error `code`): visible ASCII,
+/// bounded, and never carrying the credential back.
+fn token<'a>(text: &'a str, secret: Option<&str>) -> Option<&'a str> {
+    let ok = !text.is_empty()
+        && text.len() <= MAX_TOKEN_CHARS
+        && text.bytes().all(|b| b.is_ascii_graphic())
+        && secret.is_none_or(|s| s.is_empty() || !text.contains(s));
+    ok.then_some(text)
+}
+
+/// The bank's error `code` (`{"code": "..."}`), when the body has a usable one.
+fn error_code(body: &[u8], secret: Option<&str>) -> Option<String> {
+    #[derive(Deserialize)]
+    struct ErrorBody {
+        code: String,
+    }
+    let parsed: ErrorBody = serde_json::from_slice(body).ok()?;
+    token(&parsed.code, secret).map(str::to_owned)
+}
+
+/// Where a JSON body stopped making sense, without quoting it.
+fn json_position(e: &serde_json::Error) -> String {
+    format!("line {} column {}", e.line(), e.column())
+}
+
+/// Reads a lookup answer. Only a 200 whose body is a JSON array of entries the contract
+/// allows, each under our reference, is an answer. The bank may normalise the
+/// reference's letter case, so it is compared case-insensitively (our keys are ASCII).
+/// An entry without a reference, or under another one (a bank that ignores the filter),
+/// makes the whole answer unusable: trusting it could mark the claim paid with another
+/// claim's payment, dropping it could read "nothing held" and pay again.
+fn read_lookup(
+    status: StatusCode,
+    body: &[u8],
+    reference: &IdempotencyKey,
+    secret: Option<&str>,
+) -> Lookup {
+    let unknown = |reason: String| Lookup::Unknown { reason };
     if status != StatusCode::OK {
-        return Lookup::Unknown {
-            reason: format!(
-                "lookup answered {status}: {}",
-                snippet(&String::from_utf8_lossy(body))
-            ),
+        return unknown(match error_code(body, secret) {
+            Some(code) => format!("lookup answered {status} (code {code})"),
+            None => format!("lookup answered {status}"),
+        });
+    }
+    let entries: Vec<LookupEntry> = match serde_json::from_slice(body) {
+        Ok(entries) => entries,
+        Err(e) => {
+            return unknown(format!(
+                "lookup answer is not a list of payments as the contract defines them (at {})",
+                json_position(&e)
+            ))
+        }
+    };
+    let mut held = Vec::with_capacity(entries.len());
+    for (n, entry) in entries.into_iter().enumerate() {
+        let n = n + 1;
+        match entry.reference.as_deref() {
+            None => return unknown(format!("lookup entry {n} has no reference")),
+            Some(r) if !r.eq_ignore_ascii_case(reference.as_str()) => {
+                return unknown(format!(
+                    "lookup entry {n} is under another reference: the bank ignored the filter"
+                ))
+            }
+            Some(_) => {}
+        }
+        let Some(payment_id) = token(&entry.payment_id, secret) else {
+            return unknown(format!("lookup entry {n} has an unusable paymentId"));
         };
+        let Some(amount) = crate::message::parse_decimal_amount(&entry.amount) else {
+            return unknown(format!(
+                "lookup entry {n} has an amount that is not a decimal"
+            ));
+        };
+        let currency = entry.currency.as_str();
+        if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
+            return unknown(format!(
+                "lookup entry {n} has a currency that is not a code"
+            ));
+        }
+        held.push(BankPayment {
+            payment_id: payment_id.to_owned(),
+            status: BankStatus::from_word(&entry.status),
+            amount,
+            currency: currency.to_owned(),
+        });
     }
-    match serde_json::from_slice::<Vec<BankPayment>>(body) {
-        Ok(payments) => Lookup::Holds(
-            payments
-                .into_iter()
-                .filter(|p| {
-                    p.reference
-                        .as_deref()
-                        .is_none_or(|r| r == reference.as_str())
-                })
-                .collect(),
-        ),
-        Err(e) => Lookup::Unknown {
-            reason: format!("lookup answer is not a list of payments: {e}"),
-        },
-    }
+    Lookup::Holds(held)
 }
 
 /// The longest Retry-After honoured; anything longer is beyond every retry budget
@@ -347,24 +507,32 @@ fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     Some(wait.min(MAX_RETRY_AFTER))
 }
 
-fn snippet(text: &str) -> String {
-    text.chars()
-        .take(SNIPPET_CHARS)
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
-}
-
-/// The bank contract's answers (DESIGN.md §8), in one place.
-fn classify(status: StatusCode, text: &str, after: Option<Duration>) -> Answer {
-    let described = || format!("bank answered {status}: {}", snippet(text));
+/// The bank contract's answers (DESIGN.md §8), in one place. Of the body, only the
+/// `paymentId` of a success and the `code` of an error are read.
+fn classify(
+    status: StatusCode,
+    body: &[u8],
+    after: Option<Duration>,
+    secret: Option<&str>,
+) -> Answer {
+    let described = || match error_code(body, secret) {
+        Some(code) => format!("bank answered {status} (code {code})"),
+        None => format!("bank answered {status}"),
+    };
     if status.is_success() {
-        return match serde_json::from_str::<PaidBody>(text) {
-            Ok(body) if !body.payment_id.trim().is_empty() => Answer::Done(PayoutOutcome::Paid {
-                payment_id: body.payment_id,
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct PaidBody {
+            payment_id: String,
+        }
+        let id = serde_json::from_slice::<PaidBody>(body).ok();
+        return match id.as_ref().and_then(|b| token(&b.payment_id, secret)) {
+            Some(payment_id) => Answer::Done(PayoutOutcome::Paid {
+                payment_id: payment_id.to_owned(),
             }),
             // The bank may have paid; a replay of the key returns the id, so ask again.
-            _ => Answer::Retry {
-                error: format!("{status} without a paymentId: {}", snippet(text)),
+            None => Answer::Retry {
+                error: format!("bank answered {status} without a usable paymentId"),
                 after: None,
             },
         };
@@ -381,10 +549,7 @@ fn classify(status: StatusCode, text: &str, after: Option<Duration>) -> Answer {
             after,
         },
         422 => Answer::Done(PayoutOutcome::KeyMismatch {
-            reason: format!(
-                "bank answered 422 (same Idempotency-Key, different body): {}",
-                snippet(text)
-            ),
+            reason: format!("{} (same Idempotency-Key, different body)", described()),
         }),
         // 401, 403, 404, 405, 407, 413, 415, any other 4xx, and redirects (3xx): the
         // request was wrong, not the payment.
@@ -401,7 +566,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn outcome(status: u16, body: &str) -> Result<PayoutOutcome, String> {
-        match classify(StatusCode::from_u16(status).unwrap(), body, None) {
+        match classify(
+            StatusCode::from_u16(status).unwrap(),
+            body.as_bytes(),
+            None,
+            None,
+        ) {
             Answer::Done(o) => Ok(o),
             Answer::Retry { error, .. } => Err(error),
         }
@@ -480,26 +650,240 @@ mod tests {
         assert_eq!(short.last_send, created + Duration::from_secs(9));
     }
 
+    const KEY: &str = "tenant-a:claim-payment-1";
+
+    fn entry(reference: Option<&str>, status: &str, amount: &str) -> serde_json::Value {
+        let mut e = serde_json::json!({"paymentId": "p1", "status": status, "amount": amount, "currency": "EUR"});
+        if let Some(r) = reference {
+            e["reference"] = r.into();
+        }
+        e
+    }
+
+    fn lookup_of(entries: &[serde_json::Value]) -> Lookup {
+        let body = serde_json::to_vec(entries).unwrap();
+        read_lookup(
+            StatusCode::OK,
+            &body,
+            &IdempotencyKey::from_stored(KEY.into()),
+            Some("s3cr3t"),
+        )
+    }
+
     #[test]
     fn only_a_200_with_a_list_is_a_lookup_answer() {
-        let key = IdempotencyKey::from_stored("claim-payment-1".into());
-        let ok = |body: &str| read_lookup(StatusCode::OK, body.as_bytes(), &key);
+        let key = IdempotencyKey::from_stored(KEY.into());
+        let ok = |body: &str| read_lookup(StatusCode::OK, body.as_bytes(), &key, None);
         assert_eq!(ok("[]"), Lookup::Holds(vec![]));
-        let one = r#"[{"paymentId":"p1","status":"paid","amount":"10.00","currency":"EUR","reference":"claim-payment-1"},
-                     {"paymentId":"p2","status":"paid","amount":"10.00","currency":"EUR","reference":"other"}]"#;
-        match ok(one) {
-            Lookup::Holds(p) => assert_eq!(p.len(), 1, "{p:?}"),
+        match lookup_of(&[entry(Some(KEY), "paid", "10.0")]) {
+            Lookup::Holds(p) => assert_eq!(
+                p,
+                vec![BankPayment {
+                    payment_id: "p1".into(),
+                    status: BankStatus::Paid,
+                    amount: Decimal::new(10, 0),
+                    currency: "EUR".into(),
+                }]
+            ),
             other => panic!("{other:?}"),
         }
         for unknown in [
-            read_lookup(StatusCode::SERVICE_UNAVAILABLE, b"[]", &key),
-            read_lookup(StatusCode::TOO_MANY_REQUESTS, b"[]", &key),
-            read_lookup(StatusCode::NOT_FOUND, b"[]", &key),
+            read_lookup(StatusCode::SERVICE_UNAVAILABLE, b"[]", &key, None),
+            read_lookup(StatusCode::TOO_MANY_REQUESTS, b"[]", &key, None),
+            read_lookup(StatusCode::NOT_FOUND, b"[]", &key, None),
             ok("{}"),
             ok("not json"),
             ok(r#"[{"paymentId":"p1"}]"#),
         ] {
             assert!(matches!(unknown, Lookup::Unknown { .. }), "{unknown:?}");
+        }
+    }
+
+    /// The bank may normalise the reference's case: still ours. An entry without a
+    /// reference, or under another one, is neither ours nor "nothing held".
+    #[test]
+    fn lookup_references_compare_ignoring_case_and_must_be_there() {
+        let upper = KEY.to_uppercase();
+        assert!(matches!(
+            lookup_of(&[entry(Some(&upper), "paid", "10.00")]),
+            Lookup::Holds(p) if p.len() == 1
+        ));
+        for (entries, why) in [
+            (vec![entry(None, "paid", "10.00")], "no reference"),
+            (
+                vec![entry(Some("tenant-b:claim-payment-9"), "paid", "10.00")],
+                "another reference",
+            ),
+            (
+                vec![
+                    entry(Some(KEY), "paid", "10.00"),
+                    entry(Some("other"), "paid", "10.00"),
+                ],
+                "another reference",
+            ),
+            (vec![entry(Some(KEY), "paid", "1e3")], "amount"),
+            (vec![entry(Some(KEY), "paid", "-")], "amount"),
+        ] {
+            match lookup_of(&entries) {
+                Lookup::Unknown { reason } => assert!(reason.contains(why), "{reason}"),
+                other => panic!("{entries:?}: {other:?}"),
+            }
+        }
+        let mut lower_currency = entry(Some(KEY), "paid", "10.00");
+        lower_currency["currency"] = "eur".into();
+        assert!(matches!(
+            lookup_of(&[lower_currency]),
+            Lookup::Unknown { .. }
+        ));
+    }
+
+    /// A bank (or proxy) that reflects our request in its answers: nothing of its text
+    /// is kept, and a token carrying the credential is refused.
+    #[test]
+    fn no_text_of_the_bank_is_kept_and_the_credential_never_is() {
+        let secret = "s3cr3t-bank-key";
+        let echo = format!("Authorization: Bearer {secret}\nIdempotency-Key: k");
+        let key = IdempotencyKey::from_stored(KEY.into());
+        for status in [400u16, 402, 404, 409, 422, 429, 500, 503] {
+            let status = StatusCode::from_u16(status).unwrap();
+            let text = match classify(status, echo.as_bytes(), None, Some(secret)) {
+                Answer::Retry { error, .. } => error,
+                Answer::Done(outcome) => format!("{outcome:?}"),
+            };
+            assert!(!text.contains(secret) && !text.contains("Bearer"), "{text}");
+            let Lookup::Unknown { reason } =
+                read_lookup(status, echo.as_bytes(), &key, Some(secret))
+            else {
+                panic!("a {status} lookup is not an answer")
+            };
+            assert!(!reason.contains(secret), "{reason}");
+        }
+        // The contract's error code is kept; one that carries the credential is not.
+        let coded = classify(
+            StatusCode::PAYMENT_REQUIRED,
+            br#"{"code":"insufficient_funds","error":"Bearer x"}"#,
+            None,
+            Some(secret),
+        );
+        assert_eq!(
+            coded,
+            Answer::Done(PayoutOutcome::Rejected {
+                status: 402,
+                reason: "bank answered 402 Payment Required (code insufficient_funds)".into()
+            })
+        );
+        let leaked = format!(r#"{{"code":"{secret}"}}"#);
+        assert!(!format!(
+            "{:?}",
+            classify(
+                StatusCode::BAD_REQUEST,
+                leaked.as_bytes(),
+                None,
+                Some(secret)
+            )
+        )
+        .contains(secret));
+        // A "payment id" that reflects the credential is no payment id.
+        let paid = format!(r#"{{"paymentId":"Bearer-{secret}"}}"#);
+        assert!(matches!(
+            classify(StatusCode::CREATED, paid.as_bytes(), None, Some(secret)),
+            Answer::Retry { .. }
+        ));
+        let mut e = entry(Some(KEY), "paid", "10.00");
+        e["paymentId"] = secret.into();
+        assert!(matches!(lookup_of(&[e]), Lookup::Unknown { .. }));
+        // A JSON error quotes the value it choked on; the reason must not.
+        let bad = format!(r#"[{{"paymentId":1,"status":"{secret}"}}]"#);
+        match read_lookup(StatusCode::OK, bad.as_bytes(), &key, Some(secret)) {
+            Lookup::Unknown { reason } => assert!(!reason.contains(secret), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A bank answer larger than any the contract allows is never read whole: a lookup
+    /// is unknown, with the reason; a payout success is asked again.
+    #[tokio::test]
+    async fn oversized_answers_are_cut_off_and_read_as_unknown() {
+        use axum::routing::get;
+        let big = || "[".to_owned() + &"{\"paymentId\":\"p\"},".repeat(40_000) + "{}]";
+        let app = axum::Router::new()
+            .route(
+                "/sized/payments",
+                get(move || async move { big() }).post(|| async {
+                    (
+                        axum::http::StatusCode::CREATED,
+                        "{\"paymentId\":\"".to_owned() + &"x".repeat(MAX_ANSWER_BYTES) + "\"}",
+                    )
+                }),
+            )
+            // Chunked, without a Content-Length: the cap holds while streaming.
+            .route(
+                "/streamed/payments",
+                get(move || async move {
+                    let chunks = (0..1000).map(|_| Ok::<_, std::io::Error>("[{}],".repeat(100)));
+                    axum::body::Body::from_stream(futures::stream::iter(chunks))
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let key = IdempotencyKey::from_stored(KEY.into());
+        for path in ["sized", "streamed"] {
+            let client = BankClient::new(&BankSettings {
+                url: format!("http://{addr}/{path}").parse().unwrap(),
+                api_key: None,
+                timeout: Duration::from_secs(10),
+                key_window: Duration::from_secs(3600),
+            })
+            .unwrap();
+            match client.lookup(&key).await {
+                Lookup::Unknown { reason } => {
+                    assert!(reason.contains("more than 65536 bytes"), "{path}: {reason}")
+                }
+                other => panic!("{path}: {other:?}"),
+            }
+            if path == "sized" {
+                let window = SendWindow::new(
+                    Duration::from_millis(50),
+                    OffsetDateTime::now_utc(),
+                    Duration::from_secs(3600),
+                );
+                match client.pay(&key, "{}", window).await {
+                    PayoutOutcome::GaveUp { last_error, .. } => {
+                        assert!(last_error.contains("more than"), "{last_error}")
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    }
+
+    /// A lookup that times out says so (and never reads as "not paid").
+    #[tokio::test]
+    async fn a_lookup_that_times_out_is_named_a_timeout() {
+        let app = axum::Router::new().route(
+            "/payments",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                "[]"
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = BankClient::new(&BankSettings {
+            url: format!("http://{addr}/").parse().unwrap(),
+            api_key: None,
+            timeout: Duration::from_millis(100),
+            key_window: Duration::from_secs(3600),
+        })
+        .unwrap();
+        match client
+            .lookup(&IdempotencyKey::from_stored(KEY.into()))
+            .await
+        {
+            Lookup::Unknown { reason } => assert_eq!(reason, "lookup timed out after 100 ms"),
+            other => panic!("{other:?}"),
         }
     }
 
@@ -535,7 +919,7 @@ mod tests {
             }
             let now = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(now_secs));
             let status = StatusCode::from_u16(status).unwrap();
-            match read_answer(status, &headers, &body, now) {
+            match read_answer(status, &headers, &body, now, None) {
                 Answer::Retry { after, .. } => {
                     prop_assert!(after.is_none_or(|a| a <= MAX_RETRY_AFTER));
                     // The wait is added to a clock reading: it must never overflow.

@@ -39,11 +39,30 @@ pub struct ReconcileArgs {
     /// Ask the bank and report what would be done; write nothing, pay nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Only in_progress payments whose lease ran out longer ago than this (30s, 15m, 2h).
-    /// Default: RECONCILE_MIN_AGE_MS (three leases).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// Only in_progress payments whose lease ran out longer ago than this (30s, 15m, 2h;
+    /// at most 10 years). Default: RECONCILE_MIN_AGE_MS (three leases).
+    #[arg(long, value_parser = parse_min_age)]
     pub older_than: Option<std::time::Duration>,
 }
+
+/// `--older-than`: a human duration no longer than [`reconcile::MAX_MIN_AGE`], so no
+/// date arithmetic can overflow on it.
+fn parse_min_age(text: &str) -> Result<std::time::Duration, String> {
+    let age =
+        humantime::parse_duration(text).map_err(|e| format!("{e} (for example 30s, 15m, 2h)"))?;
+    if age > reconcile::MAX_MIN_AGE {
+        return Err(format!(
+            "{text} is longer than the longest minimum age, {}",
+            humantime::format_duration(reconcile::MAX_MIN_AGE)
+        ));
+    }
+    Ok(age)
+}
+
+/// `reconcile`'s exit code when something is still open (unknown, mismatched, skipped,
+/// not examined). 0: all settled; 1: cannot run (store, bank URL, a failure); 2: usage
+/// or an invalid setting.
+pub const EXIT_OPEN_ITEMS: u8 = 3;
 
 /// The commands an operator runs against the configured store.
 #[derive(clap::Subcommand)]
@@ -56,7 +75,9 @@ pub enum OperatorCommand {
     Purge,
     /// Create (or verify) the Cosmos DB database and container, with COSMOS_KEY (emulator, dev accounts).
     Provision,
-    /// Settle payments in needs_reconciliation and orphaned in_progress payouts by asking the bank (exit 1 if any is left unknown).
+    /// Settle payments in needs_reconciliation and orphaned in_progress payouts by asking the bank.
+    /// Exit 0: nothing open; 3: something still open (unknown, mismatched, not examined),
+    /// --dry-run included; 1: cannot run; 2: usage or an invalid setting.
     Reconcile(ReconcileArgs),
 }
 
@@ -86,6 +107,9 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
             done(purge(&store, &mut stdout()).await)
         }
         OperatorCommand::Reconcile(args) => {
+            if settings.bank.is_none() {
+                anyhow::bail!("BANK_API_URL is not set: there is no bank to reconcile with");
+            }
             let store = startup::open_store(settings, Access::Existing).await?;
             let consumer = startup::consumer_for(settings, store)?;
             let reconciler = Reconciler::new(consumer).ok_or_else(|| {
@@ -100,15 +124,34 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&summary)?);
             } else {
-                print!("{}", reconcile::render_text(&summary));
+                print!("{}", render_reconcile(&summary));
             }
-            Ok(if summary.all_settled() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
+            Ok(match summary.verdict() {
+                reconcile::Verdict::Settled => ExitCode::SUCCESS,
+                reconcile::Verdict::OpenItemsRemain => ExitCode::from(EXIT_OPEN_ITEMS),
             })
         }
     }
+}
+
+/// Renders the report for people: one line per payment, then the summary.
+fn render_reconcile(summary: &reconcile::Summary) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    for l in &summary.lines {
+        let _ = writeln!(
+            o,
+            "{}  {}  {} -> {}  {:?}: {}",
+            printable(&l.claim_id),
+            printable(&l.message_id),
+            l.before,
+            l.after,
+            l.result,
+            printable(&l.detail)
+        );
+    }
+    let _ = writeln!(o, "{}", summary.counts());
+    o
 }
 
 fn rfc3339(t: OffsetDateTime) -> String {

@@ -203,7 +203,17 @@ pub struct Settings {
     /// ago than this (`RECONCILE_MIN_AGE_MS`, default three leases), so no request of a
     /// dead attempt can still be on its way to the bank.
     pub reconcile_min_age: Duration,
-    /// How HTTP callers are told apart (`HTTP_AUTH`: `functionkey` or `appservice`).
+    /// Who an HTTP caller is (`HTTP_AUTH`).
+    ///
+    /// `functionkey` (default): function keys are shared secrets, so every key holder is
+    /// one trust domain: any holder may pay, and read every payment. The body's
+    /// `tenantId` partitions Idempotency-Keys as a namespace, not a security boundary
+    /// (a holder may name any tenant, and so replay or block that tenant's keys).
+    ///
+    /// `appservice`: App Service Authentication signs the caller in and sets
+    /// `X-MS-CLIENT-PRINCIPAL`; every route needs that principal (401 without), `POST`
+    /// needs the app role `Payments.Pay` and `GET` `Payments.Read` (or `Payments.Pay`, for
+    /// the payer's own payments; 403 otherwise). Each principal's keys are its own.
     pub http_auth: crate::payments_api::CallerAuth,
     /// How long an HTTP Idempotency-Key is remembered (`IDEMPOTENCY_KEY_RETENTION_HOURS`).
     pub key_retention: Duration,

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::functions::{claim_approved, payments, reconcile};
 use crate::host::{InvocationResult, OutcomeSummary};
+use crate::payments_api;
 use crate::startup::AppState;
 use crate::telemetry;
 
@@ -56,12 +57,78 @@ pub async fn metrics() -> Json<telemetry::CountersSnapshot> {
     Json(telemetry::counters().snapshot())
 }
 
-async fn not_found() -> Response {
+/// A 404 that speaks the language of the caller's route: an HTTP API client (under
+/// `/api/`) gets a problem naming the API's routes; anything else is the Functions
+/// host's side, whose functions are named.
+async fn not_found(uri: Uri) -> Response {
+    if uri.path() == "/api" || uri.path().starts_with("/api/") {
+        let (status, headers, body) = payments_api::Answer::problem(
+            StatusCode::NOT_FOUND,
+            "no-such-route",
+            "No such route",
+            format!(
+                "the payments API serves POST {} and GET {}",
+                payments::ROUTE,
+                payments::GET_ROUTE.replace("{claim_id}", "{claimId}")
+            ),
+        )
+        .into_parts();
+        return (status, headers, body).into_response();
+    }
     (
         StatusCode::NOT_FOUND,
-        Json(serde_json::json!({"error": format!("no such function; this handler serves POST /{}", claim_approved::FUNCTION_NAME)})),
+        Json(serde_json::json!({"error": format!(
+            "no such function; this handler serves POST /{} and POST /{}",
+            claim_approved::FUNCTION_NAME,
+            reconcile::FUNCTION_NAME
+        )})),
     )
         .into_response()
+}
+
+/// Whether a request body is one this service reads: JSON (`application/json`, or
+/// `application/<something>+json`), UTF-8 if a charset is named, and not content-coded
+/// (nothing here decompresses: a gzip body would be refused as "not JSON" at best).
+/// `Err` is the problem's detail, for a 415.
+pub fn json_request(headers: &HeaderMap) -> Result<(), String> {
+    let mut types = headers.get_all(header::CONTENT_TYPE).iter();
+    let content_type = match (types.next(), types.next()) {
+        (None, _) => return Err("Content-Type is missing; send application/json".into()),
+        (Some(_), Some(_)) => return Err("send exactly one Content-Type: application/json".into()),
+        (Some(v), None) => v
+            .to_str()
+            .map_err(|_| "Content-Type is not visible ASCII; send application/json".to_owned())?,
+    };
+    let mut parts = content_type.split(';');
+    let essence = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+    let json = essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"));
+    if !json {
+        return Err("the body must be application/json".into());
+    }
+    for param in parts {
+        let (name, value) = param.split_once('=').unwrap_or((param, ""));
+        if name.trim().eq_ignore_ascii_case("charset")
+            && !value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        {
+            return Err("the body must be UTF-8 (charset=utf-8 or none)".into());
+        }
+    }
+    for coding in headers.get_all(header::CONTENT_ENCODING) {
+        let identity = coding
+            .to_str()
+            .map(|c| {
+                c.split(',')
+                    .all(|c| c.trim().eq_ignore_ascii_case("identity") || c.trim().is_empty())
+            })
+            .unwrap_or(false);
+        if !identity {
+            return Err(
+                "Content-Encoding is not supported; send the body without a content coding".into(),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Why a request body could not be read.
@@ -88,4 +155,49 @@ pub async fn read_body(body: Body) -> Result<Bytes, BodyError> {
 /// The custom-handler answer to an invocation: `status` and the outcome as JSON.
 pub fn invocation_answer(status: StatusCode, summary: OutcomeSummary) -> Response {
     (status, Json(InvocationResult::new(summary))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn with(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn only_uncoded_json_bodies_are_read() {
+        for ok in [
+            with(&[("content-type", "application/json")]),
+            with(&[("content-type", "Application/JSON; charset=UTF-8")]),
+            with(&[("content-type", "application/merge-patch+json")]),
+            with(&[
+                ("content-type", "application/json"),
+                ("content-encoding", "identity"),
+            ]),
+        ] {
+            assert_eq!(json_request(&ok), Ok(()), "{ok:?}");
+        }
+        for bad in [
+            with(&[]),
+            with(&[("content-type", "text/plain")]),
+            with(&[("content-type", "application/x-www-form-urlencoded")]),
+            with(&[("content-type", "application/json; charset=latin1")]),
+            with(&[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ]),
+            with(&[
+                ("content-type", "application/json"),
+                ("content-encoding", "br, identity"),
+            ]),
+        ] {
+            assert!(json_request(&bad).is_err(), "{bad:?}");
+        }
+    }
 }

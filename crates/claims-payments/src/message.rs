@@ -251,6 +251,16 @@ fn parse_amount(raw: &RawValue) -> Result<Decimal, InvalidMessage> {
         .map_err(|_| InvalidMessage::new("amount", format!("{literal:?} is out of range")))
 }
 
+/// An amount another party (the bank) wrote, under the same strict grammar as a
+/// message's: `None` for anything else. Its scale is kept for display; decimals
+/// compare by value, so `75.0` equals `75.00`.
+pub(crate) fn parse_decimal_amount(text: &str) -> Option<Decimal> {
+    if !is_plain_decimal(text) {
+        return None;
+    }
+    Decimal::from_str_exact(text).ok()
+}
+
 /// `-?[0-9]+(\.[0-9]+)?`
 fn is_plain_decimal(s: &str) -> bool {
     let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments_testkit::bank::{BankFault, FakeBank};
@@ -509,18 +511,26 @@ async fn reconcile_from_the_cli_and_the_timer_settles_an_unknown_payout() {
     assert_eq!(outcome(&answer), "needs-reconciliation");
     bank.always(None);
 
-    // A dry run asks the bank and changes nothing.
-    let (_, dry) = reconcile_cli(&db, &url, &["--dry-run"]);
-    assert_eq!(dry["lines"][0]["result"], "would-settle", "{dry}");
+    // A dry run asks the bank and changes nothing; its verdict is a real run's.
+    let (code, dry) = reconcile_cli(&db, &url, &["--dry-run"]);
+    assert_eq!((code, &dry["dryRun"]), (Some(0), &json!(true)), "{dry}");
+    assert_eq!(dry["lines"][0]["result"], "paid-now", "{dry}");
     assert_eq!(ledger(&db)[0]["status"], "needs_reconciliation");
     assert_eq!(bank.effective_payouts(), 0);
+    bank.fail_lookups(1);
+    let (code, dry) = reconcile_cli(&db, &url, &["--dry-run"]);
+    assert_eq!(
+        (code, dry["stillUnknown"].as_u64()),
+        (Some(3), Some(1)),
+        "a dry run that would leave a payment unknown says so: {dry}"
+    );
 
-    // The lookup fails: still unknown, exit 1, nothing paid.
+    // The lookup fails: still unknown, exit 3 (open items), nothing paid.
     bank.fail_lookups(1);
     let (code, report) = reconcile_cli(&db, &url, &[]);
     assert_eq!(
         (code, report["stillUnknown"].as_u64()),
-        (Some(1), Some(1)),
+        (Some(3), Some(1)),
         "{report}"
     );
     assert_eq!(bank.effective_payouts(), 0);
@@ -553,6 +563,49 @@ async fn reconcile_from_the_cli_and_the_timer_settles_an_unknown_payout() {
         "{report}"
     );
     assert_eq!(bank.effective_payouts(), 1);
+}
+
+/// `reconcile`'s exit codes tell "cannot run" (1) and "usage" (2) from "open items
+/// remain" (3), and a duration past the calendar is a usage error, not a panic.
+#[test]
+fn reconcile_exit_codes_tell_cannot_run_from_usage_from_open_items() {
+    let (_dir, db) = temp_db();
+    let run = |args: &[&str], env: &[(&str, &str)], db: &Path| {
+        let out = Command::new(EXE)
+            .arg("reconcile")
+            .args(args)
+            .env_remove("PAYMENTS_STORE")
+            .env_remove("BANK_API_URL")
+            .env("PAYMENTS_SQLITE_PATH", db)
+            .envs(env.iter().copied())
+            .env("RUST_LIB_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Cannot run: no database yet, and no bank configured.
+    let bank = [("BANK_API_URL", "http://127.0.0.1:9/")];
+    let (code, err) = run(&[], &bank, &db);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("payments.db") || err.contains("database"),
+        "{err}"
+    );
+    let (code, err) = run(&[], &[], &db);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("BANK_API_URL"), "{err}");
+    // Usage: durations past what a date can hold are refused by name, never a panic.
+    for age in ["500000y", "18446744073709551615s", "soon"] {
+        let (code, err) = run(&["--older-than", age], &bank, &db);
+        assert_eq!(code, Some(2), "{age}: {err}");
+        assert!(
+            err.contains("--older-than") && !err.contains("panicked"),
+            "{age}: {err}"
+        );
+    }
 }
 
 async fn pay(
@@ -681,6 +734,7 @@ async fn the_payments_api_answers_as_its_contract_says() {
     // back to the pool the other requests share.
     let oversized = reqwest::Client::new()
         .post(handler.url("/api/payments"))
+        .header("content-type", "application/json")
         .header("Idempotency-Key", "k-5")
         .body("x".repeat(2 * 1024 * 1024))
         .send()
@@ -799,4 +853,477 @@ async fn the_payments_api_answers_409_while_the_key_is_in_flight() {
         (201, "true")
     );
     assert_eq!(bank.effective_payouts(), 1);
+}
+
+/// A bank of the test's own, for what the fake bank does not do: it answers every payout
+/// with `status` (settable) and, for an error, a body that echoes the request's
+/// `Authorization` header (as a careless bank or proxy does); a 2xx is a payment. Each
+/// payout waits at `gate` until the test lets it through (open from the start unless
+/// the test holds it).
+struct EchoBank {
+    url: String,
+    status: Arc<AtomicU16>,
+    arrived: Arc<AtomicUsize>,
+    answered: Arc<AtomicUsize>,
+    gate: Arc<tokio::sync::Semaphore>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EchoBank {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl EchoBank {
+    async fn start(status: u16, held: bool) -> EchoBank {
+        use axum::http::{HeaderMap, StatusCode};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let status = Arc::new(AtomicU16::new(status));
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let permits = if held {
+            0
+        } else {
+            tokio::sync::Semaphore::MAX_PERMITS
+        };
+        let gate = Arc::new(tokio::sync::Semaphore::new(permits));
+        let (s, a, d, g) = (
+            status.clone(),
+            arrived.clone(),
+            answered.clone(),
+            gate.clone(),
+        );
+        let app = axum::Router::new().route(
+            "/payments",
+            axum::routing::post(move |headers: HeaderMap| {
+                let (s, a, d, g) = (s.clone(), a.clone(), d.clone(), g.clone());
+                async move {
+                    a.fetch_add(1, Ordering::SeqCst);
+                    let _pass = g.acquire().await.unwrap();
+                    d.fetch_add(1, Ordering::SeqCst);
+                    let status = StatusCode::from_u16(s.load(Ordering::SeqCst)).unwrap();
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    let body = if status.is_success() {
+                        json!({"paymentId": "p-echo-1"}).to_string()
+                    } else {
+                        format!("bank error; you sent Authorization: {auth}")
+                    };
+                    (status, body)
+                }
+            }),
+        );
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        EchoBank {
+            url,
+            status,
+            arrived,
+            answered,
+            gate,
+            server,
+        }
+    }
+}
+
+/// The key records of the HTTP API, as `inbox --json` lists them.
+fn key_records(db: &Path) -> Vec<Value> {
+    let out = Command::new(EXE)
+        .args(["inbox", "--json"])
+        .env("PAYMENTS_SQLITE_PATH", db)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["consumer"] == "payments-api")
+        .collect()
+}
+
+/// Issue 21 item 6: the bank's error body never reaches an HTTP client. The bank here
+/// echoes our `Authorization: Bearer <BANK_API_KEY>` in every error; whatever the bank
+/// answers (unavailable, refused, unknowable, refusing our credential), neither the POST
+/// nor the GET answer carries the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_of_the_payments_api_carries_the_banks_words() {
+    const SECRET: &str = "sk-live-7c1e0f3a9b-do-not-leak";
+    let bank = EchoBank::start(503, false).await;
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank.url.as_str()),
+            ("BANK_API_KEY", SECRET),
+            ("BANK_TIMEOUT_MS", "200"),
+            ("RETRY_BUDGET_MS", "600"),
+        ],
+    );
+    let c = reqwest::Client::new();
+    for (status, expected) in [(503, 503), (400, 201), (422, 202), (401, 503)] {
+        bank.status.store(status, Ordering::SeqCst);
+        let claim = common::new_claim();
+        let body = claim_body(&claim, "10.00");
+        let (s, h, b) = pay(&c, &handler, Some(&format!("leak-{status}")), &body, &[]).await;
+        assert_eq!(s, expected, "bank {status}: {b}");
+        assert!(
+            !b.contains(SECRET) && !format!("{h:?}").contains(SECRET),
+            "bank {status}: the answer carries the bank's body: {b}"
+        );
+        let got = c
+            .get(handler.url(&format!("/api/payments/{claim}")))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            !got.contains(SECRET),
+            "bank {status}: GET carries it: {got}"
+        );
+    }
+    assert!(bank.arrived.load(Ordering::SeqCst) >= 4);
+}
+
+/// Issue 21 item 8: a client that goes away while the bank holds its payout does not
+/// cut the payment short. The work runs on its own task, finishes when the bank answers
+/// and stores the answer, so the client's retry gets it at once instead of 409 until
+/// the lease (set far beyond the wait here) runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_payout_gets_the_stored_answer_on_retry() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let bank = EchoBank::start(200, true).await;
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank.url.as_str()),
+            // A lease far longer than any wait below: only a finished payment can end
+            // the 409s within them.
+            ("LEASE_MS", "600000"),
+            ("INFLIGHT_WAIT_MS", "70000"),
+        ],
+    );
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "77.00");
+    let addr = format!("127.0.0.1:{}", handler.port);
+    // A client written by hand, so the test decides when it goes away.
+    let mut client = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let request = format!(
+        "POST /api/payments HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nIdempotency-Key: gone\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the payout reached the bank",
+        || bank.arrived.load(Ordering::SeqCst) == 1,
+    )
+    .await;
+    // The client goes away (FIN), and the server closes the connection: from then on
+    // the request's future is gone. Bounded, for a broken server only.
+    client.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(30), client.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "the server answered a client that had gone: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+    // Only now does the bank pay.
+    bank.gate.add_permits(1);
+    wait_until(
+        Duration::from_secs(60),
+        "the payment finished and its answer is stored under the key",
+        || key_records(&db).iter().any(|r| r["status"] == "completed"),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let (s, h, b) = pay(&c, &handler, Some("gone"), &body, &[]).await;
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(h["idempotent-replayed"], "true");
+    let resource: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(
+        (
+            resource["status"].as_str(),
+            resource["bankPaymentId"].as_str()
+        ),
+        (Some("paid"), Some("p-echo-1"))
+    );
+    assert_eq!(bank.answered.load(Ordering::SeqCst), 1, "one payout");
+}
+
+fn principal(oid: &str, roles: &[&str]) -> String {
+    use base64::Engine;
+    let mut claims = vec![
+        json!({"typ": "http://schemas.microsoft.com/identity/claims/objectidentifier", "val": oid}),
+        json!({"typ": "http://schemas.microsoft.com/identity/claims/tenantid", "val": "72f988bf-86f1-41af-91ab-2d7cd011db47"}),
+        json!({"typ": "name", "val": format!("{oid}@example.com")}),
+    ];
+    for role in roles {
+        claims.push(json!({"typ": "roles", "val": role}));
+    }
+    let principal = json!({
+        "auth_typ": "aad",
+        "name_typ": "name",
+        "role_typ": "http://schemas.microsoft.com/ws/2008/06/identity/claims/role",
+        "claims": claims,
+    });
+    base64::engine::general_purpose::STANDARD.encode(principal.to_string())
+}
+
+/// Issue 21 item 7: under `HTTP_AUTH=appservice` every route follows the caller model:
+/// a signed-in principal (401 `caller-unknown`), app roles `Payments.Pay` for POST and
+/// `Payments.Read` for reading any payment (403 `forbidden`), a payer reads only what it
+/// created, and one principal's keys and payments are not another's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_app_service_auth_every_route_knows_the_caller() {
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(EXE, &db, &[("HTTP_AUTH", "appservice")]);
+    let c = reqwest::Client::new();
+    let alice = principal("11111111-1111-1111-1111-111111111111", &["Payments.Pay"]);
+    let bob = principal("22222222-2222-2222-2222-222222222222", &["Payments.Pay"]);
+    let auditor = principal("33333333-3333-3333-3333-333333333333", &["Payments.Read"]);
+    let nobody = principal("44444444-4444-4444-4444-444444444444", &[]);
+    let as_ = |p: &str| vec![("X-MS-CLIENT-PRINCIPAL", p.to_owned())];
+    fn with<'a>(h: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+        h.iter().map(|(k, v)| (*k, v.as_str())).collect()
+    }
+    let get = |claim: String, h: Vec<(&'static str, String)>| {
+        let c = c.clone();
+        let url = handler.url(&format!("/api/payments/{claim}"));
+        async move {
+            let mut r = c.get(url);
+            for (k, v) in h {
+                r = r.header(k, v);
+            }
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "300.00");
+
+    // No principal: 401 on both routes, nothing written.
+    let (s, _, b) = pay(&c, &handler, Some("a-1"), &body, &[]).await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (401, "caller-unknown"),
+        "{b}"
+    );
+    let (s, b) = get(claim.clone(), vec![]).await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (401, "caller-unknown"),
+        "{b}"
+    );
+    // A malformed principal: 401 with a reason, the header never echoed.
+    let (s, _, b) = pay(
+        &c,
+        &handler,
+        Some("a-1"),
+        &body,
+        &[("X-MS-CLIENT-PRINCIPAL", "eyJub3QiOiJqc29u")],
+    )
+    .await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (401, "caller-unknown"),
+        "{b}"
+    );
+    assert!(!b.contains("eyJub3Qi"), "{b}");
+    // Signed in without the role: 403.
+    let (s, _, b) = pay(&c, &handler, Some("a-1"), &body, &with(&as_(&nobody))).await;
+    assert_eq!((s, problem_type(&b).as_str()), (403, "forbidden"), "{b}");
+    let (s, b) = get(claim.clone(), as_(&nobody)).await;
+    assert_eq!((s, problem_type(&b).as_str()), (403, "forbidden"), "{b}");
+    assert!(ledger(&db).is_empty());
+
+    // Alice pays; her own retry replays; she reads her payment.
+    let (s, _, b_alice) = pay(&c, &handler, Some("a-1"), &body, &with(&as_(&alice))).await;
+    assert_eq!(s, 201, "{b_alice}");
+    let (s, h, b) = pay(&c, &handler, Some("a-1"), &body, &with(&as_(&alice))).await;
+    assert_eq!((s, b.as_str()), (201, b_alice.as_str()));
+    assert_eq!(h["idempotent-replayed"], "true");
+    // X-MS-CLIENT-PRINCIPAL-ID agreeing with the principal is fine; disagreeing is 401.
+    let mut agreeing = as_(&alice);
+    agreeing.push((
+        "X-MS-CLIENT-PRINCIPAL-ID",
+        "11111111-1111-1111-1111-111111111111".into(),
+    ));
+    assert_eq!(get(claim.clone(), agreeing).await.0, 200);
+    let mut disagreeing = as_(&alice);
+    disagreeing.push((
+        "X-MS-CLIENT-PRINCIPAL-ID",
+        "22222222-2222-2222-2222-222222222222".into(),
+    ));
+    assert_eq!(get(claim.clone(), disagreeing).await.0, 401);
+    // A new key of her own for the same payment: as for any caller, the existing payment.
+    let (s, _, b) = pay(&c, &handler, Some("a-2"), &body, &with(&as_(&alice))).await;
+    assert_eq!(s, 200, "{b}");
+
+    // Bob, with Alice's key: his own key, not a replay of hers; and with a key of his
+    // own: the claim is paid by someone else, 409 without any of that payment.
+    for key in ["a-1", "b-1"] {
+        let (s, h, b) = pay(&c, &handler, Some(key), &body, &with(&as_(&bob))).await;
+        assert_eq!(
+            (s, problem_type(&b).as_str()),
+            (409, "claim-already-paid"),
+            "{key}: {b}"
+        );
+        assert!(h.get("idempotent-replayed").is_none());
+        assert!(h.get("location").is_none());
+        assert!(
+            !b.contains("300.00") && !b.contains(&claim),
+            "no details: {b}"
+        );
+    }
+    // Bob may not read Alice's payment: to him it does not exist.
+    let (s, b) = get(claim.clone(), as_(&bob)).await;
+    assert_eq!(
+        (s, problem_type(&b).as_str()),
+        (404, "payment-not-found"),
+        "{b}"
+    );
+    // The auditor (Payments.Read) reads every payment, but may not pay.
+    assert_eq!(get(claim.clone(), as_(&auditor)).await.0, 200);
+    let other = claim_body(&common::new_claim(), "1.00");
+    let (s, _, b) = pay(&c, &handler, Some("r-1"), &other, &with(&as_(&auditor))).await;
+    assert_eq!((s, problem_type(&b).as_str()), (403, "forbidden"), "{b}");
+
+    // Bob's own payment is his to read, and only his (and the auditor's).
+    let bobs = common::new_claim();
+    let (s, _, b) = pay(
+        &c,
+        &handler,
+        Some("b-2"),
+        &claim_body(&bobs, "2.00"),
+        &with(&as_(&bob)),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(get(bobs.clone(), as_(&bob)).await.0, 200);
+    assert_eq!(get(bobs.clone(), as_(&alice)).await.0, 404);
+    assert_eq!(get(bobs, as_(&auditor)).await.0, 200);
+    assert_eq!(ledger(&db).len(), 2);
+}
+
+/// Issue 21 item 13: loose HTTP input is refused before anything is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_api_refuses_loose_input() {
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let url = bank.url().to_string();
+    let handler = Handler::start(EXE, &db, &[("BANK_API_URL", url.as_str())]);
+    let c = reqwest::Client::new();
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "20.00");
+
+    // Keys that are something else once read as a Structured Field.
+    for key in ["a, b", "abc;x=1", ":YWJj:", "\"a\", \"b\""] {
+        let (s, _, b) = pay(&c, &handler, Some(key), &body, &[]).await;
+        assert_eq!(
+            (s, problem_type(&b).as_str()),
+            (400, "idempotency-key-invalid"),
+            "{key}: {b}"
+        );
+    }
+    // Two header lines are refused as such.
+    let two = c
+        .post(handler.url("/api/payments"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "b")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(two.status().as_u16(), 400);
+
+    // No 400 is stored: a corrected request under the same key is a first request,
+    // whether the body failed to parse or the payment could not be made as sent.
+    let no_payee = json!({"claimId": claim, "amount": "20.00", "currency": "EUR"}).to_string();
+    let negative = claim_body(&claim, "-20.00");
+    for (key, wrong) in [("fix-payee", no_payee), ("fix-amount", negative)] {
+        let (s, _, b) = pay(&c, &handler, Some(key), &wrong, &[]).await;
+        assert_eq!(
+            (s, problem_type(&b).as_str()),
+            (400, "invalid-body"),
+            "{key}: {b}"
+        );
+    }
+    let (s, _, b) = pay(&c, &handler, Some("fix-payee"), &body, &[]).await;
+    assert_eq!(s, 201, "{b}");
+    let (s, _, b) = pay(&c, &handler, Some("fix-amount"), &body, &[]).await;
+    assert_eq!(s, 200, "the same payment again, under another key: {b}");
+    assert_eq!(bank.effective_payouts(), 1);
+
+    // A JSON array is not the object the contract asks for (serde would read it
+    // positionally: claimId, amount, currency, tenantId, payee, approvedAt).
+    let array = json!([
+        common::new_claim(),
+        "5.00",
+        "EUR",
+        "acme",
+        "NL91ABNA0417164300",
+        "2026-12-01T10:15:30Z"
+    ])
+    .to_string();
+    let (s, _, b) = pay(&c, &handler, Some("arr"), &array, &[]).await;
+    assert_eq!((s, problem_type(&b).as_str()), (400, "invalid-body"), "{b}");
+
+    // Other media types and content codings: 415.
+    let fresh = claim_body(&common::new_claim(), "6.00");
+    for (name, value) in [("content-type", "text/plain"), ("content-encoding", "gzip")] {
+        let r = c
+            .post(handler.url("/api/payments"))
+            .header("idempotency-key", format!("media-{name}"))
+            .header("content-type", "application/json")
+            .header(name, value)
+            .body(fresh.clone())
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        let b = r.text().await.unwrap();
+        assert_eq!(
+            (s, problem_type(&b).as_str()),
+            (415, "unsupported-media-type"),
+            "{name}: {b}"
+        );
+    }
+    assert_eq!(
+        ledger(&db).len(),
+        1,
+        "nothing but the one payment was written"
+    );
+
+    // 404s speak of their own route.
+    for path in ["/api/payments/", "/api/payment", "/api/payments/x/y"] {
+        let r = c.get(handler.url(path)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 404, "{path}");
+        assert_eq!(
+            r.headers()["content-type"],
+            "application/problem+json",
+            "{path}"
+        );
+        let b = r.text().await.unwrap();
+        assert!(
+            b.contains("/api/payments") && !b.contains("ClaimApproved"),
+            "{path}: {b}"
+        );
+    }
+    let r = c.get(handler.url("/NoSuchFunction")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert!(r.text().await.unwrap().contains("ClaimApproved"));
 }

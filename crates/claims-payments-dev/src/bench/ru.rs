@@ -47,8 +47,8 @@ use claims_payments::store::cosmos::container::{container_definition, DEFAULT_CO
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id};
 use claims_payments::store::cosmos::CosmosStore;
 use claims_payments::store::{
-    ClaimResult, InboxKey, InboxRecord, InsertResult, PaymentRecord, Store, StoreError,
-    StoreResult, Version, Versioned,
+    ClaimResult, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus, Store,
+    StoreError, StoreResult, Version, Versioned,
 };
 
 /// RU per indexed term written or removed.
@@ -432,6 +432,7 @@ impl Store for RecordingStore {
         inbox: &InboxRecord,
         inbox_version: &Version,
         payment: &PaymentRecord,
+        payment_version: Option<&Version>,
     ) -> StoreResult<()> {
         let (claim, id) = (inbox.claim_id, inbox_id(&inbox.consumer, &inbox.message_id));
         let pay_id = payment_id(payment.purpose);
@@ -439,7 +440,11 @@ impl Store for RecordingStore {
             self.known(claim, &id).await,
             self.known(claim, &pay_id).await,
         );
-        match self.inner.finalize(inbox, inbox_version, payment).await {
+        match self
+            .inner
+            .finalize(inbox, inbox_version, payment, payment_version)
+            .await
+        {
             Ok(()) => {
                 self.replaced(claim, &id, inbox_before).await;
                 self.replaced(claim, &pay_id, payment_before).await;
@@ -459,6 +464,10 @@ impl Store for RecordingStore {
 
     async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
         self.inner.unsettled_payments(limit).await
+    }
+
+    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
+        self.inner.count_payments(status, limit).await
     }
 
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {

@@ -366,7 +366,7 @@ mod scenarios {
 
         let (final_inbox, final_payment) = (completed(&inbox), paid(&payment));
         store
-            .finalize(&final_inbox, &version, &final_payment)
+            .finalize(&final_inbox, &version, &final_payment, None)
             .await
             .unwrap();
         assert_eq!(
@@ -384,7 +384,9 @@ mod scenarios {
         );
 
         // The claim's version is spent: the same finalize again is refused.
-        let again = store.finalize(&final_inbox, &version, &final_payment).await;
+        let again = store
+            .finalize(&final_inbox, &version, &final_payment, None)
+            .await;
         assert!(
             matches!(again, Err(StoreError::PreconditionFailed)),
             "{again:?}"
@@ -672,7 +674,9 @@ mod scenarios {
 
         lost.enable();
         let (final_inbox, final_payment) = (completed(&inbox), paid(&payment));
-        let outcome = store.finalize(&final_inbox, &version, &final_payment).await;
+        let outcome = store
+            .finalize(&final_inbox, &version, &final_payment, None)
+            .await;
         assert!(
             matches!(outcome, Err(StoreError::PreconditionFailed)),
             "{outcome:?}"
@@ -825,7 +829,7 @@ mod scenarios {
             );
             let store = env.store_with(vec![batch]).await;
             let outcome = store
-                .finalize(&completed(&inbox), &version, &paid(&payment))
+                .finalize(&completed(&inbox), &version, &paid(&payment), None)
                 .await;
             assert!(
                 matches!(outcome, Err(StoreError::Transient(_))),
@@ -899,7 +903,7 @@ mod scenarios {
         );
         let store = env.store_with(vec![connection_once.clone()]).await;
         store
-            .finalize(&completed(&takeover), &version, &paid(&payment))
+            .finalize(&completed(&takeover), &version, &paid(&payment), None)
             .await
             .unwrap();
         for rule in rules.iter().chain([&connection_once]) {
@@ -1254,7 +1258,7 @@ async fn connect_over_http_serves_claims() {
         ClaimResult::InboxExists(_)
     ));
     store
-        .finalize(&completed(&inbox), &version, &paid(&payment))
+        .finalize(&completed(&inbox), &version, &paid(&payment), None)
         .await
         .unwrap();
     assert_eq!(

@@ -355,9 +355,9 @@ pub(crate) fn outcome_of(payment: &PaymentRecord) -> Outcome {
             bank_payment_id: payment.bank_payment_id.clone().unwrap_or_default(),
         },
         PaymentStatus::Rejected => Outcome::Rejected { reason },
-        PaymentStatus::NeedsReconciliation | PaymentStatus::InProgress => {
-            Outcome::NeedsReconciliation { reason }
-        }
+        PaymentStatus::NeedsReconciliation
+        | PaymentStatus::Mismatched
+        | PaymentStatus::InProgress => Outcome::NeedsReconciliation { reason },
     }
 }
 

@@ -455,7 +455,7 @@ impl Consumer {
             ))),
             (NextAction::CompleteInbox { inbox, outcome }, Some(payment)) => {
                 self.store
-                    .finalize(&inbox, &version, &payment.record)
+                    .finalize(&inbox, &version, &payment.record, Some(&payment.version))
                     .await?;
                 Ok(Progress::Done(outcome))
             }
@@ -568,7 +568,7 @@ impl Consumer {
         };
         match self
             .store
-            .finalize(&final_inbox, &version, &final_payment)
+            .finalize(&final_inbox, &version, &final_payment, None)
             .await
         {
             Ok(()) => {

@@ -81,14 +81,7 @@ pub async fn invoke(State(state): State<Arc<AppState>>, body: Bytes) -> Response
     match result {
         Ok(summary) => {
             reconcile::log_summary(&summary, "timer");
-            summary_answer(
-                StatusCode::OK,
-                "reconciled",
-                format!(
-                    "examined {}, paid by lookup {}, paid now {}, rejected {}, still unknown {}, mismatches {}",
-                    summary.examined, summary.paid_by_lookup, summary.paid_now, summary.rejected, summary.still_unknown, summary.mismatches
-                ),
-            )
+            summary_answer(StatusCode::OK, "reconciled", summary.counts())
         }
         Err(e) => {
             tracing::error!(trigger = "timer", error = %e, "reconcile failed");

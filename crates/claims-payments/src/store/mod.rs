@@ -198,8 +198,14 @@ pub enum PaymentStatus {
     Paid,
     /// The bank refused the payout for good; a person must look at the claim.
     Rejected,
-    /// The outcome at the bank cannot be known; an operator must reconcile.
+    /// The outcome at the bank cannot be known yet; `reconcile` asks the bank.
     NeedsReconciliation,
+    /// The bank holds something that contradicts the ledger under this payment's
+    /// reference (another amount or currency, several payouts, a refused replay with
+    /// another body). Never paid, settled or rewritten automatically: `reconcile`
+    /// leaves it out, and only a person, with the evidence in `status_reason`, may
+    /// change it.
+    Mismatched,
 }
 
 impl PaymentStatus {
@@ -210,6 +216,7 @@ impl PaymentStatus {
             PaymentStatus::Paid => "paid",
             PaymentStatus::Rejected => "rejected",
             PaymentStatus::NeedsReconciliation => "needs_reconciliation",
+            PaymentStatus::Mismatched => "mismatched",
         }
     }
 
@@ -220,6 +227,7 @@ impl PaymentStatus {
             "paid" => PaymentStatus::Paid,
             "rejected" => PaymentStatus::Rejected,
             "needs_reconciliation" => PaymentStatus::NeedsReconciliation,
+            "mismatched" => PaymentStatus::Mismatched,
             _ => return None,
         })
     }
@@ -333,20 +341,28 @@ pub trait Store: Send + Sync + 'static {
     async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version>;
 
     /// Atomically write the final payment and inbox records, if the inbox still
-    /// carries `inbox_version` (our lease was not taken over). `PreconditionFailed` otherwise.
+    /// carries `inbox_version` (our lease was not taken over) and, when given, the
+    /// payment still carries `payment_version` (nobody settled it since we read it).
+    /// `PreconditionFailed` otherwise, and nothing is written.
     async fn finalize(
         &self,
         inbox: &InboxRecord,
         inbox_version: &Version,
         payment: &PaymentRecord,
+        payment_version: Option<&Version>,
     ) -> StoreResult<()>;
 
     /// Payments, oldest first, at most `limit`.
     async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>>;
 
     /// Payments whose outcome is not final yet (`in_progress`, `needs_reconciliation`),
-    /// oldest first, at most `limit`: what `reconcile` examines.
+    /// oldest first, at most `limit`: what `reconcile` examines. `mismatched` payments
+    /// are not in it: no automatic process may touch them.
     async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>>;
+
+    /// How many payments are in `status`, counting at most `limit` (reconcile's report
+    /// of what still needs a person).
+    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize>;
 
     /// Inbox records, oldest first, at most `limit`.
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>>;

@@ -112,6 +112,9 @@ CREATE TABLE IF NOT EXISTS payments (
     UNIQUE (claim_id, purpose)
 );
 CREATE INDEX IF NOT EXISTS payments_created ON payments (created_at_ms);
+-- What reconcile lists and counts: the few payments not settled yet, oldest first.
+CREATE INDEX IF NOT EXISTS payments_open ON payments (status, created_at_ms, claim_id)
+    WHERE status IN ('in_progress', 'needs_reconciliation', 'mismatched');
 ";
 
 /// What a write job asks the writer to do with its savepoint.
@@ -968,16 +971,21 @@ fn insert_payment(conn: &Connection, p: &PaymentRecord) -> StoreResult<bool> {
     .map_err(map_sqlite_error)
 }
 
+/// A SQLite row version, as [`Version`] carries it.
+fn parse_version(version: &Version) -> StoreResult<i64> {
+    version
+        .0
+        .parse()
+        .map_err(|_| StoreError::Permanent(format!("not a SQLite version: {:?}", version.0)))
+}
+
 /// Replaces the inbox row if its version is still `expected`; returns the new version.
 fn replace_inbox_row(
     conn: &Connection,
     r: &InboxRecord,
     expected: &Version,
 ) -> StoreResult<Option<i64>> {
-    let expected: i64 = expected
-        .0
-        .parse()
-        .map_err(|_| StoreError::Permanent(format!("not a SQLite version: {:?}", expected.0)))?;
+    let expected = parse_version(expected)?;
     conn.prepare_cached(
         "UPDATE inbox SET payload_hash = ?4, status = ?5, outcome = ?6, owner = ?7, lease_until_ms = ?8, \
          first_delivery_count = ?9, last_delivery_count = ?10, updated_at_ms = ?11, expires_at_ms = ?12, \
@@ -1109,16 +1117,23 @@ impl Store for SqliteStore {
         inbox: &InboxRecord,
         inbox_version: &Version,
         payment: &PaymentRecord,
+        payment_version: Option<&Version>,
     ) -> StoreResult<()> {
         let (inbox, expected, payment) = (inbox.clone(), inbox_version.clone(), payment.clone());
+        let payment_version = match payment_version {
+            Some(v) => Some(parse_version(v)?),
+            None => None,
+        };
         self.write(move |conn| {
             if replace_inbox_row(conn, &inbox, &expected)?.is_none() {
                 return Err(StoreError::PreconditionFailed);
             }
+            // An error below rolls the inbox write back with the savepoint.
             let changed = conn
                 .prepare_cached(
                     "UPDATE payments SET status = ?3, bank_payment_id = ?4, status_reason = ?5, \
-                     updated_at_ms = ?6, version = version + 1 WHERE claim_id = ?1 AND purpose = ?2",
+                     updated_at_ms = ?6, version = version + 1 \
+                     WHERE claim_id = ?1 AND purpose = ?2 AND (?7 IS NULL OR version = ?7)",
                 )
                 .and_then(|mut stmt| {
                     stmt.execute(params![
@@ -1128,16 +1143,18 @@ impl Store for SqliteStore {
                         payment.bank_payment_id,
                         payment.status_reason,
                         to_ms(payment.updated_at),
+                        payment_version,
                     ])
                 })
                 .map_err(map_sqlite_error)?;
-            if changed != 1 {
-                return Err(StoreError::Permanent(format!(
+            match (changed, payment_version) {
+                (1, _) => Ok(Tx::Keep(())),
+                (_, Some(_)) => Err(StoreError::PreconditionFailed),
+                (_, None) => Err(StoreError::Permanent(format!(
                     "payment for claim {} is missing at finalize",
                     payment.claim_id
-                )));
+                ))),
             }
-            Ok(Tx::Keep(()))
         })
         .await
     }
@@ -1172,6 +1189,20 @@ impl Store for SqliteStore {
             .into_iter()
             .map(PaymentRow::into_record)
             .collect()
+        })
+        .await
+    }
+
+    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
+        self.read(move |c| {
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            c.query_row(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM payments WHERE status = ?1 LIMIT ?2)",
+                params![status.as_str(), limit],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+            .map_err(map_sqlite_error)
         })
         .await
     }

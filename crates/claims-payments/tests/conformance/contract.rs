@@ -50,7 +50,7 @@ pub async fn a_claim_and_its_finalize_read_back_whole(store: DynStore) {
 
     let (final_inbox, final_payment) = (completed(&inbox), paid(&payment));
     store
-        .finalize(&final_inbox, &version, &final_payment)
+        .finalize(&final_inbox, &version, &final_payment, None)
         .await
         .unwrap();
     assert_eq!(
@@ -67,7 +67,9 @@ pub async fn a_claim_and_its_finalize_read_back_whole(store: DynStore) {
         final_payment
     );
     // The claim's version is spent: the same finalize again is refused.
-    let again = store.finalize(&final_inbox, &version, &final_payment).await;
+    let again = store
+        .finalize(&final_inbox, &version, &final_payment, None)
+        .await;
     assert!(
         matches!(again, Err(StoreError::PreconditionFailed)),
         "{again:?}"

@@ -71,6 +71,13 @@ macro_rules! store_conformance {
             reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone,
             reconcile_racing_a_live_redelivery_pays_once,
             two_reconcile_runs_racing_settle_once,
+            a_mismatch_is_never_paid_later_nor_examined_again,
+            lookup_references_differing_in_case_are_ours_and_missing_ones_are_unusable,
+            a_double_payment_at_the_bank_needs_a_person,
+            a_pending_entry_beside_a_refusal_stays_unknown,
+            a_stalled_run_never_overwrites_what_another_run_settled,
+            mismatches_do_not_starve_newer_payments,
+            a_failed_lookup_leaves_an_orphaned_payout_visible_to_the_next_run,
             a_claim_and_its_finalize_read_back_whole,
             a_duplicate_claim_returns_the_stored_record_and_writes_nothing,
             a_business_duplicate_returns_the_stored_payment_then_records_the_message,
@@ -295,7 +302,9 @@ pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
         bank_payment_id: Some("pay-1".into()),
         ..payment.clone()
     };
-    let stale = store.finalize(&done_inbox, &inbox_version, &paid).await;
+    let stale = store
+        .finalize(&done_inbox, &inbox_version, &paid, None)
+        .await;
     assert!(
         matches!(stale, Err(StoreError::PreconditionFailed)),
         "{stale:?}"
@@ -317,7 +326,7 @@ pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
         ..done_inbox
     };
     store
-        .finalize(&done_inbox, &current.version, &paid)
+        .finalize(&done_inbox, &current.version, &paid, None)
         .await
         .unwrap();
     let p = store
@@ -980,7 +989,7 @@ pub async fn reconcile_never_pays_a_mismatch(store: DynStore) {
     assert_eq!(summary.mismatches, 1, "{summary:?}");
     assert!(!summary.all_settled());
     let p = payment_of(&store, msg.claim_id).await;
-    assert_eq!(p.status, PaymentStatus::NeedsReconciliation);
+    assert_eq!(p.status, PaymentStatus::Mismatched);
     let reason = p.status_reason.unwrap();
     assert!(
         reason.contains("bank-9") && reason.contains("57.00"),
@@ -1065,6 +1074,9 @@ pub async fn reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone(sto
         (0, 0),
         "{early:?}"
     );
+    // ...but reported as open: exit 0 never means "all settled" when it is not.
+    assert_eq!(early.waiting, 1, "{early:?}");
+    assert!(!early.all_settled());
 
     // The scenario: the lease (200 ms, on the store's wall clock) expires.
     let lease_gone = OffsetDateTime::now_utc() + Duration::from_millis(250);
@@ -1135,6 +1147,301 @@ pub async fn two_reconcile_runs_racing_settle_once(store: DynStore) {
         payment_of(&store, msg.claim_id).await.status,
         PaymentStatus::Paid
     );
+}
+
+/// Item 1 of the failure review: once the bank showed another amount, the payment is
+/// `mismatched` for good; a later "nothing held" must not pay it.
+pub async fn a_mismatch_is_never_paid_later_nor_examined_again(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    bank.hold(&key, "bank-9", "paid", "57.00", "EUR");
+    let first = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.mismatches, first.needs_a_person),
+        (1, 1),
+        "{first:?}"
+    );
+    let evidence = payment_of(&store, msg.claim_id).await.status_reason;
+    // The bank's listing now says nothing at all under the reference.
+    let bank = FakeBank::start().await;
+    let consumer = common::bank_consumer_with(
+        store.clone(),
+        &bank,
+        consumer.policy().clone(),
+        Duration::from_millis(200),
+    );
+    let later = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        bank.effective_payouts(),
+        0,
+        "a mismatch was paid: {later:?}"
+    );
+    assert_eq!(bank.lookups(), 0, "a mismatch is not examined again");
+    assert_eq!((later.examined, later.needs_a_person), (0, 1), "{later:?}");
+    assert!(
+        !later.all_settled(),
+        "a mismatch stays open until a person settles it"
+    );
+    let p = payment_of(&store, msg.claim_id).await;
+    assert_eq!(p.status, PaymentStatus::Mismatched);
+    assert_eq!(p.status_reason, evidence, "the evidence is kept as it was");
+    // A redelivery of the message writes nothing and pays nothing either.
+    common::deliver(&consumer, &msg, "evt-1", 3).await;
+    assert_eq!(bank.effective_payouts(), 0);
+    assert_eq!(
+        payment_of(&store, msg.claim_id).await.status,
+        PaymentStatus::Mismatched
+    );
+}
+
+/// Item 2: the bank may normalise the reference's letter case (DESIGN §8): still ours,
+/// so no second payout. An entry without a reference is no answer at all.
+pub async fn lookup_references_differing_in_case_are_ours_and_missing_ones_are_unusable(
+    store: DynStore,
+) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    bank.hold_entry(
+        &key,
+        serde_json::json!({"paymentId": "other-claims-payment", "status": "paid",
+            "amount": "75.00", "currency": "EUR"}),
+    );
+    let unusable = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(unusable.still_unknown, 1, "{unusable:?}");
+    assert!(
+        unusable.lines[0].detail.contains("no reference"),
+        "{unusable:?}"
+    );
+    assert_eq!(
+        bank.effective_payouts(),
+        0,
+        "an unusable answer is not 'nothing held'"
+    );
+    let p = payment_of(&store, msg.claim_id).await;
+    assert_eq!(
+        (p.status, p.bank_payment_id),
+        (PaymentStatus::NeedsReconciliation, None)
+    );
+
+    let bank = FakeBank::start().await;
+    bank.hold_entry(
+        &key,
+        serde_json::json!({"paymentId": "bank-77", "status": "PAID", "amount": "75.0",
+            "currency": "EUR", "reference": key.to_uppercase()}),
+    );
+    let consumer = common::bank_consumer_with(
+        store.clone(),
+        &bank,
+        consumer.policy().clone(),
+        Duration::from_millis(200),
+    );
+    let summary = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(summary.paid_by_lookup, 1, "{summary:?}");
+    assert_eq!(
+        bank.effective_payouts(),
+        0,
+        "paid again although the bank held it"
+    );
+    let p = payment_of(&store, msg.claim_id).await;
+    assert_eq!(p.bank_payment_id.as_deref(), Some("bank-77"));
+}
+
+/// Item 3: two payouts under one reference are a double payment: a mismatch for a
+/// person, counted, never "paid by lookup".
+pub async fn a_double_payment_at_the_bank_needs_a_person(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    bank.hold(&key, "bank-1", "paid", "75.00", "EUR");
+    bank.hold(&key, "bank-2", "paid", "75.00", "EUR");
+    let summary = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            summary.paid_by_lookup,
+            summary.mismatches,
+            summary.double_payments
+        ),
+        (0, 1, 1),
+        "{summary:?}"
+    );
+    assert!(!summary.all_settled());
+    let p = payment_of(&store, msg.claim_id).await;
+    assert_eq!(p.status, PaymentStatus::Mismatched);
+    let reason = p.status_reason.unwrap();
+    assert!(
+        reason.contains("bank-1") && reason.contains("bank-2"),
+        "{reason}"
+    );
+}
+
+/// Item 3: a pending entry may still pay, whatever else is listed beside it.
+pub async fn a_pending_entry_beside_a_refusal_stays_unknown(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    bank.hold(&key, "bank-r", "rejected", "75.00", "EUR");
+    bank.hold(&key, "bank-p", "pending", "75.00", "EUR");
+    let summary = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (summary.rejected, summary.still_unknown),
+        (0, 1),
+        "{summary:?}"
+    );
+    assert_eq!(
+        payment_of(&store, msg.claim_id).await.status,
+        PaymentStatus::NeedsReconciliation
+    );
+}
+
+/// Item 4: a run stalled on one payment must not settle the next one from the list it
+/// read at its start, after another run settled it meanwhile.
+pub async fn a_stalled_run_never_overwrites_what_another_run_settled(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (consumer, first, first_key) = needs_reconciliation(&store, &bank).await;
+    let (_, second, second_key) = needs_reconciliation(&store, &bank).await;
+    // The stalled run pays the first payment slowly.
+    bank.script([BankFault::Slow(Duration::from_millis(1500))]);
+    let sent_before = bank.arrivals().len();
+    let stalled = {
+        let consumer = consumer.clone();
+        tokio::spawn(async move {
+            reconciler(&consumer)
+                .run(reconcile_options(Duration::ZERO))
+                .await
+        })
+    };
+    wait_until(Duration::from_secs(10), "the stalled run's payout", || {
+        bank.arrivals().len() > sent_before
+    })
+    .await;
+    assert!(
+        bank.payout_for(&first_key).is_none(),
+        "the first payout is still in flight"
+    );
+    // Meanwhile another run pays the second one.
+    let other = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(other.paid_now, 1, "{other:?}");
+    let settled = payment_of(&store, second.claim_id).await;
+    assert_eq!(settled.status, PaymentStatus::Paid);
+    // The bank now also lists something that would read as a mismatch.
+    bank.hold(&second_key, "bank-x", "paid", "99.00", "EUR");
+    let summary = stalled.await.unwrap().unwrap();
+    let p = payment_of(&store, second.claim_id).await;
+    assert_eq!(
+        (p.status, &p.bank_payment_id),
+        (PaymentStatus::Paid, &settled.bank_payment_id),
+        "the stalled run overwrote a settled payment: {summary:?}"
+    );
+    assert_eq!(
+        payment_of(&store, first.claim_id).await.status,
+        PaymentStatus::Paid
+    );
+    assert_eq!(bank.effective_payouts(), 2);
+}
+
+/// Item 5: a full run's worth of mismatched payments must not hide a newer one.
+pub async fn mismatches_do_not_starve_newer_payments(store: DynStore) {
+    let old = OffsetDateTime::now_utc() - Duration::from_secs(3600);
+    for n in 0..claims_payments::reconcile::MAX_PER_RUN {
+        let (inbox, payment) = records(&common::new_claim(), &format!("m-{n}"), AttemptId::new());
+        let payment = PaymentRecord {
+            status: PaymentStatus::Mismatched,
+            created_at: old,
+            updated_at: old,
+            ..payment
+        };
+        let inbox = InboxRecord {
+            status: InboxStatus::Completed,
+            lease_until: None,
+            ..inbox
+        };
+        store.claim(&inbox, &payment).await.unwrap();
+    }
+    let bank = FakeBank::start().await;
+    let (consumer, msg, _key) = needs_reconciliation(&store, &bank).await;
+    let summary = reconciler(&consumer)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (summary.examined, summary.paid_now),
+        (1, 1),
+        "{:?}",
+        summary.counts()
+    );
+    assert_eq!(
+        summary.needs_a_person,
+        claims_payments::reconcile::MAX_PER_RUN,
+        "{}",
+        summary.counts()
+    );
+    assert_eq!(
+        payment_of(&store, msg.claim_id).await.status,
+        PaymentStatus::Paid
+    );
+}
+
+/// Item 9: a run whose lookup failed gives the message back as it found it; the next
+/// run, with the same minimum age, examines the payment at once.
+pub async fn a_failed_lookup_leaves_an_orphaned_payout_visible_to_the_next_run(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let policy = claims_payments::consumer::Policy {
+        lease: Duration::from_millis(200),
+        ..common::policy()
+    };
+    let consumer =
+        common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_millis(500));
+    let msg = common::message(&common::new_claim(), "31.00");
+    let dying = consumer
+        .clone()
+        .with_crash_hook(common::crash_once_at(Step::AfterBankCall));
+    assert_eq!(
+        common::deliver(&dying, &msg, "evt-1", 10).await,
+        "retry-later"
+    );
+    let min_age = Duration::from_millis(300);
+    // The scenario: the lease (200 ms) and the minimum age after it pass.
+    let ripe = OffsetDateTime::now_utc() + Duration::from_millis(600);
+    while OffsetDateTime::now_utc() < ripe {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bank.fail_lookups(1);
+    let failed = reconciler(&consumer)
+        .run(reconcile_options(min_age))
+        .await
+        .unwrap();
+    assert_eq!(failed.still_unknown, 1, "{failed:?}");
+    let next = reconciler(&consumer)
+        .run(reconcile_options(min_age))
+        .await
+        .unwrap();
+    assert_eq!(
+        (next.examined, next.paid_by_lookup),
+        (1, 1),
+        "the failed run hid the payment: {}",
+        next.counts()
+    );
+    assert!(next.all_settled(), "{}", next.counts());
+    assert_eq!(bank.effective_payouts(), 1);
 }
 
 // ---- HTTP payments API -----------------------------------------------------------

@@ -89,6 +89,10 @@ describe('idempotency rules (pure)', () => {
     expect(isValidIdempotencyKey('x'.repeat(256))).toBe(false);
     expect(isValidIdempotencyKey('é')).toBe(false);
     expect(isValidIdempotencyKey('a\nb')).toBe(false);
+    // Not a bare token: the server would read these as two keys, parameters or bytes.
+    expect(isValidIdempotencyKey('a, b')).toBe(false);
+    expect(isValidIdempotencyKey('abc;x=1')).toBe(false);
+    expect(isValidIdempotencyKey(':YWJj:')).toBe(false);
   });
 });
 

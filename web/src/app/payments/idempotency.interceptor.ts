@@ -44,7 +44,7 @@ export const idempotencyInterceptor: HttpInterceptorFn = (req, next) => {
   }
   if (!isValidIdempotencyKey(key)) {
     // A bad key would get a 400 on every attempt; fail before sending anything.
-    return throwError(() => new Error('Idempotency-Key must be 1-255 printable ASCII characters'));
+    return throwError(() => new Error('Idempotency-Key must be 1-255 token characters (letters, digits, !#$%&\'*+-.^_`|~)'));
   }
   const policy = req.context.get(RETRY_POLICY);
   const listener = req.context.get(ATTEMPT_LISTENER);

@@ -117,9 +117,14 @@ export function newIdempotencyKey(): string {
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
 }
 
-/** The server accepts printable ASCII (0x20-0x7E), 1 to 255 characters. */
+/**
+ * The key goes on the wire bare (unquoted), and the server reads a bare key only if it is
+ * an RFC 9110 token (letters, digits and !#$%&'*+-.^_`|~), 1 to 255 characters: anything
+ * else (a space, a comma, ';', ':') could be a merged header or another Structured Field.
+ * UUIDs from `newIdempotencyKey()` always are.
+ */
 export function isValidIdempotencyKey(key: string): boolean {
-  return key.length >= 1 && key.length <= 255 && /^[\x20-\x7e]+$/.test(key);
+  return key.length >= 1 && key.length <= 255 && /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/.test(key);
 }
 
 /**

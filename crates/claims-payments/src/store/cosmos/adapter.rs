@@ -28,8 +28,8 @@ use super::errors::{classify, describe, error_charge, is_transient_code, note, r
 use super::settings::{CosmosAuth, CosmosSettings};
 use crate::message::{ClaimId, Purpose};
 use crate::store::{
-    ClaimResult, InboxKey, InboxRecord, InsertResult, PaymentRecord, Store, StoreError,
-    StoreResult, Version, Versioned,
+    ClaimResult, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus, Store,
+    StoreError, StoreResult, Version, Versioned,
 };
 use crate::telemetry;
 
@@ -532,6 +532,7 @@ impl Store for CosmosStore {
         inbox: &InboxRecord,
         inbox_version: &Version,
         payment: &PaymentRecord,
+        payment_version: Option<&Version>,
     ) -> StoreResult<()> {
         const OP: &str = "finalize";
         if inbox.claim_id != payment.claim_id {
@@ -545,7 +546,11 @@ impl Store for CosmosStore {
         let condition = BatchReplaceOptions::default().with_precondition(if_match(inbox_version));
         let batch = TransactionalBatch::new(inbox_doc.claim_id.clone())
             .replace_item(inbox_doc.id.clone(), &inbox_doc, Some(condition))
-            .and_then(|b| b.replace_item(payment_doc.id.clone(), &payment_doc, None))
+            .and_then(|b| {
+                let settled = payment_version
+                    .map(|v| BatchReplaceOptions::default().with_precondition(if_match(v)));
+                b.replace_item(payment_doc.id.clone(), &payment_doc, settled)
+            })
             .map_err(|e| {
                 StoreError::Permanent(format!("cosmos {OP}: cannot serialize documents: {e}"))
             })?;
@@ -556,6 +561,8 @@ impl Store for CosmosStore {
         match culprit(&results) {
             // The inbox changed (a takeover) or vanished since our version was read.
             Some((0, 412 | 404)) => Err(StoreError::PreconditionFailed),
+            // The payment was settled by someone else since we read it.
+            Some((1, 412)) if payment_version.is_some() => Err(StoreError::PreconditionFailed),
             other => Err(note(batch_failure(OP, other, &results))),
         }
     }
@@ -604,6 +611,23 @@ impl Store for CosmosStore {
                 })
             })
             .collect()
+    }
+
+    /// Counted by listing the documents (at most `limit`): a cross-partition aggregate
+    /// is not something the SDK merges for us, and the set is small.
+    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
+        let filter = match status {
+            PaymentStatus::Recorded => "AND c.status = 'recorded'",
+            PaymentStatus::InProgress => "AND c.status = 'in_progress'",
+            PaymentStatus::Paid => "AND c.status = 'paid'",
+            PaymentStatus::Rejected => "AND c.status = 'rejected'",
+            PaymentStatus::NeedsReconciliation => "AND c.status = 'needs_reconciliation'",
+            PaymentStatus::Mismatched => "AND c.status = 'mismatched'",
+        };
+        let docs: Vec<serde_json::Value> = self
+            .list("count_payments", PAYMENT_DOC_TYPE, filter, limit)
+            .await?;
+        Ok(docs.len())
     }
 
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {

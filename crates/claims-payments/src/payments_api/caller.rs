@@ -1,0 +1,426 @@
+//! Who is calling (`HTTP_AUTH`), what they may do, and whose Idempotency-Keys are whose.
+//!
+//! - `functionkey` (default; function keys, or nothing on a local run): a function key is
+//!   a shared secret, so every holder is one trust domain. Any holder may pay and read
+//!   every payment. The body's `tenantId` partitions keys as a **namespace** (the same key
+//!   under two tenants is two requests), not as a security boundary: a holder can name
+//!   any tenant. The `X-MS-CLIENT-PRINCIPAL*` headers are ignored: without the platform's
+//!   authentication in front, anybody could send them.
+//! - `appservice` (App Service Authentication, Entra ID): the platform signs the caller in,
+//!   strips client-sent `X-MS-CLIENT-*` headers and sets `X-MS-CLIENT-PRINCIPAL`. The
+//!   caller is that principal; its keys are its own; app roles say what it may do
+//!   ([`PAY_ROLE`], [`READ_ROLE`]).
+
+use axum::http::{HeaderMap, StatusCode};
+use base64::Engine;
+use serde::Deserialize;
+
+use super::answer::Answer;
+use crate::message::ClaimApproved;
+
+/// The app role that may `POST /api/payments`.
+pub const PAY_ROLE: &str = "Payments.Pay";
+/// The app role that may `GET /api/payments/{claimId}` of any payment. A payer without it
+/// reads only the payments it created.
+pub const READ_ROLE: &str = "Payments.Read";
+
+/// The largest `X-MS-CLIENT-PRINCIPAL` accepted, base64 as sent. A principal with a few
+/// hundred group claims stays well below it; anything larger is not decoded at all.
+pub const MAX_PRINCIPAL_BYTES: usize = 64 * 1024;
+/// The longest user id (an Entra object id is 36 characters, a Static Web Apps id 32).
+const MAX_USER_ID_CHARS: usize = 128;
+
+const OID_CLAIMS: [&str; 2] = [
+    "http://schemas.microsoft.com/identity/claims/objectidentifier",
+    "oid",
+];
+const TENANT_CLAIMS: [&str; 2] = [
+    "tid",
+    "http://schemas.microsoft.com/identity/claims/tenantid",
+];
+
+/// How callers are told apart (`HTTP_AUTH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerAuth {
+    /// Function keys (or nothing, locally): one trust domain; keys namespaced by the
+    /// body's `tenantId`.
+    FunctionKey,
+    /// App Service Authentication: a signed-in principal with app roles.
+    AppService,
+}
+
+/// Whose Idempotency-Keys these are. Only hashes of it are stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope(String);
+
+impl Scope {
+    #[cfg(test)]
+    pub(crate) fn new(s: impl Into<String>) -> Self {
+        Scope(s.into())
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// A function-key holder (or a local caller): may do everything.
+    KeyHolder,
+    /// A principal signed in by App Service Authentication.
+    Principal(Principal),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    scope: Scope,
+    may_pay: bool,
+    may_read_all: bool,
+}
+
+/// What a caller asks to do, for [`Caller::authorize`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Pay,
+    Read,
+}
+
+impl Caller {
+    /// The caller of a request, or the 401 that refuses it.
+    pub fn authenticate(auth: CallerAuth, headers: &HeaderMap) -> Result<Caller, Answer> {
+        match auth {
+            CallerAuth::FunctionKey => Ok(Caller::KeyHolder),
+            CallerAuth::AppService => {
+                principal_of(headers)
+                    .map(Caller::Principal)
+                    .map_err(|reason| {
+                        Answer::problem(
+                            StatusCode::UNAUTHORIZED,
+                            "caller-unknown",
+                            "The caller is not authenticated",
+                            reason,
+                        )
+                    })
+            }
+        }
+    }
+
+    /// The 403 for a principal without the app role the action needs. A payer may ask
+    /// to read: it then sees only its own payments ([`Caller::reads_only_own`]).
+    pub fn authorize(&self, action: Action) -> Result<(), Answer> {
+        let allowed = match (self, action) {
+            (Caller::KeyHolder, _) => true,
+            (Caller::Principal(p), Action::Pay) => p.may_pay,
+            (Caller::Principal(p), Action::Read) => p.may_read_all || p.may_pay,
+        };
+        if allowed {
+            return Ok(());
+        }
+        let needs = match action {
+            Action::Pay => format!("paying needs the app role {PAY_ROLE}"),
+            Action::Read => {
+                format!(
+                    "reading payments needs the app role {READ_ROLE} (or {PAY_ROLE}, for your own)"
+                )
+            }
+        };
+        Err(Answer::problem(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "The caller may not do this",
+            needs,
+        ))
+    }
+
+    /// Whether this caller sees only the payments it created.
+    pub fn reads_only_own(&self) -> bool {
+        matches!(self, Caller::Principal(p) if !p.may_read_all)
+    }
+
+    /// Whether a claim paid by someone else is hidden from this caller (409
+    /// `claim-already-paid` instead of the payment). Key holders are one trust domain.
+    pub fn is_principal(&self) -> bool {
+        matches!(self, Caller::Principal(_))
+    }
+
+    /// Whose keys a request's key is: the principal's, or for key holders the body's
+    /// tenant as a namespace.
+    pub fn scope(&self, msg: &ClaimApproved) -> Scope {
+        match self {
+            Caller::KeyHolder => Scope(match &msg.tenant {
+                Some(t) => format!("tenant:{}", t.as_str()),
+                None => "tenant:".into(),
+            }),
+            Caller::Principal(p) => p.scope.clone(),
+        }
+    }
+
+    /// The principal's own scope (`None` for key holders, whose scope depends on the body).
+    pub fn principal_scope(&self) -> Option<&Scope> {
+        match self {
+            Caller::KeyHolder => None,
+            Caller::Principal(p) => Some(&p.scope),
+        }
+    }
+}
+
+/// App Service Authentication's principal: `{auth_typ, name_typ, role_typ, claims}`.
+#[derive(Deserialize)]
+struct AppServicePrincipal {
+    #[serde(default)]
+    role_typ: Option<String>,
+    claims: Vec<PrincipalClaim>,
+}
+
+#[derive(Deserialize)]
+struct PrincipalClaim {
+    typ: String,
+    val: String,
+}
+
+/// Static Web Apps' principal: `{identityProvider, userId, userDetails, userRoles}`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StaticWebAppsPrincipal {
+    identity_provider: String,
+    user_id: String,
+    #[serde(default)]
+    user_roles: Vec<String>,
+}
+
+/// Reads the principal the platform set. Every refusal names what is wrong, never
+/// what was sent.
+fn principal_of(headers: &HeaderMap) -> Result<Principal, String> {
+    let encoded = single(headers, "x-ms-client-principal")?.ok_or(
+        "X-MS-CLIENT-PRINCIPAL is missing: App Service Authentication must sign the caller in",
+    )?;
+    let header_id = single(headers, "x-ms-client-principal-id")?;
+    if encoded.len() > MAX_PRINCIPAL_BYTES {
+        return Err(format!(
+            "X-MS-CLIENT-PRINCIPAL is larger than {MAX_PRINCIPAL_BYTES} bytes"
+        ));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| "X-MS-CLIENT-PRINCIPAL is not base64 (RFC 4648, padded)".to_owned())?;
+    let json: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|_| "X-MS-CLIENT-PRINCIPAL is not base64 of JSON".to_owned())?;
+    let is_object_with = |field: &str| json.get(field).is_some();
+    let (scope, id_in_principal, roles) = if is_object_with("claims") {
+        let p: AppServicePrincipal = serde_json::from_value(json).map_err(|_| {
+            "X-MS-CLIENT-PRINCIPAL is not an App Service principal ({auth_typ, role_typ, claims: [{typ, val}]})".to_owned()
+        })?;
+        let find = |types: &[&str]| {
+            p.claims
+                .iter()
+                .find(|c| types.contains(&c.typ.as_str()))
+                .map(|c| c.val.clone())
+        };
+        let oid = find(&OID_CLAIMS);
+        let tid = find(&TENANT_CLAIMS).unwrap_or_default();
+        let role_typ = p.role_typ.as_deref();
+        let roles: Vec<String> = p
+            .claims
+            .iter()
+            .filter(|c| c.typ == "roles" || Some(c.typ.as_str()) == role_typ)
+            .map(|c| c.val.clone())
+            .collect();
+        let id = oid.clone().or_else(|| header_id.map(str::to_owned)).ok_or(
+            "the principal has no object id (oid claim) and X-MS-CLIENT-PRINCIPAL-ID is missing",
+        )?;
+        (format!("aad:{tid}:{id}"), oid, roles)
+    } else if is_object_with("userId") {
+        let p: StaticWebAppsPrincipal = serde_json::from_value(json).map_err(|_| {
+            "X-MS-CLIENT-PRINCIPAL is not a Static Web Apps principal ({identityProvider, userId, userRoles: [...]})".to_owned()
+        })?;
+        (
+            format!("swa:{}:{}", p.identity_provider, p.user_id),
+            Some(p.user_id),
+            p.user_roles,
+        )
+    } else {
+        return Err(
+            "X-MS-CLIENT-PRINCIPAL has neither claims (App Service) nor userId (Static Web Apps)"
+                .into(),
+        );
+    };
+    if let (Some(from_principal), Some(from_header)) = (&id_in_principal, header_id) {
+        if from_principal != from_header {
+            return Err(
+                "X-MS-CLIENT-PRINCIPAL-ID does not name the user of X-MS-CLIENT-PRINCIPAL".into(),
+            );
+        }
+    }
+    let id = id_in_principal.as_deref().or(header_id).unwrap_or_default();
+    if id.is_empty()
+        || id.chars().count() > MAX_USER_ID_CHARS
+        || !id.chars().all(|c| c.is_ascii_graphic())
+    {
+        return Err(format!(
+            "the principal's user id must be 1 to {MAX_USER_ID_CHARS} printable ASCII characters"
+        ));
+    }
+    let has = |role: &str| roles.iter().any(|r| r == role);
+    Ok(Principal {
+        scope: Scope(scope),
+        may_pay: has(PAY_ROLE),
+        may_read_all: has(READ_ROLE),
+    })
+}
+
+/// A header sent at most once, as text. Two of them are refused: the platform sets
+/// each principal header once, so a second one came from somewhere else.
+fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, String> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(format!("{name} is sent more than once"));
+    }
+    match first {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim()).filter(|s| !s.is_empty()))
+            .map_err(|_| format!("{name} is not visible ASCII")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn b64(json: &str) -> String {
+        base64::engine::general_purpose::STANDARD.encode(json)
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    fn app_service(oid: &str, roles: &[&str]) -> String {
+        let mut claims = vec![
+            serde_json::json!({"typ": "http://schemas.microsoft.com/identity/claims/objectidentifier", "val": oid}),
+            serde_json::json!({"typ": "http://schemas.microsoft.com/identity/claims/tenantid", "val": "t-1"}),
+        ];
+        for r in roles {
+            claims.push(serde_json::json!({"typ": "roles", "val": r}));
+        }
+        b64(&serde_json::json!({"auth_typ": "aad", "name_typ": "name", "role_typ": "http://schemas.microsoft.com/ws/2008/06/identity/claims/role", "claims": claims}).to_string())
+    }
+
+    fn caller(h: &HeaderMap) -> Result<Caller, u16> {
+        Caller::authenticate(CallerAuth::AppService, h).map_err(|a| a.status)
+    }
+
+    #[test]
+    fn an_app_service_principal_names_user_tenant_and_roles() {
+        let h = headers(&[
+            ("x-ms-client-principal", &app_service("oid-1", &[PAY_ROLE])),
+            ("x-ms-client-principal-id", "oid-1"),
+        ]);
+        let c = caller(&h).unwrap();
+        assert_eq!(c.principal_scope().unwrap().as_str(), "aad:t-1:oid-1");
+        assert!(c.authorize(Action::Pay).is_ok());
+        assert!(c.reads_only_own());
+        // Roles under the principal's own role_typ count as well.
+        let p = b64(
+            r#"{"auth_typ":"aad","role_typ":"r","claims":[{"typ":"oid","val":"o"},{"typ":"r","val":"Payments.Read"}]}"#,
+        );
+        let c = caller(&headers(&[("x-ms-client-principal", &p)])).unwrap();
+        assert_eq!(c.authorize(Action::Pay).unwrap_err().status, 403);
+        assert!(c.authorize(Action::Read).is_ok());
+        assert!(!c.reads_only_own());
+    }
+
+    #[test]
+    fn a_static_web_apps_principal_is_understood() {
+        let p = b64(
+            r#"{"identityProvider":"aad","userId":"u-1","userDetails":"x@y","userRoles":["anonymous","authenticated","Payments.Pay"]}"#,
+        );
+        let c = caller(&headers(&[("x-ms-client-principal", &p)])).unwrap();
+        assert_eq!(c.principal_scope().unwrap().as_str(), "swa:aad:u-1");
+        assert!(c.authorize(Action::Pay).is_ok());
+    }
+
+    #[test]
+    fn missing_malformed_or_disagreeing_principals_are_401_without_echo() {
+        let no_role = app_service("oid-1", &[]);
+        let cases: Vec<(HeaderMap, &str)> = vec![
+            (headers(&[]), "missing"),
+            (headers(&[("x-ms-client-principal-id", "oid-1")]), "missing"),
+            (
+                headers(&[("x-ms-client-principal", "not base64!")]),
+                "base64",
+            ),
+            (
+                headers(&[("x-ms-client-principal", &b64("[1,2]"))]),
+                "neither",
+            ),
+            (
+                headers(&[("x-ms-client-principal", &b64("{\"claims\":5}"))]),
+                "App Service",
+            ),
+            (
+                headers(&[(
+                    "x-ms-client-principal",
+                    &b64("{\"userId\":\"\",\"identityProvider\":\"aad\"}"),
+                )]),
+                "user id",
+            ),
+            (
+                headers(&[
+                    ("x-ms-client-principal", &no_role),
+                    ("x-ms-client-principal-id", "oid-2"),
+                ]),
+                "does not name",
+            ),
+            (
+                headers(&[
+                    ("x-ms-client-principal", &no_role),
+                    ("x-ms-client-principal", &no_role),
+                ]),
+                "more than once",
+            ),
+            (
+                headers(&[(
+                    "x-ms-client-principal",
+                    &"A".repeat(MAX_PRINCIPAL_BYTES + 4),
+                )]),
+                "larger",
+            ),
+        ];
+        for (h, why) in cases {
+            let a = Caller::authenticate(CallerAuth::AppService, &h).unwrap_err();
+            assert_eq!(a.status, 401, "{why}");
+            assert!(
+                a.body.contains("caller-unknown") && a.body.contains(why),
+                "{why}: {}",
+                a.body
+            );
+            assert!(
+                !a.body.contains("eyJ") && !a.body.contains("AAAA"),
+                "never echoed: {}",
+                a.body
+            );
+        }
+        // The principal without a role is known, but may do nothing.
+        let c = caller(&headers(&[("x-ms-client-principal", &no_role)])).unwrap();
+        assert_eq!(c.authorize(Action::Pay).unwrap_err().status, 403);
+        assert_eq!(c.authorize(Action::Read).unwrap_err().status, 403);
+    }
+
+    #[test]
+    fn function_key_holders_ignore_principal_headers() {
+        let h = headers(&[("x-ms-client-principal", "forged")]);
+        let c = Caller::authenticate(CallerAuth::FunctionKey, &h).unwrap();
+        assert_eq!(c, Caller::KeyHolder);
+        assert!(c.authorize(Action::Pay).is_ok() && !c.reads_only_own());
+    }
+}
