@@ -1,12 +1,21 @@
 // claims-payments: Service Bus queue -> Flex Consumption function app (Rust
 // custom handler) -> Cosmos DB, all reached with one user-assigned identity.
-// Two network profiles (networkProfile):
+// Two network profiles (networkProfile), three parameter files:
 //   public  - infra/main.bicepparam: services on their public endpoints, Entra ID
 //             only, keys off. For development and evaluation.
-//   private - infra/main.private.bicepparam (production): VNet integration, NAT
-//             gateway with a static outbound IP, private endpoints and private
-//             DNS zones for Cosmos DB, host storage, Service Bus (Premium), Key
-//             Vault and the app itself; public network access off everywhere.
+//   private - infra/main.private.bicepparam (production): its own VNet with an
+//             NSG on every subnet, NAT gateway with a static outbound IP,
+//             private endpoints and private DNS zones for Cosmos DB, host
+//             storage, Service Bus (Premium), Key Vault, Azure Monitor (AMPLS)
+//             and the app itself; public network access off everywhere.
+//   private in a landing zone - infra/main.landingzone.bicepparam: the platform
+//             team's spoke subnets (their NSGs, their route to the hub
+//             firewall), central privatelink.* zones, workspace, action group
+//             and Azure Monitor Private Link Scope are passed in; the template
+//             creates no VNet, NAT gateway, public IP, private DNS zone,
+//             workspace or action group of its own.
+// Every profile puts App Service Authentication (Entra ID) in front of the HTTP
+// API (HTTP_AUTH=appservice); app roles Payments.Pay and Payments.Read.
 // Deploy: az deployment group create -g <rg> -f infra/main.bicep -p infra/main.private.bicepparam
 // Values and their reasons: docs/deploy.md.
 targetScope = 'resourceGroup'
@@ -29,6 +38,36 @@ param privateEndpointSubnetPrefix string = '10.42.1.0/24'
 
 @description('Private profile: subnet for deployment runners or a jump host.')
 param toolsSubnetPrefix string = '10.42.2.0/24'
+
+@description('Private profile, own network: a NAT gateway with a static public IP for outbound calls (the bank\'s allow list). Off: outbound follows the subnets\' default route. Not used with existing subnets.')
+param natGateway bool = true
+
+@description('Landing zone: resource id of an existing subnet for VNet integration, delegated to Microsoft.App/environments, with the platform team\'s NSG and route table (egress through the hub). Set together with existingPrivateEndpointSubnetId and privateDnsZoneResourceGroupId; the template then creates no virtual network, NSG, NAT gateway or public IP.')
+param existingAppSubnetId string = ''
+
+@description('Landing zone: resource id of an existing subnet for the private endpoints.')
+param existingPrivateEndpointSubnetId string = ''
+
+@description('Landing zone: resource id of the resource group holding the central privatelink.* private DNS zones (privatelink.documents.azure.com, privatelink.blob/queue/table.<storage suffix>, privatelink.servicebus.windows.net, privatelink.vaultcore.azure.net, privatelink.azurewebsites.net and, without existingPrivateLinkScopeId, the four Azure Monitor zones). The private endpoints register there; no zone is created.')
+param privateDnsZoneResourceGroupId string = ''
+
+@description('Existing Log Analytics workspace (resource id) for Application Insights and every diagnostic setting; empty = create one.')
+param existingLogAnalyticsWorkspaceId string = ''
+
+@description('Private profile: existing Azure Monitor Private Link Scope (resource id) that Application Insights (and a created workspace) join; empty = create one with its private endpoint.')
+param existingPrivateLinkScopeId string = ''
+
+@description('Client id (application id) of the API\'s Entra app registration, the one that defines the app roles Payments.Pay and Payments.Read (docs/deploy.md, "Signed-in callers"). App Service Authentication accepts tokens for it.')
+param apiClientId string
+
+@description('Create an Azure Static Web App (Standard) for the Angular client with the function app as its linked backend: the platform signs the user in and forwards the principal.')
+param staticWebApp bool = false
+
+@description('Region of the Static Web App (a Static Web Apps region, for example westeurope).')
+param staticWebAppLocation string = 'westeurope'
+
+@description('Origin of a web client hosted elsewhere (for example https://claims.example.com) that calls the API cross-origin; the only CORS origin. Empty: none (the Static Web App calls same-origin through its linked backend).')
+param webClientOrigin string = ''
 
 @description('Zone-redundant Flex Consumption plan (needs Standard_ZRS host storage and a region that supports it; keeps at least two always-ready instances per function group, billed).')
 param planZoneRedundant bool = false
@@ -186,8 +225,21 @@ var cosmosContainerName = 'payments'
 var deploymentContainerName = 'app-package'
 var bankApiKeySecretName = 'bank-api-key'
 var privateNetworking = networkProfile == 'private'
+// Landing zone: the platform team's subnets, zones, workspace and scope.
+var existingSubnets = !empty(existingAppSubnetId)
+var createNetwork = privateNetworking && !existingSubnets
+var existingDnsZones = !empty(privateDnsZoneResourceGroupId)
+var dnsZones = '${privateDnsZoneResourceGroupId}/providers/Microsoft.Network/privateDnsZones'
+var existingMonitorScope = !empty(existingPrivateLinkScopeId)
+// Subscription and resource group of the existing scope (a harmless stand-in when there is none,
+// so the module's scope expression is valid even when the module is not deployed).
+var monitorScopeIdParts = split(existingMonitorScope ? existingPrivateLinkScopeId : '${resourceGroup().id}/providers/none/none/none', '/')
 var publicAccess = privateNetworking ? 'Disabled' : 'Enabled'
 var storageSuffix = environment().suffixes.storage
+// Subnets of the private profiles: the platform team's, or the ones network.bicep creates.
+var appSubnetId = existingSubnets ? existingAppSubnetId : (createNetwork ? network.outputs.appSubnetId : '')
+var peSubnetId = existingSubnets ? existingPrivateEndpointSubnetId : (createNetwork ? network.outputs.privateEndpointSubnetId : '')
+var vnetId = createNetwork ? network.outputs.vnetId : ''
 
 module identity 'modules/identity.bicep' = {
   name: 'identity'
@@ -198,10 +250,12 @@ module identity 'modules/identity.bicep' = {
   }
 }
 
-module network 'modules/network.bicep' = if (privateNetworking) {
+module network 'modules/network.bicep' = if (createNetwork) {
   name: 'network'
   params: {
     vnetName: 'vnet-${baseName}-${suffix}'
+    nsgNamePrefix: 'nsg-${baseName}-${suffix}'
+    natGateway: natGateway
     natGatewayName: 'ng-${baseName}-${suffix}'
     publicIpName: 'pip-ng-${baseName}-${suffix}'
     location: location
@@ -217,10 +271,12 @@ module monitoring 'modules/monitoring.bicep' = {
   name: 'monitoring'
   params: {
     workspaceName: 'log-${baseName}-${suffix}'
+    existingWorkspaceId: existingLogAnalyticsWorkspaceId
     appInsightsName: 'appi-${baseName}-${suffix}'
     location: location
     tags: allTags
     retentionInDays: logRetentionDays
+    publicNetworkAccess: publicAccess
   }
 }
 
@@ -234,6 +290,7 @@ module storage 'modules/storage.bicep' = {
     deploymentContainerName: deploymentContainerName
     publicNetworkAccess: publicAccess
     networkDefaultAction: privateNetworking ? 'Deny' : 'Allow'
+    workspaceId: monitoring.outputs.workspaceId
   }
 }
 
@@ -267,6 +324,7 @@ module cosmos 'modules/cosmos.bicep' = {
     publicNetworkAccess: publicAccess
     zoneRedundant: cosmosZoneRedundant
     deleteLock: cosmosDeleteLock
+    workspaceId: monitoring.outputs.workspaceId
   }
 }
 
@@ -284,19 +342,21 @@ module keyVault 'modules/keyvault.bicep' = {
   }
 }
 
-// Private endpoints, each with its private DNS zone linked to the VNet. The
-// storage endpoints exist before the app, whose host needs them on first start.
+// Private endpoints, each with its private DNS zone linked to the VNet (or, in a
+// landing zone, registered in the central zone). The storage endpoints exist
+// before the app, whose host needs them on first start.
 module cosmosPrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
   name: 'pl-cosmos'
   params: {
     name: 'pe-cosmos-${baseName}-${suffix}'
     location: location
     tags: allTags
-    subnetId: network.outputs.privateEndpointSubnetId
-    vnetId: network.outputs.vnetId
+    subnetId: peSubnetId
+    vnetId: vnetId
     targetResourceId: cosmos.outputs.accountId
     groupId: 'Sql'
     privateDnsZoneName: 'privatelink.documents.azure.com'
+    existingDnsZoneId: existingDnsZones ? '${dnsZones}/privatelink.documents.azure.com' : ''
   }
 }
 
@@ -306,11 +366,12 @@ module blobPrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
     name: 'pe-blob-${baseName}-${suffix}'
     location: location
     tags: allTags
-    subnetId: network.outputs.privateEndpointSubnetId
-    vnetId: network.outputs.vnetId
+    subnetId: peSubnetId
+    vnetId: vnetId
     targetResourceId: storage.outputs.id
     groupId: 'blob'
     privateDnsZoneName: 'privatelink.blob.${storageSuffix}'
+    existingDnsZoneId: existingDnsZones ? '${dnsZones}/privatelink.blob.${storageSuffix}' : ''
   }
 }
 
@@ -320,11 +381,12 @@ module queuePrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
     name: 'pe-queue-${baseName}-${suffix}'
     location: location
     tags: allTags
-    subnetId: network.outputs.privateEndpointSubnetId
-    vnetId: network.outputs.vnetId
+    subnetId: peSubnetId
+    vnetId: vnetId
     targetResourceId: storage.outputs.id
     groupId: 'queue'
     privateDnsZoneName: 'privatelink.queue.${storageSuffix}'
+    existingDnsZoneId: existingDnsZones ? '${dnsZones}/privatelink.queue.${storageSuffix}' : ''
   }
 }
 
@@ -334,11 +396,12 @@ module tablePrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
     name: 'pe-table-${baseName}-${suffix}'
     location: location
     tags: allTags
-    subnetId: network.outputs.privateEndpointSubnetId
-    vnetId: network.outputs.vnetId
+    subnetId: peSubnetId
+    vnetId: vnetId
     targetResourceId: storage.outputs.id
     groupId: 'table'
     privateDnsZoneName: 'privatelink.table.${storageSuffix}'
+    existingDnsZoneId: existingDnsZones ? '${dnsZones}/privatelink.table.${storageSuffix}' : ''
   }
 }
 
@@ -348,11 +411,12 @@ module serviceBusPrivateLink 'modules/private-link.bicep' = if (privateNetworkin
     name: 'pe-sb-${baseName}-${suffix}'
     location: location
     tags: allTags
-    subnetId: network.outputs.privateEndpointSubnetId
-    vnetId: network.outputs.vnetId
+    subnetId: peSubnetId
+    vnetId: vnetId
     targetResourceId: serviceBus.outputs.namespaceId
     groupId: 'namespace'
     privateDnsZoneName: 'privatelink.servicebus.windows.net'
+    existingDnsZoneId: existingDnsZones ? '${dnsZones}/privatelink.servicebus.windows.net' : ''
   }
 }
 
@@ -362,11 +426,12 @@ module keyVaultPrivateLink 'modules/private-link.bicep' = if (privateNetworking)
     name: 'pe-kv-${baseName}-${suffix}'
     location: location
     tags: allTags
-    subnetId: network.outputs.privateEndpointSubnetId
-    vnetId: network.outputs.vnetId
+    subnetId: peSubnetId
+    vnetId: vnetId
     targetResourceId: keyVault.outputs.id
     groupId: 'vault'
     privateDnsZoneName: 'privatelink.vaultcore.azure.net'
+    existingDnsZoneId: existingDnsZones ? '${dnsZones}/privatelink.vaultcore.azure.net' : ''
   }
 }
 
@@ -397,6 +462,8 @@ module functionApp 'modules/functionapp.bicep' = {
     tablePrivateLink
     serviceBusPrivateLink
     keyVaultPrivateLink
+    monitorPrivateLink
+    monitorScopeLink
   ]
   params: {
     name: 'func-${baseName}-${suffix}'
@@ -428,7 +495,17 @@ module functionApp 'modules/functionapp.bicep' = {
     maxDeliveryCount: maxDeliveryCount
     bankApiKeySecretUri: keyVault.outputs.bankApiKeySecretUri
     publicNetworkAccess: publicAccess
-    virtualNetworkSubnetId: privateNetworking ? network.outputs.appSubnetId : ''
+    virtualNetworkSubnetId: appSubnetId
+    workspaceId: monitoring.outputs.workspaceId
+    // The package's HTTP functions are anonymous at the host: App Service Authentication
+    // (Entra ID, or the linked Static Web App) signs the caller in, the handler reads the
+    // principal and checks the app roles (HTTP_AUTH=appservice).
+    httpAuth: 'appservice'
+    apiClientId: apiClientId
+    staticWebAppHostName: staticWebApp ? swa.outputs.defaultHostName : ''
+    corsAllowedOrigins: empty(webClientOrigin) ? [] : [
+      webClientOrigin
+    ]
     zoneRedundant: planZoneRedundant
   }
 }
@@ -440,11 +517,68 @@ module sitePrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
     name: 'pe-func-${baseName}-${suffix}'
     location: location
     tags: allTags
-    subnetId: network.outputs.privateEndpointSubnetId
-    vnetId: network.outputs.vnetId
+    subnetId: peSubnetId
+    vnetId: vnetId
     targetResourceId: functionApp.outputs.id
     groupId: 'sites'
     privateDnsZoneName: 'privatelink.azurewebsites.net'
+    existingDnsZoneId: existingDnsZones ? '${dnsZones}/privatelink.azurewebsites.net' : ''
+  }
+}
+
+// Azure Monitor over private link: Application Insights (and the workspace, when
+// created here) answer ingestion and query only through a private link scope.
+module monitorPrivateLink 'modules/monitor-private-link.bicep' = if (privateNetworking && !existingMonitorScope) {
+  name: 'pl-monitor'
+  params: {
+    name: 'pls-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    scopedResourceIds: monitoring.outputs.workspaceCreated ? [
+      monitoring.outputs.appInsightsId
+      monitoring.outputs.workspaceId
+    ] : [
+      monitoring.outputs.appInsightsId
+    ]
+    subnetId: peSubnetId
+    vnetId: vnetId
+    blobZoneId: blobPrivateLink.outputs.zoneId
+    existingDnsZoneResourceGroupId: privateDnsZoneResourceGroupId
+  }
+}
+
+module monitorScopeLink 'modules/monitor-scope-link.bicep' = if (privateNetworking && existingMonitorScope) {
+  name: 'pls-scoped-${baseName}'
+  scope: resourceGroup(monitorScopeIdParts[2], monitorScopeIdParts[4])
+  params: {
+    scopeName: last(monitorScopeIdParts)
+    entryPrefix: '${baseName}-${suffix}'
+    scopedResourceIds: monitoring.outputs.workspaceCreated ? [
+      monitoring.outputs.appInsightsId
+      monitoring.outputs.workspaceId
+    ] : [
+      monitoring.outputs.appInsightsId
+    ]
+  }
+}
+
+// The Angular client on Azure Static Web Apps; /api/* goes to the function app
+// (linked backend) with the signed-in user's principal.
+module swa 'modules/staticwebapp.bicep' = if (staticWebApp) {
+  name: 'staticwebapp'
+  params: {
+    name: 'stapp-${baseName}-${suffix}'
+    location: staticWebAppLocation
+    tags: allTags
+  }
+}
+
+module swaBackend 'modules/staticwebapp-backend.bicep' = if (staticWebApp) {
+  name: 'staticwebapp-backend'
+  params: {
+    staticWebAppName: staticWebApp ? swa.outputs.name : ''
+    backendResourceId: functionApp.outputs.id
+    backendRegion: location
   }
 }
 
@@ -482,4 +616,5 @@ output keyVaultName string = keyVault.outputs.name
 output actionGroupId string = alerts.outputs.actionGroupId
 output networkProfile string = networkProfile
 // Private profile: the static public IP every outbound call (the bank's included) leaves from.
-output outboundPublicIp string = privateNetworking ? network.outputs.natPublicIp : ''
+output outboundPublicIp string = createNetwork ? network.outputs.natPublicIp : ''
+output staticWebAppHostName string = staticWebApp ? swa.outputs.defaultHostName : ''

@@ -46,6 +46,15 @@ param bankApiKey = readEnvironmentVariable('BANK_API_KEY', '')
 
 // Alerts go to the action group this template creates. Without an address it
 // has no receiver, which is accepted for development only.
+// Signed-in callers (docs/deploy.md, "Signed-in callers"): the client id of the API's
+// Entra app registration with the app roles Payments.Pay and Payments.Read. No default:
+// App Service Authentication cannot be configured without it.
+param apiClientId = readEnvironmentVariable('API_CLIENT_ID')
+// The Angular client on a Static Web App with the function app as its linked backend.
+param staticWebApp = true
+param staticWebAppLocation = 'westeurope'
+param webClientOrigin = ''
+
 param alertActionGroupId = ''
 param alertEmailAddress = readEnvironmentVariable('ALERT_EMAIL_ADDRESS', '')
 param spikeMinCount = 20

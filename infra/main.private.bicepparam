@@ -14,6 +14,8 @@ param vnetAddressPrefix = '10.42.0.0/16'
 param appSubnetPrefix = '10.42.0.0/24'
 param privateEndpointSubnetPrefix = '10.42.1.0/24'
 param toolsSubnetPrefix = '10.42.2.0/24'
+// Static outbound IP for the bank's allow list.
+param natGateway = true
 
 param baseName = 'claimspay'
 param environmentName = 'prod'
@@ -58,6 +60,15 @@ param bankApiKey = readEnvironmentVariable('BANK_API_KEY', '')
 // Alerts must reach someone: either name an existing action group (the
 // payments on-call) here, or export ALERT_EMAIL_ADDRESS. Without a default the
 // deployment cannot even start when the variable is missing.
+// Signed-in callers (docs/deploy.md, "Signed-in callers"): the client id of the API's
+// Entra app registration with the app roles Payments.Pay and Payments.Read.
+param apiClientId = readEnvironmentVariable('API_CLIENT_ID')
+// Callers reach the API through its private endpoint (a gateway in the hub, an
+// internal web client). Set the web client's origin here if a browser page on
+// another origin calls it; it is the only CORS origin.
+param staticWebApp = false
+param webClientOrigin = ''
+
 param alertActionGroupId = ''
 param alertEmailAddress = readEnvironmentVariable('ALERT_EMAIL_ADDRESS')
 param spikeMinCount = 20

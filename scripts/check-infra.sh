@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Offline validation of the deployment side: Bicep and both parameter files
+# Offline validation of the deployment side: Bicep and the three parameter files
 # (public = infra/main.bicepparam, private = infra/main.private.bicepparam, the
-# production one), checkov on each profile with that profile's values rendered
-# into the Bicep, the Cosmos container contract, the package layout, the
-# settings, timing and alerts contracts.
+# production one, landingzone = infra/main.landingzone.bicepparam, production in
+# an Azure landing zone), checkov on each profile with that profile's values
+# rendered into the Bicep, the landing-zone rules (NSGs, nothing of the platform
+# team's deployed twice, private monitoring, diagnostic settings, signed-in
+# callers: scripts/check_profile.py), the Cosmos container contract, the package
+# layout, the settings, timing and alerts contracts.
 #
 #   bash scripts/check-infra.sh [--binary PATH]
 #
@@ -92,11 +95,12 @@ except Exception as exc:  # lark reports UnexpectedToken/UnexpectedCharacters wi
 ' "$f"
 done
 
-# The two deployment profiles: one parameter file each.
-#   public  = infra/main.bicepparam          (development and evaluation)
-#   private = infra/main.private.bicepparam  (production)
-PROFILES=(public private)
-declare -A PARAM_FILE=([public]=infra/main.bicepparam [private]=infra/main.private.bicepparam)
+# The deployment profiles: one parameter file each.
+#   public      = infra/main.bicepparam              (development and evaluation)
+#   private     = infra/main.private.bicepparam      (production, its own network)
+#   landingzone = infra/main.landingzone.bicepparam  (production in a landing zone)
+PROFILES=(public private landingzone)
+declare -A PARAM_FILE=([public]=infra/main.bicepparam [private]=infra/main.private.bicepparam [landingzone]=infra/main.landingzone.bicepparam)
 
 # check_param_file FILE: the file uses main.bicep, sets only declared parameters with
 # values of the right type within @allowed/@min/@max, sets every parameter that has no
@@ -199,7 +203,8 @@ want("cosmosDeleteLock", "true", "the payment ledger is permanent")
 # the deployment cannot start without (readEnvironmentVariable with no default).
 group = values.get("alertActionGroupId", "''")
 email = values.get("alertEmailAddress", "''")
-has_group = re.fullmatch(r"'/subscriptions/[^']+/providers/microsoft\.insights/actiongroups/[^']+'", group, re.I)
+has_group = re.fullmatch(r"'/subscriptions/[^']+/providers/microsoft\.insights/actiongroups/[^']+'", group, re.I) \
+    or re.fullmatch(r"readEnvironmentVariable\(\s*'[A-Z0-9_]+'\s*\)", group)
 has_email = re.fullmatch(r"'[^'@\s]+@[^'@\s]+\.[^'@\s]+'", email) or re.fullmatch(r"readEnvironmentVariable\(\s*'[A-Z0-9_]+'\s*\)", email)
 if not (has_group or has_email):
     errors.append("alerts would reach no one: set alertActionGroupId to an action group id, or alertEmailAddress to an "
@@ -209,8 +214,10 @@ if errors:
 print(f"{path}: private profile, zone-redundant plan/Cosmos/storage, ledger lock, alerts reach {'an action group' if has_group else 'an e-mail receiver'}")
 PY
 }
-check "production (${PARAM_FILE[private]}): private profile, zone redundancy, ZRS storage, Cosmos delete lock, alerts reach a receiver" \
-  check_production "${PARAM_FILE[private]}"
+for profile in private landingzone; do
+  check "production (${PARAM_FILE[$profile]}): private profile, zone redundancy, ZRS storage, Cosmos delete lock, alerts reach a receiver" \
+    check_production "${PARAM_FILE[$profile]}"
+done
 no_receiver() {
   sed "s#^param alertEmailAddress = .*#param alertEmailAddress = readEnvironmentVariable('ALERT_EMAIL_ADDRESS', '')#" \
     "${PARAM_FILE[private]}" >"$WORK/no-receiver.bicepparam"
@@ -417,9 +424,10 @@ skips, listed = {}, set()
 for n, line in enumerate(skips_file.read_text().splitlines(), 1):
     if not line.strip() or line.lstrip().startswith("#"):
         continue
-    m = re.fullmatch(r"\s*(CKV2?_[A-Z0-9_]+)\s+((?:public|private)(?:,(?:public|private))*)\s+#\s*(\S.*)", line)
+    # CKV_ID applies to every resource; CKV_ID@TYPE.NAME (checkov's resource) to that one only.
+    m = re.fullmatch(r"\s*(CKV2?_[A-Z0-9_]+(?:@\S+)?)\s+((?:public|private|landingzone)(?:,(?:public|private|landingzone))*)\s+#\s*(\S.*)", line)
     if not m:
-        sys.exit(f"{skips_file}:{n}: expected 'CKV_...  public|private|public,private  # reason', got: {line}")
+        sys.exit(f"{skips_file}:{n}: expected 'CKV_...[@RESOURCE]  PROFILE[,PROFILE...]  # reason' (public, private, landingzone), got: {line}")
     if m.group(1) in listed:
         sys.exit(f"{skips_file}:{n}: {m.group(1)} listed twice")
     listed.add(m.group(1))
@@ -433,13 +441,18 @@ for r in reports:
     errors += results.get("parsing_errors", []) or []
 if errors:
     sys.exit(f"checkov could not parse: {errors}")
-unaccepted = [c for c in failed if c["check_id"] not in skips]
-stale = sorted(set(skips) - {c["check_id"] for c in failed})
+def accepted_by(c):
+    for key in (f"{c['check_id']}@{c['resource']}", c["check_id"]):
+        if key in skips:
+            return key
+    return None
+unaccepted = [c for c in failed if accepted_by(c) is None]
+stale = sorted(set(skips) - {accepted_by(c) for c in failed})
 passed_ids = sorted({c["check_id"] for c in passed}, key=lambda s: int(re.sub(r"\D", "", s)))
 print(f"  passed: {len(passed)} results of {len(passed_ids)} checks: " + ", ".join(passed_ids))
 for c in sorted(failed, key=lambda c: c["check_id"]):
-    if c["check_id"] in skips:
-        print(f"  accepted {c['check_id']} {c['resource']}: {c['check_name']}\n           reason: {skips[c['check_id']]}")
+    if accepted_by(c):
+        print(f"  accepted {c['check_id']} {c['resource']}: {c['check_name']}\n           reason: {skips[accepted_by(c)]}")
     else:
         print(f"  FAILED   {c['check_id']} {c['resource']} ({c['file_path']}): {c['check_name']}")
 if stale:
@@ -458,6 +471,84 @@ public_values_in_private() {
   run_checkov private "$WORK/private-made-public.bicepparam"
 }
 expect_red "self-test: the private profile with public endpoints is reported (rendering reaches checkov)" "FAILED   CKV_AZURE_101 " public_values_in_private
+
+echo "== (b2) landing zone: NSGs, bring-your-own, private monitoring, diagnostic settings, signed-in callers"
+# scripts/check_profile.py decides, per parameter file, which resources are deployed.
+check "NSGs (${PARAM_FILE[private]}): every subnet the template creates has one; inbound from the internet denied, only named ports allowed" \
+  "$PY" scripts/check_profile.py nsg "${PARAM_FILE[private]}"
+check "landing zone (${PARAM_FILE[landingzone]}): no VNet, NSG, NAT gateway, public IP, private DNS zone, workspace, private link scope or action group of its own" \
+  "$PY" scripts/check_profile.py landingzone "${PARAM_FILE[landingzone]}"
+for profile in private landingzone; do
+  check "private monitoring, diagnostic settings, signed-in callers (${PARAM_FILE[$profile]}): App Insights through a private link scope only; Cosmos, storage, app, Service Bus, Key Vault to the workspace; App Service Authentication" \
+    "$PY" scripts/check_profile.py private "${PARAM_FILE[$profile]}"
+done
+check "diagnostic settings and signed-in callers (${PARAM_FILE[public]})" "$PY" scripts/check_profile.py everywhere "${PARAM_FILE[public]}"
+# broken_copy NAME: a copy of infra/ to break one thing in; prints its path.
+broken_copy() { rm -rf "$WORK/$1" && cp -a infra "$WORK/$1" && echo "$WORK/$1"; }
+nsg_removed() {
+  local dir; dir=$(broken_copy infra-no-nsg)
+  "$PY" - "$dir/modules/network.bicep" <<'PY'
+import re, sys
+from pathlib import Path
+p = Path(sys.argv[1]); t = p.read_text()
+t, n = re.subn(r"\n\s*networkSecurityGroup: \{\n\s*id: peNsg\.id\n\s*\}", "", t)
+assert n == 1, "could not remove the NSG of snet-pe"
+p.write_text(t)
+PY
+  "$PY" scripts/check_profile.py --infra "$dir" nsg "${PARAM_FILE[private]}"
+}
+expect_red "self-test: a subnet without its NSG is reported" "subnet snet-pe has no network security group" nsg_removed
+nsg_open() {
+  local dir; dir=$(broken_copy infra-nsg-open)
+  sed -i "0,/sourceAddressPrefix: 'VirtualNetwork'/s//sourceAddressPrefix: 'Internet'/" "$dir/modules/network.bicep"
+  "$PY" scripts/check_profile.py --infra "$dir" nsg "${PARAM_FILE[private]}"
+}
+expect_red "self-test: an NSG rule allowing inbound from the internet is reported" "inbound allowed from the internet" nsg_open
+own_network_in_landing_zone() {
+  sed "s#^param existingAppSubnetId = .*#param existingAppSubnetId = ''#" "${PARAM_FILE[landingzone]}" >"$WORK/lz-own-vnet.bicepparam"
+  "$PY" scripts/check_profile.py landingzone "$WORK/lz-own-vnet.bicepparam"
+}
+expect_red "self-test: a landing-zone file without the existing subnet (the template would build its VNet) is reported" "deploys its own virtual network: network/vnet" own_network_in_landing_zone
+public_app_insights() {
+  local dir; dir=$(broken_copy infra-public-appi)
+  "$PY" - "$dir/main.bicep" <<'PY'
+import sys
+from pathlib import Path
+p = Path(sys.argv[1]); t = p.read_text()
+old = "    retentionInDays: logRetentionDays\n    publicNetworkAccess: publicAccess\n"
+assert old in t, "could not find the monitoring module's publicNetworkAccess"
+p.write_text(t.replace(old, "    retentionInDays: logRetentionDays\n    publicNetworkAccess: 'Enabled'\n"))
+PY
+  "$PY" scripts/check_profile.py --infra "$dir" private "${PARAM_FILE[private]}"
+}
+expect_red "self-test: Application Insights with public ingestion and query in the private profile is reported" "publicNetworkAccessForIngestion is 'Enabled'" public_app_insights
+no_private_link_scope() {
+  local dir; dir=$(broken_copy infra-no-ampls)
+  sed -i "s#^module monitorPrivateLink 'modules/monitor-private-link.bicep' = if (.*) {#module monitorPrivateLink 'modules/monitor-private-link.bicep' = if (false) {#" "$dir/main.bicep"
+  grep -q "monitor-private-link.bicep' = if (false)" "$dir/main.bicep" || { echo "could not remove the private link scope"; return 0; }
+  "$PY" scripts/check_profile.py --infra "$dir" private "${PARAM_FILE[private]}"
+}
+expect_red "self-test: the private profile without its Azure Monitor private link scope is reported" "no Azure Monitor private link scope" no_private_link_scope
+no_cosmos_diagnostics() {
+  local dir; dir=$(broken_copy infra-no-cosmos-diag)
+  "$PY" - "$dir/modules/cosmos.bicep" <<'PY'
+import re, sys
+from pathlib import Path
+p = Path(sys.argv[1]); t = p.read_text()
+t, n = re.subn(r"resource diagnostics 'Microsoft\.Insights/diagnosticSettings@[^']+' = \{.*?\n\}\n", "", t, flags=re.S)
+assert n == 1, "could not remove the Cosmos DB diagnostic setting"
+p.write_text(t)
+PY
+  "$PY" scripts/check_profile.py --infra "$dir" private "${PARAM_FILE[landingzone]}"
+}
+expect_red "self-test: Cosmos DB without its diagnostic setting is reported" "cosmos.bicep: no diagnostic setting sends account" no_cosmos_diagnostics
+no_app_service_auth() {
+  local dir; dir=$(broken_copy infra-no-auth)
+  sed -i "s#^resource auth 'Microsoft.Web/sites/config@2024-04-01' = if (.*) {#resource auth 'Microsoft.Web/sites/config@2024-04-01' = if (false) {#" "$dir/modules/functionapp.bicep"
+  grep -q "config@2024-04-01' = if (false)" "$dir/modules/functionapp.bicep" || { echo "could not remove App Service Authentication"; return 0; }
+  "$PY" scripts/check_profile.py --infra "$dir" private "${PARAM_FILE[private]}"
+}
+expect_red "self-test: the function app without App Service Authentication is reported" "no App Service Authentication" no_app_service_auth
 
 echo "== (c) Cosmos container contract"
 check "infra container resource equals infra/cosmos-container.json" "$PY" scripts/check_container_definition.py
@@ -742,7 +833,7 @@ local = json.loads(Path("local.settings.sample.json").read_text())["Values"]
 sets = {
     "main.bicep defaults": {k: params[k]["default"] for k in KEYS},
     **{Path(f).name: {k: overrides(f).get(k, params[k]["default"]) for k in KEYS}
-       for f in ("infra/main.bicepparam", "infra/main.private.bicepparam")},
+       for f in ("infra/main.bicepparam", "infra/main.private.bicepparam", "infra/main.landingzone.bicepparam")},
     "local.settings.sample.json": {"retryBudgetMs": local["RETRY_BUDGET_MS"], "bankTimeoutMs": local["BANK_TIMEOUT_MS"],
                                    "leaseMs": local["LEASE_MS"], "inflightWaitMs": local["INFLIGHT_WAIT_MS"],
                                    "lockDuration": params["lockDuration"]["default"],

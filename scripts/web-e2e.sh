@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The browser test of web/ (the Angular payment page and its idempotent client) against
+# The browser tests of web/ (the Angular payment page and its idempotent client) against
 # the real `claims-payments serve` and the sandbox bank, each a separate process:
-# double click, a dropped answer, a bank outage (503), one payment and one payout.
+# 1. double click, a dropped answer, a bank outage (503), one payment and one payout
+#    (HTTP_AUTH=functionkey, the local default);
+# 2. signed in: a second `serve` with HTTP_AUTH=appservice behind web/e2e/swa-standin.mjs
+#    (a local stand-in for Static Web Apps' sign-in and principal forwarding); two payers
+#    and a reader, each sees and replays only their own keys, a user without
+#    Payments.Pay is refused.
 # Installs what it needs: Debian's chromium (no browser download) and web/'s npm packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,5 +55,26 @@ export E2E_BANK_FAILURES=2
 export LEDGER_CHECK_CMD="PAYMENTS_SQLITE_PATH='$work/payments.db' '$BIN' ledger --json --limit 100000 | python3 -c 'import json,sys; print(sum(1 for l in sys.stdin if json.loads(l)[\"claimId\"] == \"{claimId}\"))'"
 if ! (cd web && npm run --silent e2e); then
   echo "== serve log (tail)"; tail -n 40 "$work/serve.log"
+  exit 1
+fi
+
+echo "== signed in: serve with HTTP_AUTH=appservice behind the Static Web Apps stand-in"
+port2=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+FUNCTIONS_CUSTOMHANDLER_PORT=$port2 PAYMENTS_SQLITE_PATH="$work/payments-signed-in.db" BANK_API_URL="$bank_url" \
+  HTTP_AUTH=appservice LOG_FORMAT=text "$BIN" serve >"$work/serve-signed-in.log" 2>&1 &
+pids+=($!)
+python3 - "$port2" <<'PY'
+import socket, sys, time
+for _ in range(200):
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+PY
+export SERVICE_URL="http://127.0.0.1:$port2"
+export LEDGER_CHECK_CMD="PAYMENTS_SQLITE_PATH='$work/payments-signed-in.db' '$BIN' ledger --json --limit 100000 | python3 -c 'import json,sys; print(sum(1 for l in sys.stdin if json.loads(l)[\"claimId\"] == \"{claimId}\"))'"
+if ! (cd web && npm run --silent e2e:signed-in); then
+  echo "== serve (HTTP_AUTH=appservice) log (tail)"; tail -n 40 "$work/serve-signed-in.log"
   exit 1
 fi

@@ -55,6 +55,9 @@ param zoneRedundant bool
 @description('Put a CanNotDelete lock on the account (the payment ledger is permanent).')
 param deleteLock bool
 
+@description('Log Analytics workspace that receives the data-plane and control-plane logs and its metrics (diagnostic setting).')
+param workspaceId string
+
 var serverless = capacityMode == 'serverless'
 
 resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
@@ -179,6 +182,28 @@ resource ledgerLock 'Microsoft.Authorization/locks@2020-05-01' = if (deleteLock)
   properties: {
     level: 'CanNotDelete'
     notes: 'Payment documents are the permanent ledger of claims paid; they must never be deleted with the account.'
+  }
+}
+
+// Data-plane requests (status codes, RU, 429s) and control-plane changes, in resource-specific tables.
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
+  name: 'to-log-analytics'
+  scope: account
+  properties: {
+    workspaceId: workspaceId
+    logAnalyticsDestinationType: 'Dedicated'
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'Requests'
+        enabled: true
+      }
+    ]
   }
 }
 

@@ -7,6 +7,13 @@
 // Flex routes all outbound traffic through it, so vnetRouteAllEnabled is not
 // set) and public network access is off; callers of POST /api/payments and the
 // one-deploy client reach it through its private endpoint (main.bicep).
+//
+// Callers: App Service Authentication (authsettingsV2) answers 401 to any HTTP
+// request without a valid Entra ID token for the API's app registration (or,
+// with a linked Static Web App, without the Static Web App's signed-in user),
+// and forwards the caller's principal in X-MS-CLIENT-PRINCIPAL; the handler
+// (HTTP_AUTH=appservice) scopes Idempotency-Keys by it and checks the app roles
+// Payments.Pay (POST) and Payments.Read (GET of any payment).
 
 @description('Function app name (also the default host name).')
 param name string
@@ -99,18 +106,27 @@ param reconcileSchedule string = '0 */10 * * * *'
 @description('RECONCILE_MIN_AGE_MS: an in_progress payout is settled by the timer only once its lease ran out this long ago (three leases).')
 param reconcileMinAgeMs int = 360000
 
-@description('HTTP_AUTH: how the payments API scopes callers. functionkey (default): function keys, one scope per tenantId of the body. appservice: App Service Authentication (Entra ID) in front, scope = caller tenant + object id (configure authsettingsV2 on the app; docs/deploy.md).')
+@description('HTTP_AUTH: how the payments API scopes callers. appservice: App Service Authentication (authsettingsV2 below, Entra ID) in front, scope = caller tenant + object id, app roles checked by the handler. functionkey: no App Service Authentication (local runs only: the package\'s HTTP functions are anonymous at the host).')
 @allowed([
   'functionkey'
   'appservice'
 ])
-param httpAuth string = 'functionkey'
+param httpAuth string
+
+@description('Client id of the API\'s Entra app registration (defines the app roles Payments.Pay and Payments.Read); App Service Authentication accepts access tokens issued for it.')
+param apiClientId string
+
+@description('Default host name of the Static Web App whose linked backend this app is; empty = none.')
+param staticWebAppHostName string
+
+@description('Log Analytics workspace that receives the app\'s logs and metrics (diagnostic setting).')
+param workspaceId string
 
 @description('IDEMPOTENCY_KEY_RETENTION_HOURS: how long an HTTP Idempotency-Key is remembered.')
 param idempotencyKeyRetentionHours int = 24
 
-@description('Origins allowed to call the payments API from a browser (CORS, enforced by the platform in front of the handler). Empty: no cross-origin callers. The handler itself only listens on 127.0.0.1 behind the host.')
-param corsAllowedOrigins array = []
+@description('Origins allowed to call the payments API from a browser (CORS, enforced by the platform in front of the handler): the web client\'s origin only, never *. Empty: no cross-origin callers (a Static Web App calls same-origin through its linked backend). The handler itself only listens on 127.0.0.1 behind the host.')
+param corsAllowedOrigins array
 
 @description('The queue\'s maxDeliveryCount, passed to the handler (MAX_DELIVERY_COUNT) for its start-up check.')
 @minValue(2)
@@ -179,7 +195,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       // web client decides by status and problem type, so it stays correct without them).
       cors: {
         allowedOrigins: corsAllowedOrigins
-        supportCredentials: false
+        supportCredentials: !empty(corsAllowedOrigins)
       }
       appSettings: [
         {
@@ -349,6 +365,80 @@ resource ftpBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@20
   name: 'ftp'
   properties: {
     allow: false
+  }
+}
+
+// App Service Authentication in front of every HTTP route: no token, no request
+// reaches the handler (401). Bearer tokens for the API registration are validated
+// (issuer = this tenant, audience = the API); no client secret, no login redirect:
+// browsers sign in through the Static Web App (or get a token with MSAL).
+resource auth 'Microsoft.Web/sites/config@2024-04-01' = if (httpAuth == 'appservice') {
+  parent: site
+  name: 'authsettingsV2'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      requireAuthentication: true
+      unauthenticatedClientAction: 'Return401'
+    }
+    httpSettings: {
+      requireHttps: true
+      routes: {
+        apiPrefix: '/.auth'
+      }
+      forwardProxy: {
+        convention: 'NoProxy'
+      }
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: true
+        registration: {
+          clientId: apiClientId
+          openIdIssuer: '${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0'
+        }
+        validation: {
+          allowedAudiences: [
+            'api://${apiClientId}'
+            apiClientId
+          ]
+        }
+      }
+      // A linked Static Web App signs its users in and calls the backend with its own token.
+      azureStaticWebApps: {
+        enabled: !empty(staticWebAppHostName)
+        registration: {
+          clientId: staticWebAppHostName
+        }
+      }
+    }
+    login: {
+      tokenStore: {
+        enabled: false
+      }
+    }
+  }
+}
+
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
+  name: 'to-log-analytics'
+  scope: site
+  properties: {
+    workspaceId: workspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
   }
 }
 

@@ -1,9 +1,19 @@
-// Log Analytics workspace and a workspace-based Application Insights component.
-// Local (instrumentation-key) auth is off: telemetry is accepted only with an
-// Entra token, which the app gets from its managed identity.
+// Log Analytics workspace (or an existing one: a landing zone's central
+// workspace) and a workspace-based Application Insights component. Local
+// (instrumentation-key) auth is off: telemetry is accepted only with an Entra
+// token, which the app gets from its managed identity.
+//
+// Private profiles: ingestion and query of Application Insights (and of the
+// workspace, when this template creates it) are private only; they go through
+// an Azure Monitor Private Link Scope (monitor-private-link.bicep, or the
+// platform team's scope), whose private endpoint the app reaches over its VNet
+// integration.
 
-@description('Name of the Log Analytics workspace.')
+@description('Name of the Log Analytics workspace (created only when existingWorkspaceId is empty).')
 param workspaceName string
+
+@description('Resource id of an existing Log Analytics workspace; empty = create one.')
+param existingWorkspaceId string
 
 @description('Name of the Application Insights component.')
 param appInsightsName string
@@ -14,12 +24,21 @@ param location string
 @description('Tags applied to both resources.')
 param tags object
 
-@description('Days the workspace keeps logs.')
+@description('Days the created workspace keeps logs.')
 @minValue(30)
 @maxValue(730)
 param retentionInDays int
 
-resource workspace 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
+@description('Enabled (public profile) or Disabled (private profiles: ingestion and query only through an Azure Monitor Private Link Scope).')
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+param publicNetworkAccess string
+
+var createWorkspace = empty(existingWorkspaceId)
+
+resource workspace 'Microsoft.OperationalInsights/workspaces@2023-09-01' = if (createWorkspace) {
   name: workspaceName
   location: location
   tags: tags
@@ -28,8 +47,12 @@ resource workspace 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
       name: 'PerGB2018'
     }
     retentionInDays: retentionInDays
+    publicNetworkAccessForIngestion: publicNetworkAccess
+    publicNetworkAccessForQuery: publicNetworkAccess
   }
 }
+
+var workspaceId = createWorkspace ? workspace.id : existingWorkspaceId
 
 resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
   name: appInsightsName
@@ -38,15 +61,16 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
   kind: 'web'
   properties: {
     Application_Type: 'web'
-    WorkspaceResourceId: workspace.id
+    WorkspaceResourceId: workspaceId
     IngestionMode: 'LogAnalytics'
     DisableLocalAuth: true
-    publicNetworkAccessForIngestion: 'Enabled'
-    publicNetworkAccessForQuery: 'Enabled'
+    publicNetworkAccessForIngestion: publicNetworkAccess
+    publicNetworkAccessForQuery: publicNetworkAccess
   }
 }
 
-output workspaceId string = workspace.id
+output workspaceId string = workspaceId
+output workspaceCreated bool = createWorkspace
 output appInsightsName string = appInsights.name
 output appInsightsId string = appInsights.id
 output connectionString string = appInsights.properties.ConnectionString

@@ -1,21 +1,41 @@
-// Private profile only: the virtual network the Flex Consumption app joins, a
-// NAT gateway that gives every outbound call (the bank included) one static
-// public IP, and the subnets for private endpoints and deployment runners.
+// Private profile, own network only (no existing subnets passed in): the virtual
+// network the Flex Consumption app joins, one network security group per subnet,
+// and optionally a NAT gateway that gives every outbound call (the bank
+// included) one static public IP. In a landing zone (existingAppSubnetId and
+// existingPrivateEndpointSubnetId in main.bicep) this module is not deployed:
+// the platform team's spoke subnets, NSGs and route tables are used as they are.
 // Private DNS zones and endpoints are in private-link.bicep, one per service.
 //
 // Flex Consumption needs the integration subnet delegated to
 // Microsoft.App/environments (not Microsoft.Web/serverFarms), a subnet name
 // without underscores, and the Microsoft.App resource provider registered in
-// the subscription. Flex routes all outbound traffic of the app through the
-// integrated subnet by itself; vnetRouteAllEnabled is not needed (and not set).
+// the subscription. The app's outbound traffic goes through the integrated
+// subnet (vnetRouteAllEnabled, set in functionapp.bicep), so these NSGs and the
+// subnet's route table (a landing zone's user-defined route to the hub
+// firewall) apply to all of it.
+//
+// The NSG rules allow exactly the traffic the deployment needs:
+//   snet-app   out: 443 and 5671-5672 (Service Bus AMQP) to the private-endpoint
+//                   subnet; 443 to the internet (Entra ID tokens, the bank); in: nothing.
+//   snet-pe    in:  443 from the virtual network (the app, the tools subnet and,
+//                   through peering, callers of the API); 5671-5672 from the app subnet.
+//   snet-tools out: 443 to the private-endpoint subnet and the internet (runner
+//                   agents, Entra ID, ARM); in: nothing.
+// Everything else is denied, inbound from the internet explicitly.
 
 @description('Virtual network name.')
 param vnetName string
 
-@description('NAT gateway name.')
+@description('Prefix of the NSG names (nsg-<prefix>-app, -pe, -tools).')
+param nsgNamePrefix string
+
+@description('Create a NAT gateway with a static public IP for the app and tools subnets. Off: outbound leaves through the default route of the subnet (for example a user-defined route to a hub firewall added by the platform team).')
+param natGateway bool
+
+@description('NAT gateway name (natGateway only).')
 param natGatewayName string
 
-@description('Name of the NAT gateway public IP.')
+@description('Name of the NAT gateway public IP (natGateway only).')
 param publicIpName string
 
 @description('Azure region (the same as the function app).')
@@ -36,7 +56,7 @@ param privateEndpointSubnetPrefix string
 @description('Subnet for deployment runners or a jump host (one-deploy must reach the app privately).')
 param toolsSubnetPrefix string
 
-resource publicIp 'Microsoft.Network/publicIPAddresses@2024-05-01' = {
+resource publicIp 'Microsoft.Network/publicIPAddresses@2024-05-01' = if (natGateway) {
   name: publicIpName
   location: location
   tags: tags
@@ -51,7 +71,7 @@ resource publicIp 'Microsoft.Network/publicIPAddresses@2024-05-01' = {
   }
 }
 
-resource natGateway 'Microsoft.Network/natGateways@2024-05-01' = {
+resource nat 'Microsoft.Network/natGateways@2024-05-01' = if (natGateway) {
   name: natGatewayName
   location: location
   tags: tags
@@ -63,6 +83,240 @@ resource natGateway 'Microsoft.Network/natGateways@2024-05-01' = {
     publicIpAddresses: [
       {
         id: publicIp.id
+      }
+    ]
+  }
+}
+
+resource appNsg 'Microsoft.Network/networkSecurityGroups@2024-05-01' = {
+  name: '${nsgNamePrefix}-app'
+  location: location
+  tags: tags
+  properties: {
+    securityRules: [
+      {
+        name: 'deny-internet-inbound'
+        properties: {
+          description: 'The integration subnet takes no inbound traffic; callers reach the app through its private endpoint.'
+          priority: 4000
+          direction: 'Inbound'
+          access: 'Deny'
+          protocol: '*'
+          sourceAddressPrefix: 'Internet'
+          sourcePortRange: '*'
+          destinationAddressPrefix: '*'
+          destinationPortRange: '*'
+        }
+      }
+      {
+        name: 'deny-all-inbound'
+        properties: {
+          priority: 4096
+          direction: 'Inbound'
+          access: 'Deny'
+          protocol: '*'
+          sourceAddressPrefix: '*'
+          sourcePortRange: '*'
+          destinationAddressPrefix: '*'
+          destinationPortRange: '*'
+        }
+      }
+      {
+        name: 'allow-private-endpoints-https'
+        properties: {
+          description: 'Cosmos DB, host storage, Service Bus, Key Vault, Azure Monitor (AMPLS): their private endpoints.'
+          priority: 100
+          direction: 'Outbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: appSubnetPrefix
+          sourcePortRange: '*'
+          destinationAddressPrefix: privateEndpointSubnetPrefix
+          destinationPortRange: '443'
+        }
+      }
+      {
+        name: 'allow-private-endpoints-amqp'
+        properties: {
+          description: 'The Service Bus trigger speaks AMQP to the namespace\'s private endpoint.'
+          priority: 110
+          direction: 'Outbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: appSubnetPrefix
+          sourcePortRange: '*'
+          destinationAddressPrefix: privateEndpointSubnetPrefix
+          destinationPortRange: '5671-5672'
+        }
+      }
+      {
+        name: 'allow-internet-https'
+        properties: {
+          description: 'Entra ID token requests and the bank payout API (HTTPS only).'
+          priority: 200
+          direction: 'Outbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: appSubnetPrefix
+          sourcePortRange: '*'
+          destinationAddressPrefix: 'Internet'
+          destinationPortRange: '443'
+        }
+      }
+      {
+        name: 'deny-all-outbound'
+        properties: {
+          priority: 4096
+          direction: 'Outbound'
+          access: 'Deny'
+          protocol: '*'
+          sourceAddressPrefix: '*'
+          sourcePortRange: '*'
+          destinationAddressPrefix: '*'
+          destinationPortRange: '*'
+        }
+      }
+    ]
+  }
+}
+
+resource peNsg 'Microsoft.Network/networkSecurityGroups@2024-05-01' = {
+  name: '${nsgNamePrefix}-pe'
+  location: location
+  tags: tags
+  properties: {
+    securityRules: [
+      {
+        name: 'allow-vnet-https'
+        properties: {
+          description: 'The app, the tools subnet and peered callers of the API (HTTPS to the private endpoints).'
+          priority: 100
+          direction: 'Inbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: 'VirtualNetwork'
+          sourcePortRange: '*'
+          destinationAddressPrefix: privateEndpointSubnetPrefix
+          destinationPortRange: '443'
+        }
+      }
+      {
+        name: 'allow-app-amqp'
+        properties: {
+          description: 'The Service Bus trigger of the app (AMQP).'
+          priority: 110
+          direction: 'Inbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: appSubnetPrefix
+          sourcePortRange: '*'
+          destinationAddressPrefix: privateEndpointSubnetPrefix
+          destinationPortRange: '5671-5672'
+        }
+      }
+      {
+        name: 'deny-internet-inbound'
+        properties: {
+          priority: 4000
+          direction: 'Inbound'
+          access: 'Deny'
+          protocol: '*'
+          sourceAddressPrefix: 'Internet'
+          sourcePortRange: '*'
+          destinationAddressPrefix: '*'
+          destinationPortRange: '*'
+        }
+      }
+      {
+        name: 'deny-all-inbound'
+        properties: {
+          priority: 4096
+          direction: 'Inbound'
+          access: 'Deny'
+          protocol: '*'
+          sourceAddressPrefix: '*'
+          sourcePortRange: '*'
+          destinationAddressPrefix: '*'
+          destinationPortRange: '*'
+        }
+      }
+    ]
+  }
+}
+
+resource toolsNsg 'Microsoft.Network/networkSecurityGroups@2024-05-01' = {
+  name: '${nsgNamePrefix}-tools'
+  location: location
+  tags: tags
+  properties: {
+    securityRules: [
+      {
+        name: 'deny-internet-inbound'
+        properties: {
+          description: 'Runner agents poll their service; nothing connects in.'
+          priority: 4000
+          direction: 'Inbound'
+          access: 'Deny'
+          protocol: '*'
+          sourceAddressPrefix: 'Internet'
+          sourcePortRange: '*'
+          destinationAddressPrefix: '*'
+          destinationPortRange: '*'
+        }
+      }
+      {
+        name: 'deny-all-inbound'
+        properties: {
+          priority: 4096
+          direction: 'Inbound'
+          access: 'Deny'
+          protocol: '*'
+          sourceAddressPrefix: '*'
+          sourcePortRange: '*'
+          destinationAddressPrefix: '*'
+          destinationPortRange: '*'
+        }
+      }
+      {
+        name: 'allow-private-endpoints-https'
+        properties: {
+          description: 'One-deploy to the app\'s private endpoint, the package container, Key Vault.'
+          priority: 100
+          direction: 'Outbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: toolsSubnetPrefix
+          sourcePortRange: '*'
+          destinationAddressPrefix: privateEndpointSubnetPrefix
+          destinationPortRange: '443'
+        }
+      }
+      {
+        name: 'allow-internet-https'
+        properties: {
+          description: 'Runner agent service, Entra ID, Azure Resource Manager.'
+          priority: 200
+          direction: 'Outbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: toolsSubnetPrefix
+          sourcePortRange: '*'
+          destinationAddressPrefix: 'Internet'
+          destinationPortRange: '443'
+        }
+      }
+      {
+        name: 'deny-all-outbound'
+        properties: {
+          priority: 4096
+          direction: 'Outbound'
+          access: 'Deny'
+          protocol: '*'
+          sourceAddressPrefix: '*'
+          sourcePortRange: '*'
+          destinationAddressPrefix: '*'
+          destinationPortRange: '*'
+        }
       }
     ]
   }
@@ -83,9 +337,12 @@ resource vnet 'Microsoft.Network/virtualNetworks@2024-05-01' = {
         name: 'snet-app'
         properties: {
           addressPrefix: appSubnetPrefix
-          natGateway: {
-            id: natGateway.id
+          networkSecurityGroup: {
+            id: appNsg.id
           }
+          natGateway: natGateway ? {
+            id: nat.id
+          } : null
           delegations: [
             {
               name: 'flex-consumption'
@@ -100,16 +357,23 @@ resource vnet 'Microsoft.Network/virtualNetworks@2024-05-01' = {
         name: 'snet-pe'
         properties: {
           addressPrefix: privateEndpointSubnetPrefix
-          privateEndpointNetworkPolicies: 'Disabled'
+          networkSecurityGroup: {
+            id: peNsg.id
+          }
+          // Without this, NSG rules are not applied to private endpoints.
+          privateEndpointNetworkPolicies: 'NetworkSecurityGroupEnabled'
         }
       }
       {
         name: 'snet-tools'
         properties: {
           addressPrefix: toolsSubnetPrefix
-          natGateway: {
-            id: natGateway.id
+          networkSecurityGroup: {
+            id: toolsNsg.id
           }
+          natGateway: natGateway ? {
+            id: nat.id
+          } : null
         }
       }
     ]
@@ -122,4 +386,4 @@ output appSubnetId string = '${vnet.id}/subnets/snet-app'
 output privateEndpointSubnetId string = '${vnet.id}/subnets/snet-pe'
 output toolsSubnetId string = '${vnet.id}/subnets/snet-tools'
 // Give this address to the bank for its allow list: every outbound call of the app leaves from it.
-output natPublicIp string = publicIp.properties.ipAddress
+output natPublicIp string = natGateway ? publicIp.properties.ipAddress : ''

@@ -2,7 +2,9 @@
 // privatelink.documents.azure.com), its link to the virtual network, the
 // endpoint in the private-endpoint subnet and the zone group that writes the
 // endpoint's A records into the zone. Every target service has its own zone,
-// so each call creates exactly one zone.
+// so each call creates exactly one zone. In a landing zone (existingDnsZoneId
+// set) the central zone of the hub is used: no zone and no link are created,
+// only the endpoint and its zone group.
 
 @description('Private endpoint name.')
 param name string
@@ -16,7 +18,7 @@ param tags object
 @description('Resource id of the subnet that holds private endpoints.')
 param subnetId string
 
-@description('Resource id of the virtual network that resolves the zone.')
+@description('Resource id of the virtual network that resolves the zone (own network only; empty with existingDnsZoneId).')
 param vnetId string
 
 @description('Resource id of the service the endpoint connects to.')
@@ -37,13 +39,18 @@ param groupId string
 @description('Private DNS zone of that sub-resource, for example privatelink.blob.core.windows.net.')
 param privateDnsZoneName string
 
-resource zone 'Microsoft.Network/privateDnsZones@2020-06-01' = {
+@description('Resource id of an existing (central) private DNS zone with that name; empty = create the zone and link it to vnetId.')
+param existingDnsZoneId string = ''
+
+var createZone = empty(existingDnsZoneId)
+
+resource zone 'Microsoft.Network/privateDnsZones@2020-06-01' = if (createZone) {
   name: privateDnsZoneName
   location: 'global'
   tags: tags
 }
 
-resource vnetLink 'Microsoft.Network/privateDnsZones/virtualNetworkLinks@2020-06-01' = {
+resource vnetLink 'Microsoft.Network/privateDnsZones/virtualNetworkLinks@2020-06-01' = if (createZone) {
   parent: zone
   name: 'link-${last(split(vnetId, '/'))}'
   location: 'global'
@@ -86,7 +93,7 @@ resource zoneGroup 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024
       {
         name: replace(privateDnsZoneName, '.', '-')
         properties: {
-          privateDnsZoneId: zone.id
+          privateDnsZoneId: createZone ? zone.id : existingDnsZoneId
         }
       }
     ]
@@ -97,4 +104,4 @@ resource zoneGroup 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2024
 }
 
 output endpointId string = endpoint.id
-output zoneId string = zone.id
+output zoneId string = createZone ? zone.id : existingDnsZoneId
