@@ -1,0 +1,242 @@
+//! What only the PostgreSQL store has: its round trips, its schema check, its login and
+//! error answers, and a server restart in the middle of work. On a real server (see
+//! `claims_payments_testkit::postgres`); skipped with a SKIP line where there is none.
+
+use std::sync::Arc;
+
+use claims_payments::message::{ClaimId, Purpose};
+use claims_payments::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
+use claims_payments::store::{AttemptId, ClaimResult, InboxStatus, Store, StoreError};
+use claims_payments_testkit::fixtures as common;
+use claims_payments_testkit::postgres::{available, connect, PgServer, TestDatabase};
+use claims_payments_testkit::records::records;
+
+async fn provisioned() -> (TestDatabase, PostgresSettings, Arc<PostgresStore>) {
+    let db = TestDatabase::create().await;
+    let settings = PostgresSettings::from_url(&db.url).unwrap();
+    provision(&settings).await.unwrap();
+    let store = PostgresStore::connect(&settings, Access::Checked)
+        .await
+        .unwrap();
+    (db, settings, Arc::new(store))
+}
+
+/// Top-level statements the server ran in this database whose text contains `needle`,
+/// counted by pg_stat_statements (None where the module is not loaded).
+async fn server_calls(url: &str, needle: &str) -> Option<i64> {
+    let client = connect(url).await.ok()?;
+    client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+        .ok()?;
+    let row = client
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements \
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND query LIKE '%' || $1 || '%'",
+            &[&needle],
+        )
+        .await
+        .ok()?;
+    Some(row.get(0))
+}
+
+/// The claim is one statement: a fresh message, a redelivery (the claim returns the inbox
+/// row) and a business duplicate (it returns the payment) each cost one round trip, once
+/// the statement is prepared on the connection. Counted by the adapter and, where
+/// pg_stat_statements is loaded, by the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_claim_a_duplicate_and_a_business_duplicate_are_one_statement_each() {
+    if !available() {
+        return;
+    }
+    let (db, _, store) = provisioned().await;
+    // Prepares the statement on the (one) pooled connection.
+    let warm_up = common::new_claim();
+    let (inbox, payment) = records(&warm_up, "m-warm", AttemptId::new());
+    store.claim(&inbox, &payment).await.unwrap();
+
+    let claim = common::new_claim();
+    let server_before = server_calls(&db.url, "claims_payments_claim(").await;
+    let mut costs = Vec::new();
+    for (message, expect) in [("m-1", "claimed"), ("m-1", "inbox"), ("m-2", "payment")] {
+        let (inbox, payment) = records(&claim, message, AttemptId::new());
+        let before = store.round_trips();
+        let result = store.claim(&inbox, &payment).await.unwrap();
+        costs.push(store.round_trips() - before);
+        let kind = match result {
+            ClaimResult::Claimed { .. } => "claimed",
+            ClaimResult::InboxExists(_) => "inbox",
+            ClaimResult::PaymentExists(_) => "payment",
+        };
+        assert_eq!(kind, expect, "{message}");
+    }
+    assert_eq!(
+        costs,
+        [1, 1, 1],
+        "round trips: fresh, duplicate, business duplicate"
+    );
+    if let (Some(before), Some(after)) = (
+        server_before,
+        server_calls(&db.url, "claims_payments_claim(").await,
+    ) {
+        assert_eq!(
+            after - before,
+            3,
+            "statements the server ran for the three claims"
+        );
+        println!("server-side: 3 claims ran as {} statements", after - before);
+    } else {
+        println!("pg_stat_statements not loaded: server-side count not taken");
+    }
+}
+
+/// A MessageId may hold any character, NUL included, which PostgreSQL text refuses: the
+/// store keeps it as bytes and gives it back unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_id_with_a_nul_character_round_trips() {
+    if !available() {
+        return;
+    }
+    let (_db, _, store) = provisioned().await;
+    let claim = common::new_claim();
+    let (inbox, payment) = records(&claim, "evt\0-1", AttemptId::new());
+    assert!(matches!(
+        store.claim(&inbox, &payment).await.unwrap(),
+        ClaimResult::Claimed { .. }
+    ));
+    let read = store
+        .inbox(&inbox.key())
+        .await
+        .unwrap()
+        .expect("the inbox row");
+    assert_eq!(read.record.message_id.as_str(), "evt\0-1");
+    let paid = store
+        .payment(ClaimId::parse(&claim).unwrap(), Purpose::Payout)
+        .await
+        .unwrap()
+        .expect("the payment");
+    assert_eq!(paid.record.message_id.as_str(), "evt\0-1");
+}
+
+/// `serve` (and every command) refuses a database whose schema is missing, older or newer
+/// than this build's, and says what to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_older_or_newer_schema_is_refused_naming_provision() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let settings = PostgresSettings::from_url(&db.url).unwrap();
+    let refusal = |e: anyhow::Error| format!("{e:#}");
+
+    let missing = refusal(
+        PostgresStore::connect(&settings, Access::Checked)
+            .await
+            .err()
+            .expect("no schema"),
+    );
+    assert!(missing.contains("no claims-payments schema"), "{missing}");
+    assert!(missing.contains("claims-payments provision"), "{missing}");
+
+    let report = provision(&settings).await.unwrap();
+    assert_eq!(report.applied, ["V1__initial"], "{report}");
+    let again = provision(&settings).await.unwrap();
+    assert!(again.applied.is_empty(), "{again}");
+    PostgresStore::connect(&settings, Access::Checked)
+        .await
+        .expect("this build's schema");
+
+    let admin = connect(&db.url).await.unwrap();
+    admin
+        .batch_execute(
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum) \
+             VALUES (2, 'from_the_future', '2030-01-01T00:00:00Z', '1')",
+        )
+        .await
+        .unwrap();
+    let newer = refusal(
+        PostgresStore::connect(&settings, Access::Checked)
+            .await
+            .err()
+            .expect("a newer schema"),
+    );
+    assert!(newer.contains("newer than this build's 1"), "{newer}");
+
+    admin
+        .batch_execute("DELETE FROM refinery_schema_history")
+        .await
+        .unwrap();
+    let older = refusal(
+        PostgresStore::connect(&settings, Access::Checked)
+            .await
+            .err()
+            .expect("an older schema"),
+    );
+    assert!(older.contains("older than this build's 1"), "{older}");
+    assert!(older.contains("claims-payments provision"), "{older}");
+}
+
+/// A refused login says why and names the setting, without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_names_the_setting_and_never_the_password() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let mut url = reqwest::Url::parse(&db.url).unwrap();
+    url.set_password(Some("wrong-SECRET-pw")).unwrap();
+    let settings = PostgresSettings::from_url(url.as_str()).unwrap();
+    let error = format!(
+        "{:#}",
+        PostgresStore::connect(&settings, Access::Checked)
+            .await
+            .err()
+            .expect("a wrong password is refused")
+    );
+    assert!(error.contains("PAYMENTS_POSTGRES_URL"), "{error}");
+    assert!(error.contains("password authentication failed"), "{error}");
+    assert!(!error.contains("SECRET"), "{error}");
+    let provision_error = format!("{:#}", provision(&settings).await.unwrap_err());
+    assert!(!provision_error.contains("SECRET"), "{provision_error}");
+}
+
+/// A server that is gone answers Transient (the message is redelivered later), never
+/// Permanent; a restart (`pg_ctl restart -m immediate`: every connection cut as in a crash)
+/// heals without restarting the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_server_is_transient_and_its_restart_heals() {
+    if !available() || !claims_payments_testkit::postgres::can_start_servers() {
+        return;
+    }
+    let server = PgServer::start().unwrap();
+    let settings = PostgresSettings::from_url(&server.url("postgres")).unwrap();
+    provision(&settings).await.unwrap();
+    let store = PostgresStore::connect(&settings, Access::Checked)
+        .await
+        .unwrap();
+    let (inbox, payment) = records(&common::new_claim(), "m-before", AttemptId::new());
+    store.claim(&inbox, &payment).await.unwrap();
+
+    server.restart_immediate().unwrap();
+    // The pooled connection died with the server: the first call may still meet it.
+    let (inbox, payment) = records(&common::new_claim(), "m-after", AttemptId::new());
+    match store.claim(&inbox, &payment).await {
+        Ok(ClaimResult::Claimed { .. }) => {}
+        Err(StoreError::Transient(_)) => {
+            // Redelivered: the next call gets a new connection.
+            assert!(matches!(
+                store.claim(&inbox, &payment).await.unwrap(),
+                ClaimResult::Claimed { .. } | ClaimResult::InboxExists(_)
+            ));
+        }
+        other => panic!("expected the claim or Transient, got {other:?}"),
+    }
+    let stored = store.inbox(&inbox.key()).await.unwrap().expect("claimed");
+    assert_eq!(stored.record.status, InboxStatus::InProgress);
+
+    drop(server);
+    let (inbox, payment) = records(&common::new_claim(), "m-gone", AttemptId::new());
+    let gone = store.claim(&inbox, &payment).await;
+    assert!(matches!(gone, Err(StoreError::Transient(_))), "{gone:?}");
+}
