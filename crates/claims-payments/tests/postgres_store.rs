@@ -240,3 +240,111 @@ async fn a_lost_server_is_transient_and_its_restart_heals() {
     let gone = store.claim(&inbox, &payment).await;
     assert!(matches!(gone, Err(StoreError::Transient(_))), "{gone:?}");
 }
+
+/// The server crashes (`pg_ctl restart -m immediate`) while messages are being paid:
+/// every message is redelivered until it ends, as Service Bus would, and each claim is
+/// still paid exactly once at the bank, every payment ends `paid`, and no inbox record is
+/// left in progress. No delivery is answered `store-failure`: a crash is transient.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_crash_mid_run_pays_each_claim_exactly_once_and_leaves_nothing_stuck() {
+    use claims_payments::store::PaymentStatus;
+    use claims_payments_testkit::bank::{FakeBank, FakeBankSettings};
+
+    if !available() || !claims_payments_testkit::postgres::can_start_servers() {
+        return;
+    }
+    const MESSAGES: usize = 24;
+    /// A bound for a broken test; a message normally ends within a few deliveries.
+    const MAX_DELIVERIES: u32 = 60;
+
+    let server = PgServer::start().unwrap();
+    let settings = PostgresSettings::from_url(&server.url("postgres")).unwrap();
+    provision(&settings).await.unwrap();
+    let store: claims_payments::store::DynStore = Arc::new(
+        PostgresStore::connect(&settings, Access::Checked)
+            .await
+            .unwrap(),
+    );
+    // Payouts take a while, so the crash finds some of them at the bank.
+    let bank = FakeBank::start_with(FakeBankSettings {
+        latency_min_ms: 20,
+        latency_max_ms: 100,
+        ..FakeBankSettings::default()
+    })
+    .await
+    .unwrap();
+    let consumer = common::bank_consumer_with(
+        store.clone(),
+        &bank,
+        common::policy(),
+        std::time::Duration::from_millis(500),
+    );
+
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for n in 0..MESSAGES {
+        let (consumer, done) = (consumer.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            // Staggered, so the crash meets messages at every step.
+            tokio::time::sleep(std::time::Duration::from_millis(15 * n as u64)).await;
+            let claim = common::new_claim();
+            let msg = common::message(&claim, "42.00");
+            let mut outcomes = Vec::new();
+            for count in 1..=MAX_DELIVERIES {
+                let outcome = common::deliver(&consumer, &msg, &format!("m-{n}"), count).await;
+                outcomes.push(outcome);
+                match outcome {
+                    "paid" | "duplicate" => break,
+                    "retry-later" => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+                    other => panic!("message {n}: unexpected {other} after {outcomes:?}"),
+                }
+            }
+            done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            (claim, outcomes)
+        }));
+    }
+    // The crash comes while messages are in flight: after the first ones ended, before all.
+    claims_payments_testkit::wait::wait_until(
+        std::time::Duration::from_secs(60),
+        "the first messages are paid",
+        || done.load(std::sync::atomic::Ordering::SeqCst) >= 3,
+    )
+    .await;
+    let ended_before_crash = done.load(std::sync::atomic::Ordering::SeqCst);
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart_immediate().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+
+    let mut retried = 0;
+    for task in tasks {
+        let (claim, outcomes) = task.await.unwrap();
+        assert!(
+            matches!(outcomes.last(), Some(&"paid" | &"duplicate")),
+            "{claim}: never ended: {outcomes:?}"
+        );
+        retried += usize::from(outcomes.len() > 1);
+        let payment = store
+            .payment(ClaimId::parse(&claim).unwrap(), Purpose::Payout)
+            .await
+            .unwrap()
+            .expect("the payment");
+        assert_eq!(payment.record.status, PaymentStatus::Paid, "{claim}");
+    }
+    assert_eq!(bank.effective_payouts(), MESSAGES, "one payout per claim");
+    let stuck: Vec<_> = store
+        .list_inbox(1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.status == InboxStatus::InProgress)
+        .collect();
+    assert!(stuck.is_empty(), "left in progress: {stuck:?}");
+    println!(
+        "{MESSAGES} messages, {ended_before_crash} ended before the crash, \
+         {retried} needed a redelivery"
+    );
+    drop(server);
+}

@@ -134,13 +134,39 @@ impl PostgresStore {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> StoreResult<Vec<Row>> {
+        self.query_with(sql, params, false).await
+    }
+
+    /// [`query`](Self::query) for a statement that changes nothing: a connection that
+    /// turns out to be dead (the server restarted since it was pooled, and its driver has
+    /// not noticed yet) is replaced once. A write is not repeated that way: whether it
+    /// committed is unknown, and the redelivery finds out from the stored state.
+    async fn read(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> StoreResult<Vec<Row>> {
+        self.query_with(sql, params, true).await
+    }
+
+    async fn query_with(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        read_only: bool,
+    ) -> StoreResult<Vec<Row>> {
         let mut tries = 0;
+        let mut reconnected = false;
         loop {
             tries += 1;
             match self.query_once(sql, params).await {
                 Err(Failure::Postgres(e)) if is_retryable(&e) && tries < SERIALIZATION_TRIES => {
                     tracing::debug!(error = %e, "PostgreSQL rolled a statement back; retrying");
                     tokio::time::sleep(Duration::from_millis(5 * u64::from(tries))).await;
+                }
+                Err(Failure::Postgres(e)) if read_only && !reconnected && e.code().is_none() => {
+                    tracing::debug!(error = %e, "a pooled PostgreSQL connection was lost; reading again");
+                    reconnected = true;
                 }
                 Err(failure) => return Err(failure.into_store_error()),
                 Ok(rows) => return Ok(rows),
@@ -616,7 +642,7 @@ impl PostgresStore {
         let claim = key.claim_id.as_uuid();
         let message = key.message_id.as_str().as_bytes();
         let rows = self
-            .query(READ_INBOX, &[&key.consumer, &claim, &message])
+            .read(READ_INBOX, &[&key.consumer, &claim, &message])
             .await?;
         rows.first().map(|r| inbox_from_row(r, 0)).transpose()
     }
@@ -627,7 +653,7 @@ impl PostgresStore {
         purpose: Purpose,
     ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
         let rows = self
-            .query(READ_PAYMENT, &[&claim.as_uuid(), &purpose.as_str()])
+            .read(READ_PAYMENT, &[&claim.as_uuid(), &purpose.as_str()])
             .await?;
         rows.first().map(|r| payment_from_row(r, 0)).transpose()
     }
@@ -637,7 +663,7 @@ impl PostgresStore {
         sql: &'static str,
         limit: usize,
     ) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
-        let rows = self.query(sql, &[&limit_param(limit)]).await?;
+        let rows = self.read(sql, &[&limit_param(limit)]).await?;
         rows.iter().map(|r| payment_from_row(r, 0)).collect()
     }
 }
@@ -767,7 +793,7 @@ impl Store for PostgresStore {
 
     async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
         let rows = self
-            .query(COUNT_PAYMENTS, &[&status.as_str(), &limit_param(limit)])
+            .read(COUNT_PAYMENTS, &[&status.as_str(), &limit_param(limit)])
             .await?;
         let n: i64 = match rows.first() {
             Some(row) => get(row, 0)?,
@@ -777,7 +803,7 @@ impl Store for PostgresStore {
     }
 
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
-        let rows = self.query(LIST_INBOX, &[&limit_param(limit)]).await?;
+        let rows = self.read(LIST_INBOX, &[&limit_param(limit)]).await?;
         rows.iter()
             .map(|r| inbox_from_row(r, 0).map(|v| v.record))
             .collect()
