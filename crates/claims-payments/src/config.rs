@@ -643,8 +643,35 @@ mod tests {
         // Named explicitly, the production store passes this check (and then needs its own settings).
         let err = settings(&[azure, ("PAYMENTS_STORE", "cosmos")]).unwrap_err();
         assert_eq!(err.setting, "COSMOS_ENDPOINT", "{err}");
+        let err = settings(&[azure, ("PAYMENTS_STORE", "postgres")]).unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL", "{err}");
         // Locally (no WEBSITE_INSTANCE_ID) the embedded store stays the default.
         assert_eq!(settings(&[]).unwrap().store.name(), "sqlite");
+    }
+
+    #[test]
+    fn postgres_settings_are_read_and_never_show_the_password() {
+        let s = settings(&[
+            ("PAYMENTS_STORE", "postgres"),
+            (
+                "PAYMENTS_POSTGRES_URL",
+                "postgresql://app:pw-SECRET@db.example.com:5432/payments?sslmode=require",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(s.store.name(), "postgres");
+        assert!(!format!("{s:?}").contains("SECRET"), "{s:?}");
+        let err = settings(&[
+            ("PAYMENTS_STORE", "postgres"),
+            (
+                "PAYMENTS_POSTGRES_URL",
+                "postgresql://app:pw-SECRET@db.example.com/payments?sslmode=disable",
+            ),
+        ])
+        .unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL", "{err}");
+        assert!(err.problem.contains("sslmode=disable is refused"), "{err}");
+        assert!(!err.to_string().contains("SECRET"), "{err}");
     }
 
     #[test]

@@ -151,3 +151,67 @@ async fn serve_logs_its_store_but_never_the_password() {
     assert!(logs.contains("\"store\":\"postgres\""), "{logs}");
     assert!(!logs.contains(&secret), "the password leaked: {logs}");
 }
+
+/// The `Purge` timer function on the product's router (in-process: `serve` also purges
+/// once at start, which would race with the call): it applies the retention on
+/// PostgreSQL and answers the host with what it removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_timer_function_removes_expired_inbox_records() {
+    use claims_payments::startup::{run as serve_state, AppState};
+    use claims_payments::store::postgres::{Access, PostgresSettings, PostgresStore};
+    use claims_payments::store::{AttemptId, DynStore, InboxRecord, Store};
+    use claims_payments_testkit::records::records;
+
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let env = env_for(&db);
+    assert!(run(&["provision"], &env).status.success());
+    let store: DynStore = std::sync::Arc::new(
+        PostgresStore::connect(
+            &PostgresSettings::from_url(&db.url).unwrap(),
+            Access::Checked,
+        )
+        .await
+        .unwrap(),
+    );
+    let claim = claims_payments_testkit::fixtures::new_claim();
+    let (live, payment) = records(&claim, "m-live", AttemptId::new());
+    store.claim(&live, &payment).await.unwrap();
+    let (old, _) = records(&claim, "m-old", AttemptId::new());
+    let expired = InboxRecord {
+        expires_at: time::OffsetDateTime::now_utc() - time::Duration::days(1),
+        ..old
+    };
+    store.record_handled(&expired).await.unwrap();
+
+    let state = std::sync::Arc::new(AppState::new(
+        claims_payments_testkit::fixtures::ledger_consumer(store.clone()),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve_state(listener, state, std::future::pending()));
+    let timer = serde_json::json!({"Data": {"timer": {"IsPastDue": false}}, "Metadata": {}});
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/Purge"))
+        .json(&timer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["ReturnValue"]["outcome"], "purged", "{answer}");
+    assert_eq!(
+        answer["ReturnValue"]["detail"], "removed 1 expired inbox record(s)",
+        "{answer}"
+    );
+    let left: Vec<String> = store
+        .list_inbox(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.message_id.to_string())
+        .collect();
+    assert_eq!(left, [live.message_id.to_string()]);
+}

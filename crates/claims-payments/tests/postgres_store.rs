@@ -348,3 +348,59 @@ async fn a_server_crash_mid_run_pays_each_claim_exactly_once_and_leaves_nothing_
     );
     drop(server);
 }
+
+/// The retention purge deletes expired inbox records in batches of the given size (one
+/// statement each), keeps live ones and never touches payments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_deletes_expired_records_in_bounded_batches() {
+    use claims_payments::store::InboxRecord;
+
+    if !available() {
+        return;
+    }
+    let (_db, _, store) = provisioned().await;
+    let now = time::OffsetDateTime::now_utc();
+    let claim = common::new_claim();
+    let (paid_inbox, payment) = records(&claim, "m-paid", AttemptId::new());
+    store.claim(&paid_inbox, &payment).await.unwrap();
+    for n in 0..5 {
+        let (inbox, _) = records(&claim, &format!("m-old-{n}"), AttemptId::new());
+        let expired = InboxRecord {
+            expires_at: now - time::Duration::hours(1),
+            ..inbox
+        };
+        store.record_handled(&expired).await.unwrap();
+    }
+    // Warm up the statement, so the count below is the batches alone.
+    assert_eq!(
+        store
+            .purge_expired(now - time::Duration::days(1), 2)
+            .await
+            .unwrap(),
+        0
+    );
+    let before = store.round_trips();
+    assert_eq!(store.purge_expired(now, 2).await.unwrap(), 5);
+    assert_eq!(
+        store.round_trips() - before,
+        3,
+        "batches of 2, 2 and 1 (the short one ends the purge)"
+    );
+    let left: Vec<String> = store
+        .list_inbox(100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.message_id.to_string())
+        .collect();
+    assert_eq!(
+        left,
+        [paid_inbox.message_id.to_string()],
+        "the live record stays"
+    );
+    assert!(store
+        .payment(ClaimId::parse(&claim).unwrap(), Purpose::Payout)
+        .await
+        .unwrap()
+        .is_some());
+}
