@@ -159,7 +159,7 @@ async fn serve_logs_its_store_but_never_the_password() {
 async fn the_purge_timer_function_removes_expired_inbox_records() {
     use claims_payments::startup::{run as serve_state, AppState};
     use claims_payments::store::postgres::{Access, PostgresSettings, PostgresStore};
-    use claims_payments::store::{AttemptId, DynStore, InboxRecord, Store};
+    use claims_payments::store::{AttemptId, DynStore, InboxRecord};
     use claims_payments_testkit::records::records;
 
     if !available() {
