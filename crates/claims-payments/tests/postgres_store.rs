@@ -404,3 +404,73 @@ async fn the_purge_deletes_expired_records_in_bounded_batches() {
         .unwrap()
         .is_some());
 }
+
+/// An Entra credential that hands out the test server's password as its token, with a
+/// chosen lifetime, and counts how often it was asked.
+#[derive(Debug)]
+struct CountingCredential {
+    token: String,
+    lifetime: time::Duration,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl azure_core::credentials::TokenCredential for CountingCredential {
+    async fn get_token(
+        &self,
+        scopes: &[&str],
+        _: Option<azure_core::credentials::TokenRequestOptions<'_>>,
+    ) -> azure_core::Result<azure_core::credentials::AccessToken> {
+        assert_eq!(
+            scopes,
+            ["https://ossrdbms-aad.database.windows.net/.default"]
+        );
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(azure_core::credentials::AccessToken::new(
+            azure_core::credentials::Secret::new(self.token.clone()),
+            time::OffsetDateTime::now_utc() + self.lifetime,
+        ))
+    }
+}
+
+/// With Entra login the token is the password of each new connection, and a connection
+/// is not reused once its token is within five minutes of expiring: the next caller gets
+/// a new connection with a new token, so no connection outlives its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entra_tokens_log_in_each_new_connection_which_retires_before_its_token_expires() {
+    use claims_payments::store::postgres::pool;
+
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let mut url = reqwest::Url::parse(&db.url).unwrap();
+    let password = url.password().unwrap().to_owned();
+    url.set_password(None).unwrap();
+    let settings = PostgresSettings::from_url(url.as_str()).unwrap();
+
+    for (lifetime, expected_logins) in [
+        // 60 minutes left: the connection is reused.
+        (time::Duration::minutes(60), 1),
+        // Inside the 5-minute margin: retired at once, the second caller logs in anew.
+        (time::Duration::minutes(4), 2),
+    ] {
+        let credential = Arc::new(CountingCredential {
+            token: password.clone(),
+            lifetime,
+            calls: Default::default(),
+        });
+        let manager = pool::Manager::with_credential(&settings, credential.clone()).unwrap();
+        let pool = pool::build_with(manager, 1, std::time::Duration::from_secs(10)).unwrap();
+        for _ in 0..2 {
+            let conn = pool.get().await.expect("the token logs in as the password");
+            let one: i32 = conn.client.query_one("SELECT 1", &[]).await.unwrap().get(0);
+            assert_eq!(one, 1);
+        }
+        assert_eq!(
+            credential.calls.load(std::sync::atomic::Ordering::SeqCst),
+            expected_logins,
+            "token lifetime {lifetime}"
+        );
+    }
+}

@@ -110,6 +110,19 @@ impl Manager {
         })
     }
 
+    /// Logs in with Entra tokens from `credential`, whatever `settings.auth` says (tests,
+    /// and callers that bring their own credential).
+    pub fn with_credential(
+        settings: &PostgresSettings,
+        credential: Arc<dyn TokenCredential>,
+    ) -> anyhow::Result<Self> {
+        Ok(Manager {
+            config: settings.config.clone(),
+            tls: tls_connector()?,
+            login: Login::Entra(credential),
+        })
+    }
+
     async fn connect(&self) -> Result<Connection, ConnectError> {
         let mut config = self.config.clone();
         let mut retire_at = Instant::now() + MAX_LIFETIME;
@@ -198,8 +211,13 @@ fn credential(identity: &EntraIdentity) -> anyhow::Result<Arc<dyn TokenCredentia
 /// The pool: at most `settings.pool_size` connections; a caller waits at most
 /// `wait` for one (then the store answers Transient: the pool is exhausted).
 pub fn build(settings: &PostgresSettings, wait: Duration) -> anyhow::Result<Pool> {
-    Pool::builder(Manager::new(settings)?)
-        .max_size(settings.pool_size)
+    build_with(Manager::new(settings)?, settings.pool_size, wait)
+}
+
+/// [`build`] with a given manager.
+pub fn build_with(manager: Manager, size: usize, wait: Duration) -> anyhow::Result<Pool> {
+    Pool::builder(manager)
+        .max_size(size)
         .wait_timeout(Some(wait))
         .create_timeout(Some(super::settings::CONNECT_TIMEOUT * 2))
         .recycle_timeout(Some(Duration::from_secs(5)))
