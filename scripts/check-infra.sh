@@ -639,11 +639,11 @@ standin_package() {
   bash scripts/package.sh --binary "$WORK/standin-handler" --out "$WORK/standin" --allow-non-elf >/dev/null
 }
 standin_serves_route() {
-  standin_package && STANDIN_ROUTES="POST /ClaimApproved,POST /Reconcile,POST /api/payments,GET /api/payments/route-probe" python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/standin/functionapp.zip"
+  standin_package && STANDIN_ROUTES="POST /ClaimApproved,POST /Reconcile,POST /Purge,POST /api/payments,GET /api/payments/route-probe" python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/standin/functionapp.zip"
 }
 check "route check: a handler serving every function's route passes (stand-in handler)" standin_serves_route
 standin_misses_route() {
-  standin_package && STANDIN_ROUTES="POST /Reconcile,POST /api/payments,GET /api/payments/route-probe" python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/standin/functionapp.zip"
+  standin_package && STANDIN_ROUTES="POST /Reconcile,POST /Purge,POST /api/payments,GET /api/payments/route-probe" python3 scripts/check_package.py --allow-non-elf --startup-timeout 20 "$WORK/standin/functionapp.zip"
 }
 expect_red "self-test: a handler answering 404 on POST /ClaimApproved is reported" "FAIL  POST /ClaimApproved answered 404" standin_misses_route
 

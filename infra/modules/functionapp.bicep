@@ -103,6 +103,9 @@ param inflightWaitMs int
 @description('NCRONTAB schedule of the Reconcile timer function (RECONCILE_SCHEDULE): every 10 minutes by default.')
 param reconcileSchedule string = '0 */10 * * * *'
 
+@description('NCRONTAB schedule of the Purge timer function (PURGE_SCHEDULE): daily at 03:30. It applies INBOX_RETENTION_DAYS on PostgreSQL and SQLite; on Cosmos DB the ttl does it and a run only says so.')
+param purgeSchedule string = '0 30 3 * * *'
+
 @description('RECONCILE_MIN_AGE_MS: an in_progress payout is settled by the timer only once its lease ran out this long ago (three leases).')
 param reconcileMinAgeMs int = 360000
 
@@ -298,6 +301,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'RECONCILE_SCHEDULE'
           value: reconcileSchedule
+        }
+        {
+          name: 'PURGE_SCHEDULE'
+          value: purgeSchedule
         }
         {
           name: 'HTTP_AUTH'

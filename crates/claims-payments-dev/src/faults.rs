@@ -85,6 +85,9 @@ impl Store for SlowStore {
     async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
         self.inner.purge_expired(now, batch).await
     }
+    fn expires_by_itself(&self) -> bool {
+        self.inner.expires_by_itself()
+    }
     async fn failed(&self) -> String {
         self.inner.failed().await
     }

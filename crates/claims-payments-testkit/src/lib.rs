@@ -9,6 +9,8 @@
 //! - [`process`]: the one way to start `<exe> serve` and the `cosmos-emulator` binary
 //!   (readiness, kill, stop, exit status, logs), for the tests, the simulator and the
 //!   benchmark;
+//! - [`postgres`]: a real PostgreSQL server (a throwaway one, or `PAYMENTS_TEST_POSTGRES_URL`)
+//!   and a database per test;
 //! - [`records`]: store records as the consumer writes them, and their later states;
 //! - [`service`]: the real binary as a blocking child process, host envelopes, store
 //!   backends;
@@ -19,6 +21,7 @@ pub mod bank;
 pub mod chance;
 pub mod fixtures;
 pub mod host;
+pub mod postgres;
 pub mod process;
 pub mod records;
 pub mod service;

@@ -71,9 +71,10 @@ pub enum OperatorCommand {
     Ledger(ListArgs),
     /// List inbox records (messages seen and how they ended).
     Inbox(ListArgs),
-    /// Remove inbox records past INBOX_RETENTION_DAYS now (SQLite; Cosmos expires them itself).
+    /// Remove inbox records past INBOX_RETENTION_DAYS now (SQLite, PostgreSQL; Cosmos expires them itself).
     Purge,
-    /// Create (or verify) the Cosmos DB database and container, with COSMOS_KEY (emulator, dev accounts).
+    /// Create (or verify) the Cosmos DB database and container, with COSMOS_KEY (emulator, dev
+    /// accounts); on PostgreSQL, apply the schema's missing migrations.
     Provision,
     /// Settle payments in needs_reconciliation and orphaned in_progress payouts by asking the bank.
     /// Exit 0: nothing open; 3: something still open (unknown, mismatched, not examined),
@@ -95,11 +96,21 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
             done(inbox(&store, args.json, args.limit, &mut stdout()).await)
         }
         OperatorCommand::Provision => {
-            let StoreSettings::Cosmos(cosmos) = &settings.store else {
-                anyhow::bail!("provision creates the Cosmos DB container: set PAYMENTS_STORE=cosmos and COSMOS_*");
-            };
-            let report = crate::store::cosmos::provision(cosmos).await?;
-            println!("{report}");
+            match &settings.store {
+                StoreSettings::Cosmos(cosmos) => {
+                    let report = crate::store::cosmos::provision(cosmos).await?;
+                    println!("{report}");
+                }
+                StoreSettings::Postgres(postgres) => {
+                    let report = crate::store::postgres::provision(postgres).await?;
+                    println!("{report}");
+                }
+                StoreSettings::Sqlite { .. } => anyhow::bail!(
+                    "provision creates the Cosmos DB container or the PostgreSQL schema: set \
+                     PAYMENTS_STORE=cosmos and COSMOS_*, or PAYMENTS_STORE=postgres and \
+                     PAYMENTS_POSTGRES_URL (SQLite needs none: serve creates its file)"
+                ),
+            }
             Ok(ExitCode::SUCCESS)
         }
         OperatorCommand::Purge => {

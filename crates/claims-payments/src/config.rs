@@ -9,6 +9,7 @@ use reqwest::Url;
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::store::cosmos::CosmosSettings;
+use crate::store::postgres::PostgresSettings;
 use crate::telemetry::LogFormat;
 
 /// The name of every setting, defined once: the parser below, the Cosmos settings, the
@@ -18,10 +19,17 @@ pub mod names {
     pub const FUNCTIONS_CUSTOMHANDLER_PORT: &str = "FUNCTIONS_CUSTOMHANDLER_PORT";
     /// Set by App Service on every instance: we run in Azure.
     pub const WEBSITE_INSTANCE_ID: &str = "WEBSITE_INSTANCE_ID";
-    /// `sqlite` or `cosmos`.
+    /// `sqlite`, `cosmos` or `postgres`.
     pub const PAYMENTS_STORE: &str = "PAYMENTS_STORE";
     /// The SQLite file (embedded store).
     pub const PAYMENTS_SQLITE_PATH: &str = "PAYMENTS_SQLITE_PATH";
+    /// The PostgreSQL store's libpq URI.
+    pub const PAYMENTS_POSTGRES_URL: &str = "PAYMENTS_POSTGRES_URL";
+    /// `password` (the URI's) or `entra` (a Microsoft Entra token as the password).
+    pub const PAYMENTS_POSTGRES_AUTH: &str = "PAYMENTS_POSTGRES_AUTH";
+    /// The user-assigned managed identity whose Entra token logs in to PostgreSQL.
+    pub const PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID: &str =
+        "PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID";
     /// The Cosmos DB account endpoint.
     pub const COSMOS_ENDPOINT: &str = "COSMOS_ENDPOINT";
     /// An account key: emulators and dev accounts only.
@@ -85,6 +93,9 @@ pub mod names {
         WEBSITE_INSTANCE_ID,
         PAYMENTS_STORE,
         PAYMENTS_SQLITE_PATH,
+        PAYMENTS_POSTGRES_URL,
+        PAYMENTS_POSTGRES_AUTH,
+        PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID,
         COSMOS_ENDPOINT,
         COSMOS_KEY,
         COSMOS_DATABASE,
@@ -137,6 +148,8 @@ pub enum StoreSettings {
     Sqlite { path: PathBuf },
     /// Cosmos DB (`COSMOS_*`): what runs in Azure. Boxed: read once, and far larger.
     Cosmos(Box<CosmosSettings>),
+    /// PostgreSQL (`PAYMENTS_POSTGRES_*`): several instances on one database.
+    Postgres(Box<PostgresSettings>),
 }
 
 impl StoreSettings {
@@ -145,6 +158,7 @@ impl StoreSettings {
         match self {
             StoreSettings::Sqlite { .. } => "sqlite",
             StoreSettings::Cosmos(_) => "cosmos",
+            StoreSettings::Postgres(_) => "postgres",
         }
     }
 }
@@ -310,39 +324,43 @@ impl Settings {
         // value is an error, and in Azure it must be named (see `in_azure`).
         let in_azure = get(names::WEBSITE_INSTANCE_ID).is_some();
         let named_store = lookup(names::PAYMENTS_STORE);
-        let store = match named_store.as_deref().map(str::trim) {
-            None if in_azure => {
-                return Err(ConfigError::new(
+        let store =
+            match named_store.as_deref().map(str::trim) {
+                None if in_azure => {
+                    return Err(ConfigError::new(
+                        names::PAYMENTS_STORE,
+                        "is not set; in Azure it must name the store (cosmos or postgres)",
+                    ))
+                }
+                None => "sqlite",
+                Some("") => return Err(ConfigError::new(
                     names::PAYMENTS_STORE,
-                    "is not set; in Azure it must name the store (cosmos)",
-                ))
-            }
-            None => "sqlite",
-            Some("") => {
-                return Err(ConfigError::new(
-                    names::PAYMENTS_STORE,
-                    "is blank; name the store (sqlite or cosmos) or remove the setting",
-                ))
-            }
-            Some("sqlite") if in_azure => {
-                return Err(ConfigError::new(
-                    names::PAYMENTS_STORE,
-                    "sqlite is refused in Azure (WEBSITE_INSTANCE_ID is set): each instance \
+                    "is blank; name the store (sqlite, cosmos or postgres) or remove the setting",
+                )),
+                Some("sqlite") if in_azure => {
+                    return Err(ConfigError::new(
+                        names::PAYMENTS_STORE,
+                        "sqlite is refused in Azure (WEBSITE_INSTANCE_ID is set): each instance \
                      would keep its own guard on its own disk, and a redelivery to another \
-                     instance or after a recycle would pay the claim again; use cosmos",
-                ))
-            }
-            Some(name @ ("sqlite" | "cosmos")) => name,
-            Some(other) => {
-                return Err(ConfigError::new(
-                    names::PAYMENTS_STORE,
-                    format!("{other:?} is not a store; use sqlite or cosmos"),
-                ))
-            }
-        };
+                     instance or after a recycle would pay the claim again; use cosmos or postgres",
+                    ))
+                }
+                Some(name @ ("sqlite" | "cosmos" | "postgres")) => name,
+                Some(other) => {
+                    return Err(ConfigError::new(
+                        names::PAYMENTS_STORE,
+                        format!("{other:?} is not a store; use sqlite, cosmos or postgres"),
+                    ))
+                }
+            };
         let store = if store == "cosmos" {
             StoreSettings::Cosmos(Box::new(
                 CosmosSettings::from_lookup(&lookup)
+                    .map_err(|e| ConfigError::new(e.setting, e.problem))?,
+            ))
+        } else if store == "postgres" {
+            StoreSettings::Postgres(Box::new(
+                PostgresSettings::from_lookup(&lookup)
                     .map_err(|e| ConfigError::new(e.setting, e.problem))?,
             ))
         } else {
@@ -586,7 +604,7 @@ mod tests {
     fn every_invalid_value_names_its_setting() {
         let cases: &[(&str, &str)] = &[
             ("FUNCTIONS_CUSTOMHANDLER_PORT", "http"),
-            ("PAYMENTS_STORE", "postgres"),
+            ("PAYMENTS_STORE", "mysql"),
             ("INBOX_RETENTION_DAYS", "0"),
             ("INBOX_RETENTION_DAYS", "ten"),
             ("CONSUMER_NAME", "a/b"),
@@ -604,6 +622,8 @@ mod tests {
         ];
         let err = settings(&[("PAYMENTS_STORE", "cosmos")]).unwrap_err();
         assert_eq!(err.setting, "COSMOS_ENDPOINT", "{err}");
+        let err = settings(&[("PAYMENTS_STORE", "postgres")]).unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL", "{err}");
         for (name, value) in cases {
             let err = settings(&[(name, value)]).expect_err(&format!("{name}={value}"));
             assert_eq!(err.setting, *name, "{err}");
@@ -633,8 +653,35 @@ mod tests {
         // Named explicitly, the production store passes this check (and then needs its own settings).
         let err = settings(&[azure, ("PAYMENTS_STORE", "cosmos")]).unwrap_err();
         assert_eq!(err.setting, "COSMOS_ENDPOINT", "{err}");
+        let err = settings(&[azure, ("PAYMENTS_STORE", "postgres")]).unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL", "{err}");
         // Locally (no WEBSITE_INSTANCE_ID) the embedded store stays the default.
         assert_eq!(settings(&[]).unwrap().store.name(), "sqlite");
+    }
+
+    #[test]
+    fn postgres_settings_are_read_and_never_show_the_password() {
+        let s = settings(&[
+            ("PAYMENTS_STORE", "postgres"),
+            (
+                "PAYMENTS_POSTGRES_URL",
+                "postgresql://app:pw-SECRET@db.example.com:5432/payments?sslmode=require",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(s.store.name(), "postgres");
+        assert!(!format!("{s:?}").contains("SECRET"), "{s:?}");
+        let err = settings(&[
+            ("PAYMENTS_STORE", "postgres"),
+            (
+                "PAYMENTS_POSTGRES_URL",
+                "postgresql://app:pw-SECRET@db.example.com/payments?sslmode=disable",
+            ),
+        ])
+        .unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL", "{err}");
+        assert!(err.problem.contains("sslmode=disable is refused"), "{err}");
+        assert!(!err.to_string().contains("SECRET"), "{err}");
     }
 
     #[test]

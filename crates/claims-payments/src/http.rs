@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use crate::functions::{claim_approved, payments, reconcile};
+use crate::functions::{claim_approved, payments, purge, reconcile};
 use crate::host::{InvocationResult, OutcomeSummary};
 use crate::payments_api;
 use crate::startup::AppState;
@@ -40,6 +40,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             &format!("/{}", reconcile::FUNCTION_NAME),
             post(reconcile::invoke),
         )
+        .route(&format!("/{}", purge::FUNCTION_NAME), post(purge::invoke))
         // Forwarded unchanged by the host (customHandler.enableForwardingHttpRequest).
         .route(payments::ROUTE, post(payments::post))
         .route(payments::GET_ROUTE, get(payments::get))

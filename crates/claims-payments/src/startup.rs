@@ -21,6 +21,7 @@ use crate::functions::claim_approved::ClaimHandler;
 use crate::http::{self, HEADER_READ_TIMEOUT};
 use crate::payments_api::{CallerAuth, PaymentsApi};
 use crate::store::cosmos::CosmosStore;
+use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::{Access, SqliteStore};
 use crate::store::DynStore;
 use crate::telemetry;
@@ -100,8 +101,9 @@ pub struct Seams {
 }
 
 /// Opens the configured store. `access` says how this process uses a SQLite file (serve,
-/// an operator's write, a read-only listing); Cosmos ignores it. For `serve` on SQLite
-/// it also ends the leases the previous `serve` left (see
+/// an operator's write, a read-only listing); Cosmos ignores it, and PostgreSQL always
+/// checks that the schema is this build's (`claims-payments provision` creates it).
+/// For `serve` on SQLite it also ends the leases the previous `serve` left (see
 /// [`SqliteStore::end_leases_of_earlier_processes`]): that happens before the port opens.
 pub async fn open_store(settings: &Settings, access: Access) -> anyhow::Result<DynStore> {
     Ok(match &settings.store {
@@ -130,6 +132,9 @@ pub async fn open_store(settings: &Settings, access: Access) -> anyhow::Result<D
         StoreSettings::Cosmos(cosmos) => {
             Arc::new(CosmosStore::connect(cosmos, settings.inbox_retention).await?)
         }
+        StoreSettings::Postgres(postgres) => Arc::new(
+            PostgresStore::connect(postgres, crate::store::postgres::Access::Checked).await?,
+        ),
     })
 }
 

@@ -477,6 +477,10 @@ impl Store for RecordingStore {
     async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
         self.inner.purge_expired(now, batch).await
     }
+
+    fn expires_by_itself(&self) -> bool {
+        self.inner.expires_by_itself()
+    }
 }
 
 /// The cases the issue prices.

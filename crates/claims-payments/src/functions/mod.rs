@@ -4,8 +4,10 @@
 //! - [`claim_approved`]: `POST /ClaimApproved`, the Service Bus trigger;
 //! - [`payments`]: `POST /api/payments` and `GET /api/payments/{claimId}`, the HTTP
 //!   functions `Payments` and `PaymentsGet` (forwarded unchanged by the host);
-//! - [`reconcile`]: `POST /Reconcile`, the timer trigger.
+//! - [`reconcile`]: `POST /Reconcile`, the timer trigger;
+//! - [`purge`]: `POST /Purge`, the retention timer trigger.
 
 pub mod claim_approved;
 pub mod payments;
+pub mod purge;
 pub mod reconcile;

@@ -6,11 +6,13 @@
 //! same message, or of the same claim under another message, is refused by the
 //! database, never by a read that happened to come first.
 //!
-//! Adapters: [`sqlite`] (the embedded default) and [`cosmos`] (production). Both pass
-//! the same conformance suite (`tests/conformance/`, run by `tests/sqlite_conformance.rs`
-//! and `tests/cosmos_conformance.rs`).
+//! Adapters: [`sqlite`] (the embedded default), [`cosmos`] (production) and [`postgres`]
+//! (several instances on one PostgreSQL database). All pass the same conformance suite
+//! (`tests/conformance/`, run by `tests/sqlite_conformance.rs`, `tests/postgres_conformance.rs`
+//! and the dev crate's `cosmos_conformance.rs`).
 
 pub mod cosmos;
+pub mod postgres;
 pub mod sqlite;
 
 use std::fmt;
@@ -370,6 +372,12 @@ pub trait Store: Send + Sync + 'static {
     /// Remove inbox records whose retention ended before `now`, in batches of at most
     /// `batch` rows. Returns how many were removed. Payments are never purged.
     async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64>;
+
+    /// Whether the database expires inbox records by itself (Cosmos DB's `ttl`), so that
+    /// [`purge_expired`](Self::purge_expired) has nothing to do. Decorators forward it.
+    fn expires_by_itself(&self) -> bool {
+        false
+    }
 
     /// Resolves, with the reason, once the store can no longer keep its promises (SQLite:
     /// a WAL sync failed). The server stops on it and exits non-zero. Decorators forward

@@ -641,6 +641,11 @@ impl Store for CosmosStore {
     async fn purge_expired(&self, _now: OffsetDateTime, _batch: usize) -> StoreResult<u64> {
         Ok(0)
     }
+
+    /// Inbox documents carry a `ttl`; Cosmos DB deletes them itself.
+    fn expires_by_itself(&self) -> bool {
+        true
+    }
 }
 
 impl CosmosStore {

@@ -1,0 +1,82 @@
+//! The `Purge` function: a timer trigger (`%PURGE_SCHEDULE%`, daily by default) that
+//! applies `INBOX_RETENTION_DAYS` on the stores without a TTL of their own (PostgreSQL,
+//! SQLite), in bounded batches; on Cosmos DB the documents' `ttl` does it and the run says
+//! so. Payments are never purged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use crate::host::OutcomeSummary;
+use crate::http::invocation_answer;
+use crate::startup::AppState;
+
+/// The function's folder in function-app/, which is the route the host calls.
+pub const FUNCTION_NAME: &str = "Purge";
+/// Rows per delete: each batch is its own short transaction, so invocations interleave.
+pub const BATCH: usize = 500;
+/// A run stops starting new batches after this, well inside functionTimeout; what is left
+/// waits for the next run (the batches done stay done).
+pub(crate) const RUN_BUDGET: Duration = Duration::from_secs(90);
+
+/// The `Purge` timer invocation.
+pub async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> Response {
+    let answer = |status: StatusCode, outcome: &str, detail: String| {
+        invocation_answer(
+            status,
+            OutcomeSummary {
+                outcome: outcome.into(),
+                claim_id: None,
+                message_id: None,
+                delivery_count: None,
+                detail: Some(detail),
+            },
+        )
+    };
+    let store = state.consumer.store().clone();
+    if store.expires_by_itself() {
+        return answer(
+            StatusCode::OK,
+            "purge-skipped",
+            "the store expires inbox records by itself (Cosmos DB ttl)".into(),
+        );
+    }
+    let now = time::OffsetDateTime::now_utc();
+    match tokio::time::timeout(RUN_BUDGET, store.purge_expired(now, BATCH)).await {
+        Ok(Ok(removed)) => {
+            tracing::info!(trigger = "timer", removed, "purge finished");
+            answer(
+                StatusCode::OK,
+                "purged",
+                format!("removed {removed} expired inbox record(s)"),
+            )
+        }
+        Ok(Err(e)) => {
+            tracing::error!(trigger = "timer", error = %e, "purge failed");
+            answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "purge-failed",
+                e.to_string(),
+            )
+        }
+        Err(_) => {
+            tracing::warn!(
+                trigger = "timer",
+                budgetSeconds = RUN_BUDGET.as_secs(),
+                "purge stopped at its time budget; the next run goes on"
+            );
+            answer(
+                StatusCode::OK,
+                "purged",
+                format!(
+                    "stopped after {} s with more to remove; the next run goes on",
+                    RUN_BUDGET.as_secs()
+                ),
+            )
+        }
+    }
+}

@@ -1,0 +1,874 @@
+//! The PostgreSQL store: several instances on one database, the guard kept by the server.
+//!
+//! The same records, fields, states and answers as the SQLite store (`sqlite.rs`); the
+//! schema is in `migrations/` (applied by `claims-payments provision`, checked by `serve`).
+//!
+//! **The guard.** The inbox's primary key (consumer, claim, message) and the payment's
+//! (claim, purpose). The claim is one statement, a call of `claims_payments_claim` (see
+//! `migrations/V1__initial.sql`): it inserts both rows in the statement's transaction, or
+//! neither, and on a refusal returns the row that refused it. A unique violation never
+//! surfaces as an error: `ON CONFLICT DO NOTHING` turns it into the duplicate (`inbox`) or
+//! business-duplicate (`payment`) answer.
+//!
+//! **Round trips** (each statement is prepared once per pooled connection, then one
+//! Bind/Execute exchange): a fresh message's claim 1; a duplicate at the store 1 (the claim
+//! returns the existing inbox row); a business duplicate 1 (the claim returns the payment)
+//! plus the consumer's `record_handled`; finalize 1 (`claims_payments_finalize`, which
+//! raises, and so rolls everything back, when a version does not match); `replace_inbox`
+//! 1; reads 1.
+//!
+//! **Errors.** Serialization failures and deadlocks (40001, 40P01) roll the statement back
+//! and are retried here; a read-only server (25006, during a failover), lost or refused
+//! connections, statement timeouts, server shutdowns, too many connections and an
+//! exhausted pool are `Transient` at once, so the message is abandoned and redelivered
+//! instead of holding the invocation. Authentication, a missing schema and our own
+//! statements' errors are `Permanent`. No error carries a password or token.
+
+pub mod pool;
+mod schema;
+pub mod settings;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+pub use schema::{check_schema, provision, SchemaReport, EXPECTED_SCHEMA_VERSION};
+pub use settings::{EntraIdentity, InvalidSetting, PostgresAuth, PostgresSettings};
+
+use super::{
+    AttemptId, ClaimResult, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult,
+    PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
+};
+use crate::message::{
+    ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
+    TenantId,
+};
+use crate::telemetry;
+
+/// How long an invocation waits for a pooled connection before the store answers
+/// `Transient` (the pool is exhausted: every connection is busy).
+const POOL_WAIT: Duration = Duration::from_secs(5);
+/// Every statement's answer must arrive within this (the server's own statement_timeout
+/// is 10 s; this also covers a server that vanished without closing the connection).
+const STATEMENT_BUDGET: Duration = Duration::from_secs(15);
+/// Tries of a statement the server rolled back as a serialization failure or deadlock.
+const SERIALIZATION_TRIES: u32 = 3;
+
+/// Custom SQLSTATEs raised by `claims_payments_finalize`.
+const PRECONDITION_FAILED: &str = "CP412";
+const PAYMENT_MISSING: &str = "CP404";
+
+/// How a process uses the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// `serve` and the operator commands: the schema must be exactly this build's.
+    Checked,
+    /// Tests that provisioned the database themselves.
+    Unchecked,
+}
+
+pub struct PostgresStore {
+    pool: pool::Pool,
+    round_trips: AtomicU64,
+    target: String,
+}
+
+impl PostgresStore {
+    /// Connects (one connection first, so a wrong URI, password or TLS setting fails at
+    /// start with its cause) and, for [`Access::Checked`], refuses a database whose schema is
+    /// missing, older or newer than this build's.
+    pub async fn connect(settings: &PostgresSettings, access: Access) -> anyhow::Result<Self> {
+        let pool = pool::build(settings, POOL_WAIT)?;
+        let target = settings.describe_target();
+        let mut conn = pool.get().await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot connect to PostgreSQL at {target} (PAYMENTS_POSTGRES_URL, {}): {}",
+                settings.auth.describe(),
+                describe_pool_error(&e)
+            )
+        })?;
+        if access == Access::Checked {
+            check_schema(&mut conn.client)
+                .await
+                .map_err(|e| anyhow::anyhow!("PostgreSQL at {target}: {e:#}"))?;
+        }
+        drop(conn);
+        tracing::info!(
+            target = %target,
+            tls = settings.uses_tls(),
+            auth = %settings.auth.describe(),
+            "connected to PostgreSQL"
+        );
+        Ok(PostgresStore {
+            pool,
+            round_trips: AtomicU64::new(0),
+            target,
+        })
+    }
+
+    /// Statements sent so far (prepares included), for round-trip measurements.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// hosts, port and database, for messages.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    fn count(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        telemetry::counters().store_round_trips.inc();
+    }
+
+    /// Runs `sql` with `params` on a pooled connection and returns its rows; retries a
+    /// serialization failure or deadlock (the server rolled the statement back).
+    async fn query(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> StoreResult<Vec<Row>> {
+        self.query_with(sql, params, false).await
+    }
+
+    /// [`query`](Self::query) for a statement that changes nothing: a connection that
+    /// turns out to be dead (the server restarted since it was pooled, and its driver has
+    /// not noticed yet) is replaced once. A write is not repeated that way: whether it
+    /// committed is unknown, and the redelivery finds out from the stored state.
+    async fn read(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> StoreResult<Vec<Row>> {
+        self.query_with(sql, params, true).await
+    }
+
+    async fn query_with(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        read_only: bool,
+    ) -> StoreResult<Vec<Row>> {
+        let mut tries = 0;
+        let mut reconnected = false;
+        loop {
+            tries += 1;
+            match self.query_once(sql, params).await {
+                Err(Failure::Postgres(e)) if is_retryable(&e) && tries < SERIALIZATION_TRIES => {
+                    tracing::debug!(error = %e, "PostgreSQL rolled a statement back; retrying");
+                    tokio::time::sleep(Duration::from_millis(5 * u64::from(tries))).await;
+                }
+                Err(Failure::Postgres(e)) if read_only && !reconnected && e.code().is_none() => {
+                    tracing::debug!(error = %e, "a pooled PostgreSQL connection was lost; reading again");
+                    reconnected = true;
+                }
+                Err(failure) => return Err(failure.into_store_error()),
+                Ok(rows) => return Ok(rows),
+            }
+        }
+    }
+
+    async fn query_once(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, Failure> {
+        let mut conn = self.pool.get().await.map_err(Failure::Pool)?;
+        let run = async {
+            if !conn.is_prepared(sql) {
+                self.count();
+            }
+            let statement = conn.statement(sql).await?;
+            self.count();
+            conn.client.query(&statement, params).await
+        };
+        match tokio::time::timeout(STATEMENT_BUDGET, run).await {
+            Ok(result) => result.map_err(Failure::Postgres),
+            Err(_) => {
+                // The answer may still come; this connection's state is unknown, so it
+                // is not given back to the pool.
+                let _ = deadpool::managed::Object::take(conn);
+                Err(Failure::Timeout)
+            }
+        }
+    }
+}
+
+/// What went wrong with one statement, before it is classified.
+enum Failure {
+    Pool(deadpool::managed::PoolError<pool::ConnectError>),
+    Postgres(tokio_postgres::Error),
+    Timeout,
+}
+
+impl Failure {
+    fn into_store_error(self) -> StoreError {
+        let error = match self {
+            Failure::Pool(e) => pool_error(&e),
+            Failure::Postgres(e) => map_postgres_error(&e),
+            Failure::Timeout => StoreError::Transient(format!(
+                "PostgreSQL did not answer within {STATEMENT_BUDGET:?}"
+            )),
+        };
+        if matches!(error, StoreError::Transient(_)) {
+            telemetry::counters().store_transient_errors.inc();
+        }
+        error
+    }
+}
+
+fn is_retryable(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    )
+}
+
+fn describe_pool_error(e: &deadpool::managed::PoolError<pool::ConnectError>) -> String {
+    use deadpool::managed::PoolError;
+    match e {
+        PoolError::Timeout(kind) => format!("timed out ({kind:?})"),
+        PoolError::Backend(e) => describe_connect_error(e),
+        PoolError::Closed => "the pool is closed".into(),
+        PoolError::NoRuntimeSpecified => "no runtime for the pool's timeouts".into(),
+        PoolError::PostCreateHook(e) => e.to_string(),
+    }
+}
+
+/// tokio-postgres's `Display` says only "db error" for a server's refusal: the server's
+/// message says why (it never contains the password).
+fn describe_connect_error(e: &pool::ConnectError) -> String {
+    match e {
+        pool::ConnectError::Postgres(e) => describe_postgres_error(e),
+        other => other.to_string(),
+    }
+}
+
+fn describe_postgres_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                text.push_str(": ");
+                text.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
+fn pool_error(e: &deadpool::managed::PoolError<pool::ConnectError>) -> StoreError {
+    use deadpool::managed::PoolError;
+    let text = format!("PostgreSQL: {}", describe_pool_error(e));
+    match e {
+        // Every connection busy, or a connection attempt that did not finish: heals.
+        PoolError::Timeout(_) => StoreError::Transient(text),
+        PoolError::Backend(pool::ConnectError::Postgres(e)) => match map_postgres_error(e) {
+            StoreError::Permanent(_) => StoreError::Permanent(text),
+            _ => StoreError::Transient(text),
+        },
+        PoolError::Backend(pool::ConnectError::Timeout(_)) => StoreError::Transient(text),
+        // The identity endpoint may be briefly unavailable; a wrong identity is reported
+        // at start-up, where the first connection is made.
+        PoolError::Backend(pool::ConnectError::Token(_)) => StoreError::Transient(text),
+        PoolError::Closed | PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => {
+            StoreError::Permanent(text)
+        }
+    }
+}
+
+/// Transient: what heals while the message waits for its redelivery. Permanent: what only
+/// an operator can fix (credentials, a missing schema, our own statements or data).
+fn map_postgres_error(e: &tokio_postgres::Error) -> StoreError {
+    let text = format!("PostgreSQL: {}", describe_postgres_error(e));
+    let Some(code) = e.code() else {
+        // No SQLSTATE: the connection broke (I/O error, closed, TLS) or a client-side
+        // problem. A broken connection heals with a new one.
+        return StoreError::Transient(text);
+    };
+    let class = &code.code()[..2];
+    let transient = matches!(
+        class,
+        // connection exception, transaction rollback (serialization, deadlock),
+        // insufficient resources (too many connections, disk full, out of memory),
+        // operator intervention (shutdown, statement timeout, cannot connect now)
+        "08" | "40" | "53" | "57"
+    ) || *code == SqlState::READ_ONLY_SQL_TRANSACTION // 25006: a replica, or mid-failover
+        || *code == SqlState::LOCK_NOT_AVAILABLE
+        || *code == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT;
+    if transient {
+        StoreError::Transient(text)
+    } else {
+        StoreError::Permanent(text)
+    }
+}
+
+/// Maps a statement error from the finalize function: its own SQLSTATEs first.
+fn map_finalize_error(e: StoreError, raw: Option<&str>) -> StoreError {
+    match raw {
+        Some(PRECONDITION_FAILED) => StoreError::PreconditionFailed,
+        Some(PAYMENT_MISSING) => e,
+        _ => e,
+    }
+}
+
+/// Millisecond precision, as every store keeps timestamps (and truncated the way SQLite's
+/// millisecond integers are), so the same record reads back the same from each.
+fn ms(t: OffsetDateTime) -> OffsetDateTime {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    t.replace_nanosecond(t.nanosecond() / 1_000_000 * 1_000_000)
+        .unwrap_or(t)
+}
+
+fn count_param(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+fn attempt_uuid(owner: AttemptId) -> Uuid {
+    // AttemptId displays as its UUID.
+    Uuid::parse_str(&owner.to_string()).unwrap_or_default()
+}
+
+/// An inbox record as statement parameters, in the table's column order (version aside).
+struct InboxParams {
+    consumer: String,
+    claim_id: Uuid,
+    message_id: Vec<u8>,
+    payload_hash: String,
+    status: &'static str,
+    outcome: Option<String>,
+    owner: Uuid,
+    lease_until: Option<OffsetDateTime>,
+    first_delivery_count: i32,
+    last_delivery_count: i32,
+    created_at: OffsetDateTime,
+    updated_at: OffsetDateTime,
+    expires_at: OffsetDateTime,
+}
+
+impl InboxParams {
+    fn new(r: &InboxRecord) -> Self {
+        InboxParams {
+            consumer: r.consumer.clone(),
+            claim_id: r.claim_id.as_uuid(),
+            message_id: r.message_id.as_str().as_bytes().to_vec(),
+            payload_hash: r.payload_hash.as_str().to_owned(),
+            status: r.status.as_str(),
+            outcome: r.outcome.as_ref().map(|o| o.as_str().to_owned()),
+            owner: attempt_uuid(r.owner),
+            lease_until: r.lease_until.map(ms),
+            first_delivery_count: count_param(r.first_delivery_count),
+            last_delivery_count: count_param(r.last_delivery_count),
+            created_at: ms(r.created_at),
+            updated_at: ms(r.updated_at),
+            expires_at: ms(r.expires_at),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 13] {
+        [
+            &self.consumer,
+            &self.claim_id,
+            &self.message_id,
+            &self.payload_hash,
+            &self.status,
+            &self.outcome,
+            &self.owner,
+            &self.lease_until,
+            &self.first_delivery_count,
+            &self.last_delivery_count,
+            &self.created_at,
+            &self.updated_at,
+            &self.expires_at,
+        ]
+    }
+}
+
+/// A payment record as statement parameters, in the table's column order (version aside).
+struct PaymentParams {
+    claim_id: Uuid,
+    purpose: &'static str,
+    tenant_id: Option<String>,
+    amount: String,
+    currency: String,
+    payee: Option<String>,
+    payload_hash: String,
+    message_id: Vec<u8>,
+    idempotency_key: String,
+    payout_request: Option<String>,
+    status: &'static str,
+    bank_payment_id: Option<String>,
+    status_reason: Option<String>,
+    created_at: OffsetDateTime,
+    updated_at: OffsetDateTime,
+}
+
+impl PaymentParams {
+    fn new(p: &PaymentRecord) -> Self {
+        PaymentParams {
+            claim_id: p.claim_id.as_uuid(),
+            purpose: p.purpose.as_str(),
+            tenant_id: p.tenant_id.as_ref().map(|t| t.as_str().to_owned()),
+            amount: p.money.amount_string(),
+            currency: p.money.currency().code().to_owned(),
+            payee: p.payee.as_ref().map(|p| p.as_str().to_owned()),
+            payload_hash: p.payload_hash.as_str().to_owned(),
+            message_id: p.message_id.as_str().as_bytes().to_vec(),
+            idempotency_key: p.idempotency_key.as_str().to_owned(),
+            payout_request: p.payout_request.clone(),
+            status: p.status.as_str(),
+            bank_payment_id: p.bank_payment_id.clone(),
+            status_reason: p.status_reason.clone(),
+            created_at: ms(p.created_at),
+            updated_at: ms(p.updated_at),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 15] {
+        [
+            &self.claim_id,
+            &self.purpose,
+            &self.tenant_id,
+            &self.amount,
+            &self.currency,
+            &self.payee,
+            &self.payload_hash,
+            &self.message_id,
+            &self.idempotency_key,
+            &self.payout_request,
+            &self.status,
+            &self.bank_payment_id,
+            &self.status_reason,
+            &self.created_at,
+            &self.updated_at,
+        ]
+    }
+}
+
+/// The claim: one statement. Parameters $1..$13 are the inbox row, $14..$28 the payment
+/// row; both are created at version 1. Columns: kind, then the inbox row (1..=14), then the
+/// payment row (15..=30), all NULL except the record the kind names.
+const CLAIM: &str = "SELECT c.kind, (c.inbox_row).*, (c.payment_row).* FROM claims_payments_claim(\
+     ROW($1::text, $2::uuid, $3::bytea, $4::text, $5::text, $6::text, $7::uuid, $8::timestamptz, \
+         $9::int4, $10::int4, $11::timestamptz, $12::timestamptz, $13::timestamptz, 1::int8)::inbox, \
+     ROW($14::uuid, $15::text, $16::text, $17::text, $18::text, $19::text, $20::text, $21::bytea, \
+         $22::text, $23::text, $24::text, $25::text, $26::text, $27::timestamptz, $28::timestamptz, \
+         1::int8)::payments) c";
+
+/// The finalize: one statement. $1..$13 the inbox row, $14 its expected version, $15..$29
+/// the payment row, $30 the payment's expected version (NULL: any).
+const FINALIZE: &str = "SELECT claims_payments_finalize(\
+     ROW($1::text, $2::uuid, $3::bytea, $4::text, $5::text, $6::text, $7::uuid, $8::timestamptz, \
+         $9::int4, $10::int4, $11::timestamptz, $12::timestamptz, $13::timestamptz, 0::int8)::inbox, \
+     $14::int8, \
+     ROW($15::uuid, $16::text, $17::text, $18::text, $19::text, $20::text, $21::text, $22::bytea, \
+         $23::text, $24::text, $25::text, $26::text, $27::text, $28::timestamptz, $29::timestamptz, \
+         0::int8)::payments, \
+     $30::int8)";
+
+const INSERT_INBOX: &str =
+    "INSERT INTO inbox (consumer, claim_id, message_id, payload_hash, status, \
+     outcome, owner, lease_until, first_delivery_count, last_delivery_count, created_at, \
+     updated_at, expires_at, version) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 1) \
+     ON CONFLICT DO NOTHING RETURNING version";
+
+const REPLACE_INBOX: &str = "UPDATE inbox SET payload_hash = $4, status = $5, outcome = $6, \
+     owner = $7, lease_until = $8, first_delivery_count = $9, last_delivery_count = $10, \
+     updated_at = $11, expires_at = $12, version = version + 1 \
+     WHERE consumer = $1 AND claim_id = $2 AND message_id = $3 AND version = $13 \
+     RETURNING version";
+
+const READ_INBOX: &str =
+    "SELECT consumer, claim_id, message_id, payload_hash, status, outcome, owner, \
+     lease_until, first_delivery_count, last_delivery_count, created_at, updated_at, \
+     expires_at, version FROM inbox WHERE consumer = $1 AND claim_id = $2 AND message_id = $3";
+
+const READ_PAYMENT: &str =
+    "SELECT claim_id, purpose, tenant_id, amount, currency, payee, payload_hash, \
+     message_id, idempotency_key, payout_request, status, bank_payment_id, status_reason, \
+     created_at, updated_at, version FROM payments WHERE claim_id = $1 AND purpose = $2";
+
+const LIST_PAYMENTS: &str =
+    "SELECT claim_id, purpose, tenant_id, amount, currency, payee, payload_hash, \
+     message_id, idempotency_key, payout_request, status, bank_payment_id, status_reason, \
+     created_at, updated_at, version FROM payments ORDER BY created_at, claim_id LIMIT $1";
+
+const UNSETTLED_PAYMENTS: &str = "SELECT claim_id, purpose, tenant_id, amount, currency, payee, \
+     payload_hash, message_id, idempotency_key, payout_request, status, bank_payment_id, \
+     status_reason, created_at, updated_at, version FROM payments \
+     WHERE status IN ('in_progress', 'needs_reconciliation') \
+     ORDER BY created_at, claim_id LIMIT $1";
+
+const COUNT_PAYMENTS: &str =
+    "SELECT count(*) FROM (SELECT 1 FROM payments WHERE status = $1 LIMIT $2) AS s";
+
+const LIST_INBOX: &str =
+    "SELECT consumer, claim_id, message_id, payload_hash, status, outcome, owner, \
+     lease_until, first_delivery_count, last_delivery_count, created_at, updated_at, \
+     expires_at, version FROM inbox ORDER BY created_at, message_id LIMIT $1";
+
+/// One batch of the retention purge. By ctid: the inner query finds at most $2 expired
+/// rows through the expiry index; a row renewed meanwhile (a new version, a new ctid, a
+/// later expiry) is not deleted, and the outer condition checks the expiry again.
+const PURGE_BATCH: &str = "DELETE FROM inbox WHERE ctid IN \
+     (SELECT ctid FROM inbox WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1";
+
+fn limit_param(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+fn corrupt(what: &str, value: &str) -> StoreError {
+    StoreError::Permanent(format!("corrupt {what} in the database: {value:?}"))
+}
+
+fn corrupt_payment(e: InvalidMessage) -> StoreError {
+    StoreError::Permanent(format!("corrupt payment in the database: {e}"))
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, idx: usize) -> StoreResult<T> {
+    row.try_get(idx).map_err(|e| {
+        StoreError::Permanent(format!(
+            "unexpected PostgreSQL column {idx}: {e} (is the schema this build's?)"
+        ))
+    })
+}
+
+fn message_id(bytes: Vec<u8>) -> StoreResult<MessageId> {
+    let text = String::from_utf8(bytes)
+        .map_err(|e| corrupt("message id", &String::from_utf8_lossy(e.as_bytes())))?;
+    MessageId::parse(&text).map_err(|_| corrupt("message id", &text))
+}
+
+/// The inbox record in `row` starting at column `at` (INBOX_COLUMNS' order).
+fn inbox_from_row(row: &Row, at: usize) -> StoreResult<Versioned<InboxRecord>> {
+    let claim: Uuid = get(row, at + 1)?;
+    let status: String = get(row, at + 4)?;
+    let outcome: Option<String> = get(row, at + 5)?;
+    let owner: Uuid = get(row, at + 6)?;
+    let first: i32 = get(row, at + 8)?;
+    let last: i32 = get(row, at + 9)?;
+    let version: i64 = get(row, at + 13)?;
+    let record = InboxRecord {
+        consumer: get(row, at)?,
+        claim_id: ClaimId::parse(&claim.to_string())
+            .map_err(|_| corrupt("claim id", &claim.to_string()))?,
+        message_id: message_id(get(row, at + 2)?)?,
+        payload_hash: PayloadHash::from_stored(get(row, at + 3)?),
+        status: InboxStatus::parse(&status).ok_or_else(|| corrupt("inbox status", &status))?,
+        outcome: outcome
+            .as_deref()
+            .map(|o| InboxOutcome::parse(o).map_err(|_| corrupt("inbox outcome", o)))
+            .transpose()?,
+        owner: serde_json::from_value::<AttemptId>(serde_json::Value::String(owner.to_string()))
+            .map_err(|_| corrupt("owner", &owner.to_string()))?,
+        lease_until: get(row, at + 7)?,
+        first_delivery_count: u32::try_from(first).unwrap_or(0),
+        last_delivery_count: u32::try_from(last).unwrap_or(0),
+        created_at: get(row, at + 10)?,
+        updated_at: get(row, at + 11)?,
+        expires_at: get(row, at + 12)?,
+    };
+    Ok(Versioned {
+        record,
+        version: Version(version.to_string()),
+    })
+}
+
+/// The payment record in `row` starting at column `at` (PAYMENT_COLUMNS' order).
+fn payment_from_row(row: &Row, at: usize) -> StoreResult<Versioned<PaymentRecord>> {
+    let claim: Uuid = get(row, at)?;
+    let purpose: String = get(row, at + 1)?;
+    let tenant: Option<String> = get(row, at + 2)?;
+    let amount: String = get(row, at + 3)?;
+    let currency: String = get(row, at + 4)?;
+    let payee: Option<String> = get(row, at + 5)?;
+    let status: String = get(row, at + 10)?;
+    let version: i64 = get(row, at + 15)?;
+    let purpose = match purpose.as_str() {
+        "payout" => Purpose::Payout,
+        other => return Err(corrupt("purpose", other)),
+    };
+    let record = PaymentRecord {
+        claim_id: ClaimId::parse(&claim.to_string())
+            .map_err(|_| corrupt("claim id", &claim.to_string()))?,
+        purpose,
+        tenant_id: tenant
+            .as_deref()
+            .map(TenantId::from_stored)
+            .transpose()
+            .map_err(corrupt_payment)?,
+        money: Money::from_stored(&amount, &currency).map_err(corrupt_payment)?,
+        payee: payee
+            .as_deref()
+            .map(PayeeRef::from_stored)
+            .transpose()
+            .map_err(corrupt_payment)?,
+        payload_hash: PayloadHash::from_stored(get(row, at + 6)?),
+        message_id: message_id(get(row, at + 7)?)?,
+        idempotency_key: IdempotencyKey::from_stored(get(row, at + 8)?),
+        payout_request: get(row, at + 9)?,
+        status: PaymentStatus::parse(&status).ok_or_else(|| corrupt("payment status", &status))?,
+        bank_payment_id: get(row, at + 11)?,
+        status_reason: get(row, at + 12)?,
+        created_at: get(row, at + 13)?,
+        updated_at: get(row, at + 14)?,
+    };
+    Ok(Versioned {
+        record,
+        version: Version(version.to_string()),
+    })
+}
+
+/// A PostgreSQL row version, as [`Version`] carries it.
+fn parse_version(version: &Version) -> StoreResult<i64> {
+    version
+        .0
+        .parse()
+        .map_err(|_| StoreError::Permanent(format!("not a PostgreSQL version: {:?}", version.0)))
+}
+
+impl PostgresStore {
+    async fn read_inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
+        let claim = key.claim_id.as_uuid();
+        let message = key.message_id.as_str().as_bytes();
+        let rows = self
+            .read(READ_INBOX, &[&key.consumer, &claim, &message])
+            .await?;
+        rows.first().map(|r| inbox_from_row(r, 0)).transpose()
+    }
+
+    async fn read_payment(
+        &self,
+        claim: ClaimId,
+        purpose: Purpose,
+    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
+        let rows = self
+            .read(READ_PAYMENT, &[&claim.as_uuid(), &purpose.as_str()])
+            .await?;
+        rows.first().map(|r| payment_from_row(r, 0)).transpose()
+    }
+
+    async fn list_payment_rows(
+        &self,
+        sql: &'static str,
+        limit: usize,
+    ) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
+        let rows = self.read(sql, &[&limit_param(limit)]).await?;
+        rows.iter().map(|r| payment_from_row(r, 0)).collect()
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn claim(
+        &self,
+        inbox: &InboxRecord,
+        payment: &PaymentRecord,
+    ) -> StoreResult<ClaimResult> {
+        let (i, p) = (InboxParams::new(inbox), PaymentParams::new(payment));
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(28);
+        params.extend(i.params());
+        params.extend(p.params());
+        let rows = self.query(CLAIM, &params).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Permanent("claims_payments_claim returned no row".into()))?;
+        let kind: String = get(row, 0)?;
+        match kind.as_str() {
+            "claimed" => Ok(ClaimResult::Claimed {
+                inbox_version: Version("1".into()),
+            }),
+            "inbox" => Ok(ClaimResult::InboxExists(inbox_from_row(row, 1)?)),
+            "payment" => Ok(ClaimResult::PaymentExists(payment_from_row(row, 15)?)),
+            // A purge or a concurrent refusal removed the row between the conflict and
+            // the read; the redelivery sees a settled state.
+            "vanished" => Err(StoreError::Transient(
+                "the record that refused the claim vanished before it could be read".into(),
+            )),
+            other => Err(StoreError::Permanent(format!(
+                "claims_payments_claim answered {other:?}"
+            ))),
+        }
+    }
+
+    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
+        self.read_inbox(key).await
+    }
+
+    async fn payment(
+        &self,
+        claim: ClaimId,
+        purpose: Purpose,
+    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
+        self.read_payment(claim, purpose).await
+    }
+
+    async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
+        let i = InboxParams::new(inbox);
+        let rows = self.query(INSERT_INBOX, &i.params()).await?;
+        if let Some(row) = rows.first() {
+            let version: i64 = get(row, 0)?;
+            return Ok(InsertResult::Inserted(Version(version.to_string())));
+        }
+        // The key exists (committed: ON CONFLICT waited for its inserter). A second
+        // statement has a new snapshot, which shows it.
+        let existing = self.read_inbox(&inbox.key()).await?.ok_or_else(|| {
+            StoreError::Transient("inbox row vanished after a key conflict".into())
+        })?;
+        Ok(InsertResult::AlreadyExists(Box::new(existing)))
+    }
+
+    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version> {
+        let expected = parse_version(expected)?;
+        let i = InboxParams::new(inbox);
+        // Every column but the key's and created_at, which a replace never changes.
+        let all = i.params();
+        let mut params: Vec<&(dyn ToSql + Sync)> = all[..10].to_vec();
+        params.extend([all[11], all[12], &expected]);
+        let rows = self.query(REPLACE_INBOX, &params).await?;
+        match rows.first() {
+            Some(row) => {
+                let version: i64 = get(row, 0)?;
+                Ok(Version(version.to_string()))
+            }
+            None => Err(StoreError::PreconditionFailed),
+        }
+    }
+
+    async fn finalize(
+        &self,
+        inbox: &InboxRecord,
+        inbox_version: &Version,
+        payment: &PaymentRecord,
+        payment_version: Option<&Version>,
+    ) -> StoreResult<()> {
+        let expected = parse_version(inbox_version)?;
+        let payment_expected = payment_version.map(parse_version).transpose()?;
+        let (i, p) = (InboxParams::new(inbox), PaymentParams::new(payment));
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(30);
+        params.extend(i.params());
+        params.push(&expected);
+        params.extend(p.params());
+        params.push(&payment_expected);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.query_once(FINALIZE, &params).await {
+                Ok(_) => return Ok(()),
+                Err(Failure::Postgres(e)) if is_retryable(&e) && tries < SERIALIZATION_TRIES => {}
+                Err(Failure::Postgres(e)) => {
+                    let code = e.code().map(|c| c.code().to_owned());
+                    return Err(map_finalize_error(
+                        Failure::Postgres(e).into_store_error(),
+                        code.as_deref(),
+                    ));
+                }
+                Err(other) => return Err(other.into_store_error()),
+            }
+        }
+    }
+
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
+        Ok(self
+            .list_payment_rows(LIST_PAYMENTS, limit)
+            .await?
+            .into_iter()
+            .map(|v| v.record)
+            .collect())
+    }
+
+    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
+        self.list_payment_rows(UNSETTLED_PAYMENTS, limit).await
+    }
+
+    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
+        let rows = self
+            .read(COUNT_PAYMENTS, &[&status.as_str(), &limit_param(limit)])
+            .await?;
+        let n: i64 = match rows.first() {
+            Some(row) => get(row, 0)?,
+            None => 0,
+        };
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
+        let rows = self.read(LIST_INBOX, &[&limit_param(limit)]).await?;
+        rows.iter()
+            .map(|r| inbox_from_row(r, 0).map(|v| v.record))
+            .collect()
+    }
+
+    async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
+        // Bounded batches, each its own statement and transaction: a large purge never
+        // holds locks on many rows at once, and invocations interleave with it.
+        let batch = limit_param(batch.max(1));
+        let cutoff = ms(now);
+        let mut total = 0u64;
+        loop {
+            let removed = self.execute(PURGE_BATCH, &[&cutoff, &batch]).await?;
+            total += removed;
+            if removed < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+impl PostgresStore {
+    /// Like [`query`](Self::query) for a statement without rows: how many it changed.
+    async fn execute(&self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> StoreResult<u64> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let attempt = async {
+                let mut conn = self.pool.get().await.map_err(Failure::Pool)?;
+                if !conn.is_prepared(sql) {
+                    self.count();
+                }
+                let statement = conn.statement(sql).await.map_err(Failure::Postgres)?;
+                self.count();
+                match tokio::time::timeout(
+                    STATEMENT_BUDGET,
+                    conn.client.execute(&statement, params),
+                )
+                .await
+                {
+                    Ok(result) => result.map_err(Failure::Postgres),
+                    Err(_) => {
+                        let _ = deadpool::managed::Object::take(conn);
+                        Err(Failure::Timeout)
+                    }
+                }
+            };
+            match attempt.await {
+                Err(Failure::Postgres(e)) if is_retryable(&e) && tries < SERIALIZATION_TRIES => {}
+                Err(failure) => return Err(failure.into_store_error()),
+                Ok(n) => return Ok(n),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_kept_to_the_millisecond_like_every_store() {
+        let t = time::macros::datetime!(2026-12-03 10:15:30.123_456_789 UTC);
+        assert_eq!(ms(t), time::macros::datetime!(2026-12-03 10:15:30.123 UTC));
+        let offset = time::macros::datetime!(2026-12-03 11:15:30.5 +01:00);
+        assert_eq!(ms(offset), offset);
+    }
+}

@@ -1,0 +1,154 @@
+//! The schema's versions: SQL migrations in `migrations/` (`V<n>__<name>.sql`), embedded
+//! in the binary and applied by refinery, which records each in `refinery_schema_history`.
+//!
+//! `claims-payments provision` applies what is missing. `serve` and the operator commands
+//! apply nothing: they refuse a database whose schema is missing, older or newer than this
+//! build's, naming `claims-payments provision`, so two releases never write one database
+//! with different ideas of its shape.
+
+use std::fmt;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Client;
+
+use super::settings::PostgresSettings;
+
+mod embedded {
+    refinery::embed_migrations!("src/store/postgres/migrations");
+}
+
+/// The version of the newest migration this build carries.
+pub const EXPECTED_SCHEMA_VERSION: u32 = 1;
+
+/// What provisioning found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaReport {
+    pub target: String,
+    /// Migrations applied by this run, as `V<n>__<name>`.
+    pub applied: Vec<String>,
+    pub version: u32,
+}
+
+impl fmt::Display for SchemaReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.applied.is_empty() {
+            write!(
+                f,
+                "PostgreSQL schema at {} is up to date (version {})",
+                self.target, self.version
+            )
+        } else {
+            write!(
+                f,
+                "PostgreSQL schema at {} migrated to version {} (applied {})",
+                self.target,
+                self.version,
+                self.applied.join(", ")
+            )
+        }
+    }
+}
+
+/// The embedded migrations: (version, name, checksum as refinery stores it).
+fn expected() -> Vec<(u32, String, String)> {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| (m.version(), m.name().to_owned(), m.checksum().to_string()))
+        .collect()
+}
+
+/// Refuses a database whose schema is not exactly this build's (read only: nothing is
+/// created, not even refinery's history table).
+pub async fn check_schema(client: &mut Client) -> anyhow::Result<()> {
+    let rows = match client
+        .query(
+            "SELECT version, name, checksum FROM refinery_schema_history ORDER BY version",
+            &[],
+        )
+        .await
+    {
+        Ok(rows) => rows,
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => anyhow::bail!(
+            "the database has no claims-payments schema; run `claims-payments provision` \
+             with the same settings first"
+        ),
+        Err(e) => anyhow::bail!("cannot read the schema version: {e}"),
+    };
+    let applied: Vec<(u32, String, String)> = rows
+        .iter()
+        .map(|r| {
+            let version: i32 = r.get(0);
+            (u32::try_from(version).unwrap_or(0), r.get(1), r.get(2))
+        })
+        .collect();
+    let newest = applied.last().map_or(0, |(v, _, _)| *v);
+    if newest > EXPECTED_SCHEMA_VERSION {
+        anyhow::bail!(
+            "the schema is at version {newest}, newer than this build's {EXPECTED_SCHEMA_VERSION}: \
+             a newer release migrated it; run that release (this one would misread its rows)"
+        );
+    }
+    if newest < EXPECTED_SCHEMA_VERSION {
+        anyhow::bail!(
+            "the schema is at version {newest}, older than this build's {EXPECTED_SCHEMA_VERSION}; \
+             run `claims-payments provision` with this release to migrate it"
+        );
+    }
+    for (version, name, checksum) in &applied {
+        let known = expected()
+            .into_iter()
+            .find(|(v, _, _)| v == version)
+            .filter(|(_, n, c)| n == name && c == checksum);
+        if known.is_none() {
+            anyhow::bail!(
+                "migration {version} ({name}) in the database differs from this build's: the \
+                 schema was changed by hand or by another build; restore it, or run the build \
+                 that wrote it"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Applies the missing migrations (each in its own transaction) and reports them.
+pub async fn provision(settings: &PostgresSettings) -> anyhow::Result<SchemaReport> {
+    let target = settings.describe_target();
+    let manager = super::pool::Manager::new(settings)?;
+    let mut conn = deadpool::managed::Manager::create(&manager)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot connect to PostgreSQL at {target} (PAYMENTS_POSTGRES_URL, {}): {}",
+                settings.auth.describe(),
+                super::describe_connect_error(&e)
+            )
+        })?;
+    let report = embedded::migrations::runner()
+        .set_abort_divergent(true)
+        .set_abort_missing(true)
+        .run_async(&mut conn.client)
+        .await
+        .map_err(|e| anyhow::anyhow!("migrating PostgreSQL at {target} failed: {e}"))?;
+    check_schema(&mut conn.client).await?;
+    Ok(SchemaReport {
+        target,
+        applied: report
+            .applied_migrations()
+            .iter()
+            .map(|m| format!("V{}__{}", m.version(), m.name()))
+            .collect(),
+        version: EXPECTED_SCHEMA_VERSION,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_expected_version_is_the_newest_embedded_migration() {
+        let newest = expected().iter().map(|(v, _, _)| *v).max();
+        assert_eq!(newest, Some(EXPECTED_SCHEMA_VERSION));
+    }
+}

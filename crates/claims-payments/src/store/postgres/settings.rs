@@ -1,0 +1,448 @@
+//! `PAYMENTS_POSTGRES_*` settings: where the database is, how we log in, and the TLS rule.
+//!
+//! | setting | meaning |
+//! |---|---|
+//! | `PAYMENTS_POSTGRES_URL` | libpq URI, `postgresql://user[:password]@host[:port]/dbname[?sslmode=...]`; required with `PAYMENTS_STORE=postgres` |
+//! | `PAYMENTS_POSTGRES_AUTH` | `password` (default: the URI's password) or `entra` (a Microsoft Entra token as the password) |
+//! | `PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID` | with `entra`: the user-assigned managed identity; unset: system-assigned in Azure, developer tools (Azure CLI, azd) locally |
+//!
+//! **TLS.** Required for every host that is not loopback: `sslmode=disable` or `prefer` is
+//! refused at start-up for such a host, and no `sslmode` means `require`. With rustls,
+//! `require` verifies the certificate chain against the system's roots *and* the host name
+//! (what libpq calls `verify-full`); `verify-ca` and `verify-full` are accepted and mean the
+//! same. A loopback host (127.0.0.0/8, ::1, `localhost`) or a Unix socket defaults to no TLS.
+//!
+//! Values are never echoed in errors: the URI may carry a password.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use reqwest::Url;
+use tokio_postgres::config::{Host, SslMode};
+
+use crate::config::names;
+
+/// How the service logs in to PostgreSQL.
+#[derive(Clone, PartialEq, Eq)]
+pub enum PostgresAuth {
+    /// The password in the URI (or none: trust, peer or a `.pgpass` are not read).
+    Password,
+    /// A Microsoft Entra access token for `https://ossrdbms-aad.database.windows.net/.default`
+    /// as the password, fetched for every new connection.
+    Entra(EntraIdentity),
+}
+
+/// Which identity gets the Entra token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntraIdentity {
+    /// A managed identity: system-assigned, or user-assigned when a client id is given.
+    ManagedIdentity { client_id: Option<String> },
+    /// The developer's Azure CLI / Azure Developer CLI login.
+    DeveloperTools,
+}
+
+impl fmt::Debug for PostgresAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PostgresAuth::Password => f.write_str("Password(<redacted>)"),
+            PostgresAuth::Entra(identity) => f.debug_tuple("Entra").field(identity).finish(),
+        }
+    }
+}
+
+impl PostgresAuth {
+    /// For logs: never the password, only how we log in.
+    pub fn describe(&self) -> String {
+        match self {
+            PostgresAuth::Password => "password".to_owned(),
+            PostgresAuth::Entra(EntraIdentity::ManagedIdentity {
+                client_id: Some(id),
+            }) => format!("Entra token of the user-assigned managed identity {id}"),
+            PostgresAuth::Entra(EntraIdentity::ManagedIdentity { client_id: None }) => {
+                "Entra token of the system-assigned managed identity".to_owned()
+            }
+            PostgresAuth::Entra(EntraIdentity::DeveloperTools) => {
+                "Entra token of the developer tools credential (Azure CLI / azd)".to_owned()
+            }
+        }
+    }
+}
+
+/// A setting with an invalid (or missing) value. Names the setting, never echoes its value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{setting}: {problem}")]
+pub struct InvalidSetting {
+    pub setting: &'static str,
+    pub problem: String,
+}
+
+impl InvalidSetting {
+    fn new(setting: &'static str, problem: impl Into<String>) -> Self {
+        InvalidSetting {
+            setting,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Where and how to reach the database. `Debug` shows no password (tokio-postgres redacts it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PostgresSettings {
+    /// The parsed URI, with our TLS decision in `ssl_mode` and the timeouts below set.
+    pub config: tokio_postgres::Config,
+    pub auth: PostgresAuth,
+    /// Connections the pool keeps at most.
+    pub pool_size: usize,
+}
+
+/// Connections per process: an invocation holds one for one statement at a time.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+/// A new connection (TCP, TLS, login) must be up within this.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Unacknowledged data for this long means the peer is gone (a failover, a cut link): the
+/// connection fails instead of waiting for TCP's own retransmission limit (minutes).
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl PostgresSettings {
+    /// Reads the settings through `lookup` (the environment, or a map in tests). Empty
+    /// values count as unset.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, InvalidSetting> {
+        let get = |name: &str| {
+            lookup(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let url = get(names::PAYMENTS_POSTGRES_URL).ok_or_else(|| {
+            InvalidSetting::new(
+                names::PAYMENTS_POSTGRES_URL,
+                "is required when PAYMENTS_STORE=postgres \
+                 (postgresql://user@host:5432/dbname?sslmode=require)",
+            )
+        })?;
+        let mut config = parse_url(&url)?;
+
+        let auth = match get(names::PAYMENTS_POSTGRES_AUTH).as_deref() {
+            None | Some("password") => PostgresAuth::Password,
+            Some("entra") => {
+                let client_id = get(names::PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID);
+                if let Some(id) = &client_id {
+                    uuid::Uuid::try_parse(id).map_err(|_| {
+                        InvalidSetting::new(
+                            names::PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID,
+                            "is not a client id (a GUID); the value is not shown",
+                        )
+                    })?;
+                }
+                let identity = if client_id.is_some()
+                    || get(names::IDENTITY_ENDPOINT).is_some()
+                    || get(names::MSI_ENDPOINT).is_some()
+                {
+                    EntraIdentity::ManagedIdentity { client_id }
+                } else {
+                    EntraIdentity::DeveloperTools
+                };
+                PostgresAuth::Entra(identity)
+            }
+            Some(_) => {
+                return Err(InvalidSetting::new(
+                    names::PAYMENTS_POSTGRES_AUTH,
+                    "is not an authentication; use password or entra",
+                ))
+            }
+        };
+        if matches!(auth, PostgresAuth::Entra(_)) {
+            if config.get_password().is_some() {
+                return Err(InvalidSetting::new(
+                    names::PAYMENTS_POSTGRES_URL,
+                    "carries a password, but PAYMENTS_POSTGRES_AUTH=entra logs in with an Entra \
+                     token; remove the password from the URI (the value is not shown)",
+                ));
+            }
+            if config.get_user().is_none() {
+                return Err(InvalidSetting::new(
+                    names::PAYMENTS_POSTGRES_URL,
+                    "names no user; with PAYMENTS_POSTGRES_AUTH=entra the user is the Entra \
+                     principal's name as created in the server (for a managed identity: its name)",
+                ));
+            }
+        }
+        if config.get_dbname().is_none() {
+            return Err(InvalidSetting::new(
+                names::PAYMENTS_POSTGRES_URL,
+                "names no database (postgresql://user@host:5432/dbname)",
+            ));
+        }
+        config
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_user_timeout(TCP_USER_TIMEOUT)
+            .keepalives(true)
+            .application_name("claims-payments");
+        Ok(PostgresSettings {
+            config,
+            auth,
+            pool_size: DEFAULT_POOL_SIZE,
+        })
+    }
+
+    /// Settings for a test server on loopback (no TLS, password auth).
+    pub fn from_url(url: &str) -> Result<Self, InvalidSetting> {
+        Self::from_lookup(|name| (name == names::PAYMENTS_POSTGRES_URL).then(|| url.to_owned()))
+    }
+
+    /// Where we connect, for logs: hosts, port and database, never the user's password.
+    pub fn describe_target(&self) -> String {
+        let hosts: Vec<String> = self
+            .config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                Host::Tcp(name) => name.clone(),
+                Host::Unix(path) => path.display().to_string(),
+            })
+            .collect();
+        let ports: Vec<String> = self.config.get_ports().iter().map(u16::to_string).collect();
+        format!(
+            "{} port {} database {}",
+            hosts.join(","),
+            if ports.is_empty() {
+                "5432".to_owned()
+            } else {
+                ports.join(",")
+            },
+            self.config.get_dbname().unwrap_or("?")
+        )
+    }
+
+    /// Whether TLS is used (it is for every host that is not loopback).
+    pub fn uses_tls(&self) -> bool {
+        self.config.get_ssl_mode() != SslMode::Disable
+    }
+}
+
+/// Parses the libpq URI and decides TLS. `sslmode` is taken out before tokio-postgres
+/// parses the rest, since it knows only disable/prefer/require.
+fn parse_url(value: &str) -> Result<tokio_postgres::Config, InvalidSetting> {
+    let setting = names::PAYMENTS_POSTGRES_URL;
+    let mut url = Url::parse(value).map_err(|e| {
+        InvalidSetting::new(
+            setting,
+            format!("is not a URI ({e}); expected postgresql://user@host:5432/dbname; the value is not shown"),
+        )
+    })?;
+    if !matches!(url.scheme(), "postgres" | "postgresql") {
+        return Err(InvalidSetting::new(
+            setting,
+            "must be a postgresql:// URI; the value is not shown",
+        ));
+    }
+    let mut sslmode = None;
+    let rest: Vec<(String, String)> = url
+        .query_pairs()
+        .filter_map(|(k, v)| {
+            if k == "sslmode" {
+                sslmode = Some(v.into_owned());
+                None
+            } else {
+                Some((k.into_owned(), v.into_owned()))
+            }
+        })
+        .collect();
+    if rest.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(rest);
+    }
+    let mut config = tokio_postgres::Config::from_str(url.as_str()).map_err(|e| {
+        // tokio-postgres names the option, never its value.
+        InvalidSetting::new(
+            setting,
+            format!("cannot be parsed: {e}; the value is not shown"),
+        )
+    })?;
+    if config.get_hosts().is_empty() {
+        return Err(InvalidSetting::new(
+            setting,
+            "names no host; the value is not shown",
+        ));
+    }
+    let local = config.get_hosts().iter().all(is_local);
+    let mode = match sslmode.as_deref() {
+        None if local => SslMode::Disable,
+        None | Some("require" | "verify-ca" | "verify-full") => SslMode::Require,
+        Some(mode @ ("disable" | "prefer" | "allow")) if !local => {
+            return Err(InvalidSetting::new(
+                setting,
+                format!(
+                    "sslmode={mode} is refused for a host that is not loopback: the password or \
+                     token and every payment would cross the network unencrypted (or a \
+                     downgrade could force that); use sslmode=require"
+                ),
+            ))
+        }
+        Some("disable") => SslMode::Disable,
+        Some("prefer" | "allow") => SslMode::Prefer,
+        Some(_) => {
+            return Err(InvalidSetting::new(
+                setting,
+                "has an unknown sslmode; use require (or disable on loopback)",
+            ))
+        }
+    };
+    config.ssl_mode(mode);
+    Ok(config)
+}
+
+/// Loopback or a Unix socket: traffic that never leaves the machine.
+fn is_local(host: &Host) -> bool {
+    match host {
+        Host::Unix(_) => true,
+        Host::Tcp(name) => {
+            let name = name.trim_start_matches('[').trim_end_matches(']');
+            name.eq_ignore_ascii_case("localhost")
+                || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<PostgresSettings, InvalidSetting> {
+        let map: HashMap<&str, &str> = pairs.iter().copied().collect();
+        PostgresSettings::from_lookup(|k| map.get(k).map(|v| v.to_string()))
+    }
+
+    fn url(value: &str) -> Result<PostgresSettings, InvalidSetting> {
+        settings(&[("PAYMENTS_POSTGRES_URL", value)])
+    }
+
+    #[test]
+    fn a_remote_host_needs_tls_and_loopback_may_go_without() {
+        let s = url("postgresql://app:pw@db.example.com:5432/payments").unwrap();
+        assert_eq!(
+            s.config.get_ssl_mode(),
+            SslMode::Require,
+            "no sslmode: require"
+        );
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let s = url(&format!(
+                "postgresql://app@db.example.com/payments?sslmode={mode}"
+            ))
+            .unwrap();
+            assert_eq!(s.config.get_ssl_mode(), SslMode::Require, "{mode}");
+        }
+        for mode in ["disable", "prefer", "allow"] {
+            let err = url(&format!(
+                "postgresql://app@db.example.com/payments?sslmode={mode}"
+            ))
+            .unwrap_err();
+            assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL");
+            assert!(
+                err.problem.contains(&format!("sslmode={mode} is refused")),
+                "{err}"
+            );
+        }
+        // One remote host among loopback ones is remote.
+        let err =
+            url("postgresql://app@127.0.0.1,db.example.com/payments?sslmode=disable").unwrap_err();
+        assert!(err.problem.contains("refused"), "{err}");
+        for local in ["127.0.0.1", "localhost", "[::1]", "127.0.0.2"] {
+            let s = url(&format!("postgresql://app@{local}:5433/payments")).unwrap();
+            assert_eq!(s.config.get_ssl_mode(), SslMode::Disable, "{local}");
+            let s = url(&format!(
+                "postgresql://app@{local}/payments?sslmode=require"
+            ))
+            .unwrap();
+            assert_eq!(s.config.get_ssl_mode(), SslMode::Require, "{local}");
+        }
+        // Other query parameters survive the removal of sslmode.
+        let s = url("postgresql://app@db.example.com/payments?sslmode=require&application_name=x")
+            .unwrap();
+        assert_eq!(s.config.get_application_name(), Some("claims-payments"));
+    }
+
+    #[test]
+    fn every_problem_names_the_setting_and_never_the_password() {
+        let secret = "pw-SECRET";
+        for value in [
+            format!("mysql://app:{secret}@db.example.com/payments"),
+            format!("postgresql://app:{secret}@db.example.com:notaport/payments"),
+            format!("postgresql://app:{secret}@db.example.com/payments?sslmode=disable"),
+            format!("postgresql://app:{secret}@db.example.com/payments?sslmode=bogus"),
+            format!("postgresql://app:{secret}@db.example.com"),
+            format!("{secret} not a url"),
+        ] {
+            let err = url(&value).expect_err(&value);
+            assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL", "{err}");
+            assert!(!err.to_string().contains("SECRET"), "{value}: {err}");
+        }
+        let s = url(&format!(
+            "postgresql://app:{secret}@db.example.com/payments"
+        ))
+        .unwrap();
+        assert_eq!(s.config.get_password(), Some(secret.as_bytes()));
+        assert!(
+            !format!("{s:?}").contains("SECRET"),
+            "Debug must redact: {s:?}"
+        );
+        assert!(!s.describe_target().contains("SECRET"));
+        let err = settings(&[]).unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL");
+    }
+
+    #[test]
+    fn entra_takes_no_password_and_names_its_identity() {
+        let remote = (
+            "PAYMENTS_POSTGRES_URL",
+            "postgresql://claims-payments-id@db.example.com/payments",
+        );
+        let s = settings(&[remote, ("PAYMENTS_POSTGRES_AUTH", "entra")]).unwrap();
+        assert_eq!(s.auth, PostgresAuth::Entra(EntraIdentity::DeveloperTools));
+        let s = settings(&[
+            remote,
+            ("PAYMENTS_POSTGRES_AUTH", "entra"),
+            ("IDENTITY_ENDPOINT", "http://169.254.1.1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.auth,
+            PostgresAuth::Entra(EntraIdentity::ManagedIdentity { client_id: None })
+        );
+        let id = "7f0e4c1a-2b3d-4e5f-8a9b-0c1d2e3f4a5b";
+        let s = settings(&[
+            remote,
+            ("PAYMENTS_POSTGRES_AUTH", "entra"),
+            ("PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID", id),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.auth,
+            PostgresAuth::Entra(EntraIdentity::ManagedIdentity {
+                client_id: Some(id.into())
+            })
+        );
+        let err = settings(&[
+            remote,
+            ("PAYMENTS_POSTGRES_AUTH", "entra"),
+            ("PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID", "not-a-guid"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID");
+        let err = settings(&[
+            (
+                "PAYMENTS_POSTGRES_URL",
+                "postgresql://id:pw-SECRET@db.example.com/payments",
+            ),
+            ("PAYMENTS_POSTGRES_AUTH", "entra"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL");
+        assert!(!err.to_string().contains("SECRET"), "{err}");
+        let err = settings(&[remote, ("PAYMENTS_POSTGRES_AUTH", "kerberos")]).unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_POSTGRES_AUTH");
+    }
+}

@@ -1,0 +1,24 @@
+//! The conformance suite on the PostgreSQL store, against a real server: a throwaway one
+//! started by the testkit (Debian's postgresql-15), or `PAYMENTS_TEST_POSTGRES_URL`. Each
+//! test gets a database of its own, migrated by the product's own provisioning.
+
+#[macro_use]
+mod conformance;
+
+use std::sync::Arc;
+
+use claims_payments::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
+use claims_payments::store::DynStore;
+use claims_payments_testkit::postgres::{available, TestDatabase};
+
+async fn make_store() -> (DynStore, conformance::Keep) {
+    let db = TestDatabase::create().await;
+    let settings = PostgresSettings::from_url(&db.url).unwrap();
+    provision(&settings).await.unwrap();
+    let store = PostgresStore::connect(&settings, Access::Checked)
+        .await
+        .unwrap();
+    (Arc::new(store), Box::new(db))
+}
+
+store_conformance!(make_store, if available);

@@ -1,0 +1,217 @@
+//! The real binary on PostgreSQL, as operators and the Functions host use it: `serve`
+//! refuses an unprovisioned database, `provision` migrates it, five deliveries of one
+//! message make one payment, `ledger` and `purge` work, and no log or error shows the
+//! database password.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use claims_payments_testkit::postgres::{available, TestDatabase};
+use claims_payments_testkit::process::{free_port, probe_blocking};
+use claims_payments_testkit::service::{deliver_one_message_five_times, Handler};
+use serde_json::Value;
+
+const EXE: &str = env!("CARGO_BIN_EXE_claims-payments");
+
+fn env_for(db: &TestDatabase) -> Vec<(&'static str, String)> {
+    vec![
+        ("PAYMENTS_STORE", "postgres".to_owned()),
+        ("PAYMENTS_POSTGRES_URL", db.url.clone()),
+    ]
+}
+
+fn run(args: &[&str], env: &[(&'static str, String)]) -> Output {
+    let mut cmd = Command::new(EXE);
+    cmd.args(args).stdin(Stdio::null());
+    for key in claims_payments_testkit::process::controlled_env() {
+        cmd.env_remove(key);
+    }
+    cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The password in the test database's URI.
+fn password(db: &TestDatabase) -> String {
+    reqwest::Url::parse(&db.url)
+        .unwrap()
+        .password()
+        .expect("the test server uses a password")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn five_deliveries_make_one_ledger_row_on_postgres() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let env = env_for(&db);
+    let borrowed: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let secret = password(&db);
+
+    // Before provisioning, serve refuses to start and says what to run.
+    let (status, stderr) = Handler::try_start(EXE, &borrowed, None)
+        .err()
+        .expect("serve refuses a database without the schema");
+    assert!(!status.success());
+    assert!(stderr.contains("claims-payments provision"), "{stderr}");
+    assert!(!stderr.contains(&secret), "the password leaked: {stderr}");
+
+    let out = run(&["provision"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("migrated to version 1"),
+        "{}",
+        text(&out)
+    );
+    assert!(!text(&out).contains(&secret), "{}", text(&out));
+
+    let claim = deliver_one_message_five_times(EXE, &borrowed).await;
+
+    let out = run(&["ledger", "--json"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    let rows: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["claimId"], claim);
+    assert_eq!(rows[0]["amount"], "1250.50");
+    assert_eq!(rows[0]["status"], "recorded");
+    assert_eq!(rows[0]["messageId"], "claim-approved-1");
+
+    let out = run(&["inbox", "--json"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+
+    // Nothing has expired yet: the purge removes nothing and keeps the record.
+    let out = run(&["purge"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("purged 0 expired inbox record(s)"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// Everything `serve` logs from start to stop, on a provisioned database: it names the
+/// store and how it logged in, never the password.
+#[tokio::test]
+async fn serve_logs_its_store_but_never_the_password() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let env = env_for(&db);
+    let secret = password(&db);
+    assert!(run(&["provision"], &env).status.success());
+
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("serve.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let port = free_port().unwrap();
+    let mut cmd = Command::new(EXE);
+    for key in claims_payments_testkit::process::controlled_env() {
+        cmd.env_remove(key);
+    }
+    let mut child = cmd
+        .arg("serve")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
+        .env("LOG_FORMAT", "json")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // A bound for a broken start, not a speed check.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !probe_blocking(port) {
+        assert!(child.try_wait().unwrap().is_none(), "serve exited");
+        assert!(Instant::now() < deadline, "serve did not become ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SIGTERM: a graceful stop logs the counters too.
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let logs = std::fs::read_to_string(&log_path).unwrap();
+    assert!(logs.contains("connected to PostgreSQL"), "{logs}");
+    assert!(logs.contains("\"store\":\"postgres\""), "{logs}");
+    assert!(!logs.contains(&secret), "the password leaked: {logs}");
+}
+
+/// The `Purge` timer function on the product's router (in-process: `serve` also purges
+/// once at start, which would race with the call): it applies the retention on
+/// PostgreSQL and answers the host with what it removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_timer_function_removes_expired_inbox_records() {
+    use claims_payments::startup::{run as serve_state, AppState};
+    use claims_payments::store::postgres::{Access, PostgresSettings, PostgresStore};
+    use claims_payments::store::{AttemptId, DynStore, InboxRecord};
+    use claims_payments_testkit::records::records;
+
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let env = env_for(&db);
+    assert!(run(&["provision"], &env).status.success());
+    let store: DynStore = std::sync::Arc::new(
+        PostgresStore::connect(
+            &PostgresSettings::from_url(&db.url).unwrap(),
+            Access::Checked,
+        )
+        .await
+        .unwrap(),
+    );
+    let claim = claims_payments_testkit::fixtures::new_claim();
+    let (live, payment) = records(&claim, "m-live", AttemptId::new());
+    store.claim(&live, &payment).await.unwrap();
+    let (old, _) = records(&claim, "m-old", AttemptId::new());
+    let expired = InboxRecord {
+        expires_at: time::OffsetDateTime::now_utc() - time::Duration::days(1),
+        ..old
+    };
+    store.record_handled(&expired).await.unwrap();
+
+    let state = std::sync::Arc::new(AppState::new(
+        claims_payments_testkit::fixtures::ledger_consumer(store.clone()),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve_state(listener, state, std::future::pending()));
+    let timer = serde_json::json!({"Data": {"timer": {"IsPastDue": false}}, "Metadata": {}});
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/Purge"))
+        .json(&timer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["ReturnValue"]["outcome"], "purged", "{answer}");
+    assert_eq!(
+        answer["ReturnValue"]["detail"], "removed 1 expired inbox record(s)",
+        "{answer}"
+    );
+    let left: Vec<String> = store
+        .list_inbox(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.message_id.to_string())
+        .collect();
+    assert_eq!(left, [live.message_id.to_string()]);
+}
