@@ -19,6 +19,7 @@ pub mod bank;
 pub mod chance;
 pub mod fixtures;
 pub mod host;
+pub mod ingestion;
 pub mod process;
 pub mod records;
 pub mod service;
