@@ -193,12 +193,23 @@ pub fn init_exporter(
         TelemetrySettings::AppInsights {
             connection_string, ..
         } => {
-            let exporter =
+            let mut exporter =
                 opentelemetry_application_insights::Exporter::new_from_connection_string(
                     connection_string,
                     client,
                 )
                 .map_err(|e| anyhow::anyhow!("APPLICATIONINSIGHTS_CONNECTION_STRING: {e}"))?;
+            // The exporter upgrades every endpoint to https, as the official SDKs do; a
+            // plain-http endpoint on this machine (a local collector, the tests' endpoint)
+            // is taken as written.
+            if let Some(local) = loopback_http_endpoint(connection_string) {
+                // Deprecated in favour of the connection string, which cannot say http.
+                #[allow(deprecated)]
+                let local_exporter = exporter
+                    .with_endpoint(&local)
+                    .map_err(|e| anyhow::anyhow!("APPLICATIONINSIGHTS_CONNECTION_STRING: {e}"))?;
+                exporter = local_exporter;
+            }
             providers(exporter.clone(), exporter, resource, pending)
         }
     };
@@ -213,6 +224,24 @@ pub fn init_exporter(
             meter_provider,
         },
     )))
+}
+
+/// `IngestionEndpoint` when it is plain http on a loopback address.
+fn loopback_http_endpoint(connection_string: &str) -> Option<String> {
+    let endpoint = connection_string.split(';').find_map(|part| {
+        let (key, value) = part.split_once('=')?;
+        key.trim()
+            .eq_ignore_ascii_case("IngestionEndpoint")
+            .then(|| value.trim().to_owned())
+    })?;
+    let url = reqwest::Url::parse(&endpoint).ok()?;
+    let host = url.host_str()?;
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    (url.scheme() == "http" && loopback).then_some(endpoint)
 }
 
 fn providers<S, M>(
@@ -496,6 +525,23 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn only_a_loopback_endpoint_may_be_plain_http() {
+        let cs = |e: &str| format!("InstrumentationKey=k;IngestionEndpoint={e}");
+        assert_eq!(
+            loopback_http_endpoint(&cs("http://127.0.0.1:4000/")).as_deref(),
+            Some("http://127.0.0.1:4000/")
+        );
+        assert!(loopback_http_endpoint(&cs("http://localhost:4000/")).is_some());
+        assert!(loopback_http_endpoint(&cs("http://[::1]:4000/")).is_some());
+        assert!(loopback_http_endpoint(&cs(
+            "http://westeurope-5.in.applicationinsights.azure.com/"
+        ))
+        .is_none());
+        assert!(loopback_http_endpoint(&cs("https://127.0.0.1:4000/")).is_none());
+        assert!(loopback_http_endpoint("InstrumentationKey=k").is_none());
     }
 
     #[test]
