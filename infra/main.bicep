@@ -603,6 +603,18 @@ module alerts 'modules/alerts.bicep' = {
   }
 }
 
+module workbook 'modules/workbook.bicep' = {
+  name: 'workbook'
+  params: {
+    displayName: 'claims-payments (${baseName})'
+    location: location
+    tags: allTags
+    appInsightsId: monitoring.outputs.appInsightsId
+    serviceBusNamespaceId: serviceBus.outputs.namespaceId
+    queueName: serviceBus.outputs.queueName
+  }
+}
+
 output functionAppName string = functionApp.outputs.name
 output resourceGroupName string = resourceGroup().name
 output cosmosEndpoint string = cosmos.outputs.endpoint

@@ -870,7 +870,7 @@ if errors:
     sys.exit("\n".join(errors))
 PY
 
-echo "== (g) alerts contract (infra/modules/alerts.bicep, docs/deploy.md, the handler's log lines)"
+echo "== (g) alerts contract (infra/modules/alerts.bicep and workbook.bicep, docs/deploy.md, the handler's metrics)"
 # check_alerts ALERTS_BICEP: every rule notifies the action group, has a runbook entry in
 # docs/deploy.md, and every log query returns rows only when something needs attention.
 check_alerts() {
@@ -910,24 +910,57 @@ for rule in rules:
 for key in keys:
     if not re.search(rf"^#### `{re.escape(key)}`", docs, re.M):
         errors.append(f"{key}: no runbook entry (#### `{key}`: ...) in docs/deploy.md")
-# The handler's side of the log contract (lines the queries look for), read from the Rust sources.
-src = "\n".join(f.read_text() for f in Path("crates/claims-payments/src").rglob("*.rs"))
-for line in ("invocation finished", "claims-payments custom handler listening", "bank-service-fault", "bankStatus", "reconcile finished", "orphanedInProgress", "stillUnknown", "mismatches"):
-    if line not in src:
-        errors.append(f"the alerts look for {line!r}, which nothing under crates/claims-payments/src/ (the product) writes")
+# The alerts and the workbook read the handler's telemetry, never the text of a log line:
+# no query reads traces or cuts JSON out of a message, and every metric they name
+# (claims_payments.*) is one the product declares (crates/claims-payments/src/telemetry/metrics.rs),
+# as is every span attribute they read.
+metrics_rs = Path("crates/claims-payments/src/telemetry/metrics.rs").read_text()
+declared = set(re.findall(r'"(claims_payments\.[a-z_.]+)"', metrics_rs))
+trace_rs = Path("crates/claims-payments/src/telemetry/trace.rs").read_text()
+workbook = Path(path.parent / "workbook.bicep")
+queries = [(rule["key"], rule["query"]) for rule in rules]
+if workbook.exists():
+    queries += [("workbook", q) for q in re.findall(r"query: '((?:[^'\\]|\\.)*)'", workbook.read_text())]
+for key, query in queries:
+    if re.search(r"\btraces\b", str(query)) or "substring(message" in str(query) or "parse_json(" in str(query):
+        errors.append(f"{key}: reads log text (traces, substring(message), parse_json); read the metrics or span attributes")
+    for short in re.findall(r"replace\(m(?:etric)?, '__METRIC__', '([a-z_.]+)'\)", str(query)):
+        if f"claims_payments.{short}" not in declared:
+            errors.append(f"{key}: metric claims_payments.{short} is not declared in telemetry/metrics.rs")
+    for full in re.findall(r"claims_payments\.[a-z][a-z_]*(?:\.[a-z][a-z_]*)*", str(query)):
+        if full not in declared:
+            errors.append(f"{key}: metric {full} is not declared in telemetry/metrics.rs")
+    for attribute in re.findall(r'customDimensions\["([a-z_.]+)"\]', str(query)):
+        if f"{attribute} =" not in trace_rs:
+            errors.append(f"{key}: span attribute {attribute} is not written by telemetry/trace.rs")
 if errors:
     sys.exit("\n".join(errors))
 print(f"{len(alert_resources)} alert resources, {len(keys)} rules with runbooks: {', '.join(keys)}")
 PY
 }
-check "alerts: every rule notifies the action group, has a runbook in docs/deploy.md, queries return rows only on trouble, log lines exist in the product crate" \
+check "alerts: every rule notifies the action group, has a runbook in docs/deploy.md, queries return rows only on trouble, read metrics and span attributes the product declares, never log text" \
   check_alerts infra/modules/alerts.bicep
 summarize_without_by() {
-  sed 's/ by bankStatus = toint(line.bankStatus)//' infra/modules/alerts.bicep >"$WORK/alerts-no-by.bicep"
-  grep -q "take_any(tostring(line.reason))'" "$WORK/alerts-no-by.bicep" || { echo "could not remove the by clause"; return 0; }
+  cp infra/modules/workbook.bicep "$WORK/workbook.bicep"
+  sed 's/ by bankStatus = toint(resultCode)//' infra/modules/alerts.bicep >"$WORK/alerts-no-by.bicep"
+  grep -q "take_any(operation_Id)'" "$WORK/alerts-no-by.bicep" || { echo "could not remove the by clause"; return 0; }
   check_alerts "$WORK/alerts-no-by.bicep"
 }
 expect_red "self-test: a log query whose summarize has no by clause is reported" "bank-service-fault: a summarize without .by." summarize_without_by
+log_text_query() {
+  cp infra/modules/workbook.bicep "$WORK/workbook.bicep"
+  sed "s/query: 'dependencies | where tostring(customDimensions\[\"bank.answer\"\])/query: 'traces | extend line = parse_json(substring(message, indexof(message, \"{\"))) | where tostring(line.event) == \"bank-service-fault\" | where tostring(customDimensions[\"bank.answer\"])/" infra/modules/alerts.bicep >"$WORK/alerts-log-text.bicep"
+  grep -q "substring(message" "$WORK/alerts-log-text.bicep" || { echo "could not write a log-text query"; return 0; }
+  check_alerts "$WORK/alerts-log-text.bicep"
+}
+expect_red "self-test: a query that cuts JSON out of traces.message is reported" "bank-service-fault: reads log text" log_text_query
+undeclared_metric() {
+  cp infra/modules/workbook.bicep "$WORK/workbook.bicep"
+  sed "s/'__METRIC__', 'starts'/'__METRIC__', 'restarts'/" infra/modules/alerts.bicep >"$WORK/alerts-undeclared.bicep"
+  grep -q "'restarts'" "$WORK/alerts-undeclared.bicep" || { echo "could not rename the metric"; return 0; }
+  check_alerts "$WORK/alerts-undeclared.bicep"
+}
+expect_red "self-test: an alert on a metric the product does not declare is reported" "claims_payments.restarts is not declared" undeclared_metric
 
 echo "== done in $((SECONDS - START))s"
 echo "$PASSED passed, $FAILED failed"

@@ -3,11 +3,13 @@
 // receiver. Each rule has a runbook paragraph in docs/deploy.md ("Alerts and
 // runbooks"); the rule descriptions point there.
 //
-// Log rules read the handler's JSON lines, which the Functions host forwards to
-// Application Insights as traces (category Host.Function.Console, the line in
-// `message`). Every query returns only the rows that need attention (no
-// summarize without `by`, which would return a row even for zero), and every
-// log rule fires when it returns at least one row.
+// Log rules read the handler's OpenTelemetry data in Application Insights, never
+// the text of a log line: its metrics (customMetrics, name claims_payments.*, the
+// dimensions in customDimensions, aggregated per export as valueSum/valueMax) and
+// its bank dependencies (dependencies, customDimensions["bank.answer"]). Every
+// query returns only the rows that need attention (no summarize without `by`,
+// which would return a row even for zero), and every log rule fires when it
+// returns at least one row.
 
 @description('Prefix of the alert rule names.')
 param namePrefix string
@@ -186,12 +188,10 @@ resource cosmosThrottleAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
   }
 }
 
-// Every handler line, parsed. The JSON is parsed from the first "{" so a
-// host-added prefix does not matter. __NEEDLE__ is a word of the line, used to
-// filter cheaply before parsing.
-var lines = 'traces | where tostring(customDimensions.Category) == "Host.Function.Console" and message has "__NEEDLE__" | extend line = parse_json(substring(message, indexof(message, "{")))'
-var finished = '${replace(lines, '__NEEDLE__', 'finished')} | where tostring(line.message) == "invocation finished" | extend outcome = tostring(line.outcome), claimId = tostring(line.claimId), messageId = tostring(line.messageId), deliveryCount = toint(line.deliveryCount), triggeredBy = tostring(line.trigger), why = coalesce(tostring(line.detail), tostring(line.reason))'
-var reconciled = '${replace(lines, '__NEEDLE__', 'reconcile')} | where tostring(line.message) == "reconcile finished" | extend examined = toint(line.examined), paidByLookup = toint(line.paidByLookup), paidNow = toint(line.paidNow), stillUnknown = toint(line.stillUnknown), mismatches = toint(line.mismatches), orphanedInProgress = toint(line.orphanedInProgress)'
+// The handler's metrics (see crates/claims-payments/src/telemetry/metrics.rs):
+// __METRIC__ is the metric name without the claims_payments. prefix.
+var metric = 'customMetrics | where name == "claims_payments.__METRIC__"'
+var outcomes = '${replace(metric, '__METRIC__', 'outcomes')} | extend outcome = tostring(customDimensions.outcome)'
 
 var logRules = [
   {
@@ -201,7 +201,7 @@ var logRules = [
     window: 'PT5M'
     timeRange: ''
     description: 'A payment ended as needs-reconciliation: the bank may or may not have paid it and no resend is allowed. A person must settle it. ${runbook} needs-reconciliation.'
-    query: '${finished} | where outcome == "needs-reconciliation" | project timestamp, claimId, messageId, deliveryCount, triggeredBy, why, cloud_RoleInstance'
+    query: '${outcomes} | where outcome == "needs-reconciliation" | summarize payments = sum(valueSum), firstSeen = min(timestamp), lastSeen = max(timestamp) by cloud_RoleInstance | where payments > 0'
   }
   {
     key: 'conflict-or-invalid'
@@ -210,7 +210,7 @@ var logRules = [
     window: 'PT5M'
     timeRange: ''
     description: 'A message was refused as conflict (same key, different payload) or invalid-message. It fails every delivery and will be dead-lettered. ${runbook} conflict-or-invalid.'
-    query: '${finished} | where outcome in ("conflict", "invalid-message") | project timestamp, outcome, claimId, messageId, deliveryCount, triggeredBy, why'
+    query: '${replace(metric, '__METRIC__', 'dead_letter_bound')} | extend outcome = tostring(customDimensions.outcome) | where outcome in ("conflict", "invalid-message") | summarize answers = sum(valueSum), firstSeen = min(timestamp), lastSeen = max(timestamp) by outcome | where answers > 0'
   }
   {
     key: 'retry-or-duplicate-spike'
@@ -220,7 +220,7 @@ var logRules = [
     // The query compares the last 15 minutes with the previous day, so it needs more than the window.
     timeRange: 'P2D'
     description: 'retry-later or duplicate outcomes in the last 15 minutes are at least ${spikeMinCount} and more than ${spikeFactor} times the average 15 minutes of the previous day. ${runbook} retry-or-duplicate-spike.'
-    query: 'let recent = 15m; let history = 1d; let outcomes = ${finished} | where timestamp > ago(history + recent) and outcome in ("retry-later", "duplicate"); let lastWindow = outcomes | where timestamp > ago(recent) | summarize current = count() by outcome; let previousDay = outcomes | where timestamp <= ago(recent) | summarize baseline = todouble(count()) / (history / recent) by outcome; lastWindow | join kind=leftouter previousDay on outcome | extend baseline = coalesce(baseline, 0.0) | where current >= ${spikeMinCount} and current > ${spikeFactor} * baseline | project outcome, current, baseline'
+    query: 'let recent = 15m; let history = 1d; let counted = ${outcomes} | where timestamp > ago(history + recent) and outcome in ("retry-later", "duplicate"); let lastWindow = counted | where timestamp > ago(recent) | summarize current = sum(valueSum) by outcome; let previousDay = counted | where timestamp <= ago(recent) | summarize baseline = sum(valueSum) / (history / recent) by outcome; lastWindow | join kind=leftouter previousDay on outcome | extend baseline = coalesce(baseline, 0.0) | where current >= ${spikeMinCount} and current > ${spikeFactor} * baseline | project outcome, current, baseline'
   }
   {
     key: 'payments-stuck'
@@ -228,8 +228,8 @@ var logRules = [
     frequency: 'PT15M'
     window: 'PT1H'
     timeRange: ''
-    description: 'The reconcile run found payments in progress past their lease (orphanedInProgress) or payouts whose outcome the bank lookup could not settle (stillUnknown). ${runbook} payments-stuck.'
-    query: '${reconciled} | where orphanedInProgress > 0 or stillUnknown > 0 | project timestamp, examined, orphanedInProgress, stillUnknown, paidByLookup, paidNow, cloud_RoleInstance'
+    description: 'The reconcile run found payments in progress past their lease (orphaned-in-progress) or payouts whose outcome the bank lookup could not settle (still-unknown). ${runbook} payments-stuck.'
+    query: '${replace(metric, '__METRIC__', 'reconcile.backlog')} | extend state = tostring(customDimensions.state) | where state in ("orphaned-in-progress", "still-unknown") | summarize backlog = max(valueMax), lastSeen = max(timestamp) by state | where backlog > 0'
   }
   {
     key: 'reconcile-mismatch'
@@ -237,8 +237,8 @@ var logRules = [
     frequency: 'PT15M'
     window: 'PT1H'
     timeRange: ''
-    description: 'The reconcile run found payments whose bank record does not match the ledger (mismatches). ${runbook} reconcile-mismatch.'
-    query: '${reconciled} | where mismatches > 0 | project timestamp, examined, mismatches, cloud_RoleInstance'
+    description: 'Payments whose bank record contradicts the ledger (mismatched, double payments included) wait for a person: the reconcile run reports them on every run until they are settled by hand. ${runbook} reconcile-mismatch.'
+    query: '${replace(metric, '__METRIC__', 'reconcile.backlog')} | where tostring(customDimensions.state) == "needs-a-person" | summarize mismatched = max(valueMax), lastSeen = max(timestamp) | where mismatched > 0'
   }
   {
     key: 'bank-service-fault'
@@ -247,7 +247,7 @@ var logRules = [
     window: 'PT5M'
     timeRange: ''
     description: 'The bank refused the service\'s own request (401/403 credential, 404/405 URL or method, 407 proxy, 413/415 format). No payout goes out until it is fixed. ${runbook} bank-service-fault.'
-    query: '${replace(lines, '__NEEDLE__', 'bank')} | where tostring(line.event) == "bank-service-fault" | summarize faults = count(), firstSeen = min(timestamp), lastSeen = max(timestamp), example = take_any(tostring(line.reason)) by bankStatus = toint(line.bankStatus)'
+    query: 'dependencies | where tostring(customDimensions["bank.answer"]) == "service-fault" | summarize faults = count(), firstSeen = min(timestamp), lastSeen = max(timestamp), example = take_any(operation_Id) by bankStatus = toint(resultCode)'
   }
   {
     key: 'handler-restarts'
@@ -256,7 +256,7 @@ var logRules = [
     window: 'PT30M'
     timeRange: ''
     description: 'The custom handler started more than once on one instance within 30 minutes: it crashed or hit functionTimeout and was restarted. ${runbook} handler-restarts.'
-    query: '${replace(lines, '__NEEDLE__', 'listening')} | where tostring(line.message) == "claims-payments custom handler listening" | summarize starts = count(), firstSeen = min(timestamp), lastSeen = max(timestamp) by cloud_RoleInstance | where starts > 1'
+    query: '${replace(metric, '__METRIC__', 'starts')} | summarize starts = sum(valueSum), firstSeen = min(timestamp), lastSeen = max(timestamp) by cloud_RoleInstance | where starts > 1'
   }
 ]
 

@@ -42,6 +42,7 @@
 //! container.
 
 mod ru;
+mod telemetry;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -100,6 +101,10 @@ pub struct BenchArgs {
     /// instance (DeliveryCount 2: a redelivery after a lost lock while the first runs).
     #[arg(long, default_value_t = 0.25)]
     pub redelivery_share: f64,
+    /// Run only the telemetry overhead measurement (telemetry off beside exported to a
+    /// local Application Insights endpoint).
+    #[arg(long)]
+    pub telemetry_only: bool,
     /// The claims-payments executable to measure (default: this one).
     #[arg(long, hide = true)]
     pub exe: Option<PathBuf>,
@@ -481,6 +486,8 @@ pub struct BenchReport {
     /// Why nothing was measured at `COSMOS_TEST_ENDPOINT`, if nothing was.
     pub cosmos_measured_skipped: Option<String>,
     pub targets: Vec<Target>,
+    /// `serve` with telemetry off beside exporting to a local endpoint.
+    pub telemetry: Option<telemetry::TelemetryOverhead>,
 }
 
 /// The Cosmos cost of a million messages of one kind, under the deployed indexing policy
@@ -1605,6 +1612,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let pinning = plan_pinning(args.no_pin);
 
     let variants = throughput(&args, &exe, dir, &client, &pinning).await?;
+    let telemetry = Some(telemetry::overhead(&args, &exe, dir, &client, &pinning).await?);
     let get = |v: Variant| variants.iter().find(|f| f.variant == v);
     let (ours, ceiling, naive) = match (
         get(Variant::Consumer),
@@ -1763,6 +1771,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         cosmos_cost,
         cosmos_measured_skipped,
         targets,
+        telemetry,
     })
 }
 
@@ -2139,6 +2148,9 @@ impl BenchReport {
                 );
             }
         }
+        if let Some(telemetry) = &self.telemetry {
+            telemetry.render_text(&mut o);
+        }
         o
     }
 }
@@ -2264,6 +2276,24 @@ async fn instances_run(
     })
 }
 
+/// `bench --telemetry-only`.
+pub async fn run_telemetry_only(args: &BenchArgs) -> anyhow::Result<telemetry::TelemetryOverhead> {
+    ensure!(
+        args.requests >= 1 && args.rounds >= 1,
+        "--requests and --rounds must be at least 1"
+    );
+    let exe = match &args.exe {
+        Some(exe) => exe.clone(),
+        None => {
+            std::env::current_exe().context("cannot find the claims-payments-dev executable")?
+        }
+    };
+    let temp = TempDir::new("claims-payments-bench")?;
+    let client = http_client(args.concurrency)?;
+    let pinning = plan_pinning(args.no_pin);
+    telemetry::overhead(args, &exe, temp.path(), &client, &pinning).await
+}
+
 /// `bench --instances ...`.
 pub async fn run_instances(args: &BenchArgs) -> anyhow::Result<InstancesReport> {
     ensure!(
@@ -2374,6 +2404,20 @@ pub async fn main(args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
     let json = args.json;
     if !json && std::io::stderr().is_terminal() {
         eprintln!("benchmarking; this takes a minute or two...");
+    }
+    if args.telemetry_only {
+        let report = tokio::select! {
+            report = run_telemetry_only(&args) => report?,
+            _ = tokio::signal::ctrl_c() => bail!("interrupted; the serve processes were stopped"),
+        };
+        if json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            let mut text = String::new();
+            report.render_text(&mut text);
+            print!("{text}");
+        }
+        return Ok(std::process::ExitCode::SUCCESS);
     }
     if !args.instances.is_empty() {
         let report = tokio::select! {

@@ -149,6 +149,10 @@ pub fn product_settings() -> Result<Settings, ConfigError> {
 pub async fn serve() -> anyhow::Result<()> {
     let knobs = DevKnobs::from_lookup(|name| std::env::var(name).ok())?;
     let settings = product_settings()?;
-    claims_payments::telemetry::init(settings.log_format);
-    startup::serve(settings, knobs.seams()).await
+    let telemetry = claims_payments::telemetry::start(settings.log_format)?;
+    let result = startup::serve(settings, knobs.seams()).await;
+    if let Some(guard) = telemetry {
+        guard.shutdown().await;
+    }
+    result
 }

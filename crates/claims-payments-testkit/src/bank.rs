@@ -199,6 +199,8 @@ struct Arrival {
     idempotency_key: Option<String>,
     body: Vec<u8>,
     authorization: Option<String>,
+    /// The W3C trace context the caller sent (`traceparent`).
+    traceparent: Option<String>,
     at: time::OffsetDateTime,
 }
 
@@ -451,6 +453,16 @@ impl FakeBank {
             .collect()
     }
 
+    /// The `traceparent` header of each payout request, in the same order.
+    pub fn traceparents(&self) -> Vec<Option<String>> {
+        self.bank
+            .books()
+            .arrivals
+            .iter()
+            .map(|a| a.traceparent.clone())
+            .collect()
+    }
+
     /// How many lookups (`GET /payments?reference=`) the bank was asked.
     pub fn lookups(&self) -> usize {
         self.bank.books().lookups as usize
@@ -589,6 +601,7 @@ async fn pay_request(
             idempotency_key: header("idempotency-key"),
             body: body.to_vec(),
             authorization: header("authorization"),
+            traceparent: header("traceparent"),
             at: time::OffsetDateTime::now_utc(),
         });
         let fault = books.script.pop_front().or_else(|| books.always.clone());

@@ -21,6 +21,7 @@ pub mod bank;
 pub mod chance;
 pub mod fixtures;
 pub mod host;
+pub mod ingestion;
 pub mod postgres;
 pub mod process;
 pub mod records;

@@ -30,6 +30,7 @@ pub fn controlled_env() -> impl Iterator<Item = &'static str> {
         .iter()
         .copied()
         .chain(claims_payments::config::DEV_ONLY_SETTINGS)
+        .chain(claims_payments::telemetry::export::SETTINGS)
 }
 
 /// How to start the handler.

@@ -274,7 +274,8 @@ impl BankClient {
         let mut url = self.payments_url.clone();
         url.query_pairs_mut()
             .append_pair("reference", reference.as_str());
-        let response = self.http.get(url).timeout(self.timeout).send().await;
+        let response =
+            telemetry::trace::bank_call("lookup", self.http.get(url).timeout(self.timeout)).await;
         let response = match response {
             Ok(r) => r,
             Err(e) => {
@@ -314,15 +315,15 @@ impl BankClient {
     }
 
     async fn attempt(&self, key: &IdempotencyKey, body: &str) -> Answer {
-        let response = self
+        let request = self
             .http
             .post(self.payments_url.clone())
             .timeout(self.timeout)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .header("Idempotency-Key", key.as_str())
-            .body(body.to_owned())
-            .send()
-            .await;
+            .body(body.to_owned());
+        // A dependency span carrying traceparent to the bank (only when telemetry is on).
+        let response = telemetry::trace::bank_call("payout", request).await;
         let response = match response {
             Ok(r) => r,
             // Without the URL: an operator's URL may still carry something private.

@@ -56,6 +56,10 @@ struct RawEnvelope<'a> {
 struct TrustedMetadata<'a> {
     message_id: Option<Entry<'a>>,
     delivery_count: Option<Entry<'a>>,
+    /// `ApplicationProperties` (extension 5.x), else `UserProperties` (older): only their
+    /// `Diagnostic-Id` is read, for the trace.
+    application_properties: Option<&'a RawValue>,
+    user_properties: Option<&'a RawValue>,
 }
 
 /// A Metadata value and whether its key matched exactly (which beats a match ignoring case).
@@ -114,6 +118,14 @@ impl<'de: 'a, 'a> Deserialize<'de> for TrustedMetadata<'a> {
             ) -> Result<Self::Value, A::Error> {
                 let mut found = TrustedMetadata::default();
                 while let Some(Key(key)) = map.next_key()? {
+                    if key == "ApplicationProperties" {
+                        found.application_properties = Some(map.next_value()?);
+                        continue;
+                    }
+                    if key == "UserProperties" {
+                        found.user_properties = Some(map.next_value()?);
+                        continue;
+                    }
                     match found.slot(&key) {
                         Some((slot, exact)) => {
                             let value: &'de RawValue = map.next_value()?;
@@ -158,6 +170,27 @@ pub struct Invocation {
     /// Top-level body fields that may have overwritten Service Bus metadata on the way
     /// (only possible when the body did not arrive as base64).
     pub shadowed_metadata: Vec<String>,
+    /// The message's `Diagnostic-Id` application property: the producer's trace context
+    /// (a W3C `traceparent` value), set by Service Bus SDKs on send.
+    pub diagnostic_id: Option<String>,
+}
+
+/// `Diagnostic-Id` from an application-properties object (a real JSON object in
+/// Metadata; its string values may still arrive JSON-encoded once more).
+fn diagnostic_id(properties: Option<&RawValue>) -> Option<String> {
+    let properties: HashMap<String, serde_json::Value> =
+        serde_json::from_str(properties?.get()).ok()?;
+    let value = properties
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("Diagnostic-Id"))
+        .map(|(_, v)| v)?;
+    let text = value.as_str()?;
+    let text = match serde_json::from_str::<String>(text) {
+        Ok(inner) => inner,
+        Err(_) => text.to_owned(),
+    };
+    // A traceparent is 55 characters; anything far longer is not one.
+    (!text.trim().is_empty() && text.len() <= 256).then(|| text.trim().to_owned())
 }
 
 /// Metadata keys we rely on; a body field with the same name (any case) shadows them.
@@ -300,12 +333,16 @@ impl Invocation {
                 .unwrap_or_default()
         };
 
+        let diagnostic_id = diagnostic_id(envelope.metadata.application_properties)
+            .or_else(|| diagnostic_id(envelope.metadata.user_properties));
+
         Ok(Invocation {
             body,
             encoding,
             message_id,
             delivery_count,
             shadowed_metadata,
+            diagnostic_id,
         })
     }
 }
@@ -500,5 +537,27 @@ mod tests {
         let b64 = base64::engine::general_purpose::STANDARD.encode(body);
         let inv = Invocation::decode(&envelope(b64.into(), host_metadata())).unwrap();
         assert!(inv.shadowed_metadata.is_empty());
+    }
+
+    #[test]
+    fn reads_the_producers_diagnostic_id() {
+        let body =
+            r#"{"claimId":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","amount":"1","currency":"EUR"}"#;
+        let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let mut metadata = host_metadata();
+        metadata["ApplicationProperties"] =
+            serde_json::json!({"Diagnostic-Id": traceparent, "eventType": "ClaimApproved"});
+        metadata["UserProperties"] = serde_json::json!({"Diagnostic-Id": "00-other"});
+        let inv = Invocation::decode(&envelope(body.into(), metadata)).unwrap();
+        assert_eq!(inv.diagnostic_id.as_deref(), Some(traceparent));
+
+        let mut older = host_metadata();
+        older["UserProperties"] =
+            serde_json::json!({"diagnostic-id": format!("\"{traceparent}\"")});
+        let inv = Invocation::decode(&envelope(body.into(), older)).unwrap();
+        assert_eq!(inv.diagnostic_id.as_deref(), Some(traceparent));
+
+        let inv = Invocation::decode(&envelope(body.into(), host_metadata())).unwrap();
+        assert_eq!(inv.diagnostic_id, None);
     }
 }

@@ -54,10 +54,18 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match args.command {
             Command::Serve => {
-                telemetry::init(settings.log_format);
-                startup::serve(settings, Seams::default())
-                    .await
-                    .map(|()| ExitCode::SUCCESS)
+                let telemetry = match telemetry::start(settings.log_format) {
+                    Ok(guard) => guard,
+                    Err(e) => {
+                        eprintln!("claims-payments: {e:#}");
+                        return Ok(ExitCode::from(2));
+                    }
+                };
+                let result = startup::serve(settings, Seams::default()).await;
+                if let Some(guard) = telemetry {
+                    guard.shutdown().await;
+                }
+                result.map(|()| ExitCode::SUCCESS)
             }
             Command::Operator(command) => cli::run(command, &settings).await,
         }

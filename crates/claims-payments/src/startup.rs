@@ -174,6 +174,8 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
     if let Some(layer) = seams.store_layer {
         store = layer(store);
     }
+    // Store calls as dependencies (only when telemetry is exported).
+    let store = traced(&settings, store);
     let mut state = app_state(&settings, store.clone())?;
     if let Some(factory) = seams.claim_handler {
         let handler = factory(state.consumer());
@@ -184,6 +186,7 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
         Some(factory) => factory(state),
         None => http::router(state),
     };
+    let app = with_telemetry(app);
 
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, settings.port));
     let listener = TcpListener::bind(addr).await.map_err(|e| {
@@ -196,6 +199,7 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
         handler = seams.label.unwrap_or("consumer"),
         "claims-payments custom handler listening"
     );
+    telemetry::metrics::started();
 
     let retention_task = tokio::spawn(purge_periodically(store.clone()));
     let counters_task = tokio::spawn(async {
@@ -240,7 +244,33 @@ pub async fn run(
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    serve_router(listener, http::router(state), shutdown).await
+    serve_router(listener, with_telemetry(http::router(state)), shutdown).await
+}
+
+/// The router with its server spans and HTTP answer counts (see [`telemetry::trace`]).
+fn with_telemetry(app: Router) -> Router {
+    if telemetry::enabled() {
+        app.layer(axum::middleware::from_fn(telemetry::trace::layer_http))
+    } else {
+        app
+    }
+}
+
+/// The store as dependencies named after the database system.
+fn traced(settings: &Settings, store: DynStore) -> DynStore {
+    let (system, namespace) = match &settings.store {
+        StoreSettings::Sqlite { .. } => ("sqlite", "payments".to_owned()),
+        StoreSettings::Cosmos(cosmos) => ("cosmosdb", cosmos.database.clone()),
+        StoreSettings::Postgres(postgres) => (
+            "postgresql",
+            postgres
+                .config
+                .get_dbname()
+                .unwrap_or("postgres")
+                .to_owned(),
+        ),
+    };
+    telemetry::trace::TracedStore::wrap(store, system, namespace)
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then drains for at most

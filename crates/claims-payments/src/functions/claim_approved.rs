@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use tracing::Instrument;
 
 use crate::consumer::{Consumer, Delivery, Outcome};
 use crate::host::{Invocation, OutcomeSummary};
@@ -51,9 +52,18 @@ fn status_for(outcome: &Outcome) -> StatusCode {
 
 /// Refuses an invocation that cannot even be read: permanent, so the host's redeliveries
 /// end in the dead-letter queue, with the reason in every log line.
-fn refuse(status: StatusCode, invocation_id: &str, reason: String) -> Response {
+fn refuse(
+    status: StatusCode,
+    headers: &HeaderMap,
+    invocation_id: &str,
+    reason: String,
+) -> Response {
+    let span = telemetry::trace::invocation_span(FUNCTION_NAME, headers, None, "", 0);
+    let _entered = span.enter();
     tracing::error!(invocationId = %invocation_id, trigger = "servicebus", outcome = "invalid-message", reason = %reason, "invocation finished");
     telemetry::counters().invalid_messages.inc();
+    telemetry::metrics::dead_letter_bound("invalid-message");
+    telemetry::trace::record_outcome(&span, None, "invalid-message", status.as_u16());
     invocation_answer(
         status,
         OutcomeSummary {
@@ -92,6 +102,7 @@ pub async fn invoke(
         Err(BodyError::TooLarge) => {
             return refuse(
                 StatusCode::PAYLOAD_TOO_LARGE,
+                &headers,
                 &invocation_id,
                 format!("request body refused (limit {MAX_REQUEST_BYTES} bytes)"),
             )
@@ -103,11 +114,33 @@ pub async fn invoke(
         Err(e) => {
             return refuse(
                 StatusCode::UNPROCESSABLE_ENTITY,
+                &headers,
                 &invocation_id,
                 format!("undecodable invocation: {e}"),
             )
         }
     };
+    // The invocation's server span: its parent is the host's traceparent, else the
+    // producer's Diagnostic-Id, so the send and this processing are one operation.
+    let span = telemetry::trace::invocation_span(
+        FUNCTION_NAME,
+        &headers,
+        invocation.diagnostic_id.as_deref(),
+        invocation.message_id.as_str(),
+        invocation.delivery_count,
+    );
+    handle(state, invocation_id, invocation, span.clone())
+        .instrument(span)
+        .await
+}
+
+/// The decoded invocation, inside its span.
+async fn handle(
+    state: Arc<AppState>,
+    invocation_id: String,
+    invocation: Invocation,
+    span: tracing::Span,
+) -> Response {
     if !invocation.shadowed_metadata.is_empty() {
         tracing::warn!(
             messageId = %invocation.message_id,
@@ -135,6 +168,11 @@ pub async fn invoke(
     };
 
     let status = status_for(&outcome);
+    telemetry::trace::record_outcome(&span, claim_id.as_deref(), outcome.label(), status.as_u16());
+    if !status.is_success() && !matches!(outcome, Outcome::RetryLater { .. }) {
+        // Failed on every delivery: the message ends in the dead-letter queue.
+        telemetry::metrics::dead_letter_bound(outcome.label());
+    }
     let detail = outcome.detail();
     let fields = (
         claim_id.as_deref().unwrap_or(""),

@@ -6,13 +6,15 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use tracing::Instrument;
 
 use crate::host::OutcomeSummary;
 use crate::http::invocation_answer;
 use crate::reconcile::{self, Reconciler, RunLease};
 use crate::startup::AppState;
+use crate::telemetry;
 
 /// The function's folder in function-app/, which is the route the host calls.
 pub const FUNCTION_NAME: &str = "Reconcile";
@@ -24,13 +26,29 @@ pub(crate) const RUN_BUDGET: Duration = Duration::from_secs(90);
 /// [`crate::reconcile`]), one run at a time across instances, and answers the host with
 /// the summary. The timer info under `Data.timer` is only logged: a past-due run does
 /// the same work as a punctual one.
-pub async fn invoke(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+pub async fn invoke(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let span = telemetry::trace::timer_span(FUNCTION_NAME, &headers);
+    let response = run(state, body).instrument(span.clone()).await;
+    let outcome = response
+        .extensions()
+        .get::<&'static str>()
+        .copied()
+        .unwrap_or("reconciled");
+    telemetry::trace::record_outcome(&span, None, outcome, response.status().as_u16());
+    response
+}
+
+async fn run(state: Arc<AppState>, body: Bytes) -> Response {
     let past_due = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|v| v.pointer("/Data/timer/IsPastDue").and_then(|d| d.as_bool()))
         .unwrap_or(false);
-    let summary_answer = |status: StatusCode, outcome: &str, detail: String| {
-        invocation_answer(
+    let summary_answer = |status: StatusCode, outcome: &'static str, detail: String| {
+        let mut answer = invocation_answer(
             status,
             OutcomeSummary {
                 outcome: outcome.into(),
@@ -39,7 +57,10 @@ pub async fn invoke(State(state): State<Arc<AppState>>, body: Bytes) -> Response
                 delivery_count: None,
                 detail: Some(detail),
             },
-        )
+        );
+        // For the span: how the run ended.
+        answer.extensions_mut().insert(outcome);
+        answer
     };
     let Some(reconciler) = Reconciler::new(state.consumer.clone()) else {
         return summary_answer(
@@ -81,6 +102,21 @@ pub async fn invoke(State(state): State<Arc<AppState>>, body: Bytes) -> Response
     match result {
         Ok(summary) => {
             reconcile::log_summary(&summary, "timer");
+            let n = |v: usize| v as u64;
+            telemetry::metrics::reconcile_run(&telemetry::metrics::ReconcileRun {
+                paid_by_lookup: n(summary.paid_by_lookup),
+                paid_now: n(summary.paid_now),
+                rejected: n(summary.rejected),
+                still_unknown: n(summary.still_unknown),
+                mismatches: n(summary.mismatches),
+                double_payments: n(summary.double_payments),
+                skipped: n(summary.skipped),
+                waiting: n(summary.waiting),
+                not_reached: n(summary.not_reached),
+                needs_a_person: n(summary.needs_a_person),
+                needs_reconciliation_before: n(summary.needs_reconciliation_before),
+                orphaned_in_progress_before: n(summary.orphaned_in_progress_before),
+            });
             summary_answer(StatusCode::OK, "reconciled", summary.counts())
         }
         Err(e) => {

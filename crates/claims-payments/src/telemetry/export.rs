@@ -1,0 +1,572 @@
+//! Where telemetry goes, and how it never gets in the way.
+//!
+//! - `OTEL_EXPORTER_OTLP_ENDPOINT` set: OTLP over HTTP (protobuf) to it (a collector, the
+//!   Functions host's OpenTelemetry mode); the standard `OTEL_EXPORTER_OTLP_*` variables
+//!   apply.
+//! - otherwise `APPLICATIONINSIGHTS_CONNECTION_STRING` set: Application Insights, at the
+//!   connection string's ingestion endpoint (`/v2/track`, gzip). When
+//!   `APPLICATIONINSIGHTS_AUTHENTICATION_STRING` is `Authorization=AAD` (the resource
+//!   disables local auth, as infra/ deploys it), every upload carries an Entra token of
+//!   the app's managed identity (`ClientId=` names the user-assigned one).
+//! - neither: nothing is exported, no span is created, no metric instrument exists.
+//!
+//! Spans are batched on the SDK's own thread and leave through a queue of at most
+//! [`QUEUE_CAPACITY`] spans: a span that finds the queue full is dropped and counted
+//! (`telemetryDropped` in `/metrics` and the counters log line), never waited for, and
+//! spans of an export that failed are counted the same way. Uploads run on the
+//! service's runtime with a timeout of [`UPLOAD_TIMEOUT`]; a failed one is counted in
+//! `telemetryExportFailures`. Metrics are aggregated in memory (bounded by the SDK's
+//! cardinality limit) and exported every `OTEL_METRIC_EXPORT_INTERVAL` ms (60 000).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use azure_core::credentials::TokenCredential;
+use azure_identity::{ManagedIdentityCredential, ManagedIdentityCredentialOptions, UserAssignedId};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::Context;
+use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, Span, SpanData, SpanExporter,
+    SpanProcessor, Tracer,
+};
+use opentelemetry_sdk::Resource;
+
+use super::counters;
+
+/// The settings this module reads (the dev tools remove them from what they inherit).
+pub const SETTINGS: [&str; 3] = [
+    "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
+
+/// At most this many finished spans wait for export; more are dropped and counted.
+pub const QUEUE_CAPACITY: usize = 2048;
+/// One upload of telemetry may take this long.
+pub const UPLOAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the exporters get at shutdown to send what they hold.
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
+/// The scope of an Entra token for Application Insights ingestion.
+const MONITOR_SCOPE: &str = "https://monitor.azure.com//.default";
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static METER_PROVIDER: std::sync::OnceLock<SdkMeterProvider> = std::sync::OnceLock::new();
+
+/// Whether telemetry is exported. When false, no span is created and no instrument exists.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Where telemetry goes, from the environment.
+#[derive(Clone, PartialEq, Eq)]
+pub enum TelemetrySettings {
+    Off,
+    Otlp,
+    AppInsights {
+        connection_string: String,
+        /// `Some(client id or None)`: authenticate with the managed identity.
+        entra: Option<Option<String>>,
+    },
+}
+
+impl std::fmt::Debug for TelemetrySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl TelemetrySettings {
+    pub fn from_env() -> anyhow::Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+        let set = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+        if set("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+            return Ok(TelemetrySettings::Otlp);
+        }
+        let Some(connection_string) = set("APPLICATIONINSIGHTS_CONNECTION_STRING") else {
+            return Ok(TelemetrySettings::Off);
+        };
+        // Checked now, so a bad value stops the start (its value is never echoed).
+        opentelemetry_application_insights::Exporter::new_from_connection_string(
+            &connection_string,
+            NoClient,
+        )
+        .map_err(|e| {
+            anyhow::anyhow!("APPLICATIONINSIGHTS_CONNECTION_STRING is not a connection string: {e}")
+        })?;
+        let entra = match set("APPLICATIONINSIGHTS_AUTHENTICATION_STRING") {
+            None => None,
+            Some(auth) => {
+                let mut aad = false;
+                let mut client_id = None;
+                for part in auth.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+                    let (key, value) = part.split_once('=').unwrap_or((part, ""));
+                    if key.trim().eq_ignore_ascii_case("Authorization") {
+                        aad = value.trim().eq_ignore_ascii_case("AAD");
+                    } else if key.trim().eq_ignore_ascii_case("ClientId") {
+                        client_id = Some(value.trim().to_owned());
+                    }
+                }
+                if !aad {
+                    anyhow::bail!(
+                        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING must say Authorization=AAD (and may name ClientId=)"
+                    );
+                }
+                Some(client_id)
+            }
+        };
+        Ok(TelemetrySettings::AppInsights {
+            connection_string,
+            entra,
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            TelemetrySettings::Off => "off",
+            TelemetrySettings::Otlp => "otlp",
+            TelemetrySettings::AppInsights { entra: None, .. } => "application-insights",
+            TelemetrySettings::AppInsights { entra: Some(_), .. } => {
+                "application-insights (Entra ID)"
+            }
+        }
+    }
+}
+
+/// Flushes and stops the exporters when the service stops.
+pub struct TelemetryGuard {
+    tracer_provider: SdkTracerProvider,
+    meter_provider: SdkMeterProvider,
+}
+
+impl TelemetryGuard {
+    /// Exports what is still queued, within [`SHUTDOWN_FLUSH`], off the runtime's workers.
+    pub async fn shutdown(self) {
+        let work = tokio::task::spawn_blocking(move || {
+            let _ = self.tracer_provider.shutdown_with_timeout(SHUTDOWN_FLUSH);
+            let _ = self.meter_provider.shutdown_with_timeout(SHUTDOWN_FLUSH);
+        });
+        // A hung endpoint must not hold the exit: past the bound, what is left is lost.
+        let _ = tokio::time::timeout(SHUTDOWN_FLUSH * 2, work).await;
+    }
+}
+
+/// Exports the metrics now, off the caller's thread (an upload waits on the runtime).
+pub fn flush_metrics() {
+    if let Some(provider) = METER_PROVIDER.get() {
+        let provider = provider.clone();
+        std::thread::spawn(move || {
+            let _ = provider.force_flush();
+        });
+    }
+}
+
+/// Builds the exporters the settings name and installs the metrics provider; the tracer
+/// goes to [`super::init_with`]. Call inside the runtime (uploads run on it).
+pub fn init_exporter(
+    settings: &TelemetrySettings,
+) -> anyhow::Result<Option<(Tracer, TelemetryGuard)>> {
+    let client = ExportClient::new(settings)?;
+    let resource = resource();
+    let pending = Arc::new(AtomicUsize::new(0));
+    let (tracer_provider, meter_provider) = match settings {
+        TelemetrySettings::Off => return Ok(None),
+        TelemetrySettings::Otlp => {
+            use opentelemetry_otlp::WithHttpConfig;
+            let spans = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(client.clone())
+                .build()?;
+            let metrics = opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .with_http_client(client)
+                .build()?;
+            providers(spans, metrics, resource, pending)
+        }
+        TelemetrySettings::AppInsights {
+            connection_string, ..
+        } => {
+            let mut exporter =
+                opentelemetry_application_insights::Exporter::new_from_connection_string(
+                    connection_string,
+                    client,
+                )
+                .map_err(|e| anyhow::anyhow!("APPLICATIONINSIGHTS_CONNECTION_STRING: {e}"))?;
+            // The exporter upgrades every endpoint to https, as the official SDKs do; a
+            // plain-http endpoint on this machine (a local collector, the tests' endpoint)
+            // is taken as written.
+            if let Some(local) = loopback_http_endpoint(connection_string) {
+                // Deprecated in favour of the connection string, which cannot say http.
+                #[allow(deprecated)]
+                let local_exporter = exporter
+                    .with_endpoint(&local)
+                    .map_err(|e| anyhow::anyhow!("APPLICATIONINSIGHTS_CONNECTION_STRING: {e}"))?;
+                exporter = local_exporter;
+            }
+            providers(exporter.clone(), exporter, resource, pending)
+        }
+    };
+    opentelemetry::global::set_meter_provider(meter_provider.clone());
+    let _ = METER_PROVIDER.set(meter_provider.clone());
+    let tracer = tracer_provider.tracer("claims-payments");
+    ENABLED.store(true, Ordering::Relaxed);
+    Ok(Some((
+        tracer,
+        TelemetryGuard {
+            tracer_provider,
+            meter_provider,
+        },
+    )))
+}
+
+/// `IngestionEndpoint` when it is plain http on a loopback address.
+fn loopback_http_endpoint(connection_string: &str) -> Option<String> {
+    let endpoint = connection_string.split(';').find_map(|part| {
+        let (key, value) = part.split_once('=')?;
+        key.trim()
+            .eq_ignore_ascii_case("IngestionEndpoint")
+            .then(|| value.trim().to_owned())
+    })?;
+    let url = reqwest::Url::parse(&endpoint).ok()?;
+    let host = url.host_str()?;
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    (url.scheme() == "http" && loopback).then_some(endpoint)
+}
+
+fn providers<S, M>(
+    spans: S,
+    metrics: M,
+    resource: Resource,
+    pending: Arc<AtomicUsize>,
+) -> (SdkTracerProvider, SdkMeterProvider)
+where
+    S: SpanExporter + 'static,
+    M: opentelemetry_sdk::metrics::exporter::PushMetricExporter,
+{
+    let batch = BatchSpanProcessor::builder(Counted {
+        inner: spans,
+        pending: pending.clone(),
+    })
+    .with_batch_config(
+        BatchConfigBuilder::default()
+            .with_max_queue_size(QUEUE_CAPACITY)
+            .build(),
+    )
+    .build();
+    let tracer_provider = SdkTracerProvider::builder()
+        .with_span_processor(Bounded {
+            inner: batch,
+            pending,
+        })
+        .with_resource(resource.clone())
+        .build();
+    let meter_provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(metrics).build())
+        .with_resource(resource)
+        .build();
+    (tracer_provider, meter_provider)
+}
+
+/// `service.name` becomes the cloud role in Application Insights: the function app's
+/// name in Azure (the host's own telemetry uses it too), `claims-payments` elsewhere.
+fn resource() -> Resource {
+    let name = std::env::var("WEBSITE_SITE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "claims-payments".to_owned());
+    let mut builder = Resource::builder().with_service_name(name);
+    if let Ok(instance) = std::env::var("WEBSITE_INSTANCE_ID") {
+        builder = builder.with_attribute(opentelemetry::KeyValue::new(
+            "service.instance.id",
+            instance,
+        ));
+    }
+    builder
+        .with_attribute(opentelemetry::KeyValue::new(
+            "service.version",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .build()
+}
+
+/// The span queue's bound: a span that would make more than [`QUEUE_CAPACITY`] wait is
+/// dropped here and counted, so the SDK's own queue never fills and nothing waits.
+#[derive(Debug)]
+struct Bounded {
+    inner: BatchSpanProcessor,
+    pending: Arc<AtomicUsize>,
+}
+
+impl SpanProcessor for Bounded {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= QUEUE_CAPACITY {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            counters().telemetry_dropped.inc();
+            return;
+        }
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The exporter behind the queue: frees the queue's places of what it exported, and
+/// counts the spans of a failed export as dropped.
+#[derive(Debug)]
+struct Counted<E> {
+    inner: E,
+    pending: Arc<AtomicUsize>,
+}
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    fn export(
+        &self,
+        batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        let n = batch.len();
+        let export = self.inner.export(batch);
+        let pending = self.pending.clone();
+        async move {
+            let result = export.await;
+            pending.fetch_sub(n, Ordering::AcqRel);
+            if result.is_err() {
+                counters().telemetry_dropped.add(n as u64);
+            }
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The HTTP client of both exporters: the service's reqwest (rustls), each upload run on
+/// the service's runtime (the SDK's export threads have none) with a timeout, and an
+/// Entra token when the ingestion endpoint requires one.
+#[derive(Clone)]
+struct ExportClient {
+    http: reqwest::Client,
+    runtime: Option<tokio::runtime::Handle>,
+    credential: Option<Arc<dyn TokenCredential>>,
+}
+
+impl std::fmt::Debug for ExportClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportClient")
+            .field("entra", &self.credential.is_some())
+            .finish()
+    }
+}
+
+impl ExportClient {
+    fn new(settings: &TelemetrySettings) -> anyhow::Result<Self> {
+        let credential: Option<Arc<dyn TokenCredential>> = match settings {
+            TelemetrySettings::AppInsights {
+                entra: Some(client_id),
+                ..
+            } => {
+                let options = ManagedIdentityCredentialOptions {
+                    user_assigned_id: client_id.clone().map(UserAssignedId::ClientId),
+                    ..Default::default()
+                };
+                Some(ManagedIdentityCredential::new(Some(options)).map_err(|e| {
+                    anyhow::anyhow!(
+                        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING: cannot create the managed identity credential: {e}"
+                    )
+                })?)
+            }
+            _ => None,
+        };
+        Ok(ExportClient {
+            http: reqwest::Client::builder()
+                .timeout(UPLOAD_TIMEOUT)
+                .connect_timeout(UPLOAD_TIMEOUT.min(Duration::from_secs(3)))
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build()?,
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            credential,
+        })
+    }
+
+    async fn upload(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let (parts, body) = request.into_parts();
+        let mut outgoing = self
+            .http
+            .request(parts.method, parts.uri.to_string())
+            .headers(parts.headers)
+            .body(body);
+        if let Some(credential) = &self.credential {
+            let token = credential.get_token(&[MONITOR_SCOPE], None).await?;
+            outgoing = outgoing.bearer_auth(token.token.secret());
+        }
+        let answer = outgoing.send().await?;
+        let mut response = Response::builder().status(answer.status());
+        if let Some(headers) = response.headers_mut() {
+            *headers = answer.headers().clone();
+        }
+        let body = answer.bytes().await?;
+        Ok(response.body(body)?)
+    }
+}
+
+#[async_trait]
+impl HttpClient for ExportClient {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let this = self.clone();
+        let upload = async move { this.upload(request).await };
+        let result = match &self.runtime {
+            Some(runtime) => runtime
+                .spawn(upload)
+                .await
+                .unwrap_or_else(|e| Err(Box::new(e) as HttpError)),
+            None => Err("no async runtime for telemetry uploads".into()),
+        };
+        let failed = match &result {
+            Ok(response) => !response.status().is_success(),
+            Err(_) => true,
+        };
+        if failed {
+            counters().telemetry_export_failures.inc();
+        }
+        result
+    }
+}
+
+/// Only to validate a connection string: never sends.
+#[derive(Debug)]
+struct NoClient;
+
+#[async_trait]
+impl HttpClient for NoClient {
+    async fn send_bytes(&self, _request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        Err("not a client".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> anyhow::Result<TelemetrySettings> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        TelemetrySettings::from_lookup(|name| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn which_exporter_the_environment_names() {
+        assert_eq!(settings(&[]).unwrap(), TelemetrySettings::Off);
+        let cs = "InstrumentationKey=00000000-0000-0000-0000-000000000001;IngestionEndpoint=http://127.0.0.1:9/";
+        assert!(matches!(
+            settings(&[("APPLICATIONINSIGHTS_CONNECTION_STRING", cs)]).unwrap(),
+            TelemetrySettings::AppInsights { entra: None, .. }
+        ));
+        assert_eq!(
+            settings(&[
+                ("APPLICATIONINSIGHTS_CONNECTION_STRING", cs),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+            ])
+            .unwrap(),
+            TelemetrySettings::Otlp,
+            "OTLP wins: the host's OpenTelemetry mode or a collector"
+        );
+        match settings(&[
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", cs),
+            (
+                "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+                "ClientId=abc;Authorization=AAD",
+            ),
+        ])
+        .unwrap()
+        {
+            TelemetrySettings::AppInsights { entra, .. } => {
+                assert_eq!(entra, Some(Some("abc".to_owned())))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_a_loopback_endpoint_may_be_plain_http() {
+        let cs = |e: &str| format!("InstrumentationKey=k;IngestionEndpoint={e}");
+        assert_eq!(
+            loopback_http_endpoint(&cs("http://127.0.0.1:4000/")).as_deref(),
+            Some("http://127.0.0.1:4000/")
+        );
+        assert!(loopback_http_endpoint(&cs("http://localhost:4000/")).is_some());
+        assert!(loopback_http_endpoint(&cs("http://[::1]:4000/")).is_some());
+        assert!(loopback_http_endpoint(&cs(
+            "http://westeurope-5.in.applicationinsights.azure.com/"
+        ))
+        .is_none());
+        assert!(loopback_http_endpoint(&cs("https://127.0.0.1:4000/")).is_none());
+        assert!(loopback_http_endpoint("InstrumentationKey=k").is_none());
+    }
+
+    #[test]
+    fn a_bad_setting_is_refused_without_its_value() {
+        let e = settings(&[(
+            "APPLICATIONINSIGHTS_CONNECTION_STRING",
+            "secret-looking-text",
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("APPLICATIONINSIGHTS_CONNECTION_STRING"), "{e}");
+        assert!(!e.contains("secret-looking-text"), "{e}");
+        let cs = "InstrumentationKey=00000000-0000-0000-0000-000000000001";
+        let e = settings(&[
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", cs),
+            (
+                "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+                "Authorization=Basic",
+            ),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("APPLICATIONINSIGHTS_AUTHENTICATION_STRING"),
+            "{e}"
+        );
+    }
+}

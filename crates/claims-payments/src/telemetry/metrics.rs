@@ -1,0 +1,251 @@
+//! The service's metrics, as OpenTelemetry instruments.
+//!
+//! Application Insights stores each one in `customMetrics` (`name` below, the dimensions
+//! in `customDimensions`), aggregated per export interval (`valueSum`, `valueCount`,
+//! `valueMin`, `valueMax`). Nothing here is created unless telemetry is exported
+//! ([`super::enabled`]): without an exporter a count is one atomic add, as before.
+//!
+//! | metric | kind | dimensions |
+//! |---|---|---|
+//! | `claims_payments.outcomes` | counter | `outcome` (the log line's label) |
+//! | `claims_payments.dead_letter_bound` | counter | `outcome` (`conflict`, `invalid-message`, `store-failure`) |
+//! | `claims_payments.invocations` | counter | `function` |
+//! | `claims_payments.takeovers`, `.lease_waits`, `.own_writes_recognised` | counter | |
+//! | `claims_payments.bank.calls` | counter | `operation` (`payout`, `lookup`) |
+//! | `claims_payments.bank.retries`, `.bank.service_faults` | counter | |
+//! | `claims_payments.bank.duration` | histogram, ms | `operation`, `answer` (answer class) |
+//! | `claims_payments.http.answers` | counter | `route`, `status` |
+//! | `claims_payments.http.idempotency` | counter | `result` (`request`, `replayed`, `in-flight`, `key-reused`) |
+//! | `claims_payments.reconcile.runs` | counter | |
+//! | `claims_payments.reconcile.results` | counter | `result` |
+//! | `claims_payments.reconcile.backlog` | gauge | `state` (`needs-reconciliation`, `orphaned-in-progress`, `still-unknown`) |
+//! | `claims_payments.store.round_trips`, `.store.transient_errors` | counter | |
+//! | `claims_payments.cosmos.request_units` | counter (RU) | |
+//! | `claims_payments.starts` | counter | (exported at once: a restart loop still shows) |
+
+use std::sync::OnceLock;
+
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
+use opentelemetry::KeyValue;
+
+/// The metric names, one place (the alerts and the workbook in infra/ use them).
+pub mod names {
+    pub const OUTCOMES: &str = "claims_payments.outcomes";
+    pub const DEAD_LETTER_BOUND: &str = "claims_payments.dead_letter_bound";
+    pub const INVOCATIONS: &str = "claims_payments.invocations";
+    pub const TAKEOVERS: &str = "claims_payments.takeovers";
+    pub const LEASE_WAITS: &str = "claims_payments.lease_waits";
+    pub const OWN_WRITES_RECOGNISED: &str = "claims_payments.own_writes_recognised";
+    pub const BANK_CALLS: &str = "claims_payments.bank.calls";
+    pub const BANK_RETRIES: &str = "claims_payments.bank.retries";
+    pub const BANK_SERVICE_FAULTS: &str = "claims_payments.bank.service_faults";
+    pub const BANK_DURATION: &str = "claims_payments.bank.duration";
+    pub const HTTP_ANSWERS: &str = "claims_payments.http.answers";
+    pub const HTTP_IDEMPOTENCY: &str = "claims_payments.http.idempotency";
+    pub const RECONCILE_RUNS: &str = "claims_payments.reconcile.runs";
+    pub const RECONCILE_RESULTS: &str = "claims_payments.reconcile.results";
+    pub const RECONCILE_BACKLOG: &str = "claims_payments.reconcile.backlog";
+    pub const STORE_ROUND_TRIPS: &str = "claims_payments.store.round_trips";
+    pub const STORE_TRANSIENT_ERRORS: &str = "claims_payments.store.transient_errors";
+    pub const COSMOS_REQUEST_UNITS: &str = "claims_payments.cosmos.request_units";
+    pub const STARTS: &str = "claims_payments.starts";
+}
+
+/// The meter every instrument comes from (the global provider [`super::export`] installs).
+fn meter() -> Meter {
+    opentelemetry::global::meter("claims-payments")
+}
+
+/// A [`super::Counter`]'s metric: created on first use, and only when telemetry is
+/// exported.
+#[derive(Debug, Default)]
+pub struct Binding {
+    name: Option<&'static str>,
+    dimension: Option<(&'static str, &'static str)>,
+    instrument: OnceLock<Option<(Counter<u64>, Vec<KeyValue>)>>,
+}
+
+impl Binding {
+    pub const fn new(name: &'static str, dimension: Option<(&'static str, &'static str)>) -> Self {
+        Binding {
+            name: Some(name),
+            dimension,
+            instrument: OnceLock::new(),
+        }
+    }
+
+    pub fn add(&self, n: u64) {
+        if !super::enabled() {
+            return;
+        }
+        let instrument = self.instrument.get_or_init(|| {
+            let name = self.name?;
+            let attributes = self
+                .dimension
+                .map(|(k, v)| vec![KeyValue::new(k, v)])
+                .unwrap_or_default();
+            Some((meter().u64_counter(name).build(), attributes))
+        });
+        if let Some((counter, attributes)) = instrument {
+            counter.add(n, attributes);
+        }
+    }
+}
+
+/// A floating-point counter without dimensions (request units).
+#[derive(Debug, Default)]
+pub struct F64Binding {
+    name: Option<&'static str>,
+    instrument: OnceLock<Option<Counter<f64>>>,
+}
+
+impl F64Binding {
+    pub const fn new(name: &'static str) -> Self {
+        F64Binding {
+            name: Some(name),
+            instrument: OnceLock::new(),
+        }
+    }
+
+    pub fn add(&self, value: f64) {
+        if !super::enabled() {
+            return;
+        }
+        let instrument = self
+            .instrument
+            .get_or_init(|| self.name.map(|name| meter().f64_counter(name).build()));
+        if let Some(counter) = instrument {
+            counter.add(value, &[]);
+        }
+    }
+}
+
+/// The instruments that take dimensions known only at the call.
+struct Instruments {
+    bank_duration: Histogram<f64>,
+    http_answers: Counter<u64>,
+    dead_letter_bound: Counter<u64>,
+    reconcile_results: Counter<u64>,
+    reconcile_backlog: Gauge<u64>,
+}
+
+fn instruments() -> Option<&'static Instruments> {
+    static INSTRUMENTS: OnceLock<Instruments> = OnceLock::new();
+    if !super::enabled() {
+        return None;
+    }
+    Some(INSTRUMENTS.get_or_init(|| {
+        let meter = meter();
+        Instruments {
+            bank_duration: meter
+                .f64_histogram(names::BANK_DURATION)
+                .with_unit("ms")
+                .with_description("Duration of one bank request, to the answer's headers")
+                .build(),
+            http_answers: meter
+                .u64_counter(names::HTTP_ANSWERS)
+                .with_description("Answers of the handler's HTTP server, by route and status")
+                .build(),
+            dead_letter_bound: meter
+                .u64_counter(names::DEAD_LETTER_BOUND)
+                .with_description(
+                    "Answers that fail a message for good: after maxDeliveryCount it is dead-lettered",
+                )
+                .build(),
+            reconcile_results: meter.u64_counter(names::RECONCILE_RESULTS).build(),
+            reconcile_backlog: meter
+                .u64_gauge(names::RECONCILE_BACKLOG)
+                .with_description("Payments the last reconcile run found unsettled, by state")
+                .build(),
+        }
+    }))
+}
+
+/// `serve` started: counted and exported at once, so a handler that keeps crashing
+/// soon after its start still shows its starts.
+pub fn started() {
+    if !super::enabled() {
+        return;
+    }
+    meter().u64_counter(names::STARTS).build().add(1, &[]);
+    super::export::flush_metrics();
+}
+
+/// One bank request took `millis` and was answered as `answer`.
+pub fn bank_duration(operation: &'static str, answer: &'static str, millis: f64) {
+    if let Some(i) = instruments() {
+        i.bank_duration.record(
+            millis,
+            &[
+                KeyValue::new("operation", operation),
+                KeyValue::new("answer", answer),
+            ],
+        );
+    }
+}
+
+/// The HTTP server answered `route` with `status`.
+pub fn http_answer(route: &str, status: u16) {
+    if let Some(i) = instruments() {
+        i.http_answers.add(
+            1,
+            &[
+                KeyValue::new("route", route.to_owned()),
+                KeyValue::new("status", i64::from(status)),
+            ],
+        );
+    }
+}
+
+/// A delivery was answered so that the message will end in the dead-letter queue.
+pub fn dead_letter_bound(outcome: &'static str) {
+    if let Some(i) = instruments() {
+        i.dead_letter_bound
+            .add(1, &[KeyValue::new("outcome", outcome)]);
+    }
+}
+
+/// What one reconcile run settled, and what it found unsettled.
+pub struct ReconcileRun {
+    pub paid_by_lookup: u64,
+    pub paid_now: u64,
+    pub rejected: u64,
+    pub still_unknown: u64,
+    pub mismatches: u64,
+    pub double_payments: u64,
+    pub skipped: u64,
+    pub waiting: u64,
+    pub not_reached: u64,
+    pub needs_a_person: u64,
+    pub needs_reconciliation_before: u64,
+    pub orphaned_in_progress_before: u64,
+}
+
+pub fn reconcile_run(run: &ReconcileRun) {
+    let Some(i) = instruments() else { return };
+    for (result, n) in [
+        ("paid-by-lookup", run.paid_by_lookup),
+        ("paid-now", run.paid_now),
+        ("rejected", run.rejected),
+        ("still-unknown", run.still_unknown),
+        ("mismatch", run.mismatches),
+        ("double-payment", run.double_payments),
+        ("skipped", run.skipped),
+        ("waiting", run.waiting),
+        ("not-reached", run.not_reached),
+    ] {
+        if n > 0 {
+            i.reconcile_results
+                .add(n, &[KeyValue::new("result", result)]);
+        }
+    }
+    for (state, n) in [
+        ("needs-reconciliation", run.needs_reconciliation_before),
+        ("orphaned-in-progress", run.orphaned_in_progress_before),
+        ("still-unknown", run.still_unknown),
+        ("needs-a-person", run.needs_a_person),
+    ] {
+        i.reconcile_backlog
+            .record(n, &[KeyValue::new("state", state)]);
+    }
+}

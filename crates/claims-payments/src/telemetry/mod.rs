@@ -1,0 +1,375 @@
+//! Logs, traces and metrics.
+//!
+//! Logs are structured `tracing` events; in Azure they are one JSON object per line on
+//! stdout, which the Functions host forwards to Application Insights (`traces`, category
+//! `Host.Function.Console`). Every invocation ends with one `invocation finished` event
+//! carrying `claimId`, `messageId`, `deliveryCount` and `outcome`.
+//!
+//! Traces and metrics are OpenTelemetry, through `tracing` ([`export`] sets it up): with
+//! `APPLICATIONINSIGHTS_CONNECTION_STRING` they go to Application Insights, with
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` to an OTLP endpoint, without either nowhere (and no span
+//! is even created: [`enabled`] is false). Each invocation is a server span (a request in
+//! Application Insights) whose parent is the caller's `traceparent` or the message's
+//! `Diagnostic-Id` ([`trace`]); store calls and bank calls are client spans
+//! (dependencies), and the bank request carries `traceparent`.
+//!
+//! Counters are process-wide atomics: cheap on the hot path, logged as a summary every
+//! minute and at shutdown, and served as JSON on `GET /metrics` for local runs. When
+//! telemetry is exported, each counter is also an OpenTelemetry counter with its
+//! dimensions ([`metrics`]), so Application Insights gets real metrics, not log lines.
+
+pub mod export;
+pub mod metrics;
+pub mod trace;
+
+pub use export::{enabled, init_exporter, TelemetryGuard, TelemetrySettings};
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use serde::Serialize;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, EnvFilter, Layer};
+
+use self::metrics::{Binding, F64Binding};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// Stops azure_core from capturing a backtrace for every error it discards, which it
+/// does when `RUST_BACKTRACE=1` and which slows every Cosmos call several times; panics
+/// keep theirs. Call first thing in `main`, before any thread starts. An explicit
+/// `RUST_LIB_BACKTRACE` wins. The one place this is decided: child processes the dev
+/// tools and tests start inherit it.
+pub fn quiet_library_backtraces() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // SAFETY (edition 2024 marks set_var unsafe): called before any other thread exists.
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
+}
+
+/// What `serve` runs first: reads where telemetry goes (`TelemetrySettings`), builds the
+/// exporter and installs the subscriber (logs, and spans when exported). The guard
+/// flushes at shutdown. Call inside the runtime.
+pub fn start(format: LogFormat) -> anyhow::Result<Option<TelemetryGuard>> {
+    let settings = TelemetrySettings::from_env()?;
+    match init_exporter(&settings)? {
+        Some((tracer, guard)) => {
+            init_with(format, Some(tracer));
+            tracing::info!(telemetry = settings.name(), "telemetry exported");
+            Ok(Some(guard))
+        }
+        None => {
+            init(format);
+            Ok(None)
+        }
+    }
+}
+
+/// Installs the global subscriber (logs only, nothing exported). `RUST_LOG` overrides the
+/// default `info` filter.
+pub fn init(format: LogFormat) {
+    init_with(format, None);
+}
+
+/// Installs the global subscriber: the log lines, and the OpenTelemetry layer when an
+/// exporter was built (see [`export::init_exporter`]). A second init (tests, simulate)
+/// keeps the first subscriber.
+pub fn init_with(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Tracer>) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // The log line stays what it was: no span list, no current span.
+    let logs = match format {
+        LogFormat::Json => fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_writer(std::io::stdout)
+            .boxed(),
+        LogFormat::Text => fmt::layer().compact().with_writer(std::io::stdout).boxed(),
+    };
+    let otel = tracer.map(trace::layer);
+    let result = tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(otel)
+        .try_init();
+    drop(result);
+}
+
+/// A monotonically increasing count; also an OpenTelemetry counter (a metric with its
+/// dimensions) when telemetry is exported.
+#[derive(Debug, Default)]
+pub struct Counter {
+    value: AtomicU64,
+    metric: Binding,
+    /// Set to `true` on the current invocation's span when counted (e.g. `takeover`).
+    span_flag: Option<&'static str>,
+}
+
+impl Counter {
+    /// A count that is also the metric `name`, with one dimension `key = value` (or none).
+    pub const fn metric(
+        name: &'static str,
+        dimension: Option<(&'static str, &'static str)>,
+    ) -> Self {
+        Counter {
+            value: AtomicU64::new(0),
+            metric: Binding::new(name, dimension),
+            span_flag: None,
+        }
+    }
+
+    /// The same, and each count also marks the current invocation's span with `flag`.
+    pub fn flagging(mut self, flag: &'static str) -> Self {
+        self.span_flag = Some(flag);
+        self
+    }
+
+    pub fn inc(&self) {
+        self.add(1);
+    }
+
+    pub fn add(&self, n: u64) {
+        self.value.fetch_add(n, Ordering::Relaxed);
+        self.metric.add(n);
+        if let Some(flag) = self.span_flag {
+            trace::flag_current_span(flag);
+        }
+    }
+
+    pub fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+/// Request units, kept in hundredths so an atomic integer can hold them. Each charge is
+/// also added to the store call in progress (its dependency span carries the charge) and
+/// to the metric `claims_payments.cosmos.request_units`.
+#[derive(Debug, Default)]
+pub struct RequestUnits {
+    value: AtomicU64,
+    metric: F64Binding,
+}
+
+impl RequestUnits {
+    pub fn add(&self, ru: f64) {
+        if ru.is_finite() && ru > 0.0 {
+            self.value
+                .fetch_add((ru * 100.0).round() as u64, Ordering::Relaxed);
+            self.metric.add(ru);
+            trace::add_request_charge(ru);
+        }
+    }
+
+    pub fn get(&self) -> f64 {
+        self.value.load(Ordering::Relaxed) as f64 / 100.0
+    }
+}
+
+/// What the service counts. Outcome counters mirror the `outcome` log field.
+#[derive(Debug)]
+pub struct Counters {
+    pub invocations: Counter,
+    pub paid: Counter,
+    pub recorded: Counter,
+    pub duplicates_skipped: Counter,
+    pub business_duplicates: Counter,
+    pub conflicts: Counter,
+    pub invalid_messages: Counter,
+    pub retry_later: Counter,
+    pub store_failures: Counter,
+    pub rejected: Counter,
+    pub needs_reconciliation: Counter,
+    pub takeovers: Counter,
+    pub lease_waits: Counter,
+    pub own_write_recognised: Counter,
+    pub bank_calls: Counter,
+    pub bank_retries: Counter,
+    /// Bank answers that are the service's own fault (credential, URL, method, format).
+    pub bank_service_faults: Counter,
+    pub bank_lookups: Counter,
+    /// `POST /api/payments`: requests, stored answers replayed, refused while in flight
+    /// (409), keys reused with another request (422).
+    pub http_requests: Counter,
+    pub http_replays: Counter,
+    pub http_in_flight: Counter,
+    pub http_key_mismatches: Counter,
+    /// Reconcile runs, and the payments they settled or left unknown.
+    pub reconcile_runs: Counter,
+    pub reconcile_settled: Counter,
+    pub reconcile_unknown: Counter,
+    pub store_transient_errors: Counter,
+    pub store_round_trips: Counter,
+    /// SQLite group commits, and the write jobs they carried: jobs / commits is the
+    /// average group size. Syncs (`fdatasync` of the WAL) each cover one or more groups.
+    pub sqlite_commits: Counter,
+    pub sqlite_committed_jobs: Counter,
+    pub sqlite_syncs: Counter,
+    pub cosmos_request_units: RequestUnits,
+    /// Telemetry that never reached its endpoint: spans dropped because the export queue
+    /// was full, and items in exports that failed (endpoint slow, down or refusing).
+    pub telemetry_dropped: Counter,
+    pub telemetry_export_failures: Counter,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        use self::metrics::names::*;
+        let outcome = |label| Counter::metric(OUTCOMES, Some(("outcome", label)));
+        let http = |result| Counter::metric(HTTP_IDEMPOTENCY, Some(("result", result)));
+        Counters {
+            invocations: Counter::metric(INVOCATIONS, Some(("function", "ClaimApproved"))),
+            paid: outcome("paid"),
+            recorded: outcome("recorded"),
+            duplicates_skipped: outcome("duplicate"),
+            business_duplicates: outcome("business-duplicate"),
+            conflicts: outcome("conflict"),
+            invalid_messages: outcome("invalid-message"),
+            retry_later: outcome("retry-later"),
+            store_failures: outcome("store-failure"),
+            rejected: outcome("rejected"),
+            needs_reconciliation: outcome("needs-reconciliation"),
+            takeovers: Counter::metric(TAKEOVERS, None).flagging("takeover"),
+            lease_waits: Counter::metric(LEASE_WAITS, None),
+            own_write_recognised: Counter::metric(OWN_WRITES_RECOGNISED, None),
+            bank_calls: Counter::metric(BANK_CALLS, Some(("operation", "payout"))),
+            bank_retries: Counter::metric(BANK_RETRIES, None),
+            bank_service_faults: Counter::metric(BANK_SERVICE_FAULTS, None),
+            bank_lookups: Counter::metric(BANK_CALLS, Some(("operation", "lookup"))),
+            http_requests: http("request"),
+            http_replays: http("replayed"),
+            http_in_flight: http("in-flight"),
+            http_key_mismatches: http("key-reused"),
+            reconcile_runs: Counter::metric(RECONCILE_RUNS, None),
+            // The timer function records each result with its kind (metrics::reconcile_run).
+            reconcile_settled: Counter::default(),
+            reconcile_unknown: Counter::default(),
+            store_transient_errors: Counter::metric(STORE_TRANSIENT_ERRORS, None),
+            store_round_trips: Counter::metric(STORE_ROUND_TRIPS, None),
+            sqlite_commits: Counter::default(),
+            sqlite_committed_jobs: Counter::default(),
+            sqlite_syncs: Counter::default(),
+            cosmos_request_units: RequestUnits {
+                value: AtomicU64::new(0),
+                metric: F64Binding::new(COSMOS_REQUEST_UNITS),
+            },
+            // Counted here and logged; as metrics they would travel the road that failed.
+            telemetry_dropped: Counter::default(),
+            telemetry_export_failures: Counter::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CountersSnapshot {
+    pub invocations: u64,
+    pub paid: u64,
+    pub recorded: u64,
+    pub duplicates_skipped: u64,
+    pub business_duplicates: u64,
+    pub conflicts: u64,
+    pub invalid_messages: u64,
+    pub retry_later: u64,
+    pub store_failures: u64,
+    pub rejected: u64,
+    pub needs_reconciliation: u64,
+    pub takeovers: u64,
+    pub lease_waits: u64,
+    pub own_write_recognised: u64,
+    pub bank_calls: u64,
+    pub bank_retries: u64,
+    pub bank_service_faults: u64,
+    pub bank_lookups: u64,
+    pub http_requests: u64,
+    pub http_replays: u64,
+    pub http_in_flight: u64,
+    pub http_key_mismatches: u64,
+    pub reconcile_runs: u64,
+    pub reconcile_settled: u64,
+    pub reconcile_unknown: u64,
+    pub store_transient_errors: u64,
+    pub store_round_trips: u64,
+    pub sqlite_commits: u64,
+    pub sqlite_committed_jobs: u64,
+    pub sqlite_syncs: u64,
+    pub cosmos_request_units: f64,
+    pub telemetry_dropped: u64,
+    pub telemetry_export_failures: u64,
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> CountersSnapshot {
+        CountersSnapshot {
+            invocations: self.invocations.get(),
+            paid: self.paid.get(),
+            recorded: self.recorded.get(),
+            duplicates_skipped: self.duplicates_skipped.get(),
+            business_duplicates: self.business_duplicates.get(),
+            conflicts: self.conflicts.get(),
+            invalid_messages: self.invalid_messages.get(),
+            retry_later: self.retry_later.get(),
+            store_failures: self.store_failures.get(),
+            rejected: self.rejected.get(),
+            needs_reconciliation: self.needs_reconciliation.get(),
+            takeovers: self.takeovers.get(),
+            lease_waits: self.lease_waits.get(),
+            own_write_recognised: self.own_write_recognised.get(),
+            bank_calls: self.bank_calls.get(),
+            bank_retries: self.bank_retries.get(),
+            bank_service_faults: self.bank_service_faults.get(),
+            bank_lookups: self.bank_lookups.get(),
+            http_requests: self.http_requests.get(),
+            http_replays: self.http_replays.get(),
+            http_in_flight: self.http_in_flight.get(),
+            http_key_mismatches: self.http_key_mismatches.get(),
+            reconcile_runs: self.reconcile_runs.get(),
+            reconcile_settled: self.reconcile_settled.get(),
+            reconcile_unknown: self.reconcile_unknown.get(),
+            store_transient_errors: self.store_transient_errors.get(),
+            store_round_trips: self.store_round_trips.get(),
+            sqlite_commits: self.sqlite_commits.get(),
+            sqlite_committed_jobs: self.sqlite_committed_jobs.get(),
+            sqlite_syncs: self.sqlite_syncs.get(),
+            cosmos_request_units: self.cosmos_request_units.get(),
+            telemetry_dropped: self.telemetry_dropped.get(),
+            telemetry_export_failures: self.telemetry_export_failures.get(),
+        }
+    }
+}
+
+/// The process-wide counters.
+pub fn counters() -> &'static Counters {
+    static COUNTERS: OnceLock<Counters> = OnceLock::new();
+    COUNTERS.get_or_init(Counters::default)
+}
+
+/// Logs the counters as one structured event.
+pub fn log_counters() {
+    let c = counters().snapshot();
+    tracing::info!(
+        invocations = c.invocations,
+        paid = c.paid,
+        recorded = c.recorded,
+        duplicatesSkipped = c.duplicates_skipped,
+        businessDuplicates = c.business_duplicates,
+        conflicts = c.conflicts,
+        invalidMessages = c.invalid_messages,
+        retryLater = c.retry_later,
+        storeFailures = c.store_failures,
+        rejected = c.rejected,
+        needsReconciliation = c.needs_reconciliation,
+        takeovers = c.takeovers,
+        bankRetries = c.bank_retries,
+        bankServiceFaults = c.bank_service_faults,
+        storeTransientErrors = c.store_transient_errors,
+        cosmosRequestUnits = c.cosmos_request_units,
+        telemetryDropped = c.telemetry_dropped,
+        telemetryExportFailures = c.telemetry_export_failures,
+        "counters"
+    );
+}

@@ -1,0 +1,261 @@
+//! Telemetry of the real binary, received by a local Application Insights ingestion
+//! endpoint (testkit::ingestion): one trace per delivery from the host's traceparent (or
+//! the producer's Diagnostic-Id) through the store to the bank, metrics with their
+//! dimensions, no secret; and an unreachable endpoint that changes no answer.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use claims_payments_testkit::bank::FakeBank;
+use claims_payments_testkit::fixtures as common;
+use claims_payments_testkit::ingestion::{operation_id, property, Ingestion};
+use claims_payments_testkit::process::free_port;
+use claims_payments_testkit::service::{claim_body, host_envelope, outcome, Handler};
+use serde_json::{json, Value};
+
+const EXE: &str = env!("CARGO_BIN_EXE_claims-payments");
+const BANK_KEY: &str = "bank-credential-7f3e9c1d-never-in-telemetry";
+const PAYEE: &str = "NL91ABNA0417164300";
+
+fn temp_db() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("payments.db");
+    (dir, db)
+}
+
+/// POSTs an envelope as the host does, with `traceparent` when given.
+async fn deliver(handler: &Handler, envelope: &Value, traceparent: Option<&str>) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
+        .post(handler.url("/ClaimApproved"))
+        .header("Content-Type", "application/json; charset=utf-8")
+        .header(
+            "X-Azure-Functions-InvocationId",
+            uuid::Uuid::new_v4().to_string(),
+        )
+        .body(envelope.to_string());
+    if let Some(traceparent) = traceparent {
+        request = request.header("traceparent", traceparent);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+/// SIGTERM, and the exit: `serve` flushes what its exporters hold before it exits.
+async fn stop(handler: Handler) {
+    let mut handler = handler;
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(handler.child.id() as i32, libc::SIGTERM);
+    }
+    let status = tokio::task::spawn_blocking(move || handler.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+fn items_of<'a>(items: &'a [Value], base_type: &str, trace: &str) -> Vec<&'a Value> {
+    items
+        .iter()
+        .filter(|i| i["data"]["baseType"] == base_type && operation_id(i) == trace)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_delivery_is_one_trace_from_the_host_through_the_store_to_the_bank() {
+    let ingestion = Ingestion::start().await;
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let bank_url = bank.url();
+    let connection_string = ingestion.connection_string();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("BANK_API_KEY", BANK_KEY),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &connection_string),
+        ],
+    );
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "300.00");
+
+    // The host forwards the producer's trace context as traceparent.
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let host_span = "00f067aa0ba902b7";
+    let (status, first) = deliver(
+        &handler,
+        &host_envelope(&body, "evt-otel", 1),
+        Some(&format!("00-{trace}-{host_span}-01")),
+    )
+    .await;
+    assert_eq!((status, outcome(&first)), (200, "paid"));
+
+    // Without a traceparent header, the producer's Diagnostic-Id is the parent.
+    let sent_trace = "0af7651916cd43dd8448eb211c80319c";
+    let sent_span = "b7ad6b7169203331";
+    let mut redelivery = host_envelope(&body, "evt-otel", 2);
+    redelivery["Metadata"]["ApplicationProperties"] =
+        json!({"Diagnostic-Id": format!("00-{sent_trace}-{sent_span}-01")});
+    let (status, second) = deliver(&handler, &redelivery, None).await;
+    assert_eq!((status, outcome(&second)), (200, "duplicate"));
+
+    stop(handler).await;
+    let items = ingestion.items();
+
+    // The invocation: one request under the host's trace, its parent the host's span.
+    let requests = items_of(&items, "RequestData", trace);
+    assert_eq!(requests.len(), 1, "{items:#?}");
+    let request = requests[0];
+    assert_eq!(request["tags"]["ai.operation.parentId"], host_span);
+    assert_eq!(request["data"]["baseData"]["name"], "ClaimApproved");
+    assert_eq!(request["data"]["baseData"]["responseCode"], "200");
+    assert_eq!(request["data"]["baseData"]["success"], true);
+    assert_eq!(property(request, "claimId"), claim.as_str());
+    assert_eq!(property(request, "messageId"), "evt-otel");
+    assert_eq!(property(request, "deliveryCount"), "1");
+    assert_eq!(property(request, "outcome"), "paid");
+    assert_eq!(property(request, "bankAnswer"), "success");
+    let request_id = request["data"]["baseData"]["id"].as_str().unwrap();
+
+    // Its dependencies: the bank call and the store calls, under the same trace and
+    // parented on the request.
+    let dependencies = items_of(&items, "RemoteDependencyData", trace);
+    let bank_calls: Vec<_> = dependencies
+        .iter()
+        .filter(|d| property(d, "bank.operation") == "payout")
+        .collect();
+    assert_eq!(bank_calls.len(), 1, "{dependencies:#?}");
+    let bank_call = bank_calls[0];
+    assert_eq!(bank_call["data"]["baseData"]["type"], "HTTP");
+    assert_eq!(bank_call["data"]["baseData"]["resultCode"], "201");
+    assert_eq!(bank_call["tags"]["ai.operation.parentId"], request_id);
+    let store_calls: Vec<&str> = dependencies
+        .iter()
+        .filter(|d| d["data"]["baseData"]["type"] == "sqlite")
+        .map(|d| d["data"]["baseData"]["name"].as_str().unwrap_or(""))
+        .collect();
+    assert!(store_calls.contains(&"sqlite claim"), "{store_calls:?}");
+    assert!(store_calls.contains(&"sqlite finalize"), "{store_calls:?}");
+
+    // The bank saw the same trace, parented on the bank call's span.
+    let traceparents = bank.traceparents();
+    assert_eq!(traceparents.len(), 1);
+    let bank_span = bank_call["data"]["baseData"]["id"].as_str().unwrap();
+    assert_eq!(
+        traceparents[0].as_deref(),
+        Some(format!("00-{trace}-{bank_span}-01").as_str())
+    );
+
+    // The redelivery: a request under the producer's trace, no bank call.
+    let requests = items_of(&items, "RequestData", sent_trace);
+    assert_eq!(requests.len(), 1, "{items:#?}");
+    assert_eq!(requests[0]["tags"]["ai.operation.parentId"], sent_span);
+    assert_eq!(property(requests[0], "outcome"), "duplicate");
+    assert_eq!(property(requests[0], "deliveryCount"), "2");
+    assert!(items_of(&items, "RemoteDependencyData", sent_trace)
+        .iter()
+        .all(|d| d["data"]["baseData"]["type"] != "HTTP"));
+
+    // Metrics, with their dimensions.
+    let outcomes = ingestion.metric("claims_payments.outcomes");
+    let count = |label: &str| -> f64 {
+        outcomes
+            .iter()
+            .filter(|(_, p)| p["outcome"] == label)
+            .map(|(v, _)| v)
+            .sum()
+    };
+    assert_eq!(
+        (count("paid"), count("duplicate")),
+        (1.0, 1.0),
+        "{outcomes:?}"
+    );
+    let latency = ingestion.metric("claims_payments.bank.duration");
+    assert!(
+        latency
+            .iter()
+            .any(|(_, p)| p["operation"] == "payout" && p["answer"] == "success"),
+        "{latency:?}"
+    );
+    let answers = ingestion.metric("claims_payments.http.answers");
+    assert!(
+        answers
+            .iter()
+            .any(|(v, p)| p["route"] == "/ClaimApproved" && p["status"] == "200" && *v >= 2.0),
+        "{answers:?}"
+    );
+
+    // Never a secret, never the payee's account.
+    let text = ingestion.text();
+    assert!(
+        !text.contains(BANK_KEY),
+        "the bank credential reached telemetry"
+    );
+    assert!(!text.contains(PAYEE), "the payee account reached telemetry");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_endpoint_changes_no_answer() {
+    // A port nobody listens on.
+    let dead = format!(
+        "InstrumentationKey=5e1d7c3a-0b4f-4c8e-9a2d-6f7e8d9c0b1a;IngestionEndpoint=http://127.0.0.1:{}/",
+        free_port().unwrap()
+    );
+    let bank = FakeBank::start().await;
+    let bank_url = bank.url();
+    let (_dir_a, db_a) = temp_db();
+    let (_dir_b, db_b) = temp_db();
+    let plain = Handler::start(EXE, &db_a, &[("BANK_API_URL", bank_url.as_str())]);
+    let exporting = Handler::start(
+        EXE,
+        &db_b,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &dead),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "42.00");
+    let bad = r#"{"claimId":"not-a-uuid","amount":"1","currency":"EUR"}"#;
+    let mut answers = Vec::new();
+    for handler in [&plain, &exporting] {
+        let mut seen = Vec::new();
+        for (body, id, count) in [
+            (&body[..], "m-1", 1),
+            (&body[..], "m-1", 2),
+            (bad, "m-2", 1),
+        ] {
+            let (status, answer) = deliver(handler, &host_envelope(body, id, count), None).await;
+            seen.push((status, outcome(&answer).to_owned()));
+        }
+        answers.push(seen);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0][0], (200, "paid".to_owned()));
+    assert_eq!(answers[0][2], (422, "invalid-message".to_owned()));
+
+    // The exporter tried, failed, and counted it; the service kept answering.
+    let metrics_url = exporting.url("/metrics");
+    let failures = || async {
+        reqwest::get(&metrics_url)
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()["telemetryExportFailures"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while failures().await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed export counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, again) = deliver(&exporting, &host_envelope(&body, "m-1", 3), None).await;
+    assert_eq!((status, outcome(&again)), (200, "duplicate"));
+}
