@@ -10,6 +10,7 @@
 //! - [`message`]: the `ClaimApproved` contract and its domain types;
 //! - [`payments_api`]: `POST /api/payments` with an Idempotency-Key, on the same engine;
 //! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
+//! - [`idempotency`]: leases on inbox records, the one takeover rule every path follows;
 //! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB);
 //! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget, lookups);
 //! - [`reconcile`]: settles unknown and orphaned payouts by asking the bank;
@@ -25,6 +26,7 @@ pub mod consumer;
 pub mod functions;
 pub mod host;
 pub mod http;
+pub mod idempotency;
 pub mod message;
 pub mod payments_api;
 pub mod reconcile;

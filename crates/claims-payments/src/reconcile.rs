@@ -45,10 +45,11 @@ use time::OffsetDateTime;
 
 use crate::bank::{BankClient, BankPayment, BankStatus, Lookup, PayoutOutcome, SendWindow};
 use crate::consumer::{Consumer, OutcomeKind};
+use crate::idempotency::{self, Created, Lease, Terms};
 use crate::message::{ClaimId, MessageId, PayloadHash};
 use crate::store::{
-    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, PaymentRecord,
-    PaymentStatus, StoreError, Version, Versioned,
+    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
+    StoreError, Versioned,
 };
 use crate::telemetry;
 
@@ -242,8 +243,7 @@ enum Finding {
 /// The message's lease, held by this run: the record as written, its version, and
 /// the record as found (to give back unchanged when nothing is settled).
 struct Held {
-    record: InboxRecord,
-    version: Version,
+    lease: Lease,
     found: Option<InboxRecord>,
 }
 
@@ -426,17 +426,11 @@ impl Reconciler {
             PaymentStatus::Rejected => OutcomeKind::Rejected,
             _ => OutcomeKind::NeedsReconciliation,
         };
-        let final_inbox = InboxRecord {
-            status: InboxStatus::Completed,
-            outcome: Some(outcome.into()),
-            lease_until: None,
-            updated_at: now,
-            ..held.record
-        };
+        let final_inbox = idempotency::completed(&held.lease.record, outcome.into(), now);
         match store
             .finalize(
                 &final_inbox,
-                &held.version,
+                &held.lease.version,
                 &final_payment,
                 Some(&payment.version),
             )
@@ -465,58 +459,43 @@ impl Reconciler {
         p: &PaymentRecord,
         inbox: Option<Versioned<InboxRecord>>,
     ) -> Result<Option<Held>, StoreError> {
-        let store = self.consumer.store();
+        let store = self.consumer.store().as_ref();
         let policy = self.consumer.policy();
         let now = OffsetDateTime::now_utc();
         match inbox {
             Some(seen) => {
-                if seen.record.lease_alive(now) && seen.record.owner != self.me {
+                // Not a broker delivery: only the lease decides (count 0).
+                if !idempotency::holder(&seen.record, self.me, 0, now).may_take_over() {
                     return Ok(None);
                 }
-                let record = InboxRecord {
-                    status: InboxStatus::InProgress,
-                    outcome: None,
-                    owner: self.me,
-                    lease_until: Some(now + policy.lease),
-                    updated_at: now,
-                    expires_at: now + policy.inbox_retention,
-                    ..seen.record.clone()
-                };
-                match store.replace_inbox(&record, &seen.version).await {
-                    Ok(version) => Ok(Some(Held {
-                        record,
-                        version,
+                let taken = idempotency::taken_over(&seen.record, self.me, 0, policy.terms(), now);
+                Ok(Lease::take_over(store, &seen, taken)
+                    .await?
+                    .map(|lease| Held {
+                        lease,
                         found: Some(seen.record),
-                    })),
-                    Err(StoreError::PreconditionFailed) => Ok(None),
-                    Err(e) => Err(e),
-                }
+                    }))
             }
             None => {
                 // The inbox record expired (retention); the payment is the evidence.
-                let record = InboxRecord {
+                let key = InboxKey {
                     consumer: policy.consumer_name.clone(),
                     claim_id: p.claim_id,
                     message_id: p.message_id.clone(),
-                    payload_hash: p.payload_hash.clone(),
-                    status: InboxStatus::InProgress,
-                    outcome: None,
-                    owner: self.me,
-                    lease_until: Some(now + policy.lease),
-                    first_delivery_count: 0,
-                    last_delivery_count: 0,
-                    created_at: now,
-                    updated_at: now,
-                    expires_at: now + policy.inbox_retention,
                 };
-                match store.record_handled(&record).await? {
-                    InsertResult::Inserted(version) => Ok(Some(Held {
-                        record,
-                        version,
-                        found: None,
-                    })),
-                    InsertResult::AlreadyExists(_) => Ok(None),
-                }
+                let record = idempotency::new_record(
+                    &key,
+                    &p.payload_hash,
+                    self.me,
+                    0,
+                    policy.terms(),
+                    now,
+                    None,
+                );
+                Ok(match Lease::create(store, record).await? {
+                    Created::Held(lease) => Some(Held { lease, found: None }),
+                    Created::Exists(_) => None,
+                })
             }
         }
     }
@@ -526,22 +505,17 @@ impl Reconciler {
     /// once and the payment looks no younger than before: a release must not hide it
     /// from the next run.
     async fn release(&self, held: &Held) {
-        let now = OffsetDateTime::now_utc();
+        let record = &held.lease.record;
         let released = match &held.found {
             Some(found) => found.clone(),
             None => InboxRecord {
-                lease_until: Some(now.min(held.record.created_at)),
-                ..held.record.clone()
+                lease_until: Some(OffsetDateTime::now_utc().min(record.created_at)),
+                ..record.clone()
             },
         };
-        if let Err(e) = self
-            .consumer
-            .store()
-            .replace_inbox(&released, &held.version)
-            .await
-        {
-            tracing::warn!(claimId = %held.record.claim_id, error = %e, "could not give back the reconcile lease; it will expire");
-        }
+        held.lease
+            .give_back(self.consumer.store().as_ref(), released)
+            .await;
     }
 
     async fn ask(&self, p: &PaymentRecord) -> Finding {
@@ -784,10 +758,7 @@ fn carries_reference(body: &str, key: &str) -> bool {
 /// The run lease: one reconcile run at a time across instances. An inbox record of the
 /// pseudo-consumer `reconcile-run` under a fixed claim id, taken and given back with the
 /// same conditional writes as a message's lease.
-pub struct RunLease {
-    record: InboxRecord,
-    version: Version,
-}
+pub struct RunLease(Lease);
 
 const RUN_LEASE_CLAIM: &str = "5e3c0f1a-7d2b-4c69-9f41-2a8e6b0d9c17";
 
@@ -806,59 +777,36 @@ impl RunLease {
         };
         let now = OffsetDateTime::now_utc();
         let me = AttemptId::new();
-        let retention = consumer.policy().inbox_retention;
-        match store.inbox(&key).await? {
-            Some(seen) if seen.record.lease_alive(now) => Ok(None),
-            Some(seen) => {
-                let record = InboxRecord {
-                    status: InboxStatus::InProgress,
-                    owner: me,
-                    lease_until: Some(now + length),
-                    updated_at: now,
-                    expires_at: now + retention,
-                    ..seen.record
-                };
-                match store.replace_inbox(&record, &seen.version).await {
-                    Ok(version) => Ok(Some(RunLease { record, version })),
-                    Err(StoreError::PreconditionFailed) => Ok(None),
-                    Err(e) => Err(e),
-                }
-            }
+        let terms = Terms {
+            lease: length,
+            retention: consumer.policy().inbox_retention,
+        };
+        let store = store.as_ref();
+        let seen = match store.inbox(&key).await? {
+            Some(seen) => seen,
             None => {
-                let record = InboxRecord {
-                    consumer: key.consumer,
-                    claim_id,
-                    message_id,
-                    payload_hash: PayloadHash::from_stored("reconcile-run".into()),
-                    status: InboxStatus::InProgress,
-                    outcome: None,
-                    owner: me,
-                    lease_until: Some(now + length),
-                    first_delivery_count: 0,
-                    last_delivery_count: 0,
-                    created_at: now,
-                    updated_at: now,
-                    expires_at: now + retention,
-                };
-                match store.record_handled(&record).await? {
-                    InsertResult::Inserted(version) => Ok(Some(RunLease { record, version })),
-                    InsertResult::AlreadyExists(_) => Ok(None),
-                }
+                let hash = PayloadHash::from_stored("reconcile-run".into());
+                let record = idempotency::new_record(&key, &hash, me, 0, terms, now, None);
+                return Ok(match Lease::create(store, record).await? {
+                    Created::Held(lease) => Some(RunLease(lease)),
+                    Created::Exists(_) => None,
+                });
             }
+        };
+        if !idempotency::holder(&seen.record, me, 0, now).may_take_over() {
+            return Ok(None);
         }
+        let taken = idempotency::taken_over(&seen.record, me, 0, terms, now);
+        Ok(Lease::take_over(store, &seen, taken).await?.map(RunLease))
     }
 
     /// Gives the run lease back. Best effort: otherwise it expires.
     pub async fn release(self, consumer: &Consumer) {
-        let now = OffsetDateTime::now_utc();
-        let done = InboxRecord {
-            status: InboxStatus::Completed,
-            outcome: Some(InboxOutcome::RunReleased),
-            lease_until: None,
-            updated_at: now,
-            ..self.record
-        };
-        if let Err(e) = consumer.store().replace_inbox(&done, &self.version).await {
+        if let Err(e) = self
+            .0
+            .complete(consumer.store().as_ref(), InboxOutcome::RunReleased)
+            .await
+        {
             tracing::warn!(error = %e, "could not release the reconcile run lease; it will expire");
         }
     }

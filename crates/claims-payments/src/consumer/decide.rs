@@ -9,6 +9,7 @@
 use time::OffsetDateTime;
 
 use super::{Delivery, Outcome, OutcomeKind, Policy};
+use crate::idempotency::{self, Holder};
 use crate::message::{ClaimApproved, PayloadHash, Purpose};
 use crate::store::{
     AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
@@ -21,21 +22,23 @@ pub(crate) struct Attempt<'a> {
     pub id: AttemptId,
     pub hash: PayloadHash,
     pub key: InboxKey,
+    /// The claim's payment as this attempt last wrote or read it, so that a caller that
+    /// answers with the payment (the HTTP API) need not read it back.
+    pub payment_seen: std::sync::Mutex<Option<PaymentRecord>>,
 }
 
 impl Attempt<'_> {
-    /// Whether this delivery comes after the one that holds the record's lease.
-    ///
-    /// Service Bus hands a message out again only once the previous delivery's lock is
-    /// gone (abandoned, expired, or its process died), numbering it one higher. So a
-    /// higher DeliveryCount than the holder recorded means the holder's delivery is
-    /// over, and waiting out its lease (minutes, with production settings) would only
-    /// spend the remaining deliveries and dead-letter the message. Taking over early is
-    /// safe even if the old attempt still runs: the bank request carries the same
-    /// Idempotency-Key, and its finalize is conditional on a version it no longer holds.
-    /// A count of 0 means the host did not say; then only the lease decides.
-    pub fn supersedes(&self, holder: &InboxRecord) -> bool {
-        holder.last_delivery_count > 0 && self.delivery.delivery_count > holder.last_delivery_count
+    /// Notes the claim's payment as the store now holds it.
+    pub fn saw(&self, payment: &PaymentRecord) {
+        if let Ok(mut seen) = self.payment_seen.lock() {
+            *seen = Some(payment.clone());
+        }
+    }
+
+    /// Who holds `record`, as this attempt sees it (the takeover rule:
+    /// [`idempotency::holder`]).
+    pub fn sees(&self, record: &InboxRecord, now: OffsetDateTime) -> Holder {
+        idempotency::holder(record, self.id, self.delivery.delivery_count, now)
     }
 }
 
@@ -142,15 +145,13 @@ pub(crate) fn decide(
         },
         Observed::Payment(payment) => on_payment(a, payment, policy, now),
         Observed::PayoutOwner(owner) => match owner {
-            Some(o) if o.status == InboxStatus::InProgress && !o.lease_alive(now) => {
+            // Another message's record: our delivery count says nothing about it.
+            Some(o)
+                if o.status == InboxStatus::InProgress
+                    && idempotency::holder(o, a.id, 0, now) == Holder::Nobody =>
+            {
                 NextAction::AdoptOrphanedPayout {
-                    record: InboxRecord {
-                        owner: a.id,
-                        lease_until: Some(now + policy.lease),
-                        updated_at: now,
-                        expires_at: now + policy.inbox_retention,
-                        ..o.clone()
-                    },
+                    record: idempotency::taken_over(o, a.id, 0, policy.terms(), now),
                 }
             }
             _ => NextAction::WaitForPayout,
@@ -164,12 +165,11 @@ pub(crate) fn decide(
             Some(p) => {
                 let outcome = outcome_of(p);
                 NextAction::CompleteInbox {
-                    inbox: InboxRecord {
-                        status: InboxStatus::Completed,
-                        outcome: Some(outcome.kind().into()),
-                        lease_until: None,
-                        ..touched(a, inbox, policy, now)
-                    },
+                    inbox: idempotency::completed(
+                        &touched(a, inbox, policy, now),
+                        outcome.kind().into(),
+                        now,
+                    ),
                     outcome,
                 }
             }
@@ -184,7 +184,8 @@ fn on_inbox(
     policy: &Policy,
     now: OffsetDateTime,
 ) -> NextAction {
-    if record.owner == a.id {
+    let holder = a.sees(record, now);
+    if holder == Holder::Us {
         // Our own committed write, reported as a conflict (409) or a stale ETag (412)
         // because the SDK re-sent it after an ambiguous timeout.
         return match record.status {
@@ -200,22 +201,22 @@ fn on_inbox(
             ),
         });
     }
-    match record.status {
-        InboxStatus::Completed => NextAction::Finish(Outcome::Duplicate {
+    match (record.status, holder) {
+        (InboxStatus::Completed, _) => NextAction::Finish(Outcome::Duplicate {
             first_outcome: record.outcome.as_ref().and_then(InboxOutcome::kind),
         }),
-        InboxStatus::InProgress if record.lease_alive(now) && !a.supersedes(record) => {
-            NextAction::WaitForLiveAttempt {
-                lease_until: record.lease_until,
-            }
-        }
-        InboxStatus::InProgress => NextAction::TakeOver {
-            record: InboxRecord {
-                owner: a.id,
-                lease_until: Some(now + policy.lease),
-                ..touched(a, record, policy, now)
-            },
-            reason: if record.lease_alive(now) {
+        (InboxStatus::InProgress, Holder::Live(until)) => NextAction::WaitForLiveAttempt {
+            lease_until: Some(until),
+        },
+        (InboxStatus::InProgress, _) => NextAction::TakeOver {
+            record: idempotency::taken_over(
+                record,
+                a.id,
+                a.delivery.delivery_count,
+                policy.terms(),
+                now,
+            ),
+            reason: if holder == Holder::Superseded {
                 TakeOverReason::LaterDelivery
             } else {
                 TakeOverReason::LeaseExpired
@@ -280,24 +281,24 @@ pub(crate) fn inbox_record(
     lease_until: Option<OffsetDateTime>,
     outcome: Option<OutcomeKind>,
 ) -> InboxRecord {
+    let record = idempotency::new_record(
+        &a.key,
+        &a.hash,
+        a.id,
+        a.delivery.delivery_count,
+        policy.terms(),
+        now,
+        None,
+    );
     InboxRecord {
-        consumer: a.key.consumer.clone(),
-        claim_id: a.msg.claim_id,
-        message_id: a.delivery.message_id.clone(),
-        payload_hash: a.hash.clone(),
         status: if lease_until.is_some() {
             InboxStatus::InProgress
         } else {
             InboxStatus::Completed
         },
         outcome: outcome.map(InboxOutcome::Message),
-        owner: a.id,
         lease_until,
-        first_delivery_count: a.delivery.delivery_count,
-        last_delivery_count: a.delivery.delivery_count,
-        created_at: now,
-        updated_at: now,
-        expires_at: now + policy.inbox_retention,
+        ..record
     }
 }
 
@@ -330,20 +331,14 @@ pub(crate) fn payment_record(
     }
 }
 
-/// A record stamped as touched by this attempt now.
+/// `record` written again by this attempt at `now` (see [`idempotency::touched`]).
 pub(crate) fn touched(
     a: &Attempt<'_>,
     record: &InboxRecord,
     policy: &Policy,
     now: OffsetDateTime,
 ) -> InboxRecord {
-    InboxRecord {
-        last_delivery_count: a.delivery.delivery_count.max(record.last_delivery_count),
-        updated_at: now,
-        // Cosmos counts TTL from the last write; keep both stores' retention the same.
-        expires_at: now + policy.inbox_retention,
-        ..record.clone()
-    }
+    idempotency::touched(record, a.delivery.delivery_count, policy.terms(), now)
 }
 
 /// The outcome a final payment stands for.
@@ -414,6 +409,7 @@ mod tests {
                 claim_id: ClaimId::parse(CLAIM).unwrap(),
                 message_id: delivery.message_id.clone(),
             },
+            payment_seen: Default::default(),
         }
     }
 
@@ -533,7 +529,7 @@ mod tests {
         let (m, d) = (msg("10.00"), delivery("evt-1", 3));
         let a = attempt(&m, &d);
         let seen = held_by_other(&a, now() + secs(30), 2);
-        assert!(a.supersedes(&seen));
+        assert_eq!(a.sees(&seen, now()), Holder::Superseded);
         let NextAction::TakeOver { record, reason } = on(&a, Observed::Inbox(&seen)) else {
             panic!("expected a takeover");
         };
@@ -544,7 +540,7 @@ mod tests {
         for count in [2, 1] {
             let d = delivery("evt-1", count);
             let a = attempt(&m, &d);
-            assert!(!a.supersedes(&seen));
+            assert!(matches!(a.sees(&seen, now()), Holder::Live(_)));
             assert!(matches!(
                 on(&a, Observed::Inbox(&seen)),
                 NextAction::WaitForLiveAttempt { .. }
@@ -559,7 +555,7 @@ mod tests {
         let d0 = delivery("evt-1", 0);
         let a0 = attempt(&m, &d0);
         let live = held_by_other(&a0, now() + secs(30), 1);
-        assert!(!a0.supersedes(&live));
+        assert!(matches!(a0.sees(&live, now()), Holder::Live(_)));
         assert!(matches!(
             on(&a0, Observed::Inbox(&live)),
             NextAction::WaitForLiveAttempt { .. }
@@ -568,7 +564,7 @@ mod tests {
         let d5 = delivery("evt-1", 5);
         let a5 = attempt(&m, &d5);
         let unknown = held_by_other(&a5, now() + secs(30), 0);
-        assert!(!a5.supersedes(&unknown));
+        assert!(matches!(a5.sees(&unknown, now()), Holder::Live(_)));
         assert!(matches!(
             on(&a5, Observed::Inbox(&unknown)),
             NextAction::WaitForLiveAttempt { .. }

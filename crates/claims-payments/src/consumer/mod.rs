@@ -33,6 +33,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use crate::bank::{BankClient, PayoutOutcome, SendWindow};
+use crate::idempotency::{self, Lease, Terms};
 use crate::message::{ClaimApproved, MessageId, PayloadHash, Purpose};
 use crate::store::{
     AttemptId, ClaimResult, DynStore, InboxKey, InboxRecord, InsertResult, PaymentRecord,
@@ -40,8 +41,9 @@ use crate::store::{
 };
 use crate::telemetry;
 
+pub use crate::message::OutcomeKind;
 use decide::{decide, Attempt, NextAction, Observed, TakeOverReason};
-pub use outcome::{Outcome, OutcomeKind};
+pub use outcome::Outcome;
 use wait::BoundedWait;
 
 /// One delivery of a message, as the broker numbers it.
@@ -75,6 +77,16 @@ pub struct Policy {
     pub inflight_wait: Duration,
     pub retry_budget: Duration,
     pub bank_key_window: Duration,
+}
+
+impl Policy {
+    /// The lease and retention of this consumer's inbox records.
+    pub fn terms(&self) -> Terms {
+        Terms {
+            lease: self.lease,
+            retention: self.inbox_retention,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -147,16 +159,34 @@ impl Consumer {
 
     /// Handles one delivery. Never panics on data; every path ends in an outcome.
     pub async fn handle(&self, msg: &ClaimApproved, delivery: &Delivery) -> Outcome {
+        self.handle_with_payment(msg, delivery).await.0
+    }
+
+    /// As [`Self::handle`], with the claim's payment as the attempt last wrote or read
+    /// it (`None` when it did not touch it, e.g. a duplicate answered from memory).
+    pub async fn handle_with_payment(
+        &self,
+        msg: &ClaimApproved,
+        delivery: &Delivery,
+    ) -> (Outcome, Option<PaymentRecord>) {
         let key = self.inbox_key(msg, delivery);
         let hash = msg.payload_hash();
         if let Some((seen_hash, first_outcome)) = self.completed.get(&key) {
             if seen_hash == hash {
                 let outcome = Outcome::Duplicate { first_outcome };
                 outcome.count();
-                return outcome;
+                return (outcome, None);
             }
         }
-        let outcome = match self.process(msg, delivery, key.clone(), hash.clone()).await {
+        let attempt = Attempt {
+            msg,
+            delivery,
+            id: AttemptId::new(),
+            hash: hash.clone(),
+            key: key.clone(),
+            payment_seen: Default::default(),
+        };
+        let outcome = match self.process(&attempt).await {
             Ok(outcome) => outcome,
             Err(Failure::Crashed(step)) => Outcome::RetryLater {
                 reason: format!("simulated crash {step:?}"),
@@ -182,7 +212,8 @@ impl Consumer {
             self.completed.insert(key, (hash, first));
         }
         outcome.count();
-        outcome
+        let payment = attempt.payment_seen.into_inner().ok().flatten();
+        (outcome, payment)
     }
 
     fn crash_point(&self, step: Step) -> Result<(), Failure> {
@@ -192,33 +223,22 @@ impl Consumer {
         }
     }
 
-    async fn process(
-        &self,
-        msg: &ClaimApproved,
-        delivery: &Delivery,
-        key: InboxKey,
-        hash: PayloadHash,
-    ) -> Flow {
+    async fn process(&self, attempt: &Attempt<'_>) -> Flow {
+        let msg = attempt.msg;
         if self.bank.is_some() && msg.payee.is_none() {
             return Ok(Outcome::InvalidMessage {
                 reason: "payee: is missing, and payouts are enabled (BANK_API_URL is set)".into(),
             });
         }
-        let attempt = Attempt {
-            msg,
-            delivery,
-            id: AttemptId::new(),
-            hash,
-            key,
-        };
         let now = now();
-        let inbox = self.new_inbox(&attempt, now);
-        let payment = self.new_payment(&attempt, now);
+        let inbox = self.new_inbox(attempt, now);
+        let payment = self.new_payment(attempt, now);
         let start = match self.store.claim(&inbox, &payment).await? {
             ClaimResult::Claimed { inbox_version } => {
+                attempt.saw(&payment);
                 self.crash_point(Step::AfterClaim)?;
                 match decide(
-                    &attempt,
+                    attempt,
                     Observed::Claimed { inbox: &inbox },
                     &self.policy,
                     now,
@@ -228,12 +248,15 @@ impl Consumer {
                 }
             }
             ClaimResult::InboxExists(seen) => State::Seen(seen, self.attempt_wait()),
-            ClaimResult::PaymentExists(existing) => State::Payment(
-                existing.record,
-                BoundedWait::for_payout(self.policy.inflight_wait),
-            ),
+            ClaimResult::PaymentExists(existing) => {
+                attempt.saw(&existing.record);
+                State::Payment(
+                    existing.record,
+                    BoundedWait::for_payout(self.policy.inflight_wait),
+                )
+            }
         };
-        self.run(&attempt, start).await
+        self.run(attempt, start).await
     }
 
     /// The records a first attempt of `delivery` claims: its inbox record, owned by
@@ -252,6 +275,7 @@ impl Consumer {
             id: attempt,
             hash: msg.payload_hash(),
             key: self.inbox_key(msg, delivery),
+            payment_seen: Default::default(),
         };
         (self.new_inbox(&a, now), self.new_payment(&a, now))
     }
@@ -326,6 +350,9 @@ impl Consumer {
                 NextAction::AnswerFromPayment => {
                     telemetry::counters().own_write_recognised.inc();
                     let payment = self.store.payment(a.msg.claim_id, Purpose::Payout).await?;
+                    if let Some(p) = &payment {
+                        a.saw(&p.record);
+                    }
                     let seen = Observed::OwnCompleted(payment.as_ref().map(|p| &p.record));
                     return finished(decide(a, seen, &self.policy, now())).map(Progress::Done);
                 }
@@ -429,6 +456,7 @@ impl Consumer {
             .await?
             .ok_or_else(|| StoreError::Permanent("a payment disappeared".into()))?
             .record;
+        a.saw(&payment);
         Ok(Progress::Next(State::Payment(payment, wait)))
     }
 
@@ -443,6 +471,9 @@ impl Consumer {
     /// Continues a message whose lease we now hold, from where its records say.
     async fn resume(&self, a: &Attempt<'_>, inbox: InboxRecord, version: Version) -> Advance {
         let payment = self.store.payment(a.msg.claim_id, Purpose::Payout).await?;
+        if let Some(p) = &payment {
+            a.saw(&p.record);
+        }
         let seen = Observed::Held {
             inbox: &inbox,
             payment: payment.as_ref().map(|p| &p.record),
@@ -560,18 +591,18 @@ impl Consumer {
             updated_at: now,
             ..payment
         };
-        let final_inbox = InboxRecord {
-            status: crate::store::InboxStatus::Completed,
-            outcome: Some(outcome.kind().into()),
-            lease_until: None,
-            ..decide::touched(a, &inbox, &self.policy, now)
-        };
+        let final_inbox = idempotency::completed(
+            &decide::touched(a, &inbox, &self.policy, now),
+            outcome.kind().into(),
+            now,
+        );
         match self
             .store
             .finalize(&final_inbox, &version, &final_payment, None)
             .await
         {
             Ok(()) => {
+                a.saw(&final_payment);
                 self.crash_point(Step::AfterFinalize)?;
                 Ok(Progress::Done(outcome))
             }
@@ -586,17 +617,13 @@ impl Consumer {
         }
     }
 
-    /// Gives up our lease so the next delivery can take over immediately. Best effort:
-    /// if it fails, the lease simply runs out.
+    /// Gives up our lease so the next delivery can take over immediately (best effort).
     async fn release(&self, inbox: &InboxRecord, version: &Version) {
-        let released = InboxRecord {
-            lease_until: Some(now()),
-            updated_at: now(),
-            ..inbox.clone()
+        let lease = Lease {
+            record: inbox.clone(),
+            version: version.clone(),
         };
-        if let Err(e) = self.store.replace_inbox(&released, version).await {
-            tracing::warn!(claimId = %inbox.claim_id, messageId = %inbox.message_id, error = %e, "could not release the lease; it will expire");
-        }
+        lease.release(self.store.as_ref()).await;
     }
 
     /// Writes `taken` over `seen` if its version still holds. `None`: another attempt
@@ -608,8 +635,8 @@ impl Consumer {
         seen: &Versioned<InboxRecord>,
         reason: TakeOverReason,
     ) -> Result<Option<(InboxRecord, Version)>, Failure> {
-        match self.store.replace_inbox(&taken, &seen.version).await {
-            Ok(version) => {
+        match Lease::take_over(self.store.as_ref(), seen, taken).await? {
+            Some(Lease { record, version }) => {
                 telemetry::counters().takeovers.inc();
                 tracing::info!(
                     claimId = %a.msg.claim_id,
@@ -621,10 +648,9 @@ impl Consumer {
                     reason = reason.as_str(),
                     "took over the lease of an earlier attempt"
                 );
-                Ok(Some((taken, version)))
+                Ok(Some((record, version)))
             }
-            Err(StoreError::PreconditionFailed) => Ok(None),
-            Err(e) => Err(e.into()),
+            None => Ok(None),
         }
     }
 }

@@ -39,11 +39,9 @@ use time::OffsetDateTime;
 
 use crate::consumer::{Consumer, Delivery, Outcome};
 use crate::http::{read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
+use crate::idempotency::{self, Created, Holder, Lease, Terms};
 use crate::message::{ClaimApproved, ClaimId, PayloadHash, Purpose};
-use crate::store::{
-    AttemptId, InboxOutcome, InboxRecord, InboxStatus, InsertResult, PaymentRecord, StoreError,
-    Version, Versioned,
-};
+use crate::store::{AttemptId, InboxOutcome, InboxRecord, InboxStatus, StoreError};
 use crate::telemetry;
 
 mod answer;
@@ -221,9 +219,8 @@ impl PaymentsApi {
         let fingerprint = msg.payload_hash();
         let answer = match self.begin(&identity, &fingerprint).await {
             Ok(Begin::Answer(answer)) => answer,
-            Ok(Begin::Proceed(record, version)) => {
-                self.process(&caller, &scope, &msg, &identity, record, version)
-                    .await
+            Ok(Begin::Proceed(lease)) => {
+                self.process(&caller, &scope, &msg, &identity, lease).await
             }
             Err(e) => self.store_failed(e),
         };
@@ -290,34 +287,28 @@ impl PaymentsApi {
         }
     }
 
+    /// The lease and retention of key records.
+    fn terms(&self) -> Terms {
+        Terms {
+            lease: self.consumer.policy().lease,
+            retention: self.retention,
+        }
+    }
+
     /// Step 1: the key record, created or taken over, or the answer it already gives.
     async fn begin(
         &self,
         identity: &KeyIdentity,
         fingerprint: &PayloadHash,
     ) -> Result<Begin, StoreError> {
-        let store = self.consumer.store();
-        let lease = self.consumer.policy().lease;
+        let store = self.consumer.store().as_ref();
+        let terms = self.terms();
         let now = OffsetDateTime::now_utc();
         let me = AttemptId::new();
-        let fresh = InboxRecord {
-            consumer: identity.key.consumer.clone(),
-            claim_id: identity.key.claim_id,
-            message_id: identity.key.message_id.clone(),
-            payload_hash: fingerprint.clone(),
-            status: InboxStatus::InProgress,
-            outcome: None,
-            owner: me,
-            lease_until: Some(now + lease),
-            first_delivery_count: 1,
-            last_delivery_count: 1,
-            created_at: now,
-            updated_at: now,
-            expires_at: now + self.retention,
-        };
-        let seen = match store.record_handled(&fresh).await? {
-            InsertResult::Inserted(version) => return Ok(Begin::Proceed(fresh, version)),
-            InsertResult::AlreadyExists(seen) => *seen,
+        let fresh = idempotency::new_record(&identity.key, fingerprint, me, 1, terms, now, None);
+        let seen = match Lease::create(store, fresh.clone()).await? {
+            Created::Held(lease) => return Ok(Begin::Proceed(lease)),
+            Created::Exists(seen) => seen,
         };
         let record = &seen.record;
         let expired = record.expires_at <= now;
@@ -340,20 +331,11 @@ impl PaymentsApi {
                 return Ok(Begin::Answer(answer));
             }
         }
-        if !expired && record.lease_alive(now) {
+        // A client's retry is not a broker delivery: only the lease decides (count 0).
+        if let (false, Holder::Live(until)) = (expired, idempotency::holder(record, me, 0, now)) {
             telemetry::counters().http_in_flight.inc();
-            let left = (record.lease_until.unwrap_or(now) - now)
-                .whole_seconds()
-                .max(1) as u64;
-            return Ok(Begin::Answer(
-                Answer::problem(
-                    StatusCode::CONFLICT,
-                    "request-in-flight",
-                    "A request with this Idempotency-Key is in progress",
-                    "retry later with the same Idempotency-Key",
-                )
-                .retry_after(left.min(5)),
-            ));
+            let left = (until - now).whole_seconds().max(1) as u64;
+            return Ok(Begin::Answer(in_flight(left.min(5))));
         }
         // The lease ran out (a crash, or a 503 that gave it back), or the key expired:
         // take it over with a write conditional on what we read.
@@ -364,27 +346,12 @@ impl PaymentsApi {
                 ..fresh
             }
         } else {
-            InboxRecord {
-                owner: me,
-                lease_until: Some(now + lease),
-                last_delivery_count: attempt,
-                updated_at: now,
-                ..record.clone()
-            }
+            idempotency::taken_over(record, me, attempt, terms, now)
         };
-        match store.replace_inbox(&taken, &seen.version).await {
-            Ok(version) => Ok(Begin::Proceed(taken, version)),
-            Err(StoreError::PreconditionFailed) => Ok(Begin::Answer(
-                Answer::problem(
-                    StatusCode::CONFLICT,
-                    "request-in-flight",
-                    "A request with this Idempotency-Key is in progress",
-                    "retry later with the same Idempotency-Key",
-                )
-                .retry_after(1),
-            )),
-            Err(e) => Err(e),
-        }
+        Ok(match Lease::take_over(store, &seen, taken).await? {
+            Some(lease) => Begin::Proceed(lease),
+            None => Begin::Answer(in_flight(1)),
+        })
     }
 
     /// Steps 2 and 3: the consumer's engine, then the answer kept in the key record.
@@ -394,25 +361,22 @@ impl PaymentsApi {
         scope: &Scope,
         msg: &ClaimApproved,
         identity: &KeyIdentity,
-        record: InboxRecord,
-        version: Version,
+        lease: Lease,
     ) -> Answer {
+        let store = self.consumer.store().as_ref();
         let delivery = Delivery {
             message_id: identity.key.message_id.clone(),
-            delivery_count: record.last_delivery_count,
+            delivery_count: lease.record.last_delivery_count,
         };
-        let outcome = self.consumer.handle(msg, &delivery).await;
-        let payment = match outcome {
-            Outcome::RetryLater { .. } | Outcome::StoreFailure { .. } => None,
-            _ => match self
-                .consumer
-                .store()
-                .payment(msg.claim_id, Purpose::Payout)
-                .await
-            {
-                Ok(p) => p.map(|p: Versioned<PaymentRecord>| p.record),
+        let (outcome, written) = self.consumer.handle_with_payment(msg, &delivery).await;
+        let payment = match (&outcome, written) {
+            (Outcome::RetryLater { .. } | Outcome::StoreFailure { .. }, _) => None,
+            (_, Some(payment)) => Some(payment),
+            // Answered without touching the payment (a duplicate): read it.
+            (_, None) => match store.payment(msg.claim_id, Purpose::Payout).await {
+                Ok(p) => p.map(|p| p.record),
                 Err(e) => {
-                    self.release(record, &version).await;
+                    lease.release(store).await;
                     return self.store_failed(e);
                 }
             },
@@ -430,74 +394,52 @@ impl PaymentsApi {
         }
         if answer.status == 503 || answer.status == 500 {
             // Nothing final: the retry resumes under the same key.
-            self.release(record, &version).await;
+            lease.release(store).await;
             return answer;
         }
         if answer.status == 400 {
             // A refusal of the request itself is never stored (the draft: the client
             // must correct it, and the corrected request is then processed): give the
-            // key back.
-            self.forget(record, &version).await;
+            // key back, marked expired, which [`Self::begin`] treats as a key never
+            // seen. Nothing was paid under it (the consumer refused the body before its
+            // claim step).
+            let now = OffsetDateTime::now_utc();
+            let forgotten = InboxRecord {
+                lease_until: None,
+                expires_at: now,
+                updated_at: now,
+                ..lease.record.clone()
+            };
+            lease.give_back(store, forgotten).await;
             return answer;
         }
-        let now = OffsetDateTime::now_utc();
-        let done = InboxRecord {
-            status: InboxStatus::Completed,
-            outcome: serde_json::to_string(&answer)
-                .ok()
-                .map(InboxOutcome::HttpAnswer),
-            lease_until: None,
-            updated_at: now,
-            ..record
-        };
-        if let Err(e) = self.consumer.store().replace_inbox(&done, &version).await {
-            // The answer is still right: a retry recomputes it from the records.
-            tracing::warn!(error = %e, messageId = %identity.key.message_id, "could not store the answer under its key");
+        let stored = serde_json::to_string(&answer)
+            .ok()
+            .map(InboxOutcome::HttpAnswer);
+        if let Some(stored) = stored {
+            if let Err(e) = lease.complete(store, stored).await {
+                // The answer is still right: a retry recomputes it from the records.
+                tracing::warn!(error = %e, messageId = %identity.key.message_id, "could not store the answer under its key");
+            }
         }
         answer
     }
+}
 
-    /// Marks the key record expired, which [`Self::begin`] treats as a key never seen:
-    /// nothing was paid under it (the consumer refused the body before its claim step).
-    async fn forget(&self, record: InboxRecord, version: &Version) {
-        let now = OffsetDateTime::now_utc();
-        let forgotten = InboxRecord {
-            lease_until: None,
-            expires_at: now,
-            updated_at: now,
-            ..record
-        };
-        if let Err(e) = self
-            .consumer
-            .store()
-            .replace_inbox(&forgotten, version)
-            .await
-        {
-            tracing::warn!(error = %e, "could not give the key back; it stays leased until its lease runs out");
-        }
-    }
-
-    async fn release(&self, record: InboxRecord, version: &Version) {
-        let now = OffsetDateTime::now_utc();
-        let released = InboxRecord {
-            lease_until: Some(now),
-            updated_at: now,
-            ..record
-        };
-        if let Err(e) = self
-            .consumer
-            .store()
-            .replace_inbox(&released, version)
-            .await
-        {
-            tracing::warn!(error = %e, "could not release the key lease; it will expire");
-        }
-    }
+/// 409: another request with the key is being handled.
+fn in_flight(retry_after: u64) -> Answer {
+    Answer::problem(
+        StatusCode::CONFLICT,
+        "request-in-flight",
+        "A request with this Idempotency-Key is in progress",
+        "retry later with the same Idempotency-Key",
+    )
+    .retry_after(retry_after)
 }
 
 enum Begin {
     Answer(Answer),
-    Proceed(InboxRecord, Version),
+    Proceed(Lease),
 }
 
 /// The request body as a `ClaimApproved`. It must be one JSON object: serde would read a

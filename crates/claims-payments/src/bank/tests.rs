@@ -1,0 +1,374 @@
+//! The bank client's tests: the contract's answers classified, lookups read, and no
+//! text of the bank's kept.
+
+use super::answer::*;
+use super::*;
+use proptest::prelude::*;
+
+fn outcome(status: u16, body: &str) -> Result<PayoutOutcome, String> {
+    match classify(
+        StatusCode::from_u16(status).unwrap(),
+        body.as_bytes(),
+        None,
+        None,
+    ) {
+        Answer::Done(o) => Ok(o),
+        Answer::Retry { error, .. } => Err(error),
+    }
+}
+
+#[test]
+fn classification_follows_the_bank_contract() {
+    assert_eq!(
+        outcome(201, r#"{"paymentId":"p-1"}"#),
+        Ok(PayoutOutcome::Paid {
+            payment_id: "p-1".into()
+        })
+    );
+    assert!(
+        outcome(200, "{}").is_err(),
+        "a 2xx without an id is asked again"
+    );
+    for transient in [409, 429, 408, 500, 502, 503, 599] {
+        assert!(outcome(transient, "").is_err(), "{transient} is transient");
+    }
+    assert!(matches!(
+        outcome(422, ""),
+        Ok(PayoutOutcome::KeyMismatch { .. })
+    ));
+    for rejected in [400, 402] {
+        assert!(
+            matches!(outcome(rejected, ""), Ok(PayoutOutcome::Rejected { .. })),
+            "{rejected}"
+        );
+    }
+}
+
+#[test]
+fn the_services_own_faults_never_reject_a_payment() {
+    for status in [
+        301, 302, 307, 401, 403, 404, 405, 407, 410, 413, 415, 418, 451,
+    ] {
+        assert!(
+            matches!(
+                outcome(status, "no"),
+                Ok(PayoutOutcome::ServiceFault { status: s, .. }) if s == status
+            ),
+            "{status} must be a service fault, got {:?}",
+            outcome(status, "no")
+        );
+    }
+}
+
+#[test]
+fn retry_after_takes_seconds_or_an_http_date_and_is_capped() {
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    assert_eq!(retry_after("3", now), Some(Duration::from_secs(3)));
+    assert_eq!(
+        retry_after("18446744073709551615", now),
+        Some(MAX_RETRY_AFTER)
+    );
+    assert_eq!(
+        retry_after("99999999999999999999999", now),
+        Some(MAX_RETRY_AFTER)
+    );
+    let in_ten = httpdate::fmt_http_date(now + Duration::from_secs(10));
+    assert_eq!(retry_after(&in_ten, now), Some(Duration::from_secs(10)));
+    let past = httpdate::fmt_http_date(now - Duration::from_secs(10));
+    assert_eq!(retry_after(&past, now), Some(Duration::ZERO));
+    assert_eq!(retry_after("soon", now), None);
+    assert_eq!(retry_after("-1", now), None);
+}
+
+#[test]
+fn the_window_ends_before_the_key_window_by_a_margin() {
+    let created = OffsetDateTime::now_utc();
+    let day = Duration::from_secs(86_400);
+    let w = SendWindow::new(Duration::from_secs(60), created, day);
+    assert_eq!(w.last_send, created + day - KEY_WINDOW_MARGIN);
+    let short = SendWindow::new(Duration::from_secs(60), created, Duration::from_secs(10));
+    assert_eq!(short.last_send, created + Duration::from_secs(9));
+}
+
+const KEY: &str = "tenant-a:claim-payment-1";
+
+fn entry(reference: Option<&str>, status: &str, amount: &str) -> serde_json::Value {
+    let mut e = serde_json::json!({"paymentId": "p1", "status": status, "amount": amount, "currency": "EUR"});
+    if let Some(r) = reference {
+        e["reference"] = r.into();
+    }
+    e
+}
+
+fn lookup_of(entries: &[serde_json::Value]) -> Lookup {
+    let body = serde_json::to_vec(entries).unwrap();
+    read_lookup(
+        StatusCode::OK,
+        &body,
+        &IdempotencyKey::from_stored(KEY.into()),
+        Some("s3cr3t"),
+    )
+}
+
+#[test]
+fn only_a_200_with_a_list_is_a_lookup_answer() {
+    let key = IdempotencyKey::from_stored(KEY.into());
+    let ok = |body: &str| read_lookup(StatusCode::OK, body.as_bytes(), &key, None);
+    assert_eq!(ok("[]"), Lookup::Holds(vec![]));
+    match lookup_of(&[entry(Some(KEY), "paid", "10.0")]) {
+        Lookup::Holds(p) => assert_eq!(
+            p,
+            vec![BankPayment {
+                payment_id: "p1".into(),
+                status: BankStatus::Paid,
+                amount: Decimal::new(10, 0),
+                currency: "EUR".into(),
+            }]
+        ),
+        other => panic!("{other:?}"),
+    }
+    for unknown in [
+        read_lookup(StatusCode::SERVICE_UNAVAILABLE, b"[]", &key, None),
+        read_lookup(StatusCode::TOO_MANY_REQUESTS, b"[]", &key, None),
+        read_lookup(StatusCode::NOT_FOUND, b"[]", &key, None),
+        ok("{}"),
+        ok("not json"),
+        ok(r#"[{"paymentId":"p1"}]"#),
+    ] {
+        assert!(matches!(unknown, Lookup::Unknown { .. }), "{unknown:?}");
+    }
+}
+
+/// The bank may normalise the reference's case: still ours. An entry without a
+/// reference, or under another one, is neither ours nor "nothing held".
+#[test]
+fn lookup_references_compare_ignoring_case_and_must_be_there() {
+    let upper = KEY.to_uppercase();
+    assert!(matches!(
+        lookup_of(&[entry(Some(&upper), "paid", "10.00")]),
+        Lookup::Holds(p) if p.len() == 1
+    ));
+    for (entries, why) in [
+        (vec![entry(None, "paid", "10.00")], "no reference"),
+        (
+            vec![entry(Some("tenant-b:claim-payment-9"), "paid", "10.00")],
+            "another reference",
+        ),
+        (
+            vec![
+                entry(Some(KEY), "paid", "10.00"),
+                entry(Some("other"), "paid", "10.00"),
+            ],
+            "another reference",
+        ),
+        (vec![entry(Some(KEY), "paid", "1e3")], "amount"),
+        (vec![entry(Some(KEY), "paid", "-")], "amount"),
+    ] {
+        match lookup_of(&entries) {
+            Lookup::Unknown { reason } => assert!(reason.contains(why), "{reason}"),
+            other => panic!("{entries:?}: {other:?}"),
+        }
+    }
+    let mut lower_currency = entry(Some(KEY), "paid", "10.00");
+    lower_currency["currency"] = "eur".into();
+    assert!(matches!(
+        lookup_of(&[lower_currency]),
+        Lookup::Unknown { .. }
+    ));
+}
+
+/// A bank (or proxy) that reflects our request in its answers: nothing of its text
+/// is kept, and a token carrying the credential is refused.
+#[test]
+fn no_text_of_the_bank_is_kept_and_the_credential_never_is() {
+    let secret = "s3cr3t-bank-key";
+    let echo = format!("Authorization: Bearer {secret}\nIdempotency-Key: k");
+    let key = IdempotencyKey::from_stored(KEY.into());
+    for status in [400u16, 402, 404, 409, 422, 429, 500, 503] {
+        let status = StatusCode::from_u16(status).unwrap();
+        let text = match classify(status, echo.as_bytes(), None, Some(secret)) {
+            Answer::Retry { error, .. } => error,
+            Answer::Done(outcome) => format!("{outcome:?}"),
+        };
+        assert!(!text.contains(secret) && !text.contains("Bearer"), "{text}");
+        let Lookup::Unknown { reason } = read_lookup(status, echo.as_bytes(), &key, Some(secret))
+        else {
+            panic!("a {status} lookup is not an answer")
+        };
+        assert!(!reason.contains(secret), "{reason}");
+    }
+    // The contract's error code is kept; one that carries the credential is not.
+    let coded = classify(
+        StatusCode::PAYMENT_REQUIRED,
+        br#"{"code":"insufficient_funds","error":"Bearer x"}"#,
+        None,
+        Some(secret),
+    );
+    assert_eq!(
+        coded,
+        Answer::Done(PayoutOutcome::Rejected {
+            status: 402,
+            reason: "bank answered 402 Payment Required (code insufficient_funds)".into()
+        })
+    );
+    let leaked = format!(r#"{{"code":"{secret}"}}"#);
+    assert!(!format!(
+        "{:?}",
+        classify(
+            StatusCode::BAD_REQUEST,
+            leaked.as_bytes(),
+            None,
+            Some(secret)
+        )
+    )
+    .contains(secret));
+    // A "payment id" that reflects the credential is no payment id.
+    let paid = format!(r#"{{"paymentId":"Bearer-{secret}"}}"#);
+    assert!(matches!(
+        classify(StatusCode::CREATED, paid.as_bytes(), None, Some(secret)),
+        Answer::Retry { .. }
+    ));
+    let mut e = entry(Some(KEY), "paid", "10.00");
+    e["paymentId"] = secret.into();
+    assert!(matches!(lookup_of(&[e]), Lookup::Unknown { .. }));
+    // A JSON error quotes the value it choked on; the reason must not.
+    let bad = format!(r#"[{{"paymentId":1,"status":"{secret}"}}]"#);
+    match read_lookup(StatusCode::OK, bad.as_bytes(), &key, Some(secret)) {
+        Lookup::Unknown { reason } => assert!(!reason.contains(secret), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A bank answer larger than any the contract allows is never read whole: a lookup
+/// is unknown, with the reason; a payout success is asked again.
+#[tokio::test]
+async fn oversized_answers_are_cut_off_and_read_as_unknown() {
+    use axum::routing::get;
+    let big = || "[".to_owned() + &"{\"paymentId\":\"p\"},".repeat(40_000) + "{}]";
+    let app = axum::Router::new()
+        .route(
+            "/sized/payments",
+            get(move || async move { big() }).post(|| async {
+                (
+                    axum::http::StatusCode::CREATED,
+                    "{\"paymentId\":\"".to_owned() + &"x".repeat(MAX_ANSWER_BYTES) + "\"}",
+                )
+            }),
+        )
+        // Chunked, without a Content-Length: the cap holds while streaming.
+        .route(
+            "/streamed/payments",
+            get(move || async move {
+                let chunks = (0..1000).map(|_| Ok::<_, std::io::Error>("[{}],".repeat(100)));
+                axum::body::Body::from_stream(futures::stream::iter(chunks))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let key = IdempotencyKey::from_stored(KEY.into());
+    for path in ["sized", "streamed"] {
+        let client = BankClient::new(&BankSettings {
+            url: format!("http://{addr}/{path}").parse().unwrap(),
+            api_key: None,
+            timeout: Duration::from_secs(10),
+            key_window: Duration::from_secs(3600),
+        })
+        .unwrap();
+        match client.lookup(&key).await {
+            Lookup::Unknown { reason } => {
+                assert!(reason.contains("more than 65536 bytes"), "{path}: {reason}")
+            }
+            other => panic!("{path}: {other:?}"),
+        }
+        if path == "sized" {
+            let window = SendWindow::new(
+                Duration::from_millis(50),
+                OffsetDateTime::now_utc(),
+                Duration::from_secs(3600),
+            );
+            match client.pay(&key, "{}", window).await {
+                PayoutOutcome::GaveUp { last_error, .. } => {
+                    assert!(last_error.contains("more than"), "{last_error}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}
+
+/// A lookup that times out says so (and never reads as "not paid").
+#[tokio::test]
+async fn a_lookup_that_times_out_is_named_a_timeout() {
+    let app = axum::Router::new().route(
+        "/payments",
+        axum::routing::get(|| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            "[]"
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = BankClient::new(&BankSettings {
+        url: format!("http://{addr}/").parse().unwrap(),
+        api_key: None,
+        timeout: Duration::from_millis(100),
+        key_window: Duration::from_secs(3600),
+    })
+    .unwrap();
+    match client
+        .lookup(&IdempotencyKey::from_stored(KEY.into()))
+        .await
+    {
+        Lookup::Unknown { reason } => assert_eq!(reason, "lookup timed out after 100 ms"),
+        other => panic!("{other:?}"),
+    }
+}
+
+proptest! {
+    /// No answer of the bank may panic the handler: arbitrary statuses, headers and
+    /// bodies are read into an outcome or a retry, and a retry's wait is bounded.
+    #[test]
+    fn any_bank_answer_is_read_without_panicking(
+        status in 100u16..=999,
+        header_values in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4),
+        header_names in proptest::collection::vec("[a-zA-Z-]{1,20}", 0..4),
+        retry in prop_oneof![
+            any::<u64>().prop_map(|n| n.to_string()),
+            "[0-9]{0,40}",
+            ".{0,40}",
+            any::<u32>().prop_map(|s| httpdate::fmt_http_date(
+                SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(s) * 2))),
+        ],
+        body in proptest::collection::vec(any::<u8>(), 0..300),
+        now_secs in any::<u32>(),
+    ) {
+        let mut headers = HeaderMap::new();
+        for (name, value) in header_names.iter().zip(&header_values) {
+            if let (Ok(n), Ok(v)) = (
+                reqwest::header::HeaderName::try_from(name.as_str()),
+                HeaderValue::from_bytes(value),
+            ) {
+                headers.append(n, v);
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(&retry) {
+            headers.insert(RETRY_AFTER, v);
+        }
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(now_secs));
+        let status = StatusCode::from_u16(status).unwrap();
+        match read_answer(status, &headers, &body, now, None) {
+            Answer::Retry { after, .. } => {
+                prop_assert!(after.is_none_or(|a| a <= MAX_RETRY_AFTER));
+                // The wait is added to a clock reading: it must never overflow.
+                let wait = after.unwrap_or_default();
+                prop_assert!(Instant::now().checked_add(wait).is_some());
+            }
+            Answer::Done(PayoutOutcome::Paid { payment_id }) => {
+                prop_assert!(status.is_success() && !payment_id.trim().is_empty());
+            }
+            Answer::Done(_) => prop_assert!(!status.is_success()),
+        }
+    }
+}

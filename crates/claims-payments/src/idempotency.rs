@@ -1,0 +1,274 @@
+//! Leases on inbox records: the one place where an attempt takes, takes over, gives
+//! back or completes the right to work on something that must happen once (a message's
+//! delivery, an HTTP Idempotency-Key, a reconcile run, a payment reconcile settles).
+//!
+//! A lease is an inbox record `in_progress` with an owner and `lease_until`. It is
+//! created with a conditional create and changed only with writes conditional on the
+//! version read, so of two attempts that race, exactly one wins; the loser re-reads.
+//! Who may take a record over is decided by [`holder`], and nowhere else.
+
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use crate::message::PayloadHash;
+use crate::store::{
+    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, Store, StoreError,
+    StoreResult, Version, Versioned,
+};
+
+/// How long a lease lasts, and how long its record is kept after its last write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Terms {
+    pub lease: Duration,
+    pub retention: Duration,
+}
+
+/// Who holds a record, as an attempt sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// This very attempt wrote it (an ambiguous timeout re-sent our own write).
+    Us,
+    /// Nobody: completed, or its lease ran out (a crash, a given-back lease).
+    Nobody,
+    /// A live attempt of an earlier delivery, which the broker has given up on (see
+    /// [`holder`]).
+    Superseded,
+    /// A live attempt, until then.
+    Live(OffsetDateTime),
+}
+
+impl Holder {
+    /// Whether the attempt may write over the record now.
+    pub fn may_take_over(self) -> bool {
+        !matches!(self, Holder::Live(_))
+    }
+}
+
+/// The takeover rule. `delivery` is the broker's count for this attempt (0 when it is
+/// not a broker delivery or the host did not say).
+///
+/// A later delivery of the same message supersedes a live lease: the broker only
+/// redelivers once it gave up on the earlier one (its lock expired, or the host
+/// abandoned it), and waiting out the lease (minutes, with production settings) would
+/// only spend the remaining deliveries. That is safe even if the old attempt still runs:
+/// the bank request carries the same Idempotency-Key, and its final write is conditional
+/// on a version it no longer holds.
+pub fn holder(record: &InboxRecord, me: AttemptId, delivery: u32, now: OffsetDateTime) -> Holder {
+    if record.owner == me {
+        Holder::Us
+    } else if !record.lease_alive(now) {
+        Holder::Nobody
+    } else if record.last_delivery_count > 0 && delivery > record.last_delivery_count {
+        Holder::Superseded
+    } else {
+        Holder::Live(record.lease_until.unwrap_or(now))
+    }
+}
+
+/// A new record for `key`: in progress under a lease when `outcome` is `None`,
+/// otherwise completed with it.
+pub fn new_record(
+    key: &InboxKey,
+    payload_hash: &PayloadHash,
+    owner: AttemptId,
+    delivery: u32,
+    terms: Terms,
+    now: OffsetDateTime,
+    outcome: Option<InboxOutcome>,
+) -> InboxRecord {
+    InboxRecord {
+        consumer: key.consumer.clone(),
+        claim_id: key.claim_id,
+        message_id: key.message_id.clone(),
+        payload_hash: payload_hash.clone(),
+        status: if outcome.is_some() {
+            InboxStatus::Completed
+        } else {
+            InboxStatus::InProgress
+        },
+        lease_until: outcome.is_none().then(|| now + terms.lease),
+        outcome,
+        owner,
+        first_delivery_count: delivery,
+        last_delivery_count: delivery,
+        created_at: now,
+        updated_at: now,
+        expires_at: now + terms.retention,
+    }
+}
+
+/// `record` written again at `now`: the latest delivery count kept, and the retention
+/// counted from this write (Cosmos counts TTL from the last write; every store does the
+/// same).
+pub fn touched(
+    record: &InboxRecord,
+    delivery: u32,
+    terms: Terms,
+    now: OffsetDateTime,
+) -> InboxRecord {
+    InboxRecord {
+        last_delivery_count: delivery.max(record.last_delivery_count),
+        updated_at: now,
+        expires_at: now + terms.retention,
+        ..record.clone()
+    }
+}
+
+/// `record` taken over by `me`: in progress under a fresh lease.
+pub fn taken_over(
+    record: &InboxRecord,
+    me: AttemptId,
+    delivery: u32,
+    terms: Terms,
+    now: OffsetDateTime,
+) -> InboxRecord {
+    InboxRecord {
+        status: InboxStatus::InProgress,
+        outcome: None,
+        owner: me,
+        lease_until: Some(now + terms.lease),
+        ..touched(record, delivery, terms, now)
+    }
+}
+
+/// `record` completed with `outcome`: final, no lease.
+pub fn completed(record: &InboxRecord, outcome: InboxOutcome, now: OffsetDateTime) -> InboxRecord {
+    InboxRecord {
+        status: InboxStatus::Completed,
+        outcome: Some(outcome),
+        lease_until: None,
+        updated_at: now,
+        ..record.clone()
+    }
+}
+
+/// A lease this attempt holds: the record as it wrote it, and the version that proves it.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub record: InboxRecord,
+    pub version: Version,
+}
+
+/// What a conditional create found.
+#[derive(Debug)]
+pub enum Created {
+    Held(Lease),
+    /// The record exists; judge it with [`holder`].
+    Exists(Versioned<InboxRecord>),
+}
+
+impl Lease {
+    /// Creates `record` if no record of its key exists.
+    pub async fn create(store: &dyn Store, record: InboxRecord) -> StoreResult<Created> {
+        Ok(match store.record_handled(&record).await? {
+            InsertResult::Inserted(version) => Created::Held(Lease { record, version }),
+            InsertResult::AlreadyExists(seen) => Created::Exists(*seen),
+        })
+    }
+
+    /// Writes `taken` over `seen` if nothing changed it since it was read. `None`:
+    /// another attempt moved first.
+    pub async fn take_over(
+        store: &dyn Store,
+        seen: &Versioned<InboxRecord>,
+        taken: InboxRecord,
+    ) -> StoreResult<Option<Lease>> {
+        match store.replace_inbox(&taken, &seen.version).await {
+            Ok(version) => Ok(Some(Lease {
+                record: taken,
+                version,
+            })),
+            Err(StoreError::PreconditionFailed) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Replaces the leased record with `record`, under the lease.
+    pub async fn write(self, store: &dyn Store, record: InboxRecord) -> StoreResult<Lease> {
+        let version = store.replace_inbox(&record, &self.version).await?;
+        Ok(Lease { record, version })
+    }
+
+    /// Completes the record with `outcome`, under the lease.
+    pub async fn complete(self, store: &dyn Store, outcome: InboxOutcome) -> StoreResult<Lease> {
+        let done = completed(&self.record, outcome, OffsetDateTime::now_utc());
+        self.write(store, done).await
+    }
+
+    /// Ends the lease now, so the next attempt may take over at once instead of waiting
+    /// it out. Best effort: if the write fails, the lease simply runs out.
+    pub async fn release(&self, store: &dyn Store) {
+        let now = OffsetDateTime::now_utc();
+        let released = InboxRecord {
+            lease_until: Some(now),
+            updated_at: now,
+            ..self.record.clone()
+        };
+        self.give_back(store, released).await;
+    }
+
+    /// Writes `record` back under the lease (best effort), for a holder that must leave
+    /// the record as it found it.
+    pub async fn give_back(&self, store: &dyn Store, record: InboxRecord) {
+        if let Err(e) = store.replace_inbox(&record, &self.version).await {
+            tracing::warn!(
+                claimId = %record.claim_id,
+                messageId = %record.message_id,
+                error = %e,
+                "could not give the lease back; it will run out"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{ClaimId, MessageId};
+
+    fn record(owner: AttemptId, lease_until: Option<OffsetDateTime>, count: u32) -> InboxRecord {
+        let now = OffsetDateTime::now_utc();
+        let key = InboxKey {
+            consumer: "payments".into(),
+            claim_id: ClaimId::random(),
+            message_id: MessageId::parse("m-1").unwrap(),
+        };
+        let terms = Terms {
+            lease: Duration::from_secs(60),
+            retention: Duration::from_secs(3600),
+        };
+        InboxRecord {
+            lease_until,
+            ..new_record(
+                &key,
+                &PayloadHash::from_stored("h".into()),
+                owner,
+                count,
+                terms,
+                now,
+                None,
+            )
+        }
+    }
+
+    #[test]
+    fn only_a_live_lease_of_another_attempt_holds_off_a_takeover() {
+        let now = OffsetDateTime::now_utc();
+        let (me, other) = (AttemptId::new(), AttemptId::new());
+        let later = now + Duration::from_secs(30);
+        let live = record(other, Some(later), 2);
+        assert_eq!(holder(&live, me, 2, now), Holder::Live(later));
+        assert_eq!(holder(&live, me, 0, now), Holder::Live(later));
+        assert!(!holder(&live, me, 1, now).may_take_over());
+        assert_eq!(holder(&live, me, 3, now), Holder::Superseded);
+        assert_eq!(holder(&live, other, 1, now), Holder::Us);
+        let ran_out = record(other, Some(now), 2);
+        assert_eq!(holder(&ran_out, me, 1, now), Holder::Nobody);
+        let done = completed(&live, InboxOutcome::RunReleased, now);
+        assert_eq!(holder(&done, me, 1, now), Holder::Nobody);
+        // A count of 0 on the holder means the host did not say: only the lease decides.
+        let unnumbered = record(other, Some(later), 0);
+        assert_eq!(holder(&unnumbered, me, 5, now), Holder::Live(later));
+    }
+}

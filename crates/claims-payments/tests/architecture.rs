@@ -1,0 +1,156 @@
+//! The product's layers, checked from its `use` lines: every module imports only from
+//! layers below its own, so there is no import circle and nothing reaches up (a store
+//! never knows the consumer, the consumer never knows HTTP).
+//!
+//! A reference is any `crate::<module>` path outside the file's `#[cfg(test)]` tail;
+//! references between a module and its own submodules stay inside one concern and are
+//! not counted.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Bottom to top. A module may use modules of lower layers only.
+const LAYERS: &[&[&str]] = &[
+    // The vocabulary: the message contract and its domain types, setting names.
+    &["message", "config::names", "config::error"],
+    // Logs, counters, metrics and spans: used everywhere, knows only the vocabulary.
+    &["telemetry"],
+    // The ports and adapters: the host's protocol, the store, the bank.
+    &["host", "store", "bank"],
+    // What routes share; the lease on inbox records.
+    &["http", "idempotency"],
+    // The state machine that turns deliveries into one payment.
+    &["consumer"],
+    // The other ways in: HTTP clients with an Idempotency-Key, reconciliation.
+    &["payments_api", "reconcile"],
+    // One module per function of the app, and the router.
+    &["functions"],
+    // Settings from the environment, composed from each module's own.
+    &["config"],
+    // The composition root, then the operator commands.
+    &["startup"],
+    &["cli"],
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|layer| layer.contains(&module))
+}
+
+/// The node a module path belongs to: the longest entry of [`LAYERS`] it starts with.
+fn node_of(path: &str) -> Option<&'static str> {
+    LAYERS
+        .iter()
+        .flat_map(|layer| layer.iter().copied())
+        .filter(|node| path == *node || path.starts_with(&format!("{node}::")))
+        .max_by_key(|node| node.len())
+}
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("src is readable") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module path of a source file, e.g. `store/cosmos/mod.rs` -> `store::cosmos`.
+fn module_path(src: &Path, file: &Path) -> String {
+    let rel = file
+        .strip_prefix(src)
+        .expect("under src")
+        .with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts.join("::")
+}
+
+/// Every `crate::a::b` path the code (not its tests) names, brace groups expanded one
+/// level (`crate::{a, b::c}`).
+fn references(code: &str) -> BTreeSet<String> {
+    let code = code.split("#[cfg(test)]").next().unwrap_or(code);
+    let mut found = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                let item = item.trim();
+                if !item.is_empty() {
+                    found.insert(path_prefix(item));
+                }
+            }
+        } else {
+            found.insert(path_prefix(rest));
+        }
+    }
+    found
+}
+
+fn path_prefix(text: &str) -> String {
+    text.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+        .collect::<String>()
+        .trim_end_matches(':')
+        .to_owned()
+}
+
+#[test]
+fn every_module_imports_only_from_the_layers_below_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut unplaced = Vec::new();
+    let mut upward = Vec::new();
+    for file in &files {
+        let module = module_path(&src, file);
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let Some(from) = node_of(&module) else {
+            unplaced.push(module);
+            continue;
+        };
+        let code = std::fs::read_to_string(file).expect("readable");
+        for reference in references(&code) {
+            let Some(to) = node_of(&reference) else {
+                unplaced.push(format!("{reference} (used by {module})"));
+                continue;
+            };
+            if to == from {
+                continue;
+            }
+            let (below, above) = (layer_of(to), layer_of(from));
+            if below >= above {
+                upward.push(format!("{module} uses {reference}"));
+            }
+        }
+    }
+    assert!(
+        unplaced.is_empty(),
+        "modules missing from LAYERS: {unplaced:?}"
+    );
+    assert!(
+        upward.is_empty(),
+        "imports that do not go down the layers:\n{}",
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn the_reference_reader_sees_groups_and_paths() {
+    let code = "use crate::store::{A, B};\nuse crate::{message, config::names};\nlet x = crate::bank::pay();\n#[cfg(test)]\nuse crate::cli;";
+    let found: Vec<String> = references(code).into_iter().collect();
+    assert_eq!(found, ["bank::pay", "config::names", "message", "store"]);
+    assert_eq!(node_of("config::names"), Some("config::names"));
+    assert_eq!(node_of("config::Settings"), Some("config"));
+    assert_eq!(node_of("store::cosmos::settings"), Some("store"));
+}
