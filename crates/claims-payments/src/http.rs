@@ -1,24 +1,15 @@
-//! The HTTP surface the Functions host talks to: routing and what every route shares.
-//!
-//! Listens on 127.0.0.1 only: the host is the sole caller, on the same machine. One
-//! module per function under [`crate::functions`] answers its route, mirroring
-//! `function-app/<Name>/function.json`; `GET /` is the host's readiness probe and
-//! `GET /metrics` shows the counters for local runs.
+//! What every route of the HTTP surface shares: request limits, reading a body within
+//! them, and the invocation answer the Functions host reads. The routes themselves are
+//! in `functions`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 
-use crate::functions::{claim_approved, payments, purge, reconcile};
 use crate::host::{InvocationResult, OutcomeSummary};
-use crate::payments_api;
-use crate::startup::AppState;
-use crate::telemetry;
 
 /// Service Bus messages are at most 256 KB (Standard) and base64 adds a third.
 pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -27,65 +18,6 @@ pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The whole request body must arrive within this time after the headers.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/", get(ready))
-        .route("/metrics", get(metrics))
-        .route(
-            &format!("/{}", claim_approved::FUNCTION_NAME),
-            post(claim_approved::invoke),
-        )
-        .route(
-            &format!("/{}", reconcile::FUNCTION_NAME),
-            post(reconcile::invoke),
-        )
-        .route(&format!("/{}", purge::FUNCTION_NAME), post(purge::invoke))
-        // Forwarded unchanged by the host (customHandler.enableForwardingHttpRequest).
-        .route(payments::ROUTE, post(payments::post))
-        .route(payments::GET_ROUTE, get(payments::get))
-        .fallback(not_found)
-        .with_state(state)
-}
-
-/// The readiness probe: the host sends work once this answers.
-pub async fn ready() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"status": "ready"}))
-}
-
-/// The counters, for local runs and the benchmark.
-pub async fn metrics() -> Json<telemetry::CountersSnapshot> {
-    Json(telemetry::counters().snapshot())
-}
-
-/// A 404 that speaks the language of the caller's route: an HTTP API client (under
-/// `/api/`) gets a problem naming the API's routes; anything else is the Functions
-/// host's side, whose functions are named.
-async fn not_found(uri: Uri) -> Response {
-    if uri.path() == "/api" || uri.path().starts_with("/api/") {
-        let (status, headers, body) = payments_api::Answer::problem(
-            StatusCode::NOT_FOUND,
-            "no-such-route",
-            "No such route",
-            format!(
-                "the payments API serves POST {} and GET {}",
-                payments::ROUTE,
-                payments::GET_ROUTE.replace("{claim_id}", "{claimId}")
-            ),
-        )
-        .into_parts();
-        return (status, headers, body).into_response();
-    }
-    (
-        StatusCode::NOT_FOUND,
-        Json(serde_json::json!({"error": format!(
-            "no such function; this handler serves POST /{} and POST /{}",
-            claim_approved::FUNCTION_NAME,
-            reconcile::FUNCTION_NAME
-        )})),
-    )
-        .into_response()
-}
 
 /// Whether a request body is one this service reads: JSON (`application/json`, or
 /// `application/<something>+json`), UTF-8 if a charset is named, and not content-coded

@@ -17,9 +17,10 @@ use tokio::net::TcpListener;
 use crate::bank::BankClient;
 use crate::config::{Settings, StoreSettings};
 use crate::consumer::{Consumer, Policy};
+use crate::functions;
 use crate::functions::claim_approved::ClaimHandler;
-use crate::http::{self, HEADER_READ_TIMEOUT};
-use crate::payments_api::{CallerAuth, PaymentsApi};
+pub use crate::functions::AppState;
+use crate::http::HEADER_READ_TIMEOUT;
 use crate::store::cosmos::CosmosStore;
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::{Access, SqliteStore};
@@ -31,54 +32,6 @@ use crate::telemetry;
 /// short is redelivered and resumes from the stored state (a later delivery takes over).
 pub(crate) const SHUTDOWN_DRAIN: Duration = Duration::from_secs(25);
 
-/// Everything a request needs, built once at start-up.
-pub struct AppState {
-    pub(crate) consumer: Consumer,
-    pub(crate) api: PaymentsApi,
-    pub(crate) claim_handler: Arc<dyn ClaimHandler>,
-    pub(crate) reconcile_min_age: Duration,
-}
-
-impl AppState {
-    /// The state the product serves: the consumer answers `ClaimApproved`, HTTP callers
-    /// are told apart by function key, keys are kept 24 h, orphans reconciled after three
-    /// leases. The `with_` methods change one of these.
-    pub fn new(consumer: Consumer) -> Self {
-        AppState {
-            reconcile_min_age: consumer.policy().lease * 3,
-            api: PaymentsApi::new(
-                consumer.clone(),
-                CallerAuth::FunctionKey,
-                Duration::from_secs(24 * 3600),
-            ),
-            claim_handler: Arc::new(consumer.clone()),
-            consumer,
-        }
-    }
-
-    /// The HTTP API's caller authentication and key retention.
-    pub fn with_http(mut self, auth: CallerAuth, retention: Duration) -> Self {
-        self.api = PaymentsApi::new(self.consumer.clone(), auth, retention);
-        self
-    }
-
-    /// The minimum age of an orphaned payout before the timer settles it.
-    pub fn with_reconcile_min_age(mut self, min_age: Duration) -> Self {
-        self.reconcile_min_age = min_age;
-        self
-    }
-
-    /// What answers a decoded `ClaimApproved` instead of the consumer.
-    pub fn with_claim_handler(mut self, handler: Arc<dyn ClaimHandler>) -> Self {
-        self.claim_handler = handler;
-        self
-    }
-
-    pub fn consumer(&self) -> &Consumer {
-        &self.consumer
-    }
-}
-
 /// A store decorator.
 pub type StoreLayer = Box<dyn FnOnce(DynStore) -> DynStore + Send>;
 /// Builds what answers `ClaimApproved` from the consumer and the store it uses.
@@ -87,7 +40,7 @@ pub type HandlerFactory = Box<dyn FnOnce(&Consumer) -> Arc<dyn ClaimHandler> + S
 pub type RouterFactory = Box<dyn FnOnce(Arc<AppState>) -> Router + Send>;
 
 /// Where a development build changes the composition. Production uses the default:
-/// the store as opened, the consumer, [`http::router`].
+/// the store as opened, the consumer, [`functions::router`].
 #[derive(Default)]
 pub struct Seams {
     /// Wraps the store every part uses (a decorator is itself a `Store`).
@@ -184,7 +137,7 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
     let state = Arc::new(state);
     let app = match seams.router {
         Some(factory) => factory(state),
-        None => http::router(state),
+        None => functions::router(state),
     };
     let app = with_telemetry(app);
 
@@ -244,13 +197,16 @@ pub async fn run(
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    serve_router(listener, with_telemetry(http::router(state)), shutdown).await
+    serve_router(listener, with_telemetry(functions::router(state)), shutdown).await
 }
 
 /// The router with its server spans and HTTP answer counts (see [`telemetry::trace`]).
 fn with_telemetry(app: Router) -> Router {
     if telemetry::enabled() {
-        app.layer(axum::middleware::from_fn(telemetry::trace::layer_http))
+        app.layer(axum::middleware::from_fn_with_state(
+            functions::OWN_SPAN_ROUTES,
+            telemetry::trace::layer_http,
+        ))
     } else {
         app
     }
@@ -270,7 +226,7 @@ fn traced(settings: &Settings, store: DynStore) -> DynStore {
                 .to_owned(),
         ),
     };
-    telemetry::trace::TracedStore::wrap(store, system, namespace)
+    crate::store::traced::TracedStore::wrap(store, system, namespace)
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then drains for at most

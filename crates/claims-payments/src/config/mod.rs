@@ -179,12 +179,12 @@ fn store_settings(
     };
     let store = if store == "cosmos" {
         StoreSettings::Cosmos(Box::new(
-            CosmosSettings::from_lookup(&lookup)
+            CosmosSettings::from_lookup(lookup)
                 .map_err(|e| ConfigError::new(e.setting, e.problem))?,
         ))
     } else if store == "postgres" {
         StoreSettings::Postgres(Box::new(
-            PostgresSettings::from_lookup(&lookup)
+            PostgresSettings::from_lookup(lookup)
                 .map_err(|e| ConfigError::new(e.setting, e.problem))?,
         ))
     } else {

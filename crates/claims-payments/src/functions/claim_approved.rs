@@ -12,11 +12,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tracing::Instrument;
 
+use super::AppState;
 use crate::consumer::{Consumer, Delivery, Outcome};
 use crate::host::{Invocation, OutcomeSummary};
 use crate::http::{invocation_answer, read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
 use crate::message::ClaimApproved;
-use crate::startup::AppState;
 use crate::telemetry;
 
 /// The function's folder in function-app/, which is the route the host calls.

@@ -9,7 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 
-use crate::startup::AppState;
+use super::AppState;
 
 /// `function-app/Payments`: route `payments` under the host's `api` prefix.
 pub const ROUTE: &str = "/api/payments";

@@ -11,9 +11,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 
+use super::AppState;
 use crate::host::OutcomeSummary;
 use crate::http::invocation_answer;
-use crate::startup::AppState;
 
 /// The function's folder in function-app/, which is the route the host calls.
 pub const FUNCTION_NAME: &str = "Purge";

@@ -10,10 +10,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use tracing::Instrument;
 
+use super::AppState;
 use crate::host::OutcomeSummary;
 use crate::http::invocation_answer;
 use crate::reconcile::{self, Reconciler, RunLease};
-use crate::startup::AppState;
 use crate::telemetry;
 
 /// The function's folder in function-app/, which is the route the host calls.

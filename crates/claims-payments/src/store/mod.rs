@@ -14,6 +14,7 @@
 pub mod cosmos;
 pub mod postgres;
 pub mod sqlite;
+pub mod traced;
 
 use std::fmt;
 use std::sync::Arc;

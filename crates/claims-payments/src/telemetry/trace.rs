@@ -6,7 +6,7 @@
 //!   `Diagnostic-Id` application property (set by Service Bus SDKs on send), so the
 //!   producer's send and our processing are one operation; the other routes get theirs
 //!   from [`layer_http`], parented on `traceparent`.
-//! - Every store call is a **client span** (a dependency; [`TracedStore`]) with the
+//! - Every store call is a **client span** (a dependency; `store::traced`) with the
 //!   Cosmos request charge it cost; every bank request is one too ([`bank_call`]), and
 //!   it carries `traceparent` so the bank's side joins the trace.
 //! - Attributes: claimId, messageId, deliveryCount, outcome, takeover, bank answer class.
@@ -17,11 +17,9 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
-use axum::extract::{MatchedPath, Request};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
@@ -29,18 +27,12 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use time::OffsetDateTime;
 use tracing::{Instrument, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::filter::{filter_fn, FilterExt, Targets};
 use tracing_subscriber::Layer;
 
 use super::metrics;
-use crate::message::{ClaimId, Purpose};
-use crate::store::{
-    ClaimResult, DynStore, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
-    Store, StoreError, StoreResult, Version, Versioned,
-};
 
 /// The OpenTelemetry layer: spans of this crate at INFO and above, and its WARN and ERROR
 /// events (they become traces under the operation; the host forwards every log line
@@ -164,7 +156,11 @@ pub fn flag_current_span(flag: &'static str) {
 /// /api/payments/{claimId}`), parented on `traceparent`, and the answer counted by route
 /// and status for every route. `ClaimApproved` opens its own span (its parent may be in
 /// the body), so here it is only counted.
-pub async fn layer_http(request: Request, next: Next) -> Response {
+pub async fn layer_http(
+    State(own_spans): State<&'static [&'static str]>,
+    request: Request,
+    next: Next,
+) -> Response {
     if !super::enabled() {
         return next.run(request).await;
     }
@@ -173,10 +169,7 @@ pub async fn layer_http(request: Request, next: Next) -> Response {
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
-    let own_span = route == format!("/{}", crate::functions::claim_approved::FUNCTION_NAME)
-        || route == format!("/{}", crate::functions::reconcile::FUNCTION_NAME)
-        || route == "/"
-        || route == "/metrics";
+    let own_span = own_spans.contains(&route.as_str());
     let response = if own_span {
         next.run(request).await
     } else {
@@ -305,179 +298,19 @@ pub(crate) fn add_request_charge(ru: f64) {
     let _ = REQUEST_CHARGE.try_with(|c| c.set(c.get() + ru));
 }
 
-/// The store as dependencies: every call is a client span named after the operation,
-/// with the database system, the outcome and, on Cosmos, the request charge.
-pub struct TracedStore {
-    inner: DynStore,
-    system: &'static str,
-    namespace: String,
-}
-
-impl TracedStore {
-    /// Wraps `inner` when telemetry is exported; otherwise returns it unchanged.
-    pub fn wrap(inner: DynStore, system: &'static str, namespace: String) -> DynStore {
-        if !super::enabled() {
-            return inner;
-        }
-        Arc::new(TracedStore {
-            inner,
-            system,
-            namespace,
+/// Runs a store call and returns what it charged, in Cosmos request units (0 elsewhere).
+pub async fn charged<T>(work: impl std::future::Future<Output = T>) -> (T, f64) {
+    REQUEST_CHARGE
+        .scope(Cell::new(0.0), async {
+            let result = work.await;
+            (result, REQUEST_CHARGE.with(|c| c.get()))
         })
-    }
-
-    async fn call<T>(
-        &self,
-        operation: &'static str,
-        claim: Option<ClaimId>,
-        work: impl std::future::Future<Output = StoreResult<T>>,
-    ) -> StoreResult<T> {
-        let span = tracing::info_span!(
-            "store",
-            otel.name = format!("{} {operation}", self.system),
-            otel.kind = "client",
-            otel.status_code = tracing::field::Empty,
-            db.system.name = self.system,
-            db.namespace = self.namespace.as_str(),
-            db.operation.name = operation,
-            claimId = tracing::field::Empty,
-            db.cosmosdb.request_charge = tracing::field::Empty,
-            store.result = tracing::field::Empty,
-        );
-        if let Some(claim) = claim {
-            span.record("claimId", claim.to_string().as_str());
-        }
-        let (result, charge) = REQUEST_CHARGE
-            .scope(Cell::new(0.0), async {
-                let result = work.instrument(span.clone()).await;
-                (result, REQUEST_CHARGE.with(|c| c.get()))
-            })
-            .await;
-        if charge > 0.0 {
-            span.record("db.cosmosdb.request_charge", charge);
-        }
-        let (label, ok) = match &result {
-            Ok(_) => ("ok", true),
-            // A refused condition is an answer, not a failure of the dependency.
-            Err(StoreError::PreconditionFailed) => ("precondition-failed", true),
-            Err(StoreError::Transient(_)) => ("transient", false),
-            Err(StoreError::Permanent(_)) => ("permanent", false),
-        };
-        span.record("store.result", label);
-        if !ok {
-            span.set_status(Status::error(label));
-        }
-        result
-    }
+        .await
 }
 
-#[async_trait]
-impl Store for TracedStore {
-    async fn claim(
-        &self,
-        inbox: &InboxRecord,
-        payment: &PaymentRecord,
-    ) -> StoreResult<ClaimResult> {
-        self.call(
-            "claim",
-            Some(inbox.claim_id),
-            self.inner.claim(inbox, payment),
-        )
-        .await
-    }
-
-    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
-        self.call("read inbox", Some(key.claim_id), self.inner.inbox(key))
-            .await
-    }
-
-    async fn payment(
-        &self,
-        claim: ClaimId,
-        purpose: Purpose,
-    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
-        self.call(
-            "read payment",
-            Some(claim),
-            self.inner.payment(claim, purpose),
-        )
-        .await
-    }
-
-    async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
-        self.call(
-            "record handled",
-            Some(inbox.claim_id),
-            self.inner.record_handled(inbox),
-        )
-        .await
-    }
-
-    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version> {
-        self.call(
-            "replace inbox",
-            Some(inbox.claim_id),
-            self.inner.replace_inbox(inbox, expected),
-        )
-        .await
-    }
-
-    async fn finalize(
-        &self,
-        inbox: &InboxRecord,
-        inbox_version: &Version,
-        payment: &PaymentRecord,
-        payment_version: Option<&Version>,
-    ) -> StoreResult<()> {
-        self.call(
-            "finalize",
-            Some(inbox.claim_id),
-            self.inner
-                .finalize(inbox, inbox_version, payment, payment_version),
-        )
-        .await
-    }
-
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
-        self.call("list payments", None, self.inner.list_payments(limit))
-            .await
-    }
-
-    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
-        self.call(
-            "list unsettled payments",
-            None,
-            self.inner.unsettled_payments(limit),
-        )
-        .await
-    }
-
-    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
-        self.call(
-            "count payments",
-            None,
-            self.inner.count_payments(status, limit),
-        )
-        .await
-    }
-
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
-        self.call("list inbox", None, self.inner.list_inbox(limit))
-            .await
-    }
-
-    async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
-        self.call("purge", None, self.inner.purge_expired(now, batch))
-            .await
-    }
-
-    fn expires_by_itself(&self) -> bool {
-        self.inner.expires_by_itself()
-    }
-
-    async fn failed(&self) -> String {
-        self.inner.failed().await
-    }
+/// Marks `span` failed with `label`.
+pub fn fail(span: &Span, label: &'static str) {
+    span.set_status(Status::error(label));
 }
 
 #[cfg(test)]
