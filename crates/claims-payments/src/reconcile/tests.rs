@@ -1,0 +1,113 @@
+//! Reconcile's pure rules: how a lookup is judged, and when a payment is old enough.
+
+use rust_decimal::Decimal;
+
+use super::*;
+use crate::message::{Currency, IdempotencyKey, Money, Purpose};
+
+fn ledger(amount: i64) -> PaymentRecord {
+    let claim_id = ClaimId::random();
+    let now = OffsetDateTime::now_utc();
+    PaymentRecord {
+        claim_id,
+        purpose: Purpose::Payout,
+        tenant_id: None,
+        money: Money::new(Decimal::new(amount, 0), Currency::parse("EUR").unwrap()).unwrap(),
+        payee: None,
+        payload_hash: PayloadHash::from_stored("h".into()),
+        message_id: MessageId::parse("m-1").unwrap(),
+        idempotency_key: IdempotencyKey::for_payout(None, claim_id),
+        payout_request: None,
+        status: PaymentStatus::NeedsReconciliation,
+        bank_payment_id: None,
+        status_reason: None,
+        created_at: now,
+        updated_at: now,
+    }
+}
+
+fn held(id: &str, status: BankStatus, amount: i64) -> BankPayment {
+    BankPayment {
+        payment_id: id.into(),
+        status,
+        amount: Decimal::new(amount, 0),
+        currency: "EUR".into(),
+    }
+}
+
+#[test]
+fn one_matching_paid_entry_is_paid_and_nothing_is_none_held() {
+    let p = ledger(75);
+    assert!(matches!(
+        judge(&p, &[held("b1", BankStatus::Paid, 75), held("r1", BankStatus::Rejected, 75)]),
+        Finding::Paid { payment_id, .. } if payment_id == "b1"
+    ));
+    assert!(matches!(judge(&p, &[]), Finding::NoneHeld));
+    assert!(matches!(
+        judge(&p, &[held("r1", BankStatus::Rejected, 75)]),
+        Finding::Rejected { .. }
+    ));
+}
+
+#[test]
+fn several_paid_entries_are_a_double_payment_for_a_person() {
+    let p = ledger(75);
+    let found = judge(
+        &p,
+        &[
+            held("b1", BankStatus::Paid, 75),
+            held("b2", BankStatus::Paid, 75),
+        ],
+    );
+    match found {
+        Finding::Mismatch {
+            evidence,
+            double_payment: true,
+        } => assert!(
+            evidence.contains("b1") && evidence.contains("b2"),
+            "{evidence}"
+        ),
+        _ => panic!("two payouts under one reference must need a person"),
+    }
+    assert!(matches!(
+        judge(&p, &[held("b1", BankStatus::Paid, 57)]),
+        Finding::Mismatch {
+            double_payment: false,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn pending_anywhere_is_still_unknown() {
+    let p = ledger(75);
+    for entries in [
+        vec![
+            held("r1", BankStatus::Rejected, 75),
+            held("q1", BankStatus::Pending, 75),
+        ],
+        vec![
+            held("q1", BankStatus::Pending, 75),
+            held("r1", BankStatus::Rejected, 75),
+        ],
+        vec![
+            held("b1", BankStatus::Paid, 75),
+            held("q1", BankStatus::Pending, 75),
+        ],
+    ] {
+        assert!(
+            matches!(judge(&p, &entries), Finding::Unknown { .. }),
+            "{entries:?}"
+        );
+    }
+}
+
+#[test]
+fn an_age_past_the_calendar_is_never_reached_and_never_panics() {
+    let p = ledger(1);
+    let now = OffsetDateTime::now_utc();
+    for age in [MAX_MIN_AGE, Duration::from_secs(u64::MAX), Duration::MAX] {
+        assert!(not_orphaned(&p, None, now, age).is_some(), "{age:?}");
+    }
+    assert!(not_orphaned(&p, None, now + Duration::from_secs(1), Duration::ZERO).is_none());
+}

@@ -1,0 +1,353 @@
+//! Records as SQLite rows: the columns, reading and writing them, and the errors that
+//! map onto the store's.
+
+use super::*;
+
+/// Transient: what can heal while the message waits for its redelivery: a busy or locked
+/// database, memory, an I/O error, and a full disk (space can be freed; the write is not
+/// lost, the message is answered non-2xx and comes back). Permanent: everything that only
+/// an operator can fix, above all a read-only file (SQLITE_READONLY), a damaged one
+/// (SQLITE_CORRUPT, SQLITE_NOTADB) or one that cannot be opened (SQLITE_CANTOPEN), and
+/// errors in our own statements or data.
+pub(super) fn map_sqlite_error(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode::*;
+    match e.sqlite_error_code() {
+        Some(DatabaseBusy | DatabaseLocked | DiskFull | SystemIoFailure | OutOfMemory) => {
+            telemetry::counters().store_transient_errors.inc();
+            StoreError::Transient(e.to_string())
+        }
+        // ReadOnly, DatabaseCorrupt, NotADatabase, CannotOpen and the rest.
+        _ => StoreError::Permanent(e.to_string()),
+    }
+}
+
+pub(super) fn to_ms(t: OffsetDateTime) -> i64 {
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+pub(super) fn from_ms(ms: i64) -> StoreResult<OffsetDateTime> {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .map_err(|e| StoreError::Permanent(format!("corrupt timestamp {ms}: {e}")))
+}
+
+/// A stored payment field that does not parse as the domain type it was written from.
+pub(super) fn corrupt_payment(e: InvalidMessage) -> StoreError {
+    StoreError::Permanent(format!("corrupt payment in the database: {e}"))
+}
+
+pub(super) fn corrupt(what: &str, value: &str) -> StoreError {
+    StoreError::Permanent(format!("corrupt {what} in the database: {value:?}"))
+}
+
+pub(super) const INBOX_COLUMNS: &str =
+    "consumer, claim_id, message_id, payload_hash, status, outcome, owner, \
+     lease_until_ms, first_delivery_count, last_delivery_count, created_at_ms, updated_at_ms, \
+     expires_at_ms, version";
+
+pub(super) const PAYMENT_COLUMNS: &str =
+    "claim_id, purpose, tenant_id, amount, currency, payee, payload_hash, \
+     message_id, idempotency_key, payout_request, status, bank_payment_id, status_reason, \
+     created_at_ms, updated_at_ms, version";
+
+/// Raw row values; converted to records outside rusqlite's error type.
+pub(super) struct InboxRow {
+    pub(super) consumer: String,
+    pub(super) claim_id: String,
+    pub(super) message_id: String,
+    pub(super) payload_hash: String,
+    pub(super) status: String,
+    pub(super) outcome: Option<String>,
+    pub(super) owner: String,
+    pub(super) lease_until_ms: Option<i64>,
+    pub(super) first_delivery_count: i64,
+    pub(super) last_delivery_count: i64,
+    pub(super) created_at_ms: i64,
+    pub(super) updated_at_ms: i64,
+    pub(super) expires_at_ms: i64,
+    pub(super) version: i64,
+}
+
+impl InboxRow {
+    pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(InboxRow {
+            consumer: r.get(0)?,
+            claim_id: r.get(1)?,
+            message_id: r.get(2)?,
+            payload_hash: r.get(3)?,
+            status: r.get(4)?,
+            outcome: r.get(5)?,
+            owner: r.get(6)?,
+            lease_until_ms: r.get(7)?,
+            first_delivery_count: r.get(8)?,
+            last_delivery_count: r.get(9)?,
+            created_at_ms: r.get(10)?,
+            updated_at_ms: r.get(11)?,
+            expires_at_ms: r.get(12)?,
+            version: r.get(13)?,
+        })
+    }
+
+    pub(super) fn into_record(self) -> StoreResult<Versioned<InboxRecord>> {
+        let record = InboxRecord {
+            claim_id: ClaimId::parse(&self.claim_id)
+                .map_err(|_| corrupt("claim id", &self.claim_id))?,
+            message_id: MessageId::parse(&self.message_id)
+                .map_err(|_| corrupt("message id", &self.message_id))?,
+            consumer: self.consumer,
+            payload_hash: PayloadHash::from_stored(self.payload_hash),
+            status: InboxStatus::parse(&self.status)
+                .ok_or_else(|| corrupt("inbox status", &self.status))?,
+            outcome: self
+                .outcome
+                .as_deref()
+                .map(|o| InboxOutcome::parse(o).map_err(|_| corrupt("inbox outcome", o)))
+                .transpose()?,
+            owner: serde_json::from_value(serde_json::Value::String(self.owner.clone()))
+                .map_err(|_| corrupt("owner", &self.owner))?,
+            lease_until: self.lease_until_ms.map(from_ms).transpose()?,
+            first_delivery_count: u32::try_from(self.first_delivery_count).unwrap_or(u32::MAX),
+            last_delivery_count: u32::try_from(self.last_delivery_count).unwrap_or(u32::MAX),
+            created_at: from_ms(self.created_at_ms)?,
+            updated_at: from_ms(self.updated_at_ms)?,
+            expires_at: from_ms(self.expires_at_ms)?,
+        };
+        Ok(Versioned {
+            record,
+            version: Version(self.version.to_string()),
+        })
+    }
+}
+
+pub(super) struct PaymentRow {
+    pub(super) claim_id: String,
+    pub(super) purpose: String,
+    pub(super) tenant_id: Option<String>,
+    pub(super) amount: String,
+    pub(super) currency: String,
+    pub(super) payee: Option<String>,
+    pub(super) payload_hash: String,
+    pub(super) message_id: String,
+    pub(super) idempotency_key: String,
+    pub(super) payout_request: Option<String>,
+    pub(super) status: String,
+    pub(super) bank_payment_id: Option<String>,
+    pub(super) status_reason: Option<String>,
+    pub(super) created_at_ms: i64,
+    pub(super) updated_at_ms: i64,
+    pub(super) version: i64,
+}
+
+impl PaymentRow {
+    pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(PaymentRow {
+            claim_id: r.get(0)?,
+            purpose: r.get(1)?,
+            tenant_id: r.get(2)?,
+            amount: r.get(3)?,
+            currency: r.get(4)?,
+            payee: r.get(5)?,
+            payload_hash: r.get(6)?,
+            message_id: r.get(7)?,
+            idempotency_key: r.get(8)?,
+            payout_request: r.get(9)?,
+            status: r.get(10)?,
+            bank_payment_id: r.get(11)?,
+            status_reason: r.get(12)?,
+            created_at_ms: r.get(13)?,
+            updated_at_ms: r.get(14)?,
+            version: r.get(15)?,
+        })
+    }
+
+    pub(super) fn into_record(self) -> StoreResult<Versioned<PaymentRecord>> {
+        let purpose = match self.purpose.as_str() {
+            "payout" => Purpose::Payout,
+            other => return Err(corrupt("purpose", other)),
+        };
+        let record = PaymentRecord {
+            claim_id: ClaimId::parse(&self.claim_id)
+                .map_err(|_| corrupt("claim id", &self.claim_id))?,
+            purpose,
+            tenant_id: self
+                .tenant_id
+                .as_deref()
+                .map(TenantId::from_stored)
+                .transpose()
+                .map_err(corrupt_payment)?,
+            money: Money::from_stored(&self.amount, &self.currency).map_err(corrupt_payment)?,
+            payee: self
+                .payee
+                .as_deref()
+                .map(PayeeRef::from_stored)
+                .transpose()
+                .map_err(corrupt_payment)?,
+            payload_hash: PayloadHash::from_stored(self.payload_hash),
+            message_id: MessageId::parse(&self.message_id)
+                .map_err(|_| corrupt("message id", &self.message_id))?,
+            idempotency_key: IdempotencyKey::from_stored(self.idempotency_key),
+            payout_request: self.payout_request,
+            status: PaymentStatus::parse(&self.status)
+                .ok_or_else(|| corrupt("payment status", &self.status))?,
+            bank_payment_id: self.bank_payment_id,
+            status_reason: self.status_reason,
+            created_at: from_ms(self.created_at_ms)?,
+            updated_at: from_ms(self.updated_at_ms)?,
+        };
+        Ok(Versioned {
+            record,
+            version: Version(self.version.to_string()),
+        })
+    }
+}
+
+pub(super) fn read_inbox(
+    conn: &Connection,
+    key: &InboxKey,
+) -> StoreResult<Option<Versioned<InboxRecord>>> {
+    conn.prepare_cached(&format!(
+        "SELECT {INBOX_COLUMNS} FROM inbox WHERE consumer = ?1 AND claim_id = ?2 AND message_id = ?3"
+    ))
+    .and_then(|mut stmt| {
+        stmt.query_row(
+            params![key.consumer, key.claim_id.to_string(), key.message_id.as_str()],
+            InboxRow::from_row,
+        )
+        .optional()
+    })
+    .map_err(map_sqlite_error)?
+    .map(InboxRow::into_record)
+    .transpose()
+}
+
+pub(super) fn read_payment(
+    conn: &Connection,
+    claim: ClaimId,
+    purpose: Purpose,
+) -> StoreResult<Option<Versioned<PaymentRecord>>> {
+    conn.prepare_cached(&format!(
+        "SELECT {PAYMENT_COLUMNS} FROM payments WHERE claim_id = ?1 AND purpose = ?2"
+    ))
+    .and_then(|mut stmt| {
+        stmt.query_row(
+            params![claim.to_string(), purpose.as_str()],
+            PaymentRow::from_row,
+        )
+        .optional()
+    })
+    .map_err(map_sqlite_error)?
+    .map(PaymentRow::into_record)
+    .transpose()
+}
+
+/// Inserts the inbox row unless its key exists; returns whether it was inserted.
+pub(super) fn insert_inbox(conn: &Connection, r: &InboxRecord) -> StoreResult<bool> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO inbox ({INBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 1) \
+         ON CONFLICT DO NOTHING"
+    ))
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            r.consumer,
+            r.claim_id.to_string(),
+            r.message_id.as_str(),
+            r.payload_hash.as_str(),
+            r.status.as_str(),
+            r.outcome.as_ref().map(InboxOutcome::as_str),
+            r.owner.to_string(),
+            r.lease_until.map(to_ms),
+            r.first_delivery_count,
+            r.last_delivery_count,
+            to_ms(r.created_at),
+            to_ms(r.updated_at),
+            to_ms(r.expires_at),
+        ])
+    })
+    .map(|changed| changed == 1)
+    .map_err(map_sqlite_error)
+}
+
+pub(super) fn insert_payment(conn: &Connection, p: &PaymentRecord) -> StoreResult<bool> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO payments ({PAYMENT_COLUMNS}) VALUES \
+         (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 1) ON CONFLICT DO NOTHING"
+    ))
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            p.claim_id.to_string(),
+            p.purpose.as_str(),
+            p.tenant_id.as_ref().map(TenantId::as_str),
+            p.money.amount_string(),
+            p.money.currency().code(),
+            p.payee.as_ref().map(PayeeRef::as_str),
+            p.payload_hash.as_str(),
+            p.message_id.as_str(),
+            p.idempotency_key.as_str(),
+            p.payout_request,
+            p.status.as_str(),
+            p.bank_payment_id,
+            p.status_reason,
+            to_ms(p.created_at),
+            to_ms(p.updated_at),
+        ])
+    })
+    .map(|changed| changed == 1)
+    .map_err(map_sqlite_error)
+}
+
+/// A SQLite row version, as [`Version`] carries it.
+pub(super) fn parse_version(version: &Version) -> StoreResult<i64> {
+    version
+        .0
+        .parse()
+        .map_err(|_| StoreError::Permanent(format!("not a SQLite version: {:?}", version.0)))
+}
+
+/// Replaces the inbox row if its version is still `expected`; returns the new version.
+pub(super) fn replace_inbox_row(
+    conn: &Connection,
+    r: &InboxRecord,
+    expected: &Version,
+) -> StoreResult<Option<i64>> {
+    let expected = parse_version(expected)?;
+    conn.prepare_cached(
+        "UPDATE inbox SET payload_hash = ?4, status = ?5, outcome = ?6, owner = ?7, lease_until_ms = ?8, \
+         first_delivery_count = ?9, last_delivery_count = ?10, updated_at_ms = ?11, expires_at_ms = ?12, \
+         version = version + 1 \
+         WHERE consumer = ?1 AND claim_id = ?2 AND message_id = ?3 AND version = ?13",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            r.consumer,
+            r.claim_id.to_string(),
+            r.message_id.as_str(),
+            r.payload_hash.as_str(),
+            r.status.as_str(),
+            r.outcome.as_ref().map(InboxOutcome::as_str),
+            r.owner.to_string(),
+            r.lease_until.map(to_ms),
+            r.first_delivery_count,
+            r.last_delivery_count,
+            to_ms(r.updated_at),
+            to_ms(r.expires_at),
+            expected,
+        ])
+    })
+    .map(|changed| (changed == 1).then_some(expected + 1))
+    .map_err(map_sqlite_error)
+}
+
+pub(super) fn list<T>(
+    conn: &Connection,
+    sql: &str,
+    limit: usize,
+    map: impl Fn(&Row<'_>) -> rusqlite::Result<T>,
+) -> StoreResult<Vec<T>> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut stmt = conn.prepare(sql).map_err(map_sqlite_error)?;
+    let rows = stmt
+        .query_map(params![limit], map)
+        .map_err(map_sqlite_error)?
+        .collect::<rusqlite::Result<Vec<T>>>()
+        .map_err(map_sqlite_error)?;
+    Ok(rows)
+}
