@@ -37,10 +37,15 @@
 //! there are printed too, as measured. If a `cosmos-emulator` binary sits next to this
 //! executable, the consumer also runs against it over HTTP (round trips per message).
 //!
+//! PostgreSQL ([`pg`]): the consumer on a throwaway local server beside SQLite, in the
+//! same rounds (fresh, duplicates at the store), side by side with ratios, and its row in
+//! the round-trip table.
+//!
 //! `--instances 1,2,4` runs only the multi-instance measurement: N `serve` processes
 //! against one `cosmos-emulator`, as Flex Consumption runs many instances against one
 //! container.
 
+mod pg;
 mod ru;
 mod telemetry;
 
@@ -84,6 +89,9 @@ pub struct BenchArgs {
     /// Do not run the Cosmos part even if the emulator is available.
     #[arg(long)]
     pub skip_cosmos: bool,
+    /// Do not run the PostgreSQL part even if PostgreSQL's binaries are installed.
+    #[arg(long)]
+    pub skip_postgres: bool,
     /// Messages per case for the computed Cosmos request units (in-process emulator).
     #[arg(long, default_value_t = 20)]
     pub ru_messages: usize,
@@ -488,6 +496,10 @@ pub struct BenchReport {
     pub targets: Vec<Target>,
     /// `serve` with telemetry off beside exporting to a local endpoint.
     pub telemetry: Option<telemetry::TelemetryOverhead>,
+    /// The consumer on PostgreSQL beside SQLite, in the same rounds.
+    pub postgres: Option<pg::StoreComparison>,
+    /// Why the PostgreSQL part did not run, if it did not.
+    pub postgres_skipped: Option<String>,
 }
 
 /// The Cosmos cost of a million messages of one kind, under the deployed indexing policy
@@ -1634,6 +1646,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         )
         .await?,
     ];
+    let (postgres, postgres_skipped) =
+        match pg::beside_sqlite(&args, &exe, dir, &client, &pinning).await {
+            Ok((comparison, round_trips)) => {
+                round_trip_figures.push(round_trips);
+                (Some(comparison), None)
+            }
+            Err(why) => (None, Some(why)),
+        };
 
     let bank = FakeBank::start_with(FakeBankSettings::default()).await?;
     let startup_figures = vec![
@@ -1772,6 +1792,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         cosmos_measured_skipped,
         targets,
         telemetry,
+        postgres,
+        postgres_skipped,
     })
 }
 
@@ -1991,6 +2013,9 @@ impl BenchReport {
             "ours/naive      fresh {:.2}x, duplicate {:.2}x, duplicate at store {:.2}x",
             self.fresh_vs_naive, self.duplicate_vs_naive, self.duplicate_at_store_vs_naive
         );
+        if let Some(comparison) = &self.postgres {
+            comparison.render(&mut o);
+        }
         let _ = writeln!(
             o,
             "store round trips per message (from GET /metrics deltas):"
@@ -2039,6 +2064,9 @@ impl BenchReport {
             ] {
                 let _ = writeln!(o, "{}", line(label, r));
             }
+        }
+        if let Some(why) = &self.postgres_skipped {
+            let _ = writeln!(o, " postgres: skipped ({why})");
         }
         if let Some(why) = &self.cosmos_skipped {
             let _ = writeln!(o, " cosmos over HTTP: skipped ({why})");

@@ -3,7 +3,7 @@
 //!
 //! It runs the real handler (`claims-payments-dev serve`, a separate process, on a SQLite
 //! file; or `--instances N` of them side by side on one Cosmos DB container served by
-//! the `cosmos-emulator` dev binary), a sandbox bank ([`bank`]) and a fake Functions
+//! the `cosmos-emulator` dev binary, or on one PostgreSQL server ([`pg`])), a sandbox bank ([`bank`]) and a fake Functions
 //! host with a Service Bus queue ([`driver`], [`queue`]) that invokes the handler over
 //! the real custom-handler protocol while injecting the faults of the failure matrix:
 //! producer re-sends,
@@ -18,6 +18,7 @@
 pub use claims_payments_testkit::{bank, chance};
 pub mod driver;
 pub mod http_client;
+pub mod pg;
 pub mod process;
 pub mod queue;
 pub mod report;
@@ -210,13 +211,22 @@ pub struct SimulateArgs {
     pub timeout_secs: u64,
     /// Handler instances (`serve` processes side by side on one store) competing for
     /// the queue's messages, each restarted on its own. More than one needs the Cosmos
-    /// store: SQLite is one instance's local file.
+    /// or the PostgreSQL store: SQLite is one instance's local file.
     #[arg(long, default_value_t = 1)]
     pub instances: usize,
     /// The ledger's store (default: sqlite with one instance, cosmos with more).
-    /// cosmos runs the `cosmos-emulator` dev binary that sits next to this executable.
+    /// cosmos runs the `cosmos-emulator` dev binary that sits next to this executable;
+    /// postgres a throwaway PostgreSQL server (or the database --postgres-url names).
     #[arg(long, value_enum)]
     pub store: Option<SimStore>,
+    /// With --store postgres: an empty database to use instead of a throwaway server.
+    #[arg(long, env = "PAYMENTS_POSTGRES_URL", hide_env_values = true)]
+    pub postgres_url: Option<String>,
+    /// With --store postgres: restart the server (`pg_ctl restart -m immediate`, as a
+    /// Flexible Server failover) once this share of the messages has settled (0 < f < 1;
+    /// repeat the option for more restarts). Needs the throwaway server.
+    #[arg(long, value_name = "FRACTION")]
+    pub restart_store_at: Vec<f64>,
     /// The claims-payments executable to run as the handler (default: this one).
     #[arg(long, hide = true)]
     pub exe: Option<PathBuf>,
@@ -233,6 +243,8 @@ pub enum SimStore {
     Sqlite,
     /// A Cosmos DB container served by the `cosmos-emulator` dev binary over HTTP.
     Cosmos,
+    /// A PostgreSQL database (a throwaway server, or `--postgres-url`).
+    Postgres,
 }
 
 impl SimStore {
@@ -240,6 +252,7 @@ impl SimStore {
         match self {
             SimStore::Sqlite => "sqlite",
             SimStore::Cosmos => "cosmos",
+            SimStore::Postgres => "postgres",
         }
     }
 }
@@ -313,14 +326,30 @@ impl SimulateArgs {
             "--instances must be between 1 and 16"
         );
         ensure!(
-            self.instances == 1 || self.store_kind() == SimStore::Cosmos,
-            "--instances {} needs --store cosmos: a SQLite ledger is one instance's local file (and serve holds an exclusive lock on it)",
+            self.instances == 1 || self.store_kind() != SimStore::Sqlite,
+            "--instances {} needs --store cosmos or --store postgres: a SQLite ledger is one instance's local file (and serve holds an exclusive lock on it)",
             self.instances
         );
         ensure!(
             self.sqlite_path.is_none() || self.store_kind() == SimStore::Sqlite,
-            "--sqlite-path is for the SQLite store; the Cosmos store lives in the emulator"
+            "--sqlite-path is for the SQLite store; the Cosmos store lives in the emulator, the PostgreSQL one in its server"
         );
+        if !self.restart_store_at.is_empty() {
+            ensure!(
+                self.store_kind() == SimStore::Postgres,
+                "--restart-store-at restarts a PostgreSQL server: it needs --store postgres"
+            );
+            ensure!(
+                self.postgres_url.is_none(),
+                "--restart-store-at restarts the simulator's own throwaway server, not the one --postgres-url / PAYMENTS_POSTGRES_URL names (unset it)"
+            );
+            for &at in &self.restart_store_at {
+                ensure!(
+                    at > 0.0 && at < 1.0,
+                    "--restart-store-at must be between 0 and 1 (exclusive), got {at}"
+                );
+            }
+        }
         ensure!(
             (1..=512).contains(&self.concurrency),
             "--concurrency must be between 1 and 512"
@@ -378,6 +407,10 @@ impl SimulateArgs {
         put("lock-expiry", self.lock_expiry_rate.to_string());
         put("http-share", self.http_share.to_string());
         put("slow-store-ms", self.slow_store_ms.to_string());
+        if !self.restart_store_at.is_empty() {
+            let at: Vec<String> = self.restart_store_at.iter().map(f64::to_string).collect();
+            put("restart-store-at", at.join(" "));
+        }
         if !self.ledger_only {
             put("bank-5xx", self.bank_5xx_rate.to_string());
             put("bank-429", self.bank_429_rate.to_string());
@@ -509,6 +542,7 @@ pub fn ledger_rows(records: &[PaymentRecord]) -> anyhow::Result<Vec<LedgerRow>> 
 enum Ledger {
     Sqlite(PathBuf),
     Cosmos(Box<claims_payments::store::cosmos::CosmosStore>),
+    Postgres(Box<claims_payments::store::postgres::PostgresStore>),
 }
 
 impl Ledger {
@@ -576,6 +610,21 @@ impl Ledger {
                     .await
                     .map_err(|e| anyhow::anyhow!("cannot list payments in Cosmos: {e}"))?;
                 ledger_rows(&records)
+            }
+            Ledger::Postgres(store) => {
+                // A restart of the server may have cut the pool's connections.
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    match store.list_payments(limit).await {
+                        Ok(records) => return ledger_rows(&records),
+                        Err(e) if tries < 10 => {
+                            tracing::debug!(error = %e, "listing payments in PostgreSQL; trying again");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                        Err(e) => bail!("cannot list payments in PostgreSQL: {e}"),
+                    }
+                }
             }
         }
     }
@@ -662,6 +711,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     // The store every instance and every `reconcile` run share.
     let mut store_env: Vec<(String, String)> = Vec::new();
     let mut emulator = None;
+    let mut postgres = None;
     let ledger = match store {
         SimStore::Sqlite => {
             let db = match &opts.sqlite_path {
@@ -693,6 +743,17 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             store_env.extend(started.env.iter().cloned());
             let ledger = Ledger::cosmos(&store_env).await?;
             emulator = Some(started);
+            ledger
+        }
+        SimStore::Postgres => {
+            let pg = pg::SimPostgres::start(opts.postgres_url.as_deref()).await?;
+            ensure!(
+                opts.restart_store_at.is_empty() || pg.throwaway(),
+                "--restart-store-at needs the simulator's own server"
+            );
+            store_env.extend(pg.env());
+            let ledger = Ledger::Postgres(Box::new(pg.ledger().await?));
+            postgres = Some(pg);
             ledger
         }
     };
@@ -756,8 +817,8 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             );
         }
     }
-    if store == SimStore::Cosmos {
-        // Connecting checks the container first; the emulator is slower than a file.
+    if store != SimStore::Sqlite {
+        // Connecting checks the container or the schema first; slower than a file.
         spec.ready_timeout = Duration::from_secs(60);
     }
     // An operator's reconcile runs with the same store and bank, as its own client.
@@ -786,7 +847,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
                 )),
             );
         }
-        if store == SimStore::Cosmos {
+        if store != SimStore::Sqlite {
             // What Azure sets on each instance (and the guard against a SQLite store).
             spec = spec.env(
                 names::WEBSITE_INSTANCE_ID,
@@ -866,7 +927,22 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             async move { http_client::run(supervisors, &plan, share, seed, concurrency).await },
         )
     };
+    let (stop_restarts, restarts_stopped) = tokio::sync::watch::channel(false);
+    let restarts = postgres.as_ref().map(|pg| {
+        pg.restarts(
+            &opts.restart_store_at,
+            progress.clone(),
+            plan.copies.len() as u64,
+            started,
+            restarts_stopped,
+        )
+    });
     host.run_until_settled(deadline).await?;
+    let _ = stop_restarts.send(true);
+    let store_restarts = match restarts {
+        Some(task) => task.await.context("the store restarts")??,
+        None => Vec::new(),
+    };
     let http = match tokio::time::timeout_at(deadline.into(), http).await {
         Ok(joined) => joined.unwrap_or_default(),
         Err(_) => anyhow::bail!(
@@ -904,6 +980,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     let claim_ids: Vec<String> = plan.claims.iter().map(|c| c.claim_id.clone()).collect();
     let (ledger_rows, ledger_unlisted) = ledger.all_rows(limit, &claim_ids).await?;
     drop(ledger);
+    drop(postgres);
     if let Some(emulator) = emulator {
         emulator.stop().await;
     }
@@ -946,6 +1023,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         processes.timeout_restarts += summary.timeout_restarts;
         processes.unexpected_exits += summary.unexpected_exits;
         processes.host_stops += load(&stats.host_stops);
+        processes.failed_starts += load(&stats.failed_starts);
         if let Ok(v) = stats.unexpected_exit_statuses.lock() {
             processes
                 .unexpected_exit_statuses
@@ -964,6 +1042,8 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     let store_name = match store {
         SimStore::Sqlite => "SQLite ledger",
         SimStore::Cosmos => "Cosmos DB ledger (cosmos-emulator)",
+        SimStore::Postgres if opts.postgres_url.is_some() => "PostgreSQL ledger (--postgres-url)",
+        SimStore::Postgres => "PostgreSQL ledger (throwaway server)",
     };
     let mut mode = if with_bank {
         format!("{store_name} + sandbox bank")
@@ -998,6 +1078,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         bank: bank_ledger.as_ref().map(report::bank_summary),
         processes,
         store: store.as_str().to_owned(),
+        store_restarts,
         instances: per_instance,
         deliveries_per_second: host_stats.deliveries as f64 / elapsed.as_secs_f64().max(1e-9),
         host: host_stats,

@@ -605,6 +605,8 @@ pub struct ProcessSummary {
     /// Exits after which the real host would have stopped itself instead of restarting
     /// the handler: the third within 30 minutes (see `process::HostRestartLimit`).
     pub host_stops: u64,
+    /// Restarts that failed (the store unreachable) and were tried again.
+    pub failed_starts: u64,
     pub startup_median_ms: f64,
 }
 
@@ -781,8 +783,10 @@ pub struct Report {
     pub host: HostStats,
     pub broker: BrokerSummary,
     pub processes: ProcessSummary,
-    /// `sqlite` or `cosmos` (the `cosmos-emulator` binary).
+    /// `sqlite`, `cosmos` (the `cosmos-emulator` binary) or `postgres`.
     pub store: String,
+    /// Restarts of the PostgreSQL server during the run (`--restart-store-at`).
+    pub store_restarts: Vec<super::pg::StoreRestart>,
     /// Per handler instance (one entry when a single instance ran).
     pub instances: Vec<InstanceSummary>,
     pub bank: Option<BankSummary>,
@@ -881,11 +885,25 @@ impl Report {
                 format!(" ({})", pr.unexpected_exit_statuses.join("; "))
             }
         );
+        if pr.failed_starts > 0 {
+            let _ = writeln!(
+                o,
+                "           {} restarts failed (the store was unreachable) and were tried again",
+                pr.failed_starts
+            );
+        }
         if pr.host_stops > 0 {
             let _ = writeln!(
                 o,
                 "           a real host would have stopped itself {} times (3 handler exits without a 30-minute gap); here every exit is restarted",
                 pr.host_stops
+            );
+        }
+        for r in &self.store_restarts {
+            let _ = writeln!(
+                o,
+                "store      PostgreSQL restarted (pg_ctl restart -m immediate) at {:.1} s, {} of {} messages settled (--restart-store-at {}): back after {} ms",
+                r.at_secs, r.settled, r.of, r.at, r.took_ms
             );
         }
         let outcomes: Vec<String> = h.outcomes.iter().map(|(k, n)| format!("{k} {n}")).collect();
