@@ -269,6 +269,35 @@ fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
+/// Fresh messages and their duplicates to every variant's process before the timed rounds.
+async fn warm_up(
+    client: &reqwest::Client,
+    processes: &[ServeProcess],
+    warmup: usize,
+    concurrency: usize,
+) {
+    for (variant, process) in Variant::ALL.iter().zip(processes) {
+        let (fresh, again) = envelopes(warmup, "warmup");
+        let url = process.base_url();
+        load(
+            client,
+            &url,
+            Arc::new(fresh),
+            concurrency,
+            variant.expected(false),
+        )
+        .await;
+        load(
+            client,
+            &url,
+            Arc::new(again),
+            concurrency,
+            variant.expected(true),
+        )
+        .await;
+    }
+}
+
 async fn throughput(
     args: &BenchArgs,
     exe: &Path,
@@ -294,26 +323,7 @@ async fn throughput(
     }
     let per_round = (args.requests / args.rounds).max(1);
     let warmup = (per_round / 10).clamp(50, 500);
-    for (variant, process) in Variant::ALL.iter().zip(&processes) {
-        let (fresh, again) = envelopes(warmup, "warmup");
-        let url = process.base_url();
-        load(
-            client,
-            &url,
-            Arc::new(fresh),
-            args.concurrency,
-            variant.expected(false),
-        )
-        .await;
-        load(
-            client,
-            &url,
-            Arc::new(again),
-            args.concurrency,
-            variant.expected(true),
-        )
-        .await;
-    }
+    warm_up(client, &processes, warmup, args.concurrency).await;
 
     let fresh_acc = || -> Vec<Accumulated> {
         Variant::ALL
@@ -750,6 +760,110 @@ fn targets(variants: &[VariantFigures], computed: &[ru::CaseCost]) -> Vec<Target
     t
 }
 
+/// The Cosmos parts of a run: request units computed from Microsoft's rules, their cost,
+/// the consumer on the `cosmos-emulator` over HTTP and charges measured at
+/// `COSMOS_TEST_ENDPOINT` (rows added to `round_trip_figures`).
+struct CosmosParts {
+    computed: Vec<ru::CaseCost>,
+    cost: Vec<CostRow>,
+    skipped: Option<String>,
+    measured_skipped: Option<String>,
+}
+
+async fn cosmos_parts(
+    args: &BenchArgs,
+    exe: &Path,
+    dir: &Path,
+    client: &reqwest::Client,
+    round_trip_figures: &mut Vec<StoreRoundTrips>,
+) -> anyhow::Result<CosmosParts> {
+    let cosmos_computed = if args.skip_cosmos || args.ru_messages == 0 {
+        Vec::new()
+    } else {
+        ru::computed(args.ru_messages)
+            .await
+            .context("computing the Cosmos request units")?
+    };
+    let mut cosmos_cost = Vec::new();
+    for (kind, case) in [
+        ("ledger-only", ru::Case::FreshLedgerOnly),
+        ("with payout", ru::Case::FreshWithPayout),
+    ] {
+        if let Some(c) = cosmos_computed.iter().find(|c| c.case == case) {
+            cosmos_cost.push(CostRow {
+                kind: format!("{kind}, with the inbox's TTL delete"),
+                after: ru::cost_per_million(c.request_units + c.ttl_delete_request_units),
+                before: ru::cost_per_million(
+                    c.before_request_units + c.before_ttl_delete_request_units,
+                ),
+            });
+            cosmos_cost.push(CostRow {
+                kind: format!("{kind}, without it (provisioned: spare RU)"),
+                after: ru::cost_per_million(c.request_units),
+                before: ru::cost_per_million(c.before_request_units),
+            });
+        }
+    }
+
+    let emulator_path = exe.with_file_name("cosmos-emulator");
+    let cosmos_skipped = if args.skip_cosmos {
+        Some("--skip-cosmos".to_owned())
+    } else if !emulator_path.is_file() {
+        Some(format!(
+            "no cosmos-emulator next to {} (build it with `cargo build --bins`)",
+            exe.display()
+        ))
+    } else {
+        match CosmosEmulator::start(&emulator_path, None).await {
+            Err(e) => Some(format!("cosmos-emulator did not start: {e:#}")),
+            Ok(emulator) => {
+                let figures = store_round_trips(
+                    "cosmos (SDK emulator over HTTP)",
+                    "the emulator's constant charge, not Azure charges",
+                    |name| {
+                        cosmos_spec(
+                            spec(exe, dir, &format!("rt-cosmos-{name}")),
+                            emulator.setting(names::COSMOS_ENDPOINT).unwrap_or_default(),
+                            emulator.setting(names::COSMOS_KEY).unwrap_or_default(),
+                            claims_payments::store::cosmos::container::DEFAULT_DATABASE,
+                            claims_payments::store::cosmos::container::DEFAULT_CONTAINER,
+                        )
+                    },
+                    args.sample,
+                    args.concurrency,
+                    client,
+                )
+                .await;
+                match figures {
+                    Ok(f) => {
+                        round_trip_figures.push(f);
+                        None
+                    }
+                    Err(e) => Some(format!("the Cosmos measurement failed: {e:#}")),
+                }
+            }
+        }
+    };
+    let cosmos_measured_skipped = if args.skip_cosmos {
+        Some("--skip-cosmos".to_owned())
+    } else {
+        match measured_at_test_endpoint(args, exe, dir, client).await {
+            Ok(figures) => {
+                round_trip_figures.push(figures);
+                None
+            }
+            Err(why) => Some(why),
+        }
+    };
+
+    Ok(CosmosParts {
+        computed: cosmos_computed,
+        cost: cosmos_cost,
+        skipped: cosmos_skipped,
+        measured_skipped: cosmos_measured_skipped,
+    })
+}
+
 /// Runs the benchmark.
 pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
     ensure!(
@@ -816,84 +930,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
         .await?,
     ];
 
-    let cosmos_computed = if args.skip_cosmos || args.ru_messages == 0 {
-        Vec::new()
-    } else {
-        ru::computed(args.ru_messages)
-            .await
-            .context("computing the Cosmos request units")?
-    };
-    let mut cosmos_cost = Vec::new();
-    for (kind, case) in [
-        ("ledger-only", ru::Case::FreshLedgerOnly),
-        ("with payout", ru::Case::FreshWithPayout),
-    ] {
-        if let Some(c) = cosmos_computed.iter().find(|c| c.case == case) {
-            cosmos_cost.push(CostRow {
-                kind: format!("{kind}, with the inbox's TTL delete"),
-                after: ru::cost_per_million(c.request_units + c.ttl_delete_request_units),
-                before: ru::cost_per_million(
-                    c.before_request_units + c.before_ttl_delete_request_units,
-                ),
-            });
-            cosmos_cost.push(CostRow {
-                kind: format!("{kind}, without it (provisioned: spare RU)"),
-                after: ru::cost_per_million(c.request_units),
-                before: ru::cost_per_million(c.before_request_units),
-            });
-        }
-    }
-
-    let emulator_path = exe.with_file_name("cosmos-emulator");
-    let cosmos_skipped = if args.skip_cosmos {
-        Some("--skip-cosmos".to_owned())
-    } else if !emulator_path.is_file() {
-        Some(format!(
-            "no cosmos-emulator next to {} (build it with `cargo build --bins`)",
-            exe.display()
-        ))
-    } else {
-        match CosmosEmulator::start(&emulator_path, None).await {
-            Err(e) => Some(format!("cosmos-emulator did not start: {e:#}")),
-            Ok(emulator) => {
-                let figures = store_round_trips(
-                    "cosmos (SDK emulator over HTTP)",
-                    "the emulator's constant charge, not Azure charges",
-                    |name| {
-                        cosmos_spec(
-                            spec(&exe, dir, &format!("rt-cosmos-{name}")),
-                            emulator.setting(names::COSMOS_ENDPOINT).unwrap_or_default(),
-                            emulator.setting(names::COSMOS_KEY).unwrap_or_default(),
-                            claims_payments::store::cosmos::container::DEFAULT_DATABASE,
-                            claims_payments::store::cosmos::container::DEFAULT_CONTAINER,
-                        )
-                    },
-                    args.sample,
-                    args.concurrency,
-                    &client,
-                )
-                .await;
-                match figures {
-                    Ok(f) => {
-                        round_trip_figures.push(f);
-                        None
-                    }
-                    Err(e) => Some(format!("the Cosmos measurement failed: {e:#}")),
-                }
-            }
-        }
-    };
-    let cosmos_measured_skipped = if args.skip_cosmos {
-        Some("--skip-cosmos".to_owned())
-    } else {
-        match measured_at_test_endpoint(&args, &exe, dir, &client).await {
-            Ok(figures) => {
-                round_trip_figures.push(figures);
-                None
-            }
-            Err(why) => Some(why),
-        }
-    };
+    let CosmosParts {
+        computed: cosmos_computed,
+        cost: cosmos_cost,
+        skipped: cosmos_skipped,
+        measured_skipped: cosmos_measured_skipped,
+    } = cosmos_parts(&args, &exe, dir, &client, &mut round_trip_figures).await?;
 
     let targets = targets(&variants, &cosmos_computed);
     Ok(BenchReport {

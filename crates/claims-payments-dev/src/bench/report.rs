@@ -1,5 +1,7 @@
 //! `bench`'s figures and how they are printed.
 
+use std::fmt::Write as _;
+
 use super::*;
 
 /// Throughput and latency of one phase of one variant, over all rounds.
@@ -285,7 +287,6 @@ impl BenchReport {
 
     /// The compact table.
     pub fn render_text(&self) -> String {
-        use std::fmt::Write as _;
         let mut o = String::new();
         let _ = writeln!(
             o,
@@ -308,6 +309,51 @@ impl BenchReport {
             }
             _ => {}
         }
+        self.render_throughput(&mut o);
+        self.render_round_trips(&mut o);
+        self.render_cosmos(&mut o);
+        for s in &self.startup {
+            let _ = writeln!(
+                o,
+                "start-up ({}): median {:.1} ms (min {:.1}, max {:.1}) over {} starts, exec to first answer on GET /",
+                s.configuration, s.median_ms, s.min_ms, s.max_ms, s.starts
+            );
+        }
+        if !self.targets.is_empty() {
+            let _ = writeln!(o, "targets (issue 17), this run:");
+            for t in &self.targets {
+                let value = match t.unit {
+                    "x" => format!("{:.2}x", t.value),
+                    "B" => format!("{:.0} B", t.value),
+                    "RU" => format!("{:.2} RU", t.value),
+                    _ => format!("{:.2}", t.value),
+                };
+                let limit = match t.unit {
+                    "x" => format!("{:.2}x", t.limit),
+                    "B" => format!("{:.0} B", t.limit),
+                    "RU" => format!("{:.0} RU", t.limit),
+                    _ => format!("{:.0}", t.limit),
+                };
+                let _ = writeln!(
+                    o,
+                    "  {:<52} {:>10} ({}) {} {:<8}  {}",
+                    t.name,
+                    value,
+                    t.basis,
+                    if t.at_most { "<=" } else { ">=" },
+                    limit,
+                    t.verdict()
+                );
+            }
+        }
+        if let Some(telemetry) = &self.telemetry {
+            telemetry.render_text(&mut o);
+        }
+        o
+    }
+
+    /// The throughput table, ratios, CPU by thread, PostgreSQL beside SQLite.
+    fn render_throughput(&self, o: &mut String) {
         let _ = writeln!(
             o,
             "full HTTP path to `serve`; SQLite WAL, every answer after its WAL sync (pipelined group commit); ledger-only; info logs"
@@ -383,7 +429,7 @@ impl BenchReport {
             "cpuus = serve CPU (user+system) per invocation, us; the load generator spent {} us per request (fresh/dup/store-dup, same order)",
             generator.join(", ")
         );
-        self.print_http_beside_messages(&mut o);
+        self.print_http_beside_messages(o);
         let _ = writeln!(o, "serve cpu us per invocation by thread:");
         for v in &self.variants {
             let _ = writeln!(
@@ -423,8 +469,12 @@ impl BenchReport {
             self.fresh_vs_naive, self.duplicate_vs_naive, self.duplicate_at_store_vs_naive
         );
         if let Some(comparison) = &self.postgres {
-            comparison.render(&mut o);
+            comparison.render(o);
         }
+    }
+
+    /// Store round trips per message, per store and case.
+    fn render_round_trips(&self, o: &mut String) {
         let _ = writeln!(
             o,
             "store round trips per message (from GET /metrics deltas):"
@@ -483,6 +533,10 @@ impl BenchReport {
         if let Some(why) = &self.cosmos_measured_skipped {
             let _ = writeln!(o, " cosmos, measured charges: none ({why})");
         }
+    }
+
+    /// Cosmos request units computed from the rules, and their cost.
+    fn render_cosmos(&self, o: &mut String) {
         if !self.cosmos_computed.is_empty() {
             let _ = writeln!(
                 o,
@@ -551,44 +605,6 @@ impl BenchReport {
                 );
             }
         }
-        for s in &self.startup {
-            let _ = writeln!(
-                o,
-                "start-up ({}): median {:.1} ms (min {:.1}, max {:.1}) over {} starts, exec to first answer on GET /",
-                s.configuration, s.median_ms, s.min_ms, s.max_ms, s.starts
-            );
-        }
-        if !self.targets.is_empty() {
-            let _ = writeln!(o, "targets (issue 17), this run:");
-            for t in &self.targets {
-                let value = match t.unit {
-                    "x" => format!("{:.2}x", t.value),
-                    "B" => format!("{:.0} B", t.value),
-                    "RU" => format!("{:.2} RU", t.value),
-                    _ => format!("{:.2}", t.value),
-                };
-                let limit = match t.unit {
-                    "x" => format!("{:.2}x", t.limit),
-                    "B" => format!("{:.0} B", t.limit),
-                    "RU" => format!("{:.0} RU", t.limit),
-                    _ => format!("{:.0}", t.limit),
-                };
-                let _ = writeln!(
-                    o,
-                    "  {:<52} {:>10} ({}) {} {:<8}  {}",
-                    t.name,
-                    value,
-                    t.basis,
-                    if t.at_most { "<=" } else { ">=" },
-                    limit,
-                    t.verdict()
-                );
-            }
-        }
-        if let Some(telemetry) = &self.telemetry {
-            telemetry.render_text(&mut o);
-        }
-        o
     }
 }
 
