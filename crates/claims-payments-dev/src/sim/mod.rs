@@ -675,40 +675,21 @@ pub async fn run(opts: SimulateOptions) -> anyhow::Result<Report> {
     run_with_progress(opts, false).await
 }
 
-async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow::Result<Report> {
-    opts.validate()?;
-    let started = Instant::now();
-    let seed = opts.seed.unwrap_or_else(rand::random);
-    let timings = opts.timings();
-    let with_bank = !opts.ledger_only;
-    let store = opts.store_kind();
-    let instances = opts.instances;
+/// The store every instance and every `reconcile` run share: its settings for `serve`,
+/// the ledger the verdict reads, and the emulator or server that must outlive the run.
+struct SimLedger {
+    env: Vec<(String, String)>,
+    ledger: Ledger,
+    emulator: Option<CosmosEmulator>,
+    postgres: Option<pg::SimPostgres>,
+}
 
-    let plan = scenario::plan(&ScenarioSettings {
-        messages: opts.messages,
-        duplicate_rate: opts.duplicate_rate,
-        business_duplicate_rate: opts.business_duplicate_rate,
-        conflict_rate: opts.conflict_rate,
-        invalid_rate: opts.invalid_rate,
-        closed_account_rate: if with_bank {
-            opts.bank_reject_rate
-        } else {
-            0.0
-        },
-        allow_non_utf8: opts.data_type == DataType::Binary,
-        race_window: opts.concurrency * instances,
-        seed,
-    });
-
-    let temp = TempDir::new("claims-payments-sim").context("cannot create a temp dir")?;
-    let exe = match &opts.exe {
-        Some(exe) => exe.clone(),
-        None => {
-            std::env::current_exe().context("cannot find the claims-payments-dev executable")?
-        }
-    };
-
-    // The store every instance and every `reconcile` run share.
+async fn open_store(
+    opts: &SimulateOptions,
+    store: SimStore,
+    temp: &TempDir,
+    exe: &std::path::Path,
+) -> anyhow::Result<SimLedger> {
     let mut store_env: Vec<(String, String)> = Vec::new();
     let mut emulator = None;
     let mut postgres = None;
@@ -758,6 +739,21 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         }
     };
 
+    Ok(SimLedger {
+        env: store_env,
+        ledger,
+        emulator,
+        postgres,
+    })
+}
+
+/// The sandbox bank with the run's faults (none in ledger-only mode).
+async fn start_bank(
+    opts: &SimulateOptions,
+    seed: u64,
+    timings: Timings,
+) -> anyhow::Result<Option<FakeBank>> {
+    let with_bank = !opts.ledger_only;
     let bank = if with_bank {
         Some(
             FakeBank::start_with(FakeBankSettings {
@@ -779,8 +775,20 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         None
     };
 
-    let mut spec = ServeSpec::new(exe.clone());
-    for (key, value) in &store_env {
+    Ok(bank)
+}
+
+/// How every instance's `serve` starts: the store, the timings, the faults, the bank.
+fn serve_spec(
+    opts: &SimulateOptions,
+    exe: &std::path::Path,
+    store_env: &[(String, String)],
+    timings: Timings,
+    bank: Option<&FakeBank>,
+    store: SimStore,
+) -> ServeSpec {
+    let mut spec = ServeSpec::new(exe);
+    for (key, value) in store_env {
         spec = spec.env(key, value.clone());
     }
     spec = spec
@@ -808,7 +816,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             names::PAYMENTS_FAULT_STORE_DELAY_MS,
             opts.slow_store_ms.to_string(),
         );
-    if let Some(bank) = &bank {
+    if let Some(bank) = bank {
         spec = spec.env(names::BANK_API_URL, bank.url());
         if opts.bank_key_window_ms > 0 {
             spec = spec.env(
@@ -821,20 +829,24 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         // Connecting checks the container or the schema first; slower than a file.
         spec.ready_timeout = Duration::from_secs(60);
     }
-    // An operator's reconcile runs with the same store and bank, as its own client.
-    let reconcile_env = spec.env.clone();
+    spec
+}
 
-    // Crashes are bounded by the fault rates; this cap only stops a crash loop.
-    let max_restarts = 50 + (opts.messages as u64) * 2;
-    let serve_log = opts
-        .serve_log
-        .clone()
-        .unwrap_or_else(|| temp.path().join("serve.log"));
+/// One supervisor per instance, each with its own bank client name and log file (and
+/// where its log started, for the takeover count).
+async fn start_instances(
+    spec: &ServeSpec,
+    bank: Option<&FakeBank>,
+    store: SimStore,
+    instances: usize,
+    serve_log: &std::path::Path,
+    max_restarts: u64,
+) -> anyhow::Result<(Vec<Arc<Supervisor>>, Vec<(PathBuf, u64)>)> {
     let mut supervisors = Vec::with_capacity(instances);
     let mut logs = Vec::with_capacity(instances);
     for i in 0..instances {
         let mut spec = spec.clone();
-        if let Some(bank) = &bank {
+        if let Some(bank) = bank {
             // The bank knows each process by its URL, so a mid-payout fault can kill
             // exactly the process that sent the request (see `mid_payout_client`).
             spec.env.retain(|(k, _)| k != names::BANK_API_URL);
@@ -854,7 +866,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
                 format!("sim-instance-{}", i + 1),
             );
         }
-        let log = instance_log(&serve_log, i, instances);
+        let log = instance_log(serve_log, i, instances);
         let log_from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
         spec.log = Some(log.clone());
         logs.push((log, log_from));
@@ -863,11 +875,21 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             .with_context(|| format!("instance {} did not start", i + 1))?;
         supervisors.push(Arc::new(supervisor));
     }
-    let queue = Arc::new(Queue::new(opts.max_delivery_count));
-    if let Some(bank) = &bank {
+    Ok((supervisors, logs))
+}
+
+/// The bank's mid-payout fault: the process that sent the request dies while the bank
+/// holds it, and some of those messages are orphaned (dead-lettered, never re-driven).
+fn wire_mid_payout(
+    bank: Option<&FakeBank>,
+    supervisors: &[Arc<Supervisor>],
+    queue: &Arc<Queue>,
+    orphan_rate: f64,
+    seed: u64,
+) {
+    if let Some(bank) = bank {
         let supervisors: Vec<_> = supervisors.iter().map(Arc::downgrade).collect();
         let queue = queue.clone();
-        let orphan_rate = opts.orphan_rate;
         bank.on_mid_payout(Arc::new(move |key: &str, client: Option<&str>| {
             if chance::hit(orphan_rate, seed, "orphan", key.as_bytes(), 0) {
                 if let Some((_, claim)) = key.rsplit_once("claim-payment-") {
@@ -883,6 +905,146 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             }
         }));
     }
+}
+
+/// How the handler processes fared, in all and per instance.
+fn process_summaries(
+    supervisors: &[Arc<Supervisor>],
+    host_stats: &driver::HostStats,
+    logs: &[(PathBuf, u64)],
+) -> (report::ProcessSummary, Vec<report::InstanceSummary>) {
+    let instances = supervisors.len();
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let mut processes = report::ProcessSummary::default();
+    let mut startups = Vec::new();
+    let mut per_instance = Vec::with_capacity(instances);
+    for (i, supervisor) in supervisors.iter().enumerate() {
+        let stats = &supervisor.stats;
+        let seen = host_stats.instances.get(i).cloned().unwrap_or_default();
+        let summary = report::InstanceSummary {
+            instance: i + 1,
+            starts: load(&stats.starts),
+            deliveries: seen.deliveries,
+            completed: seen.completed,
+            failed: seen.failed,
+            cross_instance_redeliveries: seen.cross_instance_redeliveries,
+            lock_expiries: seen.lock_expiries,
+            takeovers: count_takeovers(&logs[i].0, logs[i].1),
+            crash_after_commit: load(&stats.self_kills),
+            chaos_kills: load(&stats.chaos_kills),
+            mid_payout_kills: load(&stats.mid_payout_kills),
+            timeout_restarts: load(&stats.timeout_kills),
+            unexpected_exits: load(&stats.unexpected_exits),
+            outcomes: seen.outcomes,
+        };
+        processes.starts += summary.starts;
+        processes.crash_after_commit += summary.crash_after_commit;
+        processes.chaos_kills += summary.chaos_kills;
+        processes.mid_payout_kills += summary.mid_payout_kills;
+        processes.timeout_restarts += summary.timeout_restarts;
+        processes.unexpected_exits += summary.unexpected_exits;
+        processes.host_stops += load(&stats.host_stops);
+        processes.failed_starts += load(&stats.failed_starts);
+        if let Ok(v) = stats.unexpected_exit_statuses.lock() {
+            processes
+                .unexpected_exit_statuses
+                .extend(v.iter().map(|status| match instances {
+                    1 => status.clone(),
+                    _ => format!("instance {}: {status}", i + 1),
+                }));
+        }
+        if let Ok(v) = stats.startup_micros.lock() {
+            startups.extend(v.iter().copied());
+        }
+        per_instance.push(summary);
+    }
+    processes.startup_median_ms = median_ms(&startups);
+    (processes, per_instance)
+}
+
+/// The report's one-line description of the store and the bank.
+fn mode(opts: &SimulateOptions, store: SimStore, with_bank: bool, instances: usize) -> String {
+    let store_name = match store {
+        SimStore::Sqlite => "SQLite ledger",
+        SimStore::Cosmos => "Cosmos DB ledger (cosmos-emulator)",
+        SimStore::Postgres if opts.postgres_url.is_some() => "PostgreSQL ledger (--postgres-url)",
+        SimStore::Postgres => "PostgreSQL ledger (throwaway server)",
+    };
+    let mut mode = if with_bank {
+        format!("{store_name} + sandbox bank")
+    } else {
+        format!("{store_name} only (no bank)")
+    };
+    if instances > 1 {
+        mode.push_str(&format!(", {instances} instances"));
+    }
+    mode
+}
+
+async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow::Result<Report> {
+    opts.validate()?;
+    let started = Instant::now();
+    let seed = opts.seed.unwrap_or_else(rand::random);
+    let timings = opts.timings();
+    let with_bank = !opts.ledger_only;
+    let store = opts.store_kind();
+    let instances = opts.instances;
+
+    let plan = scenario::plan(&ScenarioSettings {
+        messages: opts.messages,
+        duplicate_rate: opts.duplicate_rate,
+        business_duplicate_rate: opts.business_duplicate_rate,
+        conflict_rate: opts.conflict_rate,
+        invalid_rate: opts.invalid_rate,
+        closed_account_rate: if with_bank {
+            opts.bank_reject_rate
+        } else {
+            0.0
+        },
+        allow_non_utf8: opts.data_type == DataType::Binary,
+        race_window: opts.concurrency * instances,
+        seed,
+    });
+
+    let temp = TempDir::new("claims-payments-sim").context("cannot create a temp dir")?;
+    let exe = match &opts.exe {
+        Some(exe) => exe.clone(),
+        None => {
+            std::env::current_exe().context("cannot find the claims-payments-dev executable")?
+        }
+    };
+
+    // The store every instance and every `reconcile` run share.
+    let SimLedger {
+        env: store_env,
+        ledger,
+        emulator,
+        postgres,
+    } = open_store(&opts, store, &temp, &exe).await?;
+
+    let bank = start_bank(&opts, seed, timings).await?;
+
+    let spec = serve_spec(&opts, &exe, &store_env, timings, bank.as_ref(), store);
+    // An operator's reconcile runs with the same store and bank, as its own client.
+    let reconcile_env = spec.env.clone();
+
+    // Crashes are bounded by the fault rates; this cap only stops a crash loop.
+    let max_restarts = 50 + (opts.messages as u64) * 2;
+    let serve_log = opts
+        .serve_log
+        .clone()
+        .unwrap_or_else(|| temp.path().join("serve.log"));
+    let (supervisors, logs) = start_instances(
+        &spec,
+        bank.as_ref(),
+        store,
+        instances,
+        &serve_log,
+        max_restarts,
+    )
+    .await?;
+    let queue = Arc::new(Queue::new(opts.max_delivery_count));
+    wire_mid_payout(bank.as_ref(), &supervisors, &queue, opts.orphan_rate, seed);
 
     for &i in &plan.send_order {
         let copy = &plan.copies[i];
@@ -993,66 +1155,9 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     });
 
     let host_stats = host.stats();
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let mut processes = report::ProcessSummary::default();
-    let mut startups = Vec::new();
-    let mut per_instance = Vec::with_capacity(instances);
-    for (i, supervisor) in supervisors.iter().enumerate() {
-        let stats = &supervisor.stats;
-        let seen = host_stats.instances.get(i).cloned().unwrap_or_default();
-        let summary = report::InstanceSummary {
-            instance: i + 1,
-            starts: load(&stats.starts),
-            deliveries: seen.deliveries,
-            completed: seen.completed,
-            failed: seen.failed,
-            cross_instance_redeliveries: seen.cross_instance_redeliveries,
-            lock_expiries: seen.lock_expiries,
-            takeovers: count_takeovers(&logs[i].0, logs[i].1),
-            crash_after_commit: load(&stats.self_kills),
-            chaos_kills: load(&stats.chaos_kills),
-            mid_payout_kills: load(&stats.mid_payout_kills),
-            timeout_restarts: load(&stats.timeout_kills),
-            unexpected_exits: load(&stats.unexpected_exits),
-            outcomes: seen.outcomes,
-        };
-        processes.starts += summary.starts;
-        processes.crash_after_commit += summary.crash_after_commit;
-        processes.chaos_kills += summary.chaos_kills;
-        processes.mid_payout_kills += summary.mid_payout_kills;
-        processes.timeout_restarts += summary.timeout_restarts;
-        processes.unexpected_exits += summary.unexpected_exits;
-        processes.host_stops += load(&stats.host_stops);
-        processes.failed_starts += load(&stats.failed_starts);
-        if let Ok(v) = stats.unexpected_exit_statuses.lock() {
-            processes
-                .unexpected_exit_statuses
-                .extend(v.iter().map(|status| match instances {
-                    1 => status.clone(),
-                    _ => format!("instance {}: {status}", i + 1),
-                }));
-        }
-        if let Ok(v) = stats.startup_micros.lock() {
-            startups.extend(v.iter().copied());
-        }
-        per_instance.push(summary);
-    }
-    processes.startup_median_ms = median_ms(&startups);
+    let (processes, per_instance) = process_summaries(&supervisors, &host_stats, &logs);
     let elapsed = started.elapsed();
-    let store_name = match store {
-        SimStore::Sqlite => "SQLite ledger",
-        SimStore::Cosmos => "Cosmos DB ledger (cosmos-emulator)",
-        SimStore::Postgres if opts.postgres_url.is_some() => "PostgreSQL ledger (--postgres-url)",
-        SimStore::Postgres => "PostgreSQL ledger (throwaway server)",
-    };
-    let mut mode = if with_bank {
-        format!("{store_name} + sandbox bank")
-    } else {
-        format!("{store_name} only (no bank)")
-    };
-    if instances > 1 {
-        mode.push_str(&format!(", {instances} instances"));
-    }
+    let mode = mode(&opts, store, with_bank, instances);
     Ok(Report {
         exactly_once: verification.exactly_once
             && reconcile
