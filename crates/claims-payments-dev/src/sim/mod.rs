@@ -981,16 +981,10 @@ fn mode(opts: &SimulateOptions, store: SimStore, with_bank: bool, instances: usi
     mode
 }
 
-async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow::Result<Report> {
-    opts.validate()?;
-    let started = Instant::now();
-    let seed = opts.seed.unwrap_or_else(rand::random);
-    let timings = opts.timings();
+/// What the producer sends, from the options.
+fn scenario_settings(opts: &SimulateOptions, seed: u64) -> ScenarioSettings {
     let with_bank = !opts.ledger_only;
-    let store = opts.store_kind();
-    let instances = opts.instances;
-
-    let plan = scenario::plan(&ScenarioSettings {
+    ScenarioSettings {
         messages: opts.messages,
         duplicate_rate: opts.duplicate_rate,
         business_duplicate_rate: opts.business_duplicate_rate,
@@ -1002,17 +996,126 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             0.0
         },
         allow_non_utf8: opts.data_type == DataType::Binary,
-        race_window: opts.concurrency * instances,
+        race_window: opts.concurrency * opts.instances,
         seed,
-    });
+    }
+}
+
+/// The simulated Functions host over the queue and the instances.
+fn start_host(
+    opts: &SimulateOptions,
+    queue: &Arc<Queue>,
+    supervisors: &[Arc<Supervisor>],
+    timings: Timings,
+    seed: u64,
+    progress: &ProgressBar,
+) -> anyhow::Result<Arc<Host>> {
+    let handler = Arc::new(Instances(supervisors.to_vec()));
+    Host::new(
+        queue.clone(),
+        handler,
+        HostSettings {
+            function_name: "ClaimApproved".to_owned(),
+            concurrency: opts.concurrency,
+            data_type: opts.data_type,
+            function_timeout: Duration::from_millis(timings.function_timeout_ms),
+            lock_expiry_rate: opts.lock_expiry_rate,
+            lock_expiry_max_ms: 5,
+            kill_rate: opts.kill_rate,
+            kill_max_delay_ms: 20,
+            seed,
+        },
+        progress.clone(),
+    )
+}
+
+/// The operator re-drives the dead-letter queue once; then the host and every
+/// instance stop.
+async fn redrive_and_stop(
+    host: &Arc<Host>,
+    queue: &Queue,
+    progress: &ProgressBar,
+    supervisors: &[Arc<Supervisor>],
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    // The operator re-drives the dead-letter queue once.
+    let redriven = queue.redrive_dead_letters();
+    if redriven > 0 {
+        progress.inc_length(redriven as u64);
+        progress.set_message("(dead-letter re-drive)");
+        host.run_until_settled(deadline).await?;
+    }
+    host.stop();
+    progress.finish_and_clear();
+    for supervisor in supervisors {
+        supervisor.stop().await;
+    }
+    Ok(())
+}
+
+/// The executable the handler instances and `reconcile` run.
+fn handler_exe(opts: &SimulateOptions) -> anyhow::Result<PathBuf> {
+    match &opts.exe {
+        Some(exe) => Ok(exe.clone()),
+        None => std::env::current_exe().context("cannot find the claims-payments-dev executable"),
+    }
+}
+
+/// `POST /api/payments` clients mixed with the deliveries.
+fn spawn_http_clients(
+    opts: &SimulateOptions,
+    supervisors: &[Arc<Supervisor>],
+    plan: &scenario::Plan,
+    seed: u64,
+) -> tokio::task::JoinHandle<http_client::HttpStats> {
+    let (supervisors, plan) = (supervisors.to_vec(), plan.clone());
+    let (share, concurrency) = (opts.http_share, (opts.concurrency / 4).max(1));
+    tokio::spawn(
+        async move { http_client::run(supervisors, &plan, share, seed, concurrency).await },
+    )
+}
+
+/// Waits for the HTTP clients, at most until the run's deadline.
+async fn join_http_clients(
+    http: tokio::task::JoinHandle<http_client::HttpStats>,
+    deadline: Instant,
+    timeout_secs: u64,
+) -> anyhow::Result<http_client::HttpStats> {
+    match tokio::time::timeout_at(deadline.into(), http).await {
+        Ok(joined) => Ok(joined.unwrap_or_default()),
+        Err(_) => anyhow::bail!(
+            "the HTTP clients did not finish before the deadline (--timeout-secs {timeout_secs}; the messages had settled): raise it or lower --http-share"
+        ),
+    }
+}
+
+/// `reconcile` every `every_secs` while deliveries continue (none for 0).
+fn spawn_reconcile_during(
+    reconciler: Option<&ReconcileCommand>,
+    every_secs: u64,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<Vec<claims_payments::reconcile::Summary>>> {
+    match (reconciler, every_secs) {
+        (Some(r), secs) if secs > 0 => Some(tokio::spawn(
+            r.clone().repeat(Duration::from_secs(secs), stopped),
+        )),
+        _ => None,
+    }
+}
+
+async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow::Result<Report> {
+    opts.validate()?;
+    let started = Instant::now();
+    let seed = opts.seed.unwrap_or_else(rand::random);
+    let timings = opts.timings();
+    let with_bank = !opts.ledger_only;
+    let store = opts.store_kind();
+    let instances = opts.instances;
+
+    let plan = scenario::plan(&scenario_settings(&opts, seed));
 
     let temp = TempDir::new("claims-payments-sim").context("cannot create a temp dir")?;
-    let exe = match &opts.exe {
-        Some(exe) => exe.clone(),
-        None => {
-            std::env::current_exe().context("cannot find the claims-payments-dev executable")?
-        }
-    };
+    let exe = handler_exe(&opts)?;
 
     // The store every instance and every `reconcile` run share.
     let SimLedger {
@@ -1051,23 +1154,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         queue.send(i, &copy.message_id, &copy.body, false);
     }
     let progress = progress_bar(plan.copies.len() as u64, show_progress);
-    let handler = Arc::new(Instances(supervisors.clone()));
-    let host = Host::new(
-        queue.clone(),
-        handler,
-        HostSettings {
-            function_name: "ClaimApproved".to_owned(),
-            concurrency: opts.concurrency,
-            data_type: opts.data_type,
-            function_timeout: Duration::from_millis(timings.function_timeout_ms),
-            lock_expiry_rate: opts.lock_expiry_rate,
-            lock_expiry_max_ms: 5,
-            kill_rate: opts.kill_rate,
-            kill_max_delay_ms: 20,
-            seed,
-        },
-        progress.clone(),
-    )?;
+    let host = start_host(&opts, &queue, &supervisors, timings, seed, &progress)?;
 
     let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
     // An operator's reconcile, as a separate process, while deliveries continue.
@@ -1076,19 +1163,8 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         env: reconcile_env.clone(),
     });
     let (stop_during, stopped) = tokio::sync::watch::channel(false);
-    let during = match (&reconciler, opts.reconcile_every_secs) {
-        (Some(r), secs) if secs > 0 => Some(tokio::spawn(
-            r.clone().repeat(Duration::from_secs(secs), stopped),
-        )),
-        _ => None,
-    };
-    let http = {
-        let (supervisors, plan) = (supervisors.clone(), plan.clone());
-        let (share, concurrency) = (opts.http_share, (opts.concurrency / 4).max(1));
-        tokio::spawn(
-            async move { http_client::run(supervisors, &plan, share, seed, concurrency).await },
-        )
-    };
+    let during = spawn_reconcile_during(reconciler.as_ref(), opts.reconcile_every_secs, stopped);
+    let http = spawn_http_clients(&opts, &supervisors, &plan, seed);
     let (stop_restarts, restarts_stopped) = tokio::sync::watch::channel(false);
     let restarts = postgres.as_ref().map(|pg| {
         pg.restarts(
@@ -1105,25 +1181,8 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         Some(task) => task.await.context("the store restarts")??,
         None => Vec::new(),
     };
-    let http = match tokio::time::timeout_at(deadline.into(), http).await {
-        Ok(joined) => joined.unwrap_or_default(),
-        Err(_) => anyhow::bail!(
-            "the HTTP clients did not finish before the deadline (--timeout-secs {}; the messages had settled): raise it or lower --http-share",
-            opts.timeout_secs
-        ),
-    };
-    // The operator re-drives the dead-letter queue once.
-    let redriven = queue.redrive_dead_letters();
-    if redriven > 0 {
-        progress.inc_length(redriven as u64);
-        progress.set_message("(dead-letter re-drive)");
-        host.run_until_settled(deadline).await?;
-    }
-    host.stop();
-    progress.finish_and_clear();
-    for supervisor in &supervisors {
-        supervisor.stop().await;
-    }
+    let http = join_http_clients(http, deadline, opts.timeout_secs).await?;
+    redrive_and_stop(&host, &queue, &progress, &supervisors, deadline).await?;
     let _ = stop_during.send(true);
     let runs_during = match during {
         Some(task) => task.await.unwrap_or_default(),
