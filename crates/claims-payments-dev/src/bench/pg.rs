@@ -189,7 +189,7 @@ async fn phases(
             })
             .collect();
         let order = [round % 2, (round + 1) % 2];
-        for phase in 0..2 {
+        for (phase, db_cpu) in db_cpu.iter_mut().enumerate() {
             if phase == 1 {
                 // Forget what each process saw: the duplicates now go to the store.
                 for (i, process) in std::mem::take(&mut processes).into_iter().enumerate() {
@@ -208,7 +208,7 @@ async fn phases(
                 let (run, delta): (Run, PhaseDeltas) =
                     measured(client, &processes[i], bodies, args.concurrency, expected).await?;
                 if let Some(before) = db_before {
-                    db_cpu[phase] += postgres_cpu_us(postmaster) - before;
+                    *db_cpu += postgres_cpu_us(postmaster) - before;
                 }
                 let accumulated = if phase == 0 {
                     &mut fresh

@@ -367,7 +367,7 @@ mod tests {
     use super::*;
     use crate::sim::bank::{BankLedger, Payout};
     use crate::sim::queue::{Failure, FailureTally, Message, LOCK_EXPIRED};
-    use crate::sim::scenario::{Claim, MessageCopy};
+    use crate::sim::scenario::{Claim, MessageCopy, Payload};
     use std::sync::Arc;
 
     const C1: &str = "11111111-1111-4111-8111-111111111111";
