@@ -65,12 +65,24 @@ pub struct PgServer {
     dir: tempfile::TempDir,
     port: u16,
     password: String,
+    /// fsync and full-page writes on (the benchmark); off for tests (nothing to keep).
+    durable: bool,
 }
 
 impl PgServer {
     /// initdb + pg_ctl start on a free loopback port. Password (SCRAM) authentication for
     /// TCP, so tests also see that no password reaches a log.
     pub fn start() -> anyhow::Result<PgServer> {
+        Self::start_with(false)
+    }
+
+    /// [`start`](Self::start) with fsync and full-page writes on, as a real server
+    /// commits: for measurements that compare it with a store that syncs its writes.
+    pub fn start_durable() -> anyhow::Result<PgServer> {
+        Self::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> anyhow::Result<PgServer> {
         let dir = tempfile::Builder::new().prefix("cp-postgres-").tempdir()?;
         let password = format!("pw-{}", uuid::Uuid::new_v4().simple());
         let pwfile = dir.path().join("pwfile");
@@ -93,6 +105,7 @@ impl PgServer {
             dir,
             port,
             password,
+            durable,
         };
         server.pg_ctl(&["start", "-w", "-t", "60"])?;
         Ok(server)
@@ -121,6 +134,18 @@ impl PgServer {
         self.pg_ctl(&["restart", "-m", "immediate", "-w", "-t", "60"])
     }
 
+    /// Stops the server and deletes its directory once this process is gone, however it
+    /// ends (a SIGKILL skips `Drop`): for a long-lived tool such as the simulator.
+    pub fn stop_when_this_process_exits(&self) {
+        watch_for_exit(self);
+    }
+
+    /// The postmaster's process id (its backends are its children), while it runs.
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let pid = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
+        pid.lines().next()?.trim().parse().ok()
+    }
+
     /// The server's log, for failure messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
@@ -134,9 +159,14 @@ impl PgServer {
         // 127.0.0.1 only; the Unix socket lives in the cluster's own directory.
         let options = format!(
             "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories='{}' \
-             -c max_connections=300 -c fsync=off -c full_page_writes=off{}",
+             -c max_connections=300 {}{}",
             self.port,
             self.dir.path().display(),
+            if self.durable {
+                "-c fsync=on -c full_page_writes=on"
+            } else {
+                "-c fsync=off -c full_page_writes=off"
+            },
             if Path::new("/usr/lib/postgresql/15/lib/pg_stat_statements.so").is_file() {
                 // Lets tests count the statements the server ran.
                 " -c shared_preload_libraries=pg_stat_statements"

@@ -290,17 +290,22 @@ async fn one_intent(
     let Ok(original) = serde_json::from_str::<serde_json::Value>(&intent.body) else {
         return;
     };
-    // The same key with another body: 422, never a payment.
+    // The same key with another body: 422, never a payment. A 503 "try again" (the store
+    // was unreachable: a PostgreSQL restart) is retried as a client would; the final
+    // answer must be 422.
     if chance::hit(0.3, seed, "http-reuse", c, 0) {
         let mut other = original.clone();
         other["amount"] = serde_json::Value::String("1.00".into());
-        if let Some(r) = post(client, supervisor, &intent.key, &other.to_string(), stats).await {
+        if let Some(r) =
+            until_final(client, supervisor, &intent.key, &other.to_string(), stats).await
+        {
             if let Ok(mut s) = stats.lock() {
                 s.key_reuses_checked += 1;
             }
             if r.status != 422 {
+                let body: String = r.body.chars().take(160).collect();
                 violation(format!(
-                    "a key reused with another body was answered {}",
+                    "a key reused with another body was answered {}: {body}",
                     r.status
                 ));
             }

@@ -3,7 +3,7 @@
 //!
 //! It runs the real handler (`claims-payments-dev serve`, a separate process, on a SQLite
 //! file; or `--instances N` of them side by side on one Cosmos DB container served by
-//! the `cosmos-emulator` dev binary), a sandbox bank ([`bank`]) and a fake Functions
+//! the `cosmos-emulator` dev binary, or on one PostgreSQL server ([`pg`])), a sandbox bank ([`bank`]) and a fake Functions
 //! host with a Service Bus queue ([`driver`], [`queue`]) that invokes the handler over
 //! the real custom-handler protocol while injecting the faults of the failure matrix:
 //! producer re-sends,
@@ -18,6 +18,7 @@
 pub use claims_payments_testkit::{bank, chance};
 pub mod driver;
 pub mod http_client;
+pub mod pg;
 pub mod process;
 pub mod queue;
 pub mod report;
@@ -210,13 +211,22 @@ pub struct SimulateArgs {
     pub timeout_secs: u64,
     /// Handler instances (`serve` processes side by side on one store) competing for
     /// the queue's messages, each restarted on its own. More than one needs the Cosmos
-    /// store: SQLite is one instance's local file.
+    /// or the PostgreSQL store: SQLite is one instance's local file.
     #[arg(long, default_value_t = 1)]
     pub instances: usize,
     /// The ledger's store (default: sqlite with one instance, cosmos with more).
-    /// cosmos runs the `cosmos-emulator` dev binary that sits next to this executable.
+    /// cosmos runs the `cosmos-emulator` dev binary that sits next to this executable;
+    /// postgres a throwaway PostgreSQL server (or the database --postgres-url names).
     #[arg(long, value_enum)]
     pub store: Option<SimStore>,
+    /// With --store postgres: an empty database to use instead of a throwaway server.
+    #[arg(long, env = "PAYMENTS_POSTGRES_URL", hide_env_values = true)]
+    pub postgres_url: Option<String>,
+    /// With --store postgres: restart the server (`pg_ctl restart -m immediate`, as a
+    /// Flexible Server failover) once this share of the messages has settled (0 < f < 1;
+    /// repeat the option for more restarts). Needs the throwaway server.
+    #[arg(long, value_name = "FRACTION")]
+    pub restart_store_at: Vec<f64>,
     /// The claims-payments executable to run as the handler (default: this one).
     #[arg(long, hide = true)]
     pub exe: Option<PathBuf>,
@@ -233,6 +243,8 @@ pub enum SimStore {
     Sqlite,
     /// A Cosmos DB container served by the `cosmos-emulator` dev binary over HTTP.
     Cosmos,
+    /// A PostgreSQL database (a throwaway server, or `--postgres-url`).
+    Postgres,
 }
 
 impl SimStore {
@@ -240,6 +252,7 @@ impl SimStore {
         match self {
             SimStore::Sqlite => "sqlite",
             SimStore::Cosmos => "cosmos",
+            SimStore::Postgres => "postgres",
         }
     }
 }
@@ -313,14 +326,30 @@ impl SimulateArgs {
             "--instances must be between 1 and 16"
         );
         ensure!(
-            self.instances == 1 || self.store_kind() == SimStore::Cosmos,
-            "--instances {} needs --store cosmos: a SQLite ledger is one instance's local file (and serve holds an exclusive lock on it)",
+            self.instances == 1 || self.store_kind() != SimStore::Sqlite,
+            "--instances {} needs --store cosmos or --store postgres: a SQLite ledger is one instance's local file (and serve holds an exclusive lock on it)",
             self.instances
         );
         ensure!(
             self.sqlite_path.is_none() || self.store_kind() == SimStore::Sqlite,
-            "--sqlite-path is for the SQLite store; the Cosmos store lives in the emulator"
+            "--sqlite-path is for the SQLite store; the Cosmos store lives in the emulator, the PostgreSQL one in its server"
         );
+        if !self.restart_store_at.is_empty() {
+            ensure!(
+                self.store_kind() == SimStore::Postgres,
+                "--restart-store-at restarts a PostgreSQL server: it needs --store postgres"
+            );
+            ensure!(
+                self.postgres_url.is_none(),
+                "--restart-store-at restarts the simulator's own throwaway server, not the one --postgres-url / PAYMENTS_POSTGRES_URL names (unset it)"
+            );
+            for &at in &self.restart_store_at {
+                ensure!(
+                    at > 0.0 && at < 1.0,
+                    "--restart-store-at must be between 0 and 1 (exclusive), got {at}"
+                );
+            }
+        }
         ensure!(
             (1..=512).contains(&self.concurrency),
             "--concurrency must be between 1 and 512"
@@ -378,6 +407,10 @@ impl SimulateArgs {
         put("lock-expiry", self.lock_expiry_rate.to_string());
         put("http-share", self.http_share.to_string());
         put("slow-store-ms", self.slow_store_ms.to_string());
+        if !self.restart_store_at.is_empty() {
+            let at: Vec<String> = self.restart_store_at.iter().map(f64::to_string).collect();
+            put("restart-store-at", at.join(" "));
+        }
         if !self.ledger_only {
             put("bank-5xx", self.bank_5xx_rate.to_string());
             put("bank-429", self.bank_429_rate.to_string());
@@ -509,6 +542,7 @@ pub fn ledger_rows(records: &[PaymentRecord]) -> anyhow::Result<Vec<LedgerRow>> 
 enum Ledger {
     Sqlite(PathBuf),
     Cosmos(Box<claims_payments::store::cosmos::CosmosStore>),
+    Postgres(Box<claims_payments::store::postgres::PostgresStore>),
 }
 
 impl Ledger {
@@ -577,6 +611,21 @@ impl Ledger {
                     .map_err(|e| anyhow::anyhow!("cannot list payments in Cosmos: {e}"))?;
                 ledger_rows(&records)
             }
+            Ledger::Postgres(store) => {
+                // A restart of the server may have cut the pool's connections.
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    match store.list_payments(limit).await {
+                        Ok(records) => return ledger_rows(&records),
+                        Err(e) if tries < 10 => {
+                            tracing::debug!(error = %e, "listing payments in PostgreSQL; trying again");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                        Err(e) => bail!("cannot list payments in PostgreSQL: {e}"),
+                    }
+                }
+            }
         }
     }
 }
@@ -626,42 +675,24 @@ pub async fn run(opts: SimulateOptions) -> anyhow::Result<Report> {
     run_with_progress(opts, false).await
 }
 
-async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow::Result<Report> {
-    opts.validate()?;
-    let started = Instant::now();
-    let seed = opts.seed.unwrap_or_else(rand::random);
-    let timings = opts.timings();
-    let with_bank = !opts.ledger_only;
-    let store = opts.store_kind();
-    let instances = opts.instances;
+/// The store every instance and every `reconcile` run share: its settings for `serve`,
+/// the ledger the verdict reads, and the emulator or server that must outlive the run.
+struct SimLedger {
+    env: Vec<(String, String)>,
+    ledger: Ledger,
+    emulator: Option<CosmosEmulator>,
+    postgres: Option<pg::SimPostgres>,
+}
 
-    let plan = scenario::plan(&ScenarioSettings {
-        messages: opts.messages,
-        duplicate_rate: opts.duplicate_rate,
-        business_duplicate_rate: opts.business_duplicate_rate,
-        conflict_rate: opts.conflict_rate,
-        invalid_rate: opts.invalid_rate,
-        closed_account_rate: if with_bank {
-            opts.bank_reject_rate
-        } else {
-            0.0
-        },
-        allow_non_utf8: opts.data_type == DataType::Binary,
-        race_window: opts.concurrency * instances,
-        seed,
-    });
-
-    let temp = TempDir::new("claims-payments-sim").context("cannot create a temp dir")?;
-    let exe = match &opts.exe {
-        Some(exe) => exe.clone(),
-        None => {
-            std::env::current_exe().context("cannot find the claims-payments-dev executable")?
-        }
-    };
-
-    // The store every instance and every `reconcile` run share.
+async fn open_store(
+    opts: &SimulateOptions,
+    store: SimStore,
+    temp: &TempDir,
+    exe: &std::path::Path,
+) -> anyhow::Result<SimLedger> {
     let mut store_env: Vec<(String, String)> = Vec::new();
     let mut emulator = None;
+    let mut postgres = None;
     let ledger = match store {
         SimStore::Sqlite => {
             let db = match &opts.sqlite_path {
@@ -695,8 +726,34 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             emulator = Some(started);
             ledger
         }
+        SimStore::Postgres => {
+            let pg = pg::SimPostgres::start(opts.postgres_url.as_deref()).await?;
+            ensure!(
+                opts.restart_store_at.is_empty() || pg.throwaway(),
+                "--restart-store-at needs the simulator's own server"
+            );
+            store_env.extend(pg.env());
+            let ledger = Ledger::Postgres(Box::new(pg.ledger().await?));
+            postgres = Some(pg);
+            ledger
+        }
     };
 
+    Ok(SimLedger {
+        env: store_env,
+        ledger,
+        emulator,
+        postgres,
+    })
+}
+
+/// The sandbox bank with the run's faults (none in ledger-only mode).
+async fn start_bank(
+    opts: &SimulateOptions,
+    seed: u64,
+    timings: Timings,
+) -> anyhow::Result<Option<FakeBank>> {
+    let with_bank = !opts.ledger_only;
     let bank = if with_bank {
         Some(
             FakeBank::start_with(FakeBankSettings {
@@ -718,8 +775,20 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         None
     };
 
-    let mut spec = ServeSpec::new(exe.clone());
-    for (key, value) in &store_env {
+    Ok(bank)
+}
+
+/// How every instance's `serve` starts: the store, the timings, the faults, the bank.
+fn serve_spec(
+    opts: &SimulateOptions,
+    exe: &std::path::Path,
+    store_env: &[(String, String)],
+    timings: Timings,
+    bank: Option<&FakeBank>,
+    store: SimStore,
+) -> ServeSpec {
+    let mut spec = ServeSpec::new(exe);
+    for (key, value) in store_env {
         spec = spec.env(key, value.clone());
     }
     spec = spec
@@ -747,7 +816,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             names::PAYMENTS_FAULT_STORE_DELAY_MS,
             opts.slow_store_ms.to_string(),
         );
-    if let Some(bank) = &bank {
+    if let Some(bank) = bank {
         spec = spec.env(names::BANK_API_URL, bank.url());
         if opts.bank_key_window_ms > 0 {
             spec = spec.env(
@@ -756,24 +825,28 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             );
         }
     }
-    if store == SimStore::Cosmos {
-        // Connecting checks the container first; the emulator is slower than a file.
+    if store != SimStore::Sqlite {
+        // Connecting checks the container or the schema first; slower than a file.
         spec.ready_timeout = Duration::from_secs(60);
     }
-    // An operator's reconcile runs with the same store and bank, as its own client.
-    let reconcile_env = spec.env.clone();
+    spec
+}
 
-    // Crashes are bounded by the fault rates; this cap only stops a crash loop.
-    let max_restarts = 50 + (opts.messages as u64) * 2;
-    let serve_log = opts
-        .serve_log
-        .clone()
-        .unwrap_or_else(|| temp.path().join("serve.log"));
+/// One supervisor per instance, each with its own bank client name and log file (and
+/// where its log started, for the takeover count).
+async fn start_instances(
+    spec: &ServeSpec,
+    bank: Option<&FakeBank>,
+    store: SimStore,
+    instances: usize,
+    serve_log: &std::path::Path,
+    max_restarts: u64,
+) -> anyhow::Result<(Vec<Arc<Supervisor>>, Vec<(PathBuf, u64)>)> {
     let mut supervisors = Vec::with_capacity(instances);
     let mut logs = Vec::with_capacity(instances);
     for i in 0..instances {
         let mut spec = spec.clone();
-        if let Some(bank) = &bank {
+        if let Some(bank) = bank {
             // The bank knows each process by its URL, so a mid-payout fault can kill
             // exactly the process that sent the request (see `mid_payout_client`).
             spec.env.retain(|(k, _)| k != names::BANK_API_URL);
@@ -786,14 +859,14 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
                 )),
             );
         }
-        if store == SimStore::Cosmos {
+        if store != SimStore::Sqlite {
             // What Azure sets on each instance (and the guard against a SQLite store).
             spec = spec.env(
                 names::WEBSITE_INSTANCE_ID,
                 format!("sim-instance-{}", i + 1),
             );
         }
-        let log = instance_log(&serve_log, i, instances);
+        let log = instance_log(serve_log, i, instances);
         let log_from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
         spec.log = Some(log.clone());
         logs.push((log, log_from));
@@ -802,11 +875,21 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             .with_context(|| format!("instance {} did not start", i + 1))?;
         supervisors.push(Arc::new(supervisor));
     }
-    let queue = Arc::new(Queue::new(opts.max_delivery_count));
-    if let Some(bank) = &bank {
+    Ok((supervisors, logs))
+}
+
+/// The bank's mid-payout fault: the process that sent the request dies while the bank
+/// holds it, and some of those messages are orphaned (dead-lettered, never re-driven).
+fn wire_mid_payout(
+    bank: Option<&FakeBank>,
+    supervisors: &[Arc<Supervisor>],
+    queue: &Arc<Queue>,
+    orphan_rate: f64,
+    seed: u64,
+) {
+    if let Some(bank) = bank {
         let supervisors: Vec<_> = supervisors.iter().map(Arc::downgrade).collect();
         let queue = queue.clone();
-        let orphan_rate = opts.orphan_rate;
         bank.on_mid_payout(Arc::new(move |key: &str, client: Option<&str>| {
             if chance::hit(orphan_rate, seed, "orphan", key.as_bytes(), 0) {
                 if let Some((_, claim)) = key.rsplit_once("claim-payment-") {
@@ -822,100 +905,15 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
             }
         }));
     }
+}
 
-    for &i in &plan.send_order {
-        let copy = &plan.copies[i];
-        queue.send(i, &copy.message_id, &copy.body, false);
-    }
-    let progress = progress_bar(plan.copies.len() as u64, show_progress);
-    let handler = Arc::new(Instances(supervisors.clone()));
-    let host = Host::new(
-        queue.clone(),
-        handler,
-        HostSettings {
-            function_name: "ClaimApproved".to_owned(),
-            concurrency: opts.concurrency,
-            data_type: opts.data_type,
-            function_timeout: Duration::from_millis(timings.function_timeout_ms),
-            lock_expiry_rate: opts.lock_expiry_rate,
-            lock_expiry_max_ms: 5,
-            kill_rate: opts.kill_rate,
-            kill_max_delay_ms: 20,
-            seed,
-        },
-        progress.clone(),
-    )?;
-
-    let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
-    // An operator's reconcile, as a separate process, while deliveries continue.
-    let reconciler = with_bank.then(|| ReconcileCommand {
-        exe: exe.clone(),
-        env: reconcile_env.clone(),
-    });
-    let (stop_during, stopped) = tokio::sync::watch::channel(false);
-    let during = match (&reconciler, opts.reconcile_every_secs) {
-        (Some(r), secs) if secs > 0 => Some(tokio::spawn(
-            r.clone().repeat(Duration::from_secs(secs), stopped),
-        )),
-        _ => None,
-    };
-    let http = {
-        let (supervisors, plan) = (supervisors.clone(), plan.clone());
-        let (share, concurrency) = (opts.http_share, (opts.concurrency / 4).max(1));
-        tokio::spawn(
-            async move { http_client::run(supervisors, &plan, share, seed, concurrency).await },
-        )
-    };
-    host.run_until_settled(deadline).await?;
-    let http = match tokio::time::timeout_at(deadline.into(), http).await {
-        Ok(joined) => joined.unwrap_or_default(),
-        Err(_) => anyhow::bail!(
-            "the HTTP clients did not finish before the deadline (--timeout-secs {}; the messages had settled): raise it or lower --http-share",
-            opts.timeout_secs
-        ),
-    };
-    // The operator re-drives the dead-letter queue once.
-    let redriven = queue.redrive_dead_letters();
-    if redriven > 0 {
-        progress.inc_length(redriven as u64);
-        progress.set_message("(dead-letter re-drive)");
-        host.run_until_settled(deadline).await?;
-    }
-    host.stop();
-    progress.finish_and_clear();
-    for supervisor in &supervisors {
-        supervisor.stop().await;
-    }
-    let _ = stop_during.send(true);
-    let runs_during = match during {
-        Some(task) => task.await.unwrap_or_default(),
-        None => Vec::new(),
-    };
-    let entries = queue.entries();
-    let limit = entries.len() * 2 + 1_000;
-    let reconcile = match &reconciler {
-        Some(r) => Some(
-            r.settle_at_end(&ledger, limit, runs_during, timings.lease_ms, deadline)
-                .await?,
-        ),
-        None => None,
-    };
-
-    let claim_ids: Vec<String> = plan.claims.iter().map(|c| c.claim_id.clone()).collect();
-    let (ledger_rows, ledger_unlisted) = ledger.all_rows(limit, &claim_ids).await?;
-    drop(ledger);
-    if let Some(emulator) = emulator {
-        emulator.stop().await;
-    }
-    let bank_ledger = bank.as_ref().map(FakeBank::ledger);
-    let verification = report::verify(&report::Evidence {
-        plan: &plan,
-        entries: &entries,
-        ledger: &ledger_rows,
-        bank: bank_ledger.as_ref(),
-    });
-
-    let host_stats = host.stats();
+/// How the handler processes fared, in all and per instance.
+fn process_summaries(
+    supervisors: &[Arc<Supervisor>],
+    host_stats: &driver::HostStats,
+    logs: &[(PathBuf, u64)],
+) -> (report::ProcessSummary, Vec<report::InstanceSummary>) {
+    let instances = supervisors.len();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let mut processes = report::ProcessSummary::default();
     let mut startups = Vec::new();
@@ -946,6 +944,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         processes.timeout_restarts += summary.timeout_restarts;
         processes.unexpected_exits += summary.unexpected_exits;
         processes.host_stops += load(&stats.host_stops);
+        processes.failed_starts += load(&stats.failed_starts);
         if let Ok(v) = stats.unexpected_exit_statuses.lock() {
             processes
                 .unexpected_exit_statuses
@@ -960,10 +959,16 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         per_instance.push(summary);
     }
     processes.startup_median_ms = median_ms(&startups);
-    let elapsed = started.elapsed();
+    (processes, per_instance)
+}
+
+/// The report's one-line description of the store and the bank.
+fn mode(opts: &SimulateOptions, store: SimStore, with_bank: bool, instances: usize) -> String {
     let store_name = match store {
         SimStore::Sqlite => "SQLite ledger",
         SimStore::Cosmos => "Cosmos DB ledger (cosmos-emulator)",
+        SimStore::Postgres if opts.postgres_url.is_some() => "PostgreSQL ledger (--postgres-url)",
+        SimStore::Postgres => "PostgreSQL ledger (throwaway server)",
     };
     let mut mode = if with_bank {
         format!("{store_name} + sandbox bank")
@@ -973,6 +978,245 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
     if instances > 1 {
         mode.push_str(&format!(", {instances} instances"));
     }
+    mode
+}
+
+/// What the producer sends, from the options.
+fn scenario_settings(opts: &SimulateOptions, seed: u64) -> ScenarioSettings {
+    let with_bank = !opts.ledger_only;
+    ScenarioSettings {
+        messages: opts.messages,
+        duplicate_rate: opts.duplicate_rate,
+        business_duplicate_rate: opts.business_duplicate_rate,
+        conflict_rate: opts.conflict_rate,
+        invalid_rate: opts.invalid_rate,
+        closed_account_rate: if with_bank {
+            opts.bank_reject_rate
+        } else {
+            0.0
+        },
+        allow_non_utf8: opts.data_type == DataType::Binary,
+        race_window: opts.concurrency * opts.instances,
+        seed,
+    }
+}
+
+/// The simulated Functions host over the queue and the instances.
+fn start_host(
+    opts: &SimulateOptions,
+    queue: &Arc<Queue>,
+    supervisors: &[Arc<Supervisor>],
+    timings: Timings,
+    seed: u64,
+    progress: &ProgressBar,
+) -> anyhow::Result<Arc<Host>> {
+    let handler = Arc::new(Instances(supervisors.to_vec()));
+    Host::new(
+        queue.clone(),
+        handler,
+        HostSettings {
+            function_name: "ClaimApproved".to_owned(),
+            concurrency: opts.concurrency,
+            data_type: opts.data_type,
+            function_timeout: Duration::from_millis(timings.function_timeout_ms),
+            lock_expiry_rate: opts.lock_expiry_rate,
+            lock_expiry_max_ms: 5,
+            kill_rate: opts.kill_rate,
+            kill_max_delay_ms: 20,
+            seed,
+        },
+        progress.clone(),
+    )
+}
+
+/// The operator re-drives the dead-letter queue once; then the host and every
+/// instance stop.
+async fn redrive_and_stop(
+    host: &Arc<Host>,
+    queue: &Queue,
+    progress: &ProgressBar,
+    supervisors: &[Arc<Supervisor>],
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    // The operator re-drives the dead-letter queue once.
+    let redriven = queue.redrive_dead_letters();
+    if redriven > 0 {
+        progress.inc_length(redriven as u64);
+        progress.set_message("(dead-letter re-drive)");
+        host.run_until_settled(deadline).await?;
+    }
+    host.stop();
+    progress.finish_and_clear();
+    for supervisor in supervisors {
+        supervisor.stop().await;
+    }
+    Ok(())
+}
+
+/// The executable the handler instances and `reconcile` run.
+fn handler_exe(opts: &SimulateOptions) -> anyhow::Result<PathBuf> {
+    match &opts.exe {
+        Some(exe) => Ok(exe.clone()),
+        None => std::env::current_exe().context("cannot find the claims-payments-dev executable"),
+    }
+}
+
+/// `POST /api/payments` clients mixed with the deliveries.
+fn spawn_http_clients(
+    opts: &SimulateOptions,
+    supervisors: &[Arc<Supervisor>],
+    plan: &scenario::Plan,
+    seed: u64,
+) -> tokio::task::JoinHandle<http_client::HttpStats> {
+    let (supervisors, plan) = (supervisors.to_vec(), plan.clone());
+    let (share, concurrency) = (opts.http_share, (opts.concurrency / 4).max(1));
+    tokio::spawn(
+        async move { http_client::run(supervisors, &plan, share, seed, concurrency).await },
+    )
+}
+
+/// Waits for the HTTP clients, at most until the run's deadline.
+async fn join_http_clients(
+    http: tokio::task::JoinHandle<http_client::HttpStats>,
+    deadline: Instant,
+    timeout_secs: u64,
+) -> anyhow::Result<http_client::HttpStats> {
+    match tokio::time::timeout_at(deadline.into(), http).await {
+        Ok(joined) => Ok(joined.unwrap_or_default()),
+        Err(_) => anyhow::bail!(
+            "the HTTP clients did not finish before the deadline (--timeout-secs {timeout_secs}; the messages had settled): raise it or lower --http-share"
+        ),
+    }
+}
+
+/// `reconcile` every `every_secs` while deliveries continue (none for 0).
+fn spawn_reconcile_during(
+    reconciler: Option<&ReconcileCommand>,
+    every_secs: u64,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<Vec<claims_payments::reconcile::Summary>>> {
+    match (reconciler, every_secs) {
+        (Some(r), secs) if secs > 0 => Some(tokio::spawn(
+            r.clone().repeat(Duration::from_secs(secs), stopped),
+        )),
+        _ => None,
+    }
+}
+
+async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow::Result<Report> {
+    opts.validate()?;
+    let started = Instant::now();
+    let seed = opts.seed.unwrap_or_else(rand::random);
+    let timings = opts.timings();
+    let with_bank = !opts.ledger_only;
+    let store = opts.store_kind();
+    let instances = opts.instances;
+
+    let plan = scenario::plan(&scenario_settings(&opts, seed));
+
+    let temp = TempDir::new("claims-payments-sim").context("cannot create a temp dir")?;
+    let exe = handler_exe(&opts)?;
+
+    // The store every instance and every `reconcile` run share.
+    let SimLedger {
+        env: store_env,
+        ledger,
+        emulator,
+        postgres,
+    } = open_store(&opts, store, &temp, &exe).await?;
+
+    let bank = start_bank(&opts, seed, timings).await?;
+
+    let spec = serve_spec(&opts, &exe, &store_env, timings, bank.as_ref(), store);
+    // An operator's reconcile runs with the same store and bank, as its own client.
+    let reconcile_env = spec.env.clone();
+
+    // Crashes are bounded by the fault rates; this cap only stops a crash loop.
+    let max_restarts = 50 + (opts.messages as u64) * 2;
+    let serve_log = opts
+        .serve_log
+        .clone()
+        .unwrap_or_else(|| temp.path().join("serve.log"));
+    let (supervisors, logs) = start_instances(
+        &spec,
+        bank.as_ref(),
+        store,
+        instances,
+        &serve_log,
+        max_restarts,
+    )
+    .await?;
+    let queue = Arc::new(Queue::new(opts.max_delivery_count));
+    wire_mid_payout(bank.as_ref(), &supervisors, &queue, opts.orphan_rate, seed);
+
+    for &i in &plan.send_order {
+        let copy = &plan.copies[i];
+        queue.send(i, &copy.message_id, &copy.body, false);
+    }
+    let progress = progress_bar(plan.copies.len() as u64, show_progress);
+    let host = start_host(&opts, &queue, &supervisors, timings, seed, &progress)?;
+
+    let deadline = Instant::now() + Duration::from_secs(opts.timeout_secs);
+    // An operator's reconcile, as a separate process, while deliveries continue.
+    let reconciler = with_bank.then(|| ReconcileCommand {
+        exe: exe.clone(),
+        env: reconcile_env.clone(),
+    });
+    let (stop_during, stopped) = tokio::sync::watch::channel(false);
+    let during = spawn_reconcile_during(reconciler.as_ref(), opts.reconcile_every_secs, stopped);
+    let http = spawn_http_clients(&opts, &supervisors, &plan, seed);
+    let (stop_restarts, restarts_stopped) = tokio::sync::watch::channel(false);
+    let restarts = postgres.as_ref().map(|pg| {
+        pg.restarts(
+            &opts.restart_store_at,
+            progress.clone(),
+            plan.copies.len() as u64,
+            started,
+            restarts_stopped,
+        )
+    });
+    host.run_until_settled(deadline).await?;
+    let _ = stop_restarts.send(true);
+    let store_restarts = match restarts {
+        Some(task) => task.await.context("the store restarts")??,
+        None => Vec::new(),
+    };
+    let http = join_http_clients(http, deadline, opts.timeout_secs).await?;
+    redrive_and_stop(&host, &queue, &progress, &supervisors, deadline).await?;
+    let _ = stop_during.send(true);
+    let runs_during = match during {
+        Some(task) => task.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let entries = queue.entries();
+    let limit = entries.len() * 2 + 1_000;
+    let reconcile = match &reconciler {
+        Some(r) => Some(
+            r.settle_at_end(&ledger, limit, runs_during, timings.lease_ms, deadline)
+                .await?,
+        ),
+        None => None,
+    };
+
+    let claim_ids: Vec<String> = plan.claims.iter().map(|c| c.claim_id.clone()).collect();
+    let (ledger_rows, ledger_unlisted) = ledger.all_rows(limit, &claim_ids).await?;
+    drop(ledger);
+    drop(postgres);
+    if let Some(emulator) = emulator {
+        emulator.stop().await;
+    }
+    let bank_ledger = bank.as_ref().map(FakeBank::ledger);
+    let verification = report::verify(&report::Evidence {
+        plan: &plan,
+        entries: &entries,
+        ledger: &ledger_rows,
+        bank: bank_ledger.as_ref(),
+    });
+
+    let host_stats = host.stats();
+    let (processes, per_instance) = process_summaries(&supervisors, &host_stats, &logs);
+    let elapsed = started.elapsed();
+    let mode = mode(&opts, store, with_bank, instances);
     Ok(Report {
         exactly_once: verification.exactly_once
             && reconcile
@@ -998,6 +1242,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         bank: bank_ledger.as_ref().map(report::bank_summary),
         processes,
         store: store.as_str().to_owned(),
+        store_restarts,
         instances: per_instance,
         deliveries_per_second: host_stats.deliveries as f64 / elapsed.as_secs_f64().max(1e-9),
         host: host_stats,

@@ -123,7 +123,14 @@ pub struct ProcessStats {
     pub host_stops: AtomicU64,
     pub startup_micros: Mutex<Vec<u64>>,
     pub current_pid: AtomicU32,
+    /// Restarts that failed and were tried again (the store was unreachable: a
+    /// PostgreSQL server restarting), as the host keeps restarting a worker.
+    pub failed_starts: AtomicU64,
 }
+
+/// Tries of a restart, one a second, before the supervisor gives up: a store that is
+/// briefly unreachable (a server restart) makes `serve` exit before it is ready.
+const START_TRIES: u32 = 60;
 
 /// Keeps one handler process alive and restarts it when it dies.
 pub struct Supervisor {
@@ -329,17 +336,25 @@ async fn supervise(
             )));
             return;
         }
-        match ServeProcess::start(&for_generation(&spec, generation + 1)).await {
-            Ok(next) => {
-                record_start(&stats, &next);
-                process = next;
-                generation += 1;
+        let mut tries = 0;
+        let next = loop {
+            tries += 1;
+            match ServeProcess::start(&for_generation(&spec, generation + 1)).await {
+                Ok(next) => break next,
+                Err(e) if tries < START_TRIES => {
+                    stats.failed_starts.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(error = %format!("{e:#}"), "serve did not start; trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => {
+                    slot.send_replace(Slot::Failed(format!("{e:#} (after {tries} tries)")));
+                    return;
+                }
             }
-            Err(e) => {
-                slot.send_replace(Slot::Failed(format!("{e:#}")));
-                return;
-            }
-        }
+        };
+        record_start(&stats, &next);
+        process = next;
+        generation += 1;
     }
 }
 

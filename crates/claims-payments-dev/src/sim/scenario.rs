@@ -230,6 +230,43 @@ fn message_id(rng: &mut StdRng, n: usize) -> String {
     }
 }
 
+/// A new claim's payment: its id, currency, amount, tenant and payee (a closed account
+/// with `closed_account_rate`), drawn from `rng` in that order.
+fn random_payload(rng: &mut StdRng, closed_account_rate: f64) -> Payload {
+    let claim_id = uuid_from(rng).to_string();
+    let currency = match rng.random_range(0..10) {
+        0..=6 => "EUR",
+        7 | 8 => "USD",
+        _ => "JPY",
+    };
+    let amount = if currency == "JPY" {
+        Decimal::new(rng.random_range(100..=500_000), 0)
+    } else {
+        Decimal::new(rng.random_range(100..=500_000), 2)
+    };
+    let tenant = match rng.random_range(0..10) {
+        0..=4 => Some("acme".to_owned()),
+        5..=7 => Some("globex".to_owned()),
+        _ => None,
+    };
+    let payee = if rng.random_bool(closed_account_rate.clamp(0.0, 1.0)) {
+        format!("CLOSED-{:010}", rng.random_range(0..10_000_000_000u64))
+    } else {
+        format!(
+            "NL{:02}SIMB{:010}",
+            rng.random_range(10..100),
+            rng.random_range(0..10_000_000_000u64)
+        )
+    };
+    Payload {
+        claim_id,
+        amount,
+        currency,
+        tenant,
+        payee: Some(payee),
+    }
+}
+
 pub fn plan(settings: &ScenarioSettings) -> Plan {
     let mut rng = StdRng::seed_from_u64(settings.seed);
     let base_time =
@@ -287,38 +324,8 @@ pub fn plan(settings: &ScenarioSettings) -> Plan {
             continue;
         }
 
-        let claim_id = uuid_from(&mut rng).to_string();
-        let currency = match rng.random_range(0..10) {
-            0..=6 => "EUR",
-            7 | 8 => "USD",
-            _ => "JPY",
-        };
-        let amount = if currency == "JPY" {
-            Decimal::new(rng.random_range(100..=500_000), 0)
-        } else {
-            Decimal::new(rng.random_range(100..=500_000), 2)
-        };
-        let tenant = match rng.random_range(0..10) {
-            0..=4 => Some("acme".to_owned()),
-            5..=7 => Some("globex".to_owned()),
-            _ => None,
-        };
-        let payee = if rng.random_bool(settings.closed_account_rate.clamp(0.0, 1.0)) {
-            format!("CLOSED-{:010}", rng.random_range(0..10_000_000_000u64))
-        } else {
-            format!(
-                "NL{:02}SIMB{:010}",
-                rng.random_range(10..100),
-                rng.random_range(0..10_000_000_000u64)
-            )
-        };
-        let payload = Payload {
-            claim_id: claim_id.clone(),
-            amount,
-            currency,
-            tenant,
-            payee: Some(payee),
-        };
+        let payload = random_payload(&mut rng, settings.closed_account_rate);
+        let (claim_id, currency) = (payload.claim_id.clone(), payload.currency);
         let original = payload.body(approved_at, rng.random_bool(0.3));
         let claim = claims.len();
         claims.push(Claim {

@@ -18,3 +18,4 @@ mod naive;
 mod sim_bank;
 mod sim_host;
 mod sim_instances;
+mod sim_postgres;
