@@ -510,7 +510,9 @@ public_values_in_private() {
 }
 expect_red "self-test: the private profile with public endpoints is reported (rendering reaches checkov)" "FAILED   CKV_AZURE_101 " public_values_in_private
 
-echo "== (b2) landing zone: NSGs, bring-your-own, private monitoring, diagnostic settings, signed-in callers"
+echo "== (b2) landing zone: NSGs, bring-your-own, private monitoring, diagnostic settings, signed-in callers, the store"
+# check_profile.py keeps its parses here (by file content), so its many runs parse each file once.
+export CHECK_PROFILE_CACHE="$WORK/pycep-cache"
 # scripts/check_profile.py decides, per parameter file, which resources are deployed.
 check "NSGs (${PARAM_FILE[private]}): every subnet the template creates has one; inbound from the internet denied, only named ports allowed" \
   "$PY" scripts/check_profile.py nsg "${PARAM_FILE[private]}"

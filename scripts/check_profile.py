@@ -36,6 +36,9 @@ usage: check_profile.py [--infra DIR] COMMAND PARAM_FILE
 Exit code 1 with one line per finding. The diagnostic settings and app settings
 checks follow the file's storeKind (cosmos when it sets none).
 """
+import hashlib
+import os
+import pickle
 import re
 import sys
 from pathlib import Path
@@ -46,6 +49,25 @@ from pycep.transformer import BicepElement
 
 class Unknown(Exception):
     pass
+
+
+def parse(path):
+    """pycep's parse of one file; with CHECK_PROFILE_CACHE set (scripts/check-infra.sh sets it to
+    its temporary directory), kept there by the file's content, since each run of this script
+    parses every module again and pycep takes seconds per file."""
+    cache = os.environ.get("CHECK_PROFILE_CACHE")
+    if not cache:
+        return BicepParser().parse(file_path=path)
+    text = Path(path).read_bytes()
+    entry = Path(cache) / (hashlib.sha256(text).hexdigest() + ".pickle")
+    if entry.exists():
+        return pickle.loads(entry.read_bytes())
+    parsed = BicepParser().parse(file_path=path)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(pickle.dumps(parsed))
+    tmp.replace(entry)
+    return parsed
 
 
 class Given(str):
@@ -160,7 +182,7 @@ class Deployment:
     def __init__(self, infra, param_file):
         self.infra = Path(infra)
         self.values = param_file_values(Path(param_file))
-        self.main = BicepParser().parse(file_path=self.infra / "main.bicep")
+        self.main = parse(self.infra / "main.bicep")
         stray = sorted(set(self.values) - set(self.main["parameters"]))
         if stray:
             sys.exit(f"{param_file}: not parameters of main.bicep: {stray}")
@@ -172,7 +194,7 @@ class Deployment:
             cond = condition(mod)
             if cond is not None and not self.decide(self.scope, cond, f"module {name}"):
                 continue
-            parsed = BicepParser().parse(file_path=self.infra / mod["detail"]["path"])
+            parsed = parse(self.infra / mod["detail"]["path"])
             passed = {}
             for p, node in body(mod).get("params", {}).items():
                 try:
