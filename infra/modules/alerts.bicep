@@ -245,7 +245,7 @@ var logRules = [
     window: 'PT1H'
     timeRange: ''
     description: 'Payments whose bank record contradicts the ledger (mismatched, double payments included) wait for a person: the reconcile run reports them on every run until they are settled by hand. ${runbook} reconcile-mismatch.'
-    query: '${replace(metric, '__METRIC__', 'reconcile.backlog')} | where tostring(customDimensions.state) == "needs-a-person" | summarize mismatched = max(valueMax), lastSeen = max(timestamp) | where mismatched > 0'
+    query: '${replace(metric, '__METRIC__', 'reconcile.backlog')} | extend state = tostring(customDimensions.state) | where state == "needs-a-person" | summarize mismatched = max(valueMax), lastSeen = max(timestamp) by state | where mismatched > 0'
   }
   {
     key: 'bank-service-fault'
