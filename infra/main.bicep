@@ -1,13 +1,15 @@
 // claims-payments: Service Bus queue -> Flex Consumption function app (Rust
-// custom handler) -> Cosmos DB, all reached with one user-assigned identity.
+// custom handler) -> Cosmos DB or, with storeKind 'postgres', Azure Database for
+// PostgreSQL flexible server (Entra only), all reached with one user-assigned identity.
 // Two network profiles (networkProfile), three parameter files:
 //   public  - infra/main.bicepparam: services on their public endpoints, Entra ID
 //             only, keys off. For development and evaluation.
 //   private - infra/main.private.bicepparam (production): its own VNet with an
 //             NSG on every subnet, NAT gateway with a static outbound IP,
 //             private endpoints and private DNS zones for Cosmos DB, host
-//             storage, Service Bus (Premium), Key Vault, Azure Monitor (AMPLS)
-//             and the app itself; public network access off everywhere.
+//             storage, Service Bus (Premium), Key Vault, Azure Monitor (AMPLS),
+//             PostgreSQL (storeKind 'postgres') and the app itself; public
+//             network access off everywhere.
 //   private in a landing zone - infra/main.landingzone.bicepparam: the platform
 //             team's spoke subnets (their NSGs, their route to the hub
 //             firewall), central privatelink.* zones, workspace, action group
@@ -71,6 +73,76 @@ param webClientOrigin string = ''
 
 @description('Zone-redundant Flex Consumption plan (needs Standard_ZRS host storage and a region that supports it; keeps at least two always-ready instances per function group, billed).')
 param planZoneRedundant bool = false
+
+@description('Where the ledger and the inbox live. cosmos: Azure Cosmos DB for NoSQL (serverless or autoscale). postgres: Azure Database for PostgreSQL flexible server, Entra authentication only; no Cosmos DB account is deployed. Decide before the first deployment: changing it later moves no data, and the app would start on an empty store (docs/deploy.md, 4.6).')
+@allowed([
+  'cosmos'
+  'postgres'
+])
+param storeKind string = 'cosmos'
+
+@description('storeKind postgres: object id of the server\'s Microsoft Entra administrator, a group of operators (recommended). It creates the app identity\'s database role once and runs claims-payments provision (docs/deploy.md, 4.6).')
+param postgresAdminObjectId string = ''
+
+@description('storeKind postgres: display name of that principal (for a group, the group\'s name): the PostgreSQL role its members log in as.')
+param postgresAdminName string = ''
+
+@description('storeKind postgres: type of the Entra administrator.')
+@allowed([
+  'Group'
+  'User'
+  'ServicePrincipal'
+])
+param postgresAdminType string = 'Group'
+
+@description('storeKind postgres: PostgreSQL major version.')
+@allowed([
+  '16'
+  '17'
+])
+param postgresVersion string = '17'
+
+@description('storeKind postgres: compute size (Standard_B1ms is Burstable; zone-redundant high availability needs a GeneralPurpose or MemoryOptimized size such as Standard_D2ds_v5).')
+param postgresSkuName string = 'Standard_B1ms'
+
+@description('storeKind postgres: compute tier of postgresSkuName.')
+@allowed([
+  'Burstable'
+  'GeneralPurpose'
+  'MemoryOptimized'
+])
+param postgresSkuTier string = 'Burstable'
+
+@description('storeKind postgres: storage in GB (grows automatically).')
+@minValue(32)
+@maxValue(32767)
+param postgresStorageSizeGB int = 32
+
+@description('storeKind postgres: high availability. ZoneRedundant (production): a standby in another availability zone, synchronous replication, automatic failover. Disabled: one server.')
+@allowed([
+  'Disabled'
+  'ZoneRedundant'
+  'SameZone'
+])
+param postgresHighAvailability string = 'Disabled'
+
+@description('storeKind postgres: days of point-in-time restore (7-35).')
+@minValue(7)
+@maxValue(35)
+param postgresBackupRetentionDays int = 7
+
+@description('storeKind postgres: geo-redundant backup (fixed when the server is created).')
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+param postgresGeoRedundantBackup string = 'Disabled'
+
+@description('storeKind postgres: CanNotDelete lock on the server: the payment ledger is permanent.')
+param postgresDeleteLock bool = false
+
+@description('storeKind postgres, public profile only: an operator\'s IPv4 address let through the server\'s firewall (one-time role set-up, provision, psql); empty = none.')
+param postgresOperatorClientIp string = ''
 
 @description('Zone-redundant Cosmos DB region. Fixed when the account is created; changing it later is a region remove/add, not a redeploy.')
 param cosmosZoneRedundant bool = false
@@ -224,6 +296,10 @@ var cosmosDatabaseName = 'payments'
 var cosmosContainerName = 'payments'
 var deploymentContainerName = 'app-package'
 var bankApiKeySecretName = 'bank-api-key'
+// PostgreSQL: the database the service's schema lives in (claims-payments provision creates the tables).
+var postgresDatabaseName = 'payments'
+var usePostgres = storeKind == 'postgres'
+var useCosmos = !usePostgres
 var privateNetworking = networkProfile == 'private'
 // Landing zone: the platform team's subnets, zones, workspace and scope.
 var existingSubnets = !empty(existingAppSubnetId)
@@ -311,7 +387,7 @@ module serviceBus 'modules/servicebus.bicep' = {
   }
 }
 
-module cosmos 'modules/cosmos.bicep' = {
+module cosmos 'modules/cosmos.bicep' = if (useCosmos) {
   name: 'cosmos'
   params: {
     accountName: 'cosmos-${baseName}-${suffix}'
@@ -324,6 +400,31 @@ module cosmos 'modules/cosmos.bicep' = {
     publicNetworkAccess: publicAccess
     zoneRedundant: cosmosZoneRedundant
     deleteLock: cosmosDeleteLock
+    workspaceId: monitoring.outputs.workspaceId
+  }
+}
+
+// storeKind postgres: the server, Entra only, with its administrator and database.
+module postgres 'modules/postgres.bicep' = if (usePostgres) {
+  name: 'postgres'
+  params: {
+    serverName: 'psql-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    version: postgresVersion
+    skuName: postgresSkuName
+    skuTier: postgresSkuTier
+    storageSizeGB: postgresStorageSizeGB
+    highAvailability: postgresHighAvailability
+    backupRetentionDays: postgresBackupRetentionDays
+    geoRedundantBackup: postgresGeoRedundantBackup
+    publicNetworkAccess: publicAccess
+    operatorClientIp: postgresOperatorClientIp
+    administratorObjectId: postgresAdminObjectId
+    administratorName: postgresAdminName
+    administratorType: postgresAdminType
+    databaseName: postgresDatabaseName
+    deleteLock: postgresDeleteLock
     workspaceId: monitoring.outputs.workspaceId
   }
 }
@@ -345,7 +446,7 @@ module keyVault 'modules/keyvault.bicep' = {
 // Private endpoints, each with its private DNS zone linked to the VNet (or, in a
 // landing zone, registered in the central zone). The storage endpoints exist
 // before the app, whose host needs them on first start.
-module cosmosPrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
+module cosmosPrivateLink 'modules/private-link.bicep' = if (privateNetworking && useCosmos) {
   name: 'pl-cosmos'
   params: {
     name: 'pe-cosmos-${baseName}-${suffix}'
@@ -353,10 +454,26 @@ module cosmosPrivateLink 'modules/private-link.bicep' = if (privateNetworking) {
     tags: allTags
     subnetId: peSubnetId
     vnetId: vnetId
-    targetResourceId: cosmos.outputs.accountId
+    targetResourceId: useCosmos ? cosmos.outputs.accountId : ''
     groupId: 'Sql'
     privateDnsZoneName: 'privatelink.documents.azure.com'
     existingDnsZoneId: existingDnsZones ? '${dnsZones}/privatelink.documents.azure.com' : ''
+  }
+}
+
+// The app resolves <server>.postgres.database.azure.com through this zone to the endpoint.
+module postgresPrivateLink 'modules/private-link.bicep' = if (privateNetworking && usePostgres) {
+  name: 'pl-postgres'
+  params: {
+    name: 'pe-psql-${baseName}-${suffix}'
+    location: location
+    tags: allTags
+    subnetId: peSubnetId
+    vnetId: vnetId
+    targetResourceId: usePostgres ? postgres.outputs.serverId : ''
+    groupId: 'postgresqlServer'
+    privateDnsZoneName: 'privatelink.postgres.database.azure.com'
+    existingDnsZoneId: existingDnsZones ? '${dnsZones}/privatelink.postgres.database.azure.com' : ''
   }
 }
 
@@ -442,8 +559,10 @@ module rbac 'modules/rbac.bicep' = {
     storageAccountName: storage.outputs.name
     serviceBusNamespaceName: serviceBus.outputs.namespaceName
     queueName: serviceBus.outputs.queueName
-    cosmosAccountName: cosmos.outputs.accountName
-    cosmosDatabaseName: cosmos.outputs.databaseName
+    // storeKind postgres: no Cosmos role; the database role is created in the server (docs/deploy.md, 4.6).
+    storeKind: storeKind
+    cosmosAccountName: useCosmos ? cosmos.outputs.accountName : ''
+    cosmosDatabaseName: useCosmos ? cosmos.outputs.databaseName : ''
     appInsightsName: monitoring.outputs.appInsightsName
     keyVaultName: keyVault.outputs.name
   }
@@ -453,10 +572,11 @@ module functionApp 'modules/functionapp.bicep' = {
   name: 'functionapp'
   // Roles and private endpoints first: the host authenticates with the identity
   // on its first start and, in the private profile, reaches its storage, the
-  // queue, Cosmos DB and Key Vault only through their private endpoints.
+  // queue, Cosmos DB or PostgreSQL and Key Vault only through their private endpoints.
   dependsOn: [
     rbac
     cosmosPrivateLink
+    postgresPrivateLink
     blobPrivateLink
     queuePrivateLink
     tablePrivateLink
@@ -481,9 +601,14 @@ module functionApp 'modules/functionapp.bicep' = {
     appInsightsConnectionString: monitoring.outputs.connectionString
     serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
     queueName: serviceBus.outputs.queueName
-    cosmosEndpoint: cosmos.outputs.endpoint
-    cosmosDatabaseName: cosmos.outputs.databaseName
-    cosmosContainerName: cosmos.outputs.containerName
+    storeKind: storeKind
+    cosmosEndpoint: useCosmos ? cosmos.outputs.endpoint : ''
+    cosmosDatabaseName: useCosmos ? cosmos.outputs.databaseName : ''
+    cosmosContainerName: useCosmos ? cosmos.outputs.containerName : ''
+    // The app's database role is named after its identity (created once by the Entra administrator).
+    postgresHost: usePostgres ? postgres.outputs.fqdn : ''
+    postgresDatabaseName: usePostgres ? postgres.outputs.databaseName : ''
+    postgresUser: identity.outputs.name
     inboxRetentionDays: inboxRetentionDays
     consumerName: consumerName
     bankApiUrl: bankApiUrl
@@ -593,9 +718,10 @@ module alerts 'modules/alerts.bicep' = {
     actionGroupName: 'ag-${baseName}-${suffix}'
     serviceBusNamespaceId: serviceBus.outputs.namespaceId
     queueName: serviceBus.outputs.queueName
-    cosmosAccountId: cosmos.outputs.accountId
-    cosmosDatabaseName: cosmos.outputs.databaseName
-    cosmosContainerName: cosmos.outputs.containerName
+    storeKind: storeKind
+    cosmosAccountId: useCosmos ? cosmos.outputs.accountId : ''
+    cosmosDatabaseName: useCosmos ? cosmos.outputs.databaseName : ''
+    cosmosContainerName: useCosmos ? cosmos.outputs.containerName : ''
     appInsightsId: monitoring.outputs.appInsightsId
     spikeMinCount: spikeMinCount
     spikeFactor: spikeFactor
@@ -617,8 +743,15 @@ module workbook 'modules/workbook.bicep' = {
 
 output functionAppName string = functionApp.outputs.name
 output resourceGroupName string = resourceGroup().name
-output cosmosEndpoint string = cosmos.outputs.endpoint
-output cosmosAccountName string = cosmos.outputs.accountName
+output storeKind string = storeKind
+output cosmosEndpoint string = useCosmos ? cosmos.outputs.endpoint : ''
+output cosmosAccountName string = useCosmos ? cosmos.outputs.accountName : ''
+// storeKind postgres: what the one-time role set-up and claims-payments provision need (docs/deploy.md, 4.6).
+output postgresServerName string = usePostgres ? postgres.outputs.serverName : ''
+output postgresHost string = usePostgres ? postgres.outputs.fqdn : ''
+output postgresDatabaseName string = usePostgres ? postgres.outputs.databaseName : ''
+output identityName string = identity.outputs.name
+output identityPrincipalId string = identity.outputs.principalId
 output serviceBusNamespaceFqdn string = serviceBus.outputs.fullyQualifiedNamespace
 output serviceBusQueueName string = serviceBus.outputs.queueName
 output identityClientId string = identity.outputs.clientId

@@ -16,6 +16,28 @@ param lockDuration = 'PT1M'
 param duplicateDetectionHistoryTimeWindow = 'PT1H'
 param messageTimeToLive = 'P14D'
 
+// Where the ledger lives: 'cosmos' (Cosmos DB, serverless) or 'postgres' (Azure Database
+// for PostgreSQL flexible server, Entra only; no Cosmos DB account then). Decide before the
+// first deployment and keep it in this file: changing it later moves no data
+// (docs/deploy.md, 4.6). With 'postgres', export POSTGRES_ADMIN_OBJECT_ID and
+// POSTGRES_ADMIN_NAME (the operators' Entra group) before deploying.
+param storeKind = 'cosmos'
+param postgresAdminObjectId = readEnvironmentVariable('POSTGRES_ADMIN_OBJECT_ID', '')
+param postgresAdminName = readEnvironmentVariable('POSTGRES_ADMIN_NAME', '')
+param postgresAdminType = 'Group'
+param postgresVersion = '17'
+// Development: one small burstable server, no standby.
+param postgresSkuName = 'Standard_B1ms'
+param postgresSkuTier = 'Burstable'
+param postgresStorageSizeGB = 32
+param postgresHighAvailability = 'Disabled'
+param postgresBackupRetentionDays = 7
+param postgresGeoRedundantBackup = 'Disabled'
+param postgresDeleteLock = false
+// Your own IPv4 address, let through the server's firewall for the one-time role set-up
+// and claims-payments provision (docs/deploy.md, 4.6); empty = none.
+param postgresOperatorClientIp = readEnvironmentVariable('POSTGRES_OPERATOR_CLIENT_IP', '')
+
 param cosmosCapacityMode = 'serverless'
 param cosmosAutoscaleMaxThroughput = 1000
 param cosmosConsistencyLevel = 'Strong'

@@ -38,6 +38,31 @@ param lockDuration = 'PT1M'
 param duplicateDetectionHistoryTimeWindow = 'PT1H'
 param messageTimeToLive = 'P14D'
 
+// Where the ledger lives: 'cosmos' (Cosmos DB, serverless) or 'postgres' (Azure Database
+// for PostgreSQL flexible server, Entra only; no Cosmos DB account then). Decide before the
+// first deployment and keep it in this file: changing it later moves no data
+// (docs/deploy.md, 4.6). With 'postgres', export POSTGRES_ADMIN_OBJECT_ID and
+// POSTGRES_ADMIN_NAME (the operators' Entra group) before deploying.
+param storeKind = 'cosmos'
+param postgresAdminObjectId = readEnvironmentVariable('POSTGRES_ADMIN_OBJECT_ID', '')
+param postgresAdminName = readEnvironmentVariable('POSTGRES_ADMIN_NAME', '')
+param postgresAdminType = 'Group'
+param postgresVersion = '17'
+// Zone-redundant high availability needs a GeneralPurpose (or MemoryOptimized) size and a
+// region with availability zones.
+param postgresSkuName = 'Standard_D2ds_v5'
+param postgresSkuTier = 'GeneralPurpose'
+param postgresStorageSizeGB = 64
+// A standby in another zone, synchronous commit, automatic failover.
+param postgresHighAvailability = 'ZoneRedundant'
+param postgresBackupRetentionDays = 35
+// Fixed at server creation; Enabled needs a region whose pair supports it.
+param postgresGeoRedundantBackup = 'Disabled'
+// The payment ledger is permanent.
+param postgresDeleteLock = true
+// Private profile: no public endpoint, so no firewall address.
+param postgresOperatorClientIp = ''
+
 param cosmosCapacityMode = 'serverless'
 param cosmosAutoscaleMaxThroughput = 1000
 param cosmosConsistencyLevel = 'Strong'

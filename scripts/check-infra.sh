@@ -2,11 +2,13 @@
 # Offline validation of the deployment side: Bicep and the three parameter files
 # (public = infra/main.bicepparam, private = infra/main.private.bicepparam, the
 # production one, landingzone = infra/main.landingzone.bicepparam, production in
-# an Azure landing zone), checkov on each profile with that profile's values
-# rendered into the Bicep, the landing-zone rules (NSGs, nothing of the platform
-# team's deployed twice, private monitoring, diagnostic settings, signed-in
-# callers: scripts/check_profile.py), the Cosmos container contract, the package
-# layout, the settings, timing and alerts contracts.
+# an Azure landing zone), each with both store kinds (storeKind cosmos, as the
+# files are committed, and postgres, the same file with storeKind = 'postgres'),
+# checkov on each profile and store with its values rendered into the Bicep, the
+# landing-zone rules (NSGs, nothing of the platform team's deployed twice, private
+# monitoring, diagnostic settings, signed-in callers) and the store's wiring
+# (scripts/check_profile.py), the Cosmos container contract, the package layout,
+# the settings, timing and alerts contracts.
 #
 #   bash scripts/check-infra.sh [--binary PATH]
 #
@@ -101,6 +103,19 @@ done
 #   landingzone = infra/main.landingzone.bicepparam  (production in a landing zone)
 PROFILES=(public private landingzone)
 declare -A PARAM_FILE=([public]=infra/main.bicepparam [private]=infra/main.private.bicepparam [landingzone]=infra/main.landingzone.bicepparam)
+# The store kinds (storeKind): every profile is checked with each.
+STORES=(cosmos postgres)
+
+# store_file PROFILE STORE: the profile's parameter file with storeKind set to STORE
+# (a copy in $WORK; what an operator gets by editing that one line). Prints its path.
+store_file() {
+  local out="$WORK/${1}-${2}.bicepparam"
+  if [[ ! -f "$out" ]]; then
+    sed "s#^param storeKind = .*#param storeKind = '$2'#" "${PARAM_FILE[$1]}" >"$out"
+    grep -q "^param storeKind = '$2'\$" "$out" || { echo "${PARAM_FILE[$1]} sets no storeKind" >&2; return 1; }
+  fi
+  echo "$out"
+}
 
 # check_param_file FILE: the file uses main.bicep, sets only declared parameters with
 # values of the right type within @allowed/@min/@max, sets every parameter that has no
@@ -199,6 +214,14 @@ want("planZoneRedundant", "true", "zone-redundant plan")
 want("cosmosZoneRedundant", "true", "zone-redundant Cosmos DB; fixed when the account is created")
 want("storageSkuName", "'Standard_ZRS'", "a zone-redundant plan needs zone-redundant host storage")
 want("cosmosDeleteLock", "true", "the payment ledger is permanent")
+# storeKind postgres (checked whatever the file's storeKind: switching it must not be the
+# moment production loses its standby or its lock).
+want("postgresHighAvailability", "'ZoneRedundant'", "PostgreSQL with a standby in another zone")
+if values.get("postgresSkuTier") not in ("'GeneralPurpose'", "'MemoryOptimized'"):
+    errors.append(f"postgresSkuTier must be 'GeneralPurpose' or 'MemoryOptimized' (high availability is not offered on Burstable), is {values.get('postgresSkuTier')}")
+want("postgresDeleteLock", "true", "the payment ledger is permanent")
+if not re.fullmatch(r"'(cosmos|postgres)'", values.get("storeKind", "")):
+    errors.append(f"storeKind must be set in the file, to 'cosmos' or 'postgres' (a deployment decides its store once), is {values.get('storeKind')}")
 # Alerts must reach someone: an existing action group, a literal address, or an address
 # the deployment cannot start without (readEnvironmentVariable with no default).
 group = values.get("alertActionGroupId", "''")
@@ -211,11 +234,11 @@ if not (has_group or has_email):
                   "address or to readEnvironmentVariable('NAME') without a default (the deployment then needs it)")
 if errors:
     sys.exit("\n".join(f"{path}: {e}" for e in errors))
-print(f"{path}: private profile, zone-redundant plan/Cosmos/storage, ledger lock, alerts reach {'an action group' if has_group else 'an e-mail receiver'}")
+print(f"{path}: private profile, zone-redundant plan/Cosmos/PostgreSQL (HA)/storage, ledger locks, storeKind {values['storeKind']}, alerts reach {'an action group' if has_group else 'an e-mail receiver'}")
 PY
 }
 for profile in private landingzone; do
-  check "production (${PARAM_FILE[$profile]}): private profile, zone redundancy, ZRS storage, Cosmos delete lock, alerts reach a receiver" \
+  check "production (${PARAM_FILE[$profile]}): private profile, zone redundancy (plan, Cosmos DB, PostgreSQL HA), ZRS storage, ledger delete locks, storeKind set, alerts reach a receiver" \
     check_production "${PARAM_FILE[$profile]}"
 done
 no_receiver() {
@@ -224,6 +247,15 @@ no_receiver() {
   check_production "$WORK/no-receiver.bicepparam"
 }
 expect_red "self-test: a production file whose alerts reach no one is reported" "alerts would reach no one" no_receiver
+no_standby() {
+  sed "s#^param postgresHighAvailability = .*#param postgresHighAvailability = 'Disabled'#" \
+    "${PARAM_FILE[landingzone]}" >"$WORK/no-standby.bicepparam"
+  check_production "$WORK/no-standby.bicepparam"
+}
+expect_red "self-test: a production file without PostgreSQL zone-redundant high availability is reported" "postgresHighAvailability must be 'ZoneRedundant'" no_standby
+for profile in public; do
+  check "${PARAM_FILE[$profile]} ($profile) sets storeKind to cosmos or postgres" grep -Eq "^param storeKind = '(cosmos|postgres)'\$" "${PARAM_FILE[$profile]}"
+done
 
 echo "== (b) checkov (offline, bicep), per profile"
 # checkov reads no .bicepparam file, evaluates no expression and scans every module
@@ -398,16 +430,16 @@ if __name__ == "__main__":
     main()
 PY
 
-# run_checkov PROFILE [PARAM_FILE]: render, scan, and judge against the profile's accepted
-# findings in infra/checkov-skips.txt. Prints every passed check and every accepted
-# failure with its reason.
+# run_checkov PROFILE [PARAM_FILE [LABEL]]: render, scan, and judge against the profile's
+# accepted findings in infra/checkov-skips.txt (they hold for both store kinds). Prints
+# every passed check and every accepted failure with its reason.
 run_checkov() {
-  local profile="$1" params="${2:-${PARAM_FILE[$1]}}"
-  local out="$WORK/checkov-$profile.json" rendered="$WORK/rendered-$profile"
+  local profile="$1" params="${2:-${PARAM_FILE[$1]}}" label="${3:-$1}"
+  local out="$WORK/checkov-$label.json" rendered="$WORK/rendered-$label"
   "$PY" "$WORK/render_profile.py" infra "$params" "$rendered" || return 1
   # checkov exits 1 when a check fails; the verdict is ours (accepted findings), so ignore its code.
   BC_SKIP_MAPPING=TRUE "$VENV/bin/checkov" -d "$rendered" --framework bicep --skip-download --compact \
-    -o json >"$out" 2>"$WORK/checkov-$profile.err" || true
+    -o json >"$out" 2>"$WORK/checkov-$label.err" || true
   "$PY" - "$out" infra/checkov-skips.txt "$profile" <<'PY'
 import json, re, sys
 from pathlib import Path
@@ -461,10 +493,16 @@ print(f"  checkov ({profile}): {len(passed)} passed, {len(failed)} failed, {len(
 sys.exit(1 if unaccepted or stale else 0)
 PY
 }
+# checkov has no check of its own for Microsoft.DBforPostgreSQL/flexibleServers (its
+# PostgreSQL checks are for the retired single server, Microsoft.DBforPostgreSQL/servers);
+# the server's contract is checked by scripts/check_profile.py store below.
 for profile in "${PROFILES[@]}"; do
-  check "checkov, $profile profile (${PARAM_FILE[$profile]}): no failure outside infra/checkov-skips.txt, every listed one still applies" \
-    run_checkov "$profile"
-  [[ $LAST_OK -eq 1 ]] && sed 's/^/      /' "$WORK/check-$N.log"
+  for store in "${STORES[@]}"; do
+    params="$(store_file "$profile" "$store")"
+    check "checkov, $profile profile, storeKind $store (${PARAM_FILE[$profile]}): no failure outside infra/checkov-skips.txt, every listed one still applies" \
+      run_checkov "$profile" "$params" "$profile-$store"
+    [[ $LAST_OK -eq 1 ]] && sed 's/^/      /' "$WORK/check-$N.log"
+  done
 done
 public_values_in_private() {
   sed "s#^param networkProfile = .*#param networkProfile = 'public'#" "${PARAM_FILE[private]}" >"$WORK/private-made-public.bicepparam"
@@ -472,17 +510,31 @@ public_values_in_private() {
 }
 expect_red "self-test: the private profile with public endpoints is reported (rendering reaches checkov)" "FAILED   CKV_AZURE_101 " public_values_in_private
 
-echo "== (b2) landing zone: NSGs, bring-your-own, private monitoring, diagnostic settings, signed-in callers"
+echo "== (b2) landing zone: NSGs, bring-your-own, private monitoring, diagnostic settings, signed-in callers, the store"
+# check_profile.py keeps its parses here (by file content), so its many runs parse each file once.
+export CHECK_PROFILE_CACHE="$WORK/pycep-cache"
 # scripts/check_profile.py decides, per parameter file, which resources are deployed.
 check "NSGs (${PARAM_FILE[private]}): every subnet the template creates has one; inbound from the internet denied, only named ports allowed" \
   "$PY" scripts/check_profile.py nsg "${PARAM_FILE[private]}"
-check "landing zone (${PARAM_FILE[landingzone]}): no VNet, NSG, NAT gateway, public IP, private DNS zone, workspace, private link scope or action group of its own" \
-  "$PY" scripts/check_profile.py landingzone "${PARAM_FILE[landingzone]}"
-for profile in private landingzone; do
-  check "private monitoring, diagnostic settings, signed-in callers (${PARAM_FILE[$profile]}): App Insights through a private link scope only; Cosmos, storage, app, Service Bus, Key Vault to the workspace; App Service Authentication" \
-    "$PY" scripts/check_profile.py private "${PARAM_FILE[$profile]}"
+for store in "${STORES[@]}"; do
+  check "landing zone (${PARAM_FILE[landingzone]}, storeKind $store): no VNet, NSG, NAT gateway, public IP, private DNS zone, workspace, private link scope or action group of its own" \
+    "$PY" scripts/check_profile.py landingzone "$(store_file landingzone "$store")"
+  for profile in private landingzone; do
+    check "private monitoring, diagnostic settings, signed-in callers (${PARAM_FILE[$profile]}, storeKind $store): App Insights through a private link scope only; the store, storage, app, Service Bus, Key Vault to the workspace; App Service Authentication" \
+      "$PY" scripts/check_profile.py private "$(store_file "$profile" "$store")"
+  done
+  check "diagnostic settings and signed-in callers (${PARAM_FILE[public]}, storeKind $store)" "$PY" scripts/check_profile.py everywhere "$(store_file public "$store")"
 done
-check "diagnostic settings and signed-in callers (${PARAM_FILE[public]})" "$PY" scripts/check_profile.py everywhere "${PARAM_FILE[public]}"
+# The store each profile deploys with each storeKind, and only that one (password auth off,
+# public access off in the private profiles, zone-redundant HA in production, app settings
+# that name the server): scripts/check_profile.py store.
+for profile in "${PROFILES[@]}"; do
+  for store in "${STORES[@]}"; do
+    check "store (${PARAM_FILE[$profile]}, storeKind $store): the $store store alone is deployed and wired to the app" \
+      "$PY" scripts/check_profile.py store "$(store_file "$profile" "$store")"
+    [[ $LAST_OK -eq 1 ]] && sed 's/^/      /' "$WORK/check-$N.log"
+  done
+done
 # broken_copy NAME: a copy of infra/ to break one thing in; prints its path.
 broken_copy() { rm -rf "$WORK/$1" && cp -a infra "$WORK/$1" && echo "$WORK/$1"; }
 nsg_removed() {
@@ -549,6 +601,40 @@ no_app_service_auth() {
   "$PY" scripts/check_profile.py --infra "$dir" private "${PARAM_FILE[private]}"
 }
 expect_red "self-test: the function app without App Service Authentication is reported" "no App Service Authentication" no_app_service_auth
+postgres_password_auth() {
+  local dir; dir=$(broken_copy infra-pg-password)
+  sed -i "s#passwordAuth: 'Disabled'#passwordAuth: 'Enabled'#" "$dir/modules/postgres.bicep"
+  grep -q "passwordAuth: 'Enabled'" "$dir/modules/postgres.bicep" || { echo "could not enable password auth"; return 0; }
+  "$PY" scripts/check_profile.py --infra "$dir" store "$(store_file public postgres)"
+}
+expect_red "self-test: a PostgreSQL server with password authentication on is reported" "password authentication must be off" postgres_password_auth
+postgres_public_in_private() {
+  local dir; dir=$(broken_copy infra-pg-public)
+  sed -i "s#^    publicNetworkAccess: publicAccess\$#    publicNetworkAccess: 'Enabled'#" "$dir/main.bicep"
+  [[ $(grep -c "publicNetworkAccess: 'Enabled'" "$dir/main.bicep") -ge 1 ]] || { echo "could not open the server"; return 0; }
+  "$PY" scripts/check_profile.py --infra "$dir" store "$(store_file landingzone postgres)"
+}
+expect_red "self-test: PostgreSQL with public network access in a private profile is reported" "postgres, private profile: network.publicNetworkAccess must be 'Disabled'" postgres_public_in_private
+postgres_settings_to_cosmos() {
+  local dir; dir=$(broken_copy infra-pg-settings)
+  sed -i "s#usePostgres ? postgresSettings : cosmosSettings#usePostgres ? cosmosSettings : postgresSettings#" "$dir/modules/functionapp.bicep"
+  grep -q "usePostgres ? cosmosSettings" "$dir/modules/functionapp.bicep" || { echo "could not swap the settings"; return 0; }
+  "$PY" scripts/check_profile.py --infra "$dir" store "$(store_file private postgres)"
+}
+expect_red "self-test: app settings that point a postgres deployment at Cosmos DB are reported" "PAYMENTS_STORE is 'cosmos', the file's storeKind is 'postgres'" postgres_settings_to_cosmos
+postgres_database_first() {
+  local dir; dir=$(broken_copy infra-pg-db-first)
+  "$PY" - "$dir/modules/postgres.bicep" <<'PY'
+import sys
+from pathlib import Path
+p = Path(sys.argv[1]); t = p.read_text()
+old = "    collation: 'en_US.utf8'\n  }\n  dependsOn: [\n    administrator\n  ]\n"
+assert old in t, "could not find the database's dependsOn"
+p.write_text(t.replace(old, "    collation: 'en_US.utf8'\n  }\n"))
+PY
+  "$PY" scripts/check_profile.py --infra "$dir" store "$(store_file public postgres)"
+}
+expect_red "self-test: a database created before the Entra administrator (owned by azuresu) is reported" "created after the Entra administrator" postgres_database_first
 
 echo "== (c) Cosmos container contract"
 check "infra container resource equals infra/cosmos-container.json" "$PY" scripts/check_container_definition.py
@@ -648,7 +734,7 @@ standin_misses_route() {
 expect_red "self-test: a handler answering 404 on POST /ClaimApproved is reported" "FAIL  POST /ClaimApproved answered 404" standin_misses_route
 
 echo "== (e) settings contract (function.json, Bicep app settings, local.settings.sample.json)"
-check "app settings: identity-based connections, every service setting, nothing Flex forbids; local sample complete" "$PY" - <<'PY'
+check "app settings (storeKind cosmos and postgres): identity-based connections, every service setting, the store's own and not the other's, nothing Flex forbids; local sample complete" "$PY" - <<'PY'
 import json, re, sys
 from pathlib import Path
 from pycep import BicepParser
@@ -656,12 +742,17 @@ from pycep import BicepParser
 REQUIRED = [
     "AzureWebJobsStorage__credential", "AzureWebJobsStorage__clientId", "AzureWebJobsStorage__blobServiceUri",
     "AzureWebJobsStorage__queueServiceUri", "AzureWebJobsStorage__tableServiceUri",
-    "CLAIM_APPROVED_QUEUE", "PAYMENTS_STORE", "COSMOS_ENDPOINT", "COSMOS_DATABASE", "COSMOS_CONTAINER",
-    "COSMOS_MANAGED_IDENTITY_CLIENT_ID", "INBOX_RETENTION_DAYS", "CONSUMER_NAME", "BANK_API_URL", "BANK_API_KEY", "BANK_TIMEOUT_MS",
+    "CLAIM_APPROVED_QUEUE", "PAYMENTS_STORE", "INBOX_RETENTION_DAYS", "CONSUMER_NAME", "BANK_API_URL", "BANK_API_KEY", "BANK_TIMEOUT_MS",
     "BANK_KEY_WINDOW_HOURS", "RETRY_BUDGET_MS", "LEASE_MS", "INFLIGHT_WAIT_MS", "MAX_DELIVERY_COUNT", "LOG_FORMAT", "RUST_LIB_BACKTRACE",
-    "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING", "PURGE_SCHEDULE",
 ]
-FIXED = {"PAYMENTS_STORE": "cosmos", "LOG_FORMAT": "json", "RUST_LIB_BACKTRACE": "0"}
+# Per storeKind: the store's own settings, and none of the other store's.
+STORE_SETTINGS = {
+    "cosmos": ["COSMOS_ENDPOINT", "COSMOS_DATABASE", "COSMOS_CONTAINER", "COSMOS_MANAGED_IDENTITY_CLIENT_ID"],
+    "postgres": ["PAYMENTS_POSTGRES_URL", "PAYMENTS_POSTGRES_AUTH", "PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID"],
+}
+FIXED = {"LOG_FORMAT": "json", "RUST_LIB_BACKTRACE": "0"}
+STORE_FIXED = {"cosmos": {"PAYMENTS_STORE": "cosmos"}, "postgres": {"PAYMENTS_STORE": "postgres", "PAYMENTS_POSTGRES_AUTH": "entra"}}
 # Flex Consumption rejects or ignores the platform ones; AzureWebJobsStorage or COSMOS_KEY would be
 # secrets; the dev/fault knobs are read only by claims-payments-dev (the product refuses to start with one).
 FORBIDDEN = re.compile(r"^(FUNCTIONS_WORKER_RUNTIME|FUNCTIONS_EXTENSION_VERSION|WEBSITE_RUN_FROM_PACKAGE|WEBSITE_CONTENT.*|SCM_DO_BUILD_DURING_DEPLOYMENT|ENABLE_ORYX_BUILD|AzureWebJobsStorage|COSMOS_KEY|PAYMENTS_SQLITE_PATH|PAYMENTS_DEV_.*|PAYMENTS_FAULT_.*)$")
@@ -691,28 +782,52 @@ sites = [r for r in bicep["resources"].values() if r["type"] == "Microsoft.Web/s
 if len(sites) != 1:
     sys.exit(f"expected one Microsoft.Web/sites resource in functionapp.bicep, found {len(sites)}")
 props = sites[0]["config"]["properties"]
-settings = props["siteConfig"]["appSettings"]
-names = [s["name"] for s in settings]
-values = {s["name"]: s["value"] for s in settings}
-dupes = sorted({n for n in names if names.count(n) > 1})
-if dupes:
-    errors.append(f"duplicate app settings: {dupes}")
-required = set(REQUIRED) | needed_settings
-for c in connections:
-    required |= {f"{c}__fullyQualifiedNamespace", f"{c}__credential", f"{c}__clientId"}
-    if c in values:
-        errors.append(f"app setting {c} would be read as a connection string and override the identity-based {c}__* settings")
-for n in sorted(required - set(names)):
-    errors.append(f"missing app setting {n}")
-for n in names:
-    if FORBIDDEN.match(n):
-        errors.append(f"app setting {n} must not be set on Flex Consumption / in Azure")
-for n, v in FIXED.items():
-    if values.get(n) != v:
-        errors.append(f"app setting {n} must be {v!r}, is {values.get(n)!r}")
-for n, v in values.items():
-    if n.endswith("__credential") and v != "managedidentity":
-        errors.append(f"{n} must be 'managedidentity'")
+
+def settings_for(store):
+    """The app settings with storeKind = store: concat(commonSettings, usePostgres ? postgresSettings : cosmosSettings)."""
+    def resolve(node):
+        if isinstance(node, list):
+            return node
+        if isinstance(node, str) and str(node) in bicep.get("variables", {}):
+            return resolve(bicep["variables"][str(node)]["value"])
+        if isinstance(node, dict) and node.get("function", {}).get("type") == "concat":
+            return [s for arg in node["function"]["parameters"].values() for s in resolve(arg)]
+        if isinstance(node, dict) and node.get("operator", {}).get("type") == "conditional":
+            ops = node["operator"]["operands"]
+            if str(ops["condition"]) != "usePostgres":
+                sys.exit(f"functionapp.bicep: app settings chosen by an unknown condition: {ops['condition']}")
+            return resolve(ops["true_value"] if store == "postgres" else ops["false_value"])
+        sys.exit(f"functionapp.bicep: cannot read the app settings: {repr(node)[:200]}")
+    if not re.search(r"^var usePostgres = storeKind == 'postgres'$", Path("infra/modules/functionapp.bicep").read_text(), re.M):
+        sys.exit("functionapp.bicep: usePostgres must be: var usePostgres = storeKind == 'postgres'")
+    return resolve(props["siteConfig"]["appSettings"])
+
+for store in ("cosmos", "postgres"):
+    settings = settings_for(store)
+    names = [s["name"] for s in settings]
+    values = {s["name"]: s["value"] for s in settings}
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        errors.append(f"storeKind {store}: duplicate app settings: {dupes}")
+    required = set(REQUIRED) | needed_settings | set(STORE_SETTINGS[store])
+    for c in connections:
+        required |= {f"{c}__fullyQualifiedNamespace", f"{c}__credential", f"{c}__clientId"}
+        if c in values:
+            errors.append(f"app setting {c} would be read as a connection string and override the identity-based {c}__* settings")
+    for n in sorted(required - set(names)):
+        errors.append(f"storeKind {store}: missing app setting {n}")
+    other = [n for s, ns in STORE_SETTINGS.items() if s != store for n in ns]
+    for n in sorted(set(other) & set(names)):
+        errors.append(f"storeKind {store}: app setting {n} belongs to the other store")
+    for n in names:
+        if FORBIDDEN.match(n):
+            errors.append(f"app setting {n} must not be set on Flex Consumption / in Azure")
+    for n, v in {**FIXED, **STORE_FIXED[store]}.items():
+        if values.get(n) != v:
+            errors.append(f"storeKind {store}: app setting {n} must be {v!r}, is {values.get(n)!r}")
+    for n, v in values.items():
+        if n.endswith("__credential") and v != "managedidentity":
+            errors.append(f"{n} must be 'managedidentity'")
 # The bank credential is a Key Vault reference resolved with the app's user-assigned identity.
 if not str(values.get("BANK_API_KEY", "")).startswith("@Microsoft.KeyVault(SecretUri="):
     errors.append(f"BANK_API_KEY must be a Key Vault reference (@Microsoft.KeyVault(SecretUri=...)), is {values.get('BANK_API_KEY')!r}")
@@ -749,7 +864,7 @@ for setting, param in {"INBOX_RETENTION_DAYS": "inboxRetentionDays", "CONSUMER_N
         errors.append(f"default of {setting} differs: local sample {lv.get(setting)!r}, main.bicep {param} = {default!r}")
 if errors:
     sys.exit("\n".join(errors))
-print(f"{len(names)} app settings checked; local sample has {len(lv)} values")
+print(f"app settings checked for storeKind cosmos ({len(settings_for('cosmos'))}) and postgres ({len(settings_for('postgres'))}); local sample has {len(lv)} values")
 PY
 
 check "local/: compose files parse; the Service Bus emulator declares CLAIM_APPROVED_QUEUE within its limits" "$PY" - <<'PY'

@@ -21,10 +21,24 @@ usage: check_profile.py [--infra DIR] COMMAND PARAM_FILE
                Authentication, HTTP_AUTH=appservice, CORS without *)
   everywhere   the diagnostic settings and signed-in callers parts of `private`
                (every profile has them)
+  store        the store the file's storeKind selects, and only that one, is
+               deployed and wired: cosmos (the Cosmos DB account, its private
+               endpoint, role and COSMOS_* settings; no PostgreSQL server) or
+               postgres (the flexible server with Entra authentication only and
+               password authentication off, its Entra administrator, the database
+               created after it, TLS enforced, diagnostic settings, public access
+               off with a private endpoint in privatelink.postgres.database.azure.com
+               in the private profiles, zone-redundant high availability in
+               production, the 5432 NSG rules, PAYMENTS_POSTGRES_* settings that
+               name the server, the database and the identity; no Cosmos DB)
   nsg          every subnet the template creates has an NSG that denies
                inbound traffic from the internet and allows none of it
-Exit code 1 with one line per finding.
+Exit code 1 with one line per finding. The diagnostic settings and app settings
+checks follow the file's storeKind (cosmos when it sets none).
 """
+import hashlib
+import os
+import pickle
 import re
 import sys
 from pathlib import Path
@@ -35,6 +49,25 @@ from pycep.transformer import BicepElement
 
 class Unknown(Exception):
     pass
+
+
+def parse(path):
+    """pycep's parse of one file; with CHECK_PROFILE_CACHE set (scripts/check-infra.sh sets it to
+    its temporary directory), kept there by the file's content, since each run of this script
+    parses every module again and pycep takes seconds per file."""
+    cache = os.environ.get("CHECK_PROFILE_CACHE")
+    if not cache:
+        return BicepParser().parse(file_path=path)
+    text = Path(path).read_bytes()
+    entry = Path(cache) / (hashlib.sha256(text).hexdigest() + ".pickle")
+    if entry.exists():
+        return pickle.loads(entry.read_bytes())
+    parsed = BicepParser().parse(file_path=path)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(pickle.dumps(parsed))
+    tmp.replace(entry)
+    return parsed
 
 
 class Given(str):
@@ -149,7 +182,7 @@ class Deployment:
     def __init__(self, infra, param_file):
         self.infra = Path(infra)
         self.values = param_file_values(Path(param_file))
-        self.main = BicepParser().parse(file_path=self.infra / "main.bicep")
+        self.main = parse(self.infra / "main.bicep")
         stray = sorted(set(self.values) - set(self.main["parameters"]))
         if stray:
             sys.exit(f"{param_file}: not parameters of main.bicep: {stray}")
@@ -161,7 +194,7 @@ class Deployment:
             cond = condition(mod)
             if cond is not None and not self.decide(self.scope, cond, f"module {name}"):
                 continue
-            parsed = BicepParser().parse(file_path=self.infra / mod["detail"]["path"])
+            parsed = parse(self.infra / mod["detail"]["path"])
             passed = {}
             for p, node in body(mod).get("params", {}).items():
                 try:
@@ -283,10 +316,18 @@ def deployed_by_type(d):
     return by_type
 
 
+def store_kind(d):
+    kind = d.values.get("storeKind", d.main["parameters"]["storeKind"].get("default"))
+    if kind not in ("cosmos", "postgres"):
+        sys.exit(f"storeKind {kind!r}: expected cosmos or postgres")
+    return kind
+
+
 def check_diagnostics(d):
     errors, by_type = [], deployed_by_type(d)
+    store = {"cosmos": ("modules/cosmos.bicep", ["account"]), "postgres": ("modules/postgres.bicep", ["server"])}[store_kind(d)]
     wanted = {
-        "modules/cosmos.bicep": ["account"],
+        store[0]: store[1],
         "modules/storage.bicep": ["storage", "blobService", "queueService", "tableService"],
         "modules/functionapp.bicep": ["site"],
         "modules/servicebus.bicep": ["namespace"],
@@ -341,11 +382,14 @@ def check_callers(d):
             aad = props.get("identityProviders", {}).get("azureActiveDirectory", {})
             if aad.get("enabled") is not True or str(aad.get("registration", {}).get("clientId")) != "apiClientId":
                 errors.append("functionapp: the Entra ID provider must be enabled for the API registration (apiClientId)")
+        try:
+            settings = app_settings(parsed, scope)
+        except Unknown as exc:
+            return errors + [f"functionapp: cannot tell which app settings are deployed: {exc}"]
         cors = raw.get("corsAllowedOrigins")
         if "'*'" in str(cors) or "\"*\"" in str(cors) or cors == "*":
             errors.append(f"functionapp: CORS must list the web client's origin, never *: {cors}")
-        app_settings = [s for s in body(parsed["resources"]["site"])["properties"]["siteConfig"]["appSettings"]]
-        if not any(s["name"] == "HTTP_AUTH" and str(s["value"]) == "httpAuth" for s in app_settings):
+        if not any(s["name"] == "HTTP_AUTH" and str(s["value"]) == "httpAuth" for s in settings):
             errors.append("functionapp: the HTTP_AUTH app setting must be httpAuth")
     for fj in sorted(Path(d.infra.parent / "function-app").glob("*/function.json")):
         import json
@@ -363,7 +407,7 @@ def cmd_private(d):
     return errors
 
 
-EVERYWHERE = ("diagnostic settings for Cosmos DB, storage (account, blob, queue, table), function app, Service Bus, Key Vault; "
+EVERYWHERE = ("diagnostic settings for the store (Cosmos DB or PostgreSQL), storage (account, blob, queue, table), function app, Service Bus, Key Vault; "
               "App Service Authentication with Entra ID, HTTP_AUTH=appservice, anonymous at the host, no CORS wildcard")
 
 
@@ -371,6 +415,186 @@ def cmd_everywhere(d):
     errors = check_diagnostics(d) + check_callers(d)
     if not errors:
         print(EVERYWHERE)
+    return errors
+
+
+def app_settings(parsed, scope):
+    """The site's app settings as deployed: the list, or concat() of variables with the
+    store's list chosen by its condition (functionapp.bicep)."""
+    def resolve(node):
+        if isinstance(node, list):
+            return node
+        if isinstance(node, str) and str(node) in parsed.get("variables", {}):
+            return resolve(parsed["variables"][str(node)]["value"])
+        if isinstance(node, dict) and node.get("function", {}).get("type") == "concat":
+            out = []
+            for arg in node["function"]["parameters"].values():
+                out += resolve(arg)
+            return out
+        if isinstance(node, dict) and node.get("operator", {}).get("type") == "conditional":
+            ops = node["operator"]["operands"]
+            return resolve(ops["true_value"] if scope.eval(ops["condition"]) else ops["false_value"])
+        raise Unknown(f"app settings: {repr(node)[:120]}")
+    return resolve(body(parsed["resources"]["site"])["properties"]["siteConfig"]["appSettings"])
+
+
+def value_of(scope, node):
+    try:
+        return scope.eval(node)
+    except Unknown:
+        return None
+
+
+POSTGRES_URL = re.compile(r"postgresql://\$\{postgresUser\}@\$\{postgresHost\}:5432/\$\{postgresDatabaseName\}\?sslmode=(require|verify-ca|verify-full)")
+
+
+def cmd_store(d):
+    errors, by_type = [], deployed_by_type(d)
+    kind = store_kind(d)
+    private = d.values.get("networkProfile") == "private"
+    deployed_types = {res["type"] for m, r, res, sc in d.resources()}
+    cosmos_types = sorted(t for t in deployed_types if t.startswith("Microsoft.DocumentDB/"))
+    pg_types = sorted(t for t in deployed_types if t.startswith("Microsoft.DBforPostgreSQL/"))
+    fa = module_of(d, "modules/functionapp.bicep")
+    if fa is None:
+        return ["modules/functionapp.bicep is not deployed"]
+    fa_name, fa_parsed, fa_scope, fa_raw = fa
+    try:
+        settings = {s["name"]: s["value"] for s in app_settings(fa_parsed, fa_scope)}
+    except Unknown as exc:
+        return [f"functionapp: cannot tell which app settings are deployed: {exc}"]
+    if str(settings.get("PAYMENTS_STORE")) != kind:
+        errors.append(f"functionapp: PAYMENTS_STORE is {settings.get('PAYMENTS_STORE')!r}, the file's storeKind is {kind!r}")
+    endpoints = [(m, r, res, sc) for m, r, res, sc in by_type.get("Microsoft.Network/privateEndpoints", [])]
+
+    def endpoint_for(group):
+        found = []
+        for m, r, res, sc in endpoints:
+            links = body(res)["properties"].get("privateLinkServiceConnections", [])
+            groups = [value_of(sc, g) for link in links for g in link.get("properties", {}).get("groupIds", [])]
+            if group in groups:
+                found.append((m, sc))
+        return found
+
+    if kind == "cosmos":
+        if pg_types:
+            errors.append(f"storeKind cosmos deploys PostgreSQL resources: {pg_types}")
+        if "Microsoft.DocumentDB/databaseAccounts" not in deployed_types:
+            errors.append("storeKind cosmos: no Cosmos DB account is deployed")
+        if "Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments" not in deployed_types:
+            errors.append("storeKind cosmos: the identity has no Cosmos DB data role")
+        for name in ("COSMOS_ENDPOINT", "COSMOS_DATABASE", "COSMOS_CONTAINER", "COSMOS_MANAGED_IDENTITY_CLIENT_ID"):
+            if name not in settings:
+                errors.append(f"storeKind cosmos: app setting {name} is missing")
+        stray = sorted(n for n in settings if n.startswith("PAYMENTS_POSTGRES_"))
+        if stray:
+            errors.append(f"storeKind cosmos: PostgreSQL app settings deployed: {stray}")
+        if private and not endpoint_for("Sql"):
+            errors.append("storeKind cosmos, private profile: no private endpoint (Sql) for Cosmos DB")
+        if not errors:
+            print("storeKind cosmos: Cosmos DB account, data role, COSMOS_* settings" + (", private endpoint" if private else "")
+                  + "; no PostgreSQL server, no PAYMENTS_POSTGRES_* setting")
+        return errors
+
+    # postgres
+    if cosmos_types:
+        errors.append(f"storeKind postgres deploys Cosmos DB resources: {cosmos_types}")
+    stray = sorted(n for n in settings if n.startswith("COSMOS_"))
+    if stray:
+        errors.append(f"storeKind postgres: Cosmos DB app settings deployed: {stray}")
+    pg = module_of(d, "modules/postgres.bicep")
+    if pg is None:
+        return errors + ["storeKind postgres: modules/postgres.bicep is not deployed"]
+    pg_name, pg_parsed, pg_scope, pg_raw = pg
+    servers = [(res, sc) for m, r, res, sc in by_type.get("Microsoft.DBforPostgreSQL/flexibleServers", []) if m == pg_name]
+    if len(servers) != 1:
+        return errors + [f"storeKind postgres: expected one flexible server, found {len(servers)}"]
+    server, sc = servers[0]
+    props = body(server)["properties"]
+    auth = props.get("authConfig", {})
+    if value_of(sc, auth.get("activeDirectoryAuth")) != "Enabled":
+        errors.append(f"postgres: authConfig.activeDirectoryAuth must be 'Enabled', is {auth.get('activeDirectoryAuth')!r}")
+    if value_of(sc, auth.get("passwordAuth")) != "Disabled":
+        errors.append(f"postgres: password authentication must be off (authConfig.passwordAuth 'Disabled'), is {auth.get('passwordAuth')!r}")
+    for key in ("administratorLogin", "administratorLoginPassword"):
+        if key in props:
+            errors.append(f"postgres: {key} is set; the server has no password login")
+    access = value_of(sc, props.get("network", {}).get("publicNetworkAccess"))
+    if private and access != "Disabled":
+        errors.append(f"postgres, private profile: network.publicNetworkAccess must be 'Disabled', is {access!r}")
+    if not private and access != "Enabled":
+        errors.append(f"postgres, public profile: network.publicNetworkAccess is {access!r}; the public profile has no private endpoint")
+    ha = value_of(sc, props.get("highAvailability", {}).get("mode"))
+    if private and ha != "ZoneRedundant":
+        errors.append(f"postgres, production (private profile): highAvailability.mode must be 'ZoneRedundant', is {ha!r}")
+    if ha in ("ZoneRedundant", "SameZone") and value_of(sc, body(server).get("sku", {}).get("tier")) == "Burstable":
+        errors.append("postgres: high availability is not offered on the Burstable tier")
+    admins = [(res, s) for m, r, res, s in by_type.get("Microsoft.DBforPostgreSQL/flexibleServers/administrators", []) if m == pg_name]
+    if len(admins) != 1:
+        errors.append(f"postgres: expected one Entra administrator, found {len(admins)}")
+    else:
+        if dotted(pg_raw.get("administratorObjectId")) != "postgresAdminObjectId" or str(body(admins[0][0]).get("name")) != "administratorObjectId":
+            errors.append("postgres: the Entra administrator must be named by its object id from postgresAdminObjectId")
+        given = d.values.get("postgresAdminObjectId")
+        if given and not isinstance(given, Given) and not re.fullmatch(r"[0-9a-fA-F-]{36}", str(given)):
+            errors.append(f"postgresAdminObjectId {given!r} is not an object id (GUID)")
+    databases = [res for m, r, res, s in by_type.get("Microsoft.DBforPostgreSQL/flexibleServers/databases", []) if m == pg_name]
+    if len(databases) != 1:
+        errors.append(f"postgres: expected one database, found {len(databases)}")
+    elif "administrator" not in [str(x) for x in body(databases[0]).get("dependsOn", [])]:
+        errors.append("postgres: the database must be created after the Entra administrator (dependsOn administrator), "
+                      "or it belongs to azuresu and nobody can grant on it")
+    configs = {value_of(s, body(res).get("name")): value_of(s, body(res)["properties"].get("value"))
+               for m, r, res, s in by_type.get("Microsoft.DBforPostgreSQL/flexibleServers/configurations", []) if m == pg_name}
+    if str(configs.get("require_secure_transport", "")).lower() != "on":
+        errors.append(f"postgres: require_secure_transport must be set 'on', is {configs.get('require_secure_transport')!r}")
+    if configs.get("ssl_min_protocol_version") not in ("TLSv1.2", "TLSv1.3"):
+        errors.append(f"postgres: ssl_min_protocol_version must be TLSv1.2 or TLSv1.3, is {configs.get('ssl_min_protocol_version')!r}")
+    rules = [r for m, r, res, s in by_type.get("Microsoft.DBforPostgreSQL/flexibleServers/firewallRules", []) if m == pg_name]
+    if private and rules:
+        errors.append(f"postgres, private profile: firewall rules deployed: {rules}")
+    if private:
+        found = [(m, s) for m, s in endpoint_for("postgresqlServer")]
+        if not found:
+            errors.append("postgres, private profile: no private endpoint (postgresqlServer) for the server")
+        for m, s in found:
+            raw = d.modules[m][3]
+            if dotted(raw.get("targetResourceId")) != "(usePostgres, postgres.outputs.serverId, )":
+                errors.append(f"{m}: the private endpoint must target postgres.outputs.serverId, targets {dotted(raw.get('targetResourceId'))}")
+            if value_of(s, BicepElement("privateDnsZoneName")) != "privatelink.postgres.database.azure.com":
+                errors.append(f"{m}: private DNS zone must be privatelink.postgres.database.azure.com")
+    # The app: Entra login as its identity, TLS verified, the server and database of this deployment.
+    url = str(settings.get("PAYMENTS_POSTGRES_URL", ""))
+    if not POSTGRES_URL.fullmatch(url):
+        errors.append(f"functionapp: PAYMENTS_POSTGRES_URL must be postgresql://${{postgresUser}}@${{postgresHost}}:5432/${{postgresDatabaseName}}"
+                      f"?sslmode=verify-full (or require), is {url!r}")
+    wiring = {"postgresHost": "(usePostgres, postgres.outputs.fqdn, )",
+              "postgresDatabaseName": "(usePostgres, postgres.outputs.databaseName, )",
+              "postgresUser": "identity.outputs.name", "identityClientId": "identity.outputs.clientId"}
+    for param, expected in wiring.items():
+        if dotted(fa_raw.get(param)) != expected:
+            errors.append(f"functionapp: {param} must be {expected}, is {dotted(fa_raw.get(param))}")
+    if str(settings.get("PAYMENTS_POSTGRES_AUTH")) != "entra":
+        errors.append(f"functionapp: PAYMENTS_POSTGRES_AUTH must be 'entra' (password authentication is off), is {settings.get('PAYMENTS_POSTGRES_AUTH')!r}")
+    if str(settings.get("PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID")) != "identityClientId":
+        errors.append("functionapp: PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID must be the identity's client id (identityClientId)")
+    # Own network: 5432 from the app (and the tools subnet) to the private endpoints.
+    if private and "network" in d.modules:
+        rules = {}
+        for m, r, res, s in by_type.get("Microsoft.Network/networkSecurityGroups", []):
+            for x in body(res)["properties"].get("securityRules", []):
+                rp = x["properties"]
+                if rp.get("access") == "Allow" and str(rp.get("destinationPortRange")) == "5432":
+                    rules[(r, rp.get("direction"))] = str(rp.get("sourceAddressPrefix"))
+        for nsg, direction in (("appNsg", "Outbound"), ("peNsg", "Inbound")):
+            if (nsg, direction) not in rules:
+                errors.append(f"network: {nsg} has no {direction} rule allowing 5432 (the app to PostgreSQL's private endpoint)")
+    if not errors:
+        print(f"storeKind postgres: Entra-only server (password auth off), Entra administrator, database after it, "
+              f"require_secure_transport on, TLS >= 1.2, diagnostic settings; "
+              + ("public access off, private endpoint in privatelink.postgres.database.azure.com, zone-redundant HA; "
+                 if private else "public endpoint behind the firewall; ")
+              + "PAYMENTS_POSTGRES_URL names the server, database and identity (sslmode verified), Entra login; no Cosmos DB")
     return errors
 
 
@@ -422,7 +646,7 @@ def main():
     infra = "infra"
     if args[:1] == ["--infra"]:
         infra, args = args[1], args[2:]
-    if len(args) != 2 or args[0] not in ("deployed", "landingzone", "private", "everywhere", "nsg"):
+    if len(args) != 2 or args[0] not in ("deployed", "landingzone", "private", "everywhere", "nsg", "store"):
         sys.exit(__doc__)
     d = Deployment(infra, args[1])
     errors = globals()[f"cmd_{args[0]}"](d)

@@ -35,7 +35,14 @@ param serviceBusNamespaceId string
 @description('Queue whose dead-letter count is watched (metric dimension EntityName).')
 param queueName string
 
-@description('Resource id of the Cosmos DB account.')
+@description('cosmos: the Cosmos DB throttling alert below. postgres: none (the store answers retry-later, which the spike alert counts).')
+@allowed([
+  'cosmos'
+  'postgres'
+])
+param storeKind string
+
+@description('Resource id of the Cosmos DB account (storeKind cosmos; empty otherwise).')
 param cosmosAccountId string
 
 @description('Cosmos database of the payments container (metric dimension DatabaseName).')
@@ -129,7 +136,7 @@ resource deadLetterAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
 // Requests on the payments container answered 429 (request rate too large).
 // The SDK retries them; sustained 429s eat the retry budget and turn into
 // retry-later outcomes.
-resource cosmosThrottleAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = {
+resource cosmosThrottleAlert 'Microsoft.Insights/metricAlerts@2018-03-01' = if (storeKind == 'cosmos') {
   name: '${namePrefix}-cosmos-throttling'
   location: 'global'
   tags: tags
@@ -238,7 +245,7 @@ var logRules = [
     window: 'PT1H'
     timeRange: ''
     description: 'Payments whose bank record contradicts the ledger (mismatched, double payments included) wait for a person: the reconcile run reports them on every run until they are settled by hand. ${runbook} reconcile-mismatch.'
-    query: '${replace(metric, '__METRIC__', 'reconcile.backlog')} | where tostring(customDimensions.state) == "needs-a-person" | summarize mismatched = max(valueMax), lastSeen = max(timestamp) | where mismatched > 0'
+    query: '${replace(metric, '__METRIC__', 'reconcile.backlog')} | extend state = tostring(customDimensions.state) | where state == "needs-a-person" | summarize mismatched = max(valueMax), lastSeen = max(timestamp) by state | where mismatched > 0'
   }
   {
     key: 'bank-service-fault'

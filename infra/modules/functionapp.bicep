@@ -67,7 +67,14 @@ param serviceBusFullyQualifiedNamespace string
 @description('Queue the ClaimApproved function reads.')
 param queueName string
 
-@description('Cosmos DB account endpoint.')
+@description('PAYMENTS_STORE: cosmos or postgres. Only that store\'s settings are written (COSMOS_* or PAYMENTS_POSTGRES_*).')
+@allowed([
+  'cosmos'
+  'postgres'
+])
+param storeKind string
+
+@description('Cosmos DB account endpoint (storeKind cosmos).')
 param cosmosEndpoint string
 
 @description('Cosmos DB database.')
@@ -76,7 +83,16 @@ param cosmosDatabaseName string
 @description('Cosmos DB container.')
 param cosmosContainerName string
 
-@description('Days an inbox document lives (Cosmos ttl).')
+@description('PostgreSQL server host name, <server>.postgres.database.azure.com (storeKind postgres).')
+param postgresHost string
+
+@description('PostgreSQL database (storeKind postgres).')
+param postgresDatabaseName string
+
+@description('PostgreSQL role the app logs in as: the user-assigned identity\'s name, created in the server with pgaadauth_create_principal_with_oid (docs/deploy.md, 4.6).')
+param postgresUser string
+
+@description('Days an inbox record lives (Cosmos ttl; the Purge timer on PostgreSQL).')
 param inboxRetentionDays int
 
 @description('Consumer name stored in inbox documents.')
@@ -153,6 +169,170 @@ param virtualNetworkSubnetId string
 param zoneRedundant bool
 
 var storageSuffix = environment().suffixes.storage
+var usePostgres = storeKind == 'postgres'
+
+// App settings every store shares; the store's own follow (cosmosSettings or
+// postgresSettings), so a deployment carries only the settings of the store it uses.
+var commonSettings = [
+    {
+      name: 'AzureWebJobsStorage__credential'
+      value: 'managedidentity'
+    }
+    {
+      name: 'AzureWebJobsStorage__clientId'
+      value: identityClientId
+    }
+    {
+      name: 'AzureWebJobsStorage__blobServiceUri'
+      value: 'https://${storageAccountName}.blob.${storageSuffix}'
+    }
+    {
+      name: 'AzureWebJobsStorage__queueServiceUri'
+      value: 'https://${storageAccountName}.queue.${storageSuffix}'
+    }
+    {
+      name: 'AzureWebJobsStorage__tableServiceUri'
+      value: 'https://${storageAccountName}.table.${storageSuffix}'
+    }
+    {
+      name: 'ServiceBusConnection__fullyQualifiedNamespace'
+      value: serviceBusFullyQualifiedNamespace
+    }
+    {
+      name: 'ServiceBusConnection__credential'
+      value: 'managedidentity'
+    }
+    {
+      name: 'ServiceBusConnection__clientId'
+      value: identityClientId
+    }
+    {
+      name: 'CLAIM_APPROVED_QUEUE'
+      value: queueName
+    }
+    {
+      name: 'INBOX_RETENTION_DAYS'
+      value: string(inboxRetentionDays)
+    }
+    {
+      name: 'CONSUMER_NAME'
+      value: consumerName
+    }
+    {
+      name: 'BANK_API_URL'
+      value: bankApiUrl
+    }
+    {
+      // Resolved by the platform from Key Vault; the value never appears in the template or the settings.
+      name: 'BANK_API_KEY'
+      value: '@Microsoft.KeyVault(SecretUri=${bankApiKeySecretUri})'
+    }
+    {
+      name: 'BANK_TIMEOUT_MS'
+      value: string(bankTimeoutMs)
+    }
+    {
+      name: 'BANK_KEY_WINDOW_HOURS'
+      value: string(bankKeyWindowHours)
+    }
+    {
+      name: 'RETRY_BUDGET_MS'
+      value: string(retryBudgetMs)
+    }
+    {
+      name: 'LEASE_MS'
+      value: string(leaseMs)
+    }
+    {
+      name: 'INFLIGHT_WAIT_MS'
+      value: string(inflightWaitMs)
+    }
+    {
+      name: 'MAX_DELIVERY_COUNT'
+      value: string(maxDeliveryCount)
+    }
+    {
+      name: 'RECONCILE_SCHEDULE'
+      value: reconcileSchedule
+    }
+    {
+      name: 'PURGE_SCHEDULE'
+      value: purgeSchedule
+    }
+    {
+      name: 'HTTP_AUTH'
+      value: httpAuth
+    }
+    {
+      name: 'IDEMPOTENCY_KEY_RETENTION_HOURS'
+      value: string(idempotencyKeyRetentionHours)
+    }
+    {
+      name: 'RECONCILE_MIN_AGE_MS'
+      value: string(reconcileMinAgeMs)
+    }
+    {
+      name: 'LOG_FORMAT'
+      value: 'json'
+    }
+    {
+      name: 'RUST_LIB_BACKTRACE'
+      value: '0'
+    }
+    {
+      name: 'APPLICATIONINSIGHTS_CONNECTION_STRING'
+      value: appInsightsConnectionString
+    }
+    {
+      name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
+      value: 'ClientId=${identityClientId};Authorization=AAD'
+    }
+]
+
+var cosmosSettings = [
+  {
+    name: 'PAYMENTS_STORE'
+    value: 'cosmos'
+  }
+  {
+    name: 'COSMOS_ENDPOINT'
+    value: cosmosEndpoint
+  }
+  {
+    name: 'COSMOS_DATABASE'
+    value: cosmosDatabaseName
+  }
+  {
+    name: 'COSMOS_CONTAINER'
+    value: cosmosContainerName
+  }
+  {
+    name: 'COSMOS_MANAGED_IDENTITY_CLIENT_ID'
+    value: identityClientId
+  }
+]
+
+// Entra only: the identity's token is the password, so the URL holds no secret (a plain
+// setting, not a Key Vault reference). sslmode=verify-full: TLS with the certificate
+// chain and the host name checked (the handler refuses a weaker mode for a remote host).
+var postgresSettings = [
+  {
+    name: 'PAYMENTS_STORE'
+    value: 'postgres'
+  }
+  {
+    name: 'PAYMENTS_POSTGRES_URL'
+    value: 'postgresql://${postgresUser}@${postgresHost}:5432/${postgresDatabaseName}?sslmode=verify-full'
+  }
+  {
+    name: 'PAYMENTS_POSTGRES_AUTH'
+    value: 'entra'
+  }
+  {
+    name: 'PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID'
+    value: identityClientId
+  }
+]
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   name: planName
@@ -200,141 +380,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         allowedOrigins: corsAllowedOrigins
         supportCredentials: !empty(corsAllowedOrigins)
       }
-      appSettings: [
-        {
-          name: 'AzureWebJobsStorage__credential'
-          value: 'managedidentity'
-        }
-        {
-          name: 'AzureWebJobsStorage__clientId'
-          value: identityClientId
-        }
-        {
-          name: 'AzureWebJobsStorage__blobServiceUri'
-          value: 'https://${storageAccountName}.blob.${storageSuffix}'
-        }
-        {
-          name: 'AzureWebJobsStorage__queueServiceUri'
-          value: 'https://${storageAccountName}.queue.${storageSuffix}'
-        }
-        {
-          name: 'AzureWebJobsStorage__tableServiceUri'
-          value: 'https://${storageAccountName}.table.${storageSuffix}'
-        }
-        {
-          name: 'ServiceBusConnection__fullyQualifiedNamespace'
-          value: serviceBusFullyQualifiedNamespace
-        }
-        {
-          name: 'ServiceBusConnection__credential'
-          value: 'managedidentity'
-        }
-        {
-          name: 'ServiceBusConnection__clientId'
-          value: identityClientId
-        }
-        {
-          name: 'CLAIM_APPROVED_QUEUE'
-          value: queueName
-        }
-        {
-          name: 'PAYMENTS_STORE'
-          value: 'cosmos'
-        }
-        {
-          name: 'COSMOS_ENDPOINT'
-          value: cosmosEndpoint
-        }
-        {
-          name: 'COSMOS_DATABASE'
-          value: cosmosDatabaseName
-        }
-        {
-          name: 'COSMOS_CONTAINER'
-          value: cosmosContainerName
-        }
-        {
-          name: 'COSMOS_MANAGED_IDENTITY_CLIENT_ID'
-          value: identityClientId
-        }
-        {
-          name: 'INBOX_RETENTION_DAYS'
-          value: string(inboxRetentionDays)
-        }
-        {
-          name: 'CONSUMER_NAME'
-          value: consumerName
-        }
-        {
-          name: 'BANK_API_URL'
-          value: bankApiUrl
-        }
-        {
-          // Resolved by the platform from Key Vault; the value never appears in the template or the settings.
-          name: 'BANK_API_KEY'
-          value: '@Microsoft.KeyVault(SecretUri=${bankApiKeySecretUri})'
-        }
-        {
-          name: 'BANK_TIMEOUT_MS'
-          value: string(bankTimeoutMs)
-        }
-        {
-          name: 'BANK_KEY_WINDOW_HOURS'
-          value: string(bankKeyWindowHours)
-        }
-        {
-          name: 'RETRY_BUDGET_MS'
-          value: string(retryBudgetMs)
-        }
-        {
-          name: 'LEASE_MS'
-          value: string(leaseMs)
-        }
-        {
-          name: 'INFLIGHT_WAIT_MS'
-          value: string(inflightWaitMs)
-        }
-        {
-          name: 'MAX_DELIVERY_COUNT'
-          value: string(maxDeliveryCount)
-        }
-        {
-          name: 'RECONCILE_SCHEDULE'
-          value: reconcileSchedule
-        }
-        {
-          name: 'PURGE_SCHEDULE'
-          value: purgeSchedule
-        }
-        {
-          name: 'HTTP_AUTH'
-          value: httpAuth
-        }
-        {
-          name: 'IDEMPOTENCY_KEY_RETENTION_HOURS'
-          value: string(idempotencyKeyRetentionHours)
-        }
-        {
-          name: 'RECONCILE_MIN_AGE_MS'
-          value: string(reconcileMinAgeMs)
-        }
-        {
-          name: 'LOG_FORMAT'
-          value: 'json'
-        }
-        {
-          name: 'RUST_LIB_BACKTRACE'
-          value: '0'
-        }
-        {
-          name: 'APPLICATIONINSIGHTS_CONNECTION_STRING'
-          value: appInsightsConnectionString
-        }
-        {
-          name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
-          value: 'ClientId=${identityClientId};Authorization=AAD'
-        }
-      ]
+      appSettings: concat(commonSettings, usePostgres ? postgresSettings : cosmosSettings)
     }
     functionAppConfig: {
       deployment: {

@@ -15,12 +15,16 @@
 // firewall) apply to all of it.
 //
 // The NSG rules allow exactly the traffic the deployment needs:
-//   snet-app   out: 443 and 5671-5672 (Service Bus AMQP) to the private-endpoint
-//                   subnet; 443 to the internet (Entra ID tokens, the bank); in: nothing.
+//   snet-app   out: 443, 5671-5672 (Service Bus AMQP) and 5432 (PostgreSQL) to the
+//                   private-endpoint subnet; 443 to the internet (Entra ID tokens,
+//                   the bank); in: nothing.
 //   snet-pe    in:  443 from the virtual network (the app, the tools subnet and,
-//                   through peering, callers of the API); 5671-5672 from the app subnet.
-//   snet-tools out: 443 to the private-endpoint subnet and the internet (runner
-//                   agents, Entra ID, ARM); in: nothing.
+//                   through peering, callers of the API); 5671-5672 from the app
+//                   subnet; 5432 from the app and tools subnets.
+//   snet-tools out: 443 and 5432 to the private-endpoint subnet, 443 to the internet
+//                   (runner agents, Entra ID, ARM); in: nothing.
+// The 5432 rules do not depend on storeKind: with Cosmos DB no endpoint in snet-pe
+// listens on 5432, and the rules stay the same when a deployment moves to PostgreSQL.
 // Everything else is denied, inbound from the internet explicitly.
 
 @description('Virtual network name.')
@@ -150,6 +154,20 @@ resource appNsg 'Microsoft.Network/networkSecurityGroups@2024-05-01' = {
         }
       }
       {
+        name: 'allow-private-endpoints-postgres'
+        properties: {
+          description: 'storeKind postgres: the PostgreSQL server\'s private endpoint.'
+          priority: 120
+          direction: 'Outbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: appSubnetPrefix
+          sourcePortRange: '*'
+          destinationAddressPrefix: privateEndpointSubnetPrefix
+          destinationPortRange: '5432'
+        }
+      }
+      {
         name: 'allow-internet-https'
         properties: {
           description: 'Entra ID token requests and the bank payout API (HTTPS only).'
@@ -212,6 +230,34 @@ resource peNsg 'Microsoft.Network/networkSecurityGroups@2024-05-01' = {
           sourcePortRange: '*'
           destinationAddressPrefix: privateEndpointSubnetPrefix
           destinationPortRange: '5671-5672'
+        }
+      }
+      {
+        name: 'allow-app-postgres'
+        properties: {
+          description: 'storeKind postgres: the app to the PostgreSQL server.'
+          priority: 120
+          direction: 'Inbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: appSubnetPrefix
+          sourcePortRange: '*'
+          destinationAddressPrefix: privateEndpointSubnetPrefix
+          destinationPortRange: '5432'
+        }
+      }
+      {
+        name: 'allow-tools-postgres'
+        properties: {
+          description: 'storeKind postgres: operators on the jump host or runner (role set-up, claims-payments provision, psql).'
+          priority: 130
+          direction: 'Inbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: toolsSubnetPrefix
+          sourcePortRange: '*'
+          destinationAddressPrefix: privateEndpointSubnetPrefix
+          destinationPortRange: '5432'
         }
       }
       {
@@ -289,6 +335,20 @@ resource toolsNsg 'Microsoft.Network/networkSecurityGroups@2024-05-01' = {
           sourcePortRange: '*'
           destinationAddressPrefix: privateEndpointSubnetPrefix
           destinationPortRange: '443'
+        }
+      }
+      {
+        name: 'allow-private-endpoints-postgres'
+        properties: {
+          description: 'storeKind postgres: role set-up, claims-payments provision and psql against the server\'s private endpoint.'
+          priority: 110
+          direction: 'Outbound'
+          access: 'Allow'
+          protocol: 'Tcp'
+          sourceAddressPrefix: toolsSubnetPrefix
+          sourcePortRange: '*'
+          destinationAddressPrefix: privateEndpointSubnetPrefix
+          destinationPortRange: '5432'
         }
       }
       {

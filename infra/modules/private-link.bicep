@@ -1,5 +1,5 @@
 // One private endpoint with its private DNS zone: the zone (for example
-// privatelink.documents.azure.com), its link to the virtual network, the
+// privatelink.documents.azure.com or privatelink.postgres.database.azure.com), its link to the virtual network, the
 // endpoint in the private-endpoint subnet and the zone group that writes the
 // endpoint's A records into the zone. Every target service has its own zone,
 // so each call creates exactly one zone. In a landing zone (existingDnsZoneId
@@ -24,9 +24,10 @@ param vnetId string
 @description('Resource id of the service the endpoint connects to.')
 param targetResourceId string
 
-@description('Private link sub-resource: Sql, blob, queue, table, namespace, vault or sites.')
+@description('Private link sub-resource: Sql (Cosmos DB), postgresqlServer, blob, queue, table, namespace, vault or sites.')
 @allowed([
   'Sql'
+  'postgresqlServer'
   'blob'
   'queue'
   'table'

@@ -1,4 +1,7 @@
 // Least-privilege data-plane roles for the app's user-assigned identity.
+// PostgreSQL (storeKind postgres) has no Azure role for data: the identity is a
+// database role created in the server, with grants on the service's tables only
+// (docs/deploy.md, 4.6).
 // Every assignment names principalType so a freshly created identity does not
 // fail on directory replication delay.
 
@@ -14,7 +17,14 @@ param serviceBusNamespaceName string
 @description('Queue the trigger reads.')
 param queueName string
 
-@description('Cosmos DB account.')
+@description('cosmos: the Cosmos DB data role below. postgres: no Azure role; the database role is created in the server.')
+@allowed([
+  'cosmos'
+  'postgres'
+])
+param storeKind string
+
+@description('Cosmos DB account (storeKind cosmos; empty otherwise).')
 param cosmosAccountName string
 
 @description('Cosmos DB database the app reads and writes.')
@@ -50,7 +60,9 @@ resource queue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = {
   name: queueName
 }
 
-resource cosmos 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' existing = {
+var useCosmos = storeKind == 'cosmos'
+
+resource cosmos 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' existing = if (useCosmos) {
   name: cosmosAccountName
 }
 
@@ -120,7 +132,7 @@ resource metricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' =
 }
 
 // Cosmos DB data plane, scoped to the payments database only.
-resource cosmosData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-11-15' = {
+resource cosmosData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-11-15' = if (useCosmos) {
   parent: cosmos
   name: guid(cosmos.id, principalId, cosmosDataContributor, cosmosDatabaseName)
   properties: {
