@@ -432,3 +432,71 @@ async fn the_reconcile_timer_is_a_request_with_its_outcome_and_the_bank_lookup_u
         "{results:?}"
     );
 }
+
+/// An ingestion endpoint that accepts connections and never answers: every upload hangs
+/// until the exporter's timeout. Returns the connection string and how many connections
+/// it has taken.
+async fn hanging_endpoint() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(socket);
+        }
+    });
+    (
+        format!(
+            "InstrumentationKey=5e1d7c3a-0b4f-4c8e-9a2d-6f7e8d9c0b1a;IngestionEndpoint=http://{addr}/"
+        ),
+        accepted,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_never_answers_adds_no_latency() {
+    let (hanging, accepted) = hanging_endpoint().await;
+    let bank = FakeBank::start().await;
+    let bank_url = bank.url();
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &hanging),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    // A first delivery, then wait until its telemetry's upload hangs on the endpoint.
+    let body = claim_body(&common::new_claim(), "10.00");
+    let (status, answer) = deliver(&handler, &host_envelope(&body, "m-0", 1), None).await;
+    assert_eq!((status, outcome(&answer)), (200, "paid"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while accepted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no upload was tried");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // While it hangs (the exporter waits 10 s for an answer), every delivery answers at
+    // once: the export is off the request path.
+    let mut slowest = Duration::ZERO;
+    for i in 1..=20 {
+        let body = claim_body(&common::new_claim(), "10.00");
+        let started = std::time::Instant::now();
+        let (status, answer) =
+            deliver(&handler, &host_envelope(&body, &format!("m-{i}"), 1), None).await;
+        slowest = slowest.max(started.elapsed());
+        assert_eq!((status, outcome(&answer)), (200, "paid"));
+    }
+    assert!(
+        slowest < Duration::from_secs(3),
+        "a delivery waited {slowest:?} while the telemetry endpoint hung"
+    );
+    handler.kill();
+}
