@@ -6,6 +6,8 @@
 //! - [`chance`]: deterministic fault decisions from a seed;
 //! - [`fixtures`]: messages, deliveries, policies and consumers;
 //! - [`host`]: the invocation envelope the Functions host sends, built once;
+//! - [`ingestion`]: a local Application Insights ingestion endpoint;
+//! - [`otlp`]: a local OTLP/HTTP (protobuf) receiver;
 //! - [`process`]: the one way to start `<exe> serve` and the `cosmos-emulator` binary
 //!   (readiness, kill, stop, exit status, logs), for the tests, the simulator and the
 //!   benchmark;
@@ -22,6 +24,7 @@ pub mod chance;
 pub mod fixtures;
 pub mod host;
 pub mod ingestion;
+pub mod otlp;
 pub mod postgres;
 pub mod process;
 pub mod records;

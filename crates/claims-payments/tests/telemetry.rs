@@ -1,14 +1,17 @@
 //! Telemetry of the real binary, received by a local Application Insights ingestion
 //! endpoint (testkit::ingestion): one trace per delivery from the host's traceparent (or
 //! the producer's Diagnostic-Id) through the store to the bank, metrics with their
-//! dimensions, no secret; and an unreachable endpoint that changes no answer.
+//! dimensions, no secret; the same over OTLP (testkit::otlp); the Reconcile timer as a
+//! request of its own; and an unreachable endpoint that changes no answer.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use claims_payments_testkit::bank::BankFault;
 use claims_payments_testkit::bank::FakeBank;
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::ingestion::{operation_id, property, Ingestion};
+use claims_payments_testkit::otlp::{Otlp, SpanKind};
 use claims_payments_testkit::process::free_port;
 use claims_payments_testkit::service::{claim_body, host_envelope, outcome, Handler};
 use serde_json::{json, Value};
@@ -258,4 +261,243 @@ async fn an_unreachable_endpoint_changes_no_answer() {
     }
     let (status, again) = deliver(&exporting, &host_envelope(&body, "m-1", 3), None).await;
     assert_eq!((status, outcome(&again)), (200, "duplicate"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_otlp_one_delivery_is_one_trace_from_the_host_to_the_bank() {
+    let otlp = Otlp::start().await;
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let bank_url = bank.url();
+    let endpoint = otlp.endpoint();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("BANK_API_KEY", BANK_KEY),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ],
+    );
+    let claim = common::new_claim();
+    let body = claim_body(&claim, "310.00");
+    let trace = "5ce0e9a56015fec5aadfa328ae398115";
+    let host_span = "ab7f2a9c1d3e4f50";
+    let (status, answer) = deliver(
+        &handler,
+        &host_envelope(&body, "evt-otlp", 1),
+        Some(&format!("00-{trace}-{host_span}-01")),
+    )
+    .await;
+    assert_eq!((status, outcome(&answer)), (200, "paid"));
+    stop(handler).await;
+
+    // OTLP over HTTP, protobuf: the receiver decoded every upload.
+    let content_types = otlp.content_types();
+    assert!(
+        !content_types.is_empty(),
+        "nothing reached the OTLP endpoint"
+    );
+    assert!(
+        content_types.iter().all(|c| c == "application/x-protobuf"),
+        "{content_types:?}"
+    );
+
+    // The invocation: one server span under the host's trace, its parent the host's span.
+    let spans = otlp.spans_of(trace);
+    let servers: Vec<_> = spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Server)
+        .collect();
+    assert_eq!(servers.len(), 1, "{spans:#?}");
+    let request = servers[0];
+    assert_eq!(request.name, "ClaimApproved");
+    assert_eq!(request.parent_span_id, host_span);
+    assert_eq!(request.service_name, "claims-payments");
+    assert_eq!(request.attribute("claimId"), claim.as_str());
+    assert_eq!(request.attribute("messageId"), "evt-otlp");
+    assert_eq!(request.attribute("deliveryCount"), "1");
+    assert_eq!(request.attribute("outcome"), "paid");
+
+    // The bank call: a client span of the request, and the bank saw its trace and span.
+    let bank_calls: Vec<_> = spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Client && s.attribute("bank.operation") == "payout")
+        .collect();
+    assert_eq!(bank_calls.len(), 1, "{spans:#?}");
+    let bank_call = bank_calls[0];
+    assert_eq!(bank_call.parent_span_id, request.span_id);
+    assert_eq!(bank_call.attribute("bank.answer"), "success");
+    assert_eq!(
+        bank.traceparents(),
+        vec![Some(format!("00-{trace}-{}-01", bank_call.span_id))]
+    );
+    // The store calls too, under the same request.
+    assert!(
+        spans.iter().any(|s| s.kind == SpanKind::Client
+            && s.attribute("db.system.name") == "sqlite"
+            && s.parent_span_id == request.span_id),
+        "{spans:#?}"
+    );
+
+    // Metrics, with their dimensions.
+    let paid: f64 = otlp
+        .metric("claims_payments.outcomes")
+        .iter()
+        .filter(|p| p.attributes.get("outcome").map(String::as_str) == Some("paid"))
+        .map(|p| p.value)
+        .sum();
+    assert_eq!(paid, 1.0);
+
+    let text = otlp.text();
+    assert!(!text.contains(BANK_KEY), "the bank credential reached OTLP");
+    assert!(!text.contains(PAYEE), "the payee account reached OTLP");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconcile_timer_is_a_request_with_its_outcome_and_the_bank_lookup_under_it() {
+    let ingestion = Ingestion::start().await;
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let bank_url = bank.url();
+    let connection_string = ingestion.connection_string();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("BANK_KEY_WINDOW_MS", "1000"),
+            ("BANK_TIMEOUT_MS", "200"),
+            ("RETRY_BUDGET_MS", "5000"),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &connection_string),
+        ],
+    );
+    // A payout whose fate is unknown: the bank is down until the key window closes.
+    bank.always(Some(BankFault::Unavailable));
+    let body = claim_body(&common::new_claim(), "77.00");
+    let (status, answer) = deliver(&handler, &host_envelope(&body, "evt-rec", 1), None).await;
+    assert_eq!((status, outcome(&answer)), (200, "needs-reconciliation"));
+    bank.always(None);
+
+    // The timer, as the host invokes it, with the host's trace context.
+    let trace = "7d3f1b2c4e5a69788a9b0c1d2e3f4a5b";
+    let host_span = "1a2b3c4d5e6f7081";
+    let timer = json!({
+        "Data": {"timer": {"Schedule": {"AdjustForDST": true}, "IsPastDue": false}},
+        "Metadata": {"sys": {"MethodName": "Reconcile"}}
+    });
+    let answer: Value = reqwest::Client::new()
+        .post(handler.url("/Reconcile"))
+        .header("traceparent", format!("00-{trace}-{host_span}-01"))
+        .json(&timer)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["ReturnValue"]["outcome"], "reconciled", "{answer}");
+    stop(handler).await;
+    let items = ingestion.items();
+
+    // One request for the run, named after the function, with the summary's outcome.
+    let requests = items_of(&items, "RequestData", trace);
+    assert_eq!(requests.len(), 1, "{items:#?}");
+    let request = requests[0];
+    assert_eq!(request["data"]["baseData"]["name"], "Reconcile");
+    assert_eq!(request["tags"]["ai.operation.parentId"], host_span);
+    assert_eq!(request["data"]["baseData"]["responseCode"], "200");
+    assert_eq!(request["data"]["baseData"]["success"], true);
+    assert_eq!(property(request, "outcome"), "reconciled");
+    assert_eq!(property(request, "faas.trigger"), "timer");
+    let request_id = request["data"]["baseData"]["id"].as_str().unwrap();
+
+    // The bank lookup and the payout it settled with are its dependencies.
+    let dependencies = items_of(&items, "RemoteDependencyData", trace);
+    for operation in ["lookup", "payout"] {
+        let calls: Vec<_> = dependencies
+            .iter()
+            .filter(|d| property(d, "bank.operation") == operation)
+            .collect();
+        assert_eq!(calls.len(), 1, "{operation}: {dependencies:#?}");
+        assert_eq!(calls[0]["tags"]["ai.operation.parentId"], request_id);
+    }
+
+    // And the run's results, with their dimension.
+    let results = ingestion.metric("claims_payments.reconcile.results");
+    assert!(
+        results
+            .iter()
+            .any(|(v, p)| p["result"] == "paid-now" && *v >= 1.0),
+        "{results:?}"
+    );
+}
+
+/// An ingestion endpoint that accepts connections and never answers: every upload hangs
+/// until the exporter's timeout. Returns the connection string and how many connections
+/// it has taken.
+async fn hanging_endpoint() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(socket);
+        }
+    });
+    (
+        format!(
+            "InstrumentationKey=5e1d7c3a-0b4f-4c8e-9a2d-6f7e8d9c0b1a;IngestionEndpoint=http://{addr}/"
+        ),
+        accepted,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_never_answers_adds_no_latency() {
+    let (hanging, accepted) = hanging_endpoint().await;
+    let bank = FakeBank::start().await;
+    let bank_url = bank.url();
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &hanging),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    // A first delivery, then wait until its telemetry's upload hangs on the endpoint.
+    let body = claim_body(&common::new_claim(), "10.00");
+    let (status, answer) = deliver(&handler, &host_envelope(&body, "m-0", 1), None).await;
+    assert_eq!((status, outcome(&answer)), (200, "paid"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while accepted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no upload was tried");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // While it hangs (the exporter waits 10 s for an answer), every delivery answers at
+    // once: the export is off the request path.
+    let mut slowest = Duration::ZERO;
+    for i in 1..=20 {
+        let body = claim_body(&common::new_claim(), "10.00");
+        let started = std::time::Instant::now();
+        let (status, answer) =
+            deliver(&handler, &host_envelope(&body, &format!("m-{i}"), 1), None).await;
+        slowest = slowest.max(started.elapsed());
+        assert_eq!((status, outcome(&answer)), (200, "paid"));
+    }
+    eprintln!("slowest delivery while the endpoint hung: {slowest:?}");
+    assert!(
+        slowest < Duration::from_secs(3),
+        "a delivery waited {slowest:?} while the telemetry endpoint hung"
+    );
+    handler.kill();
 }
