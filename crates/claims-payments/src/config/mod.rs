@@ -178,15 +178,9 @@ fn store_settings(
         }
     };
     let store = if store == "cosmos" {
-        StoreSettings::Cosmos(Box::new(
-            CosmosSettings::from_lookup(lookup)
-                .map_err(|e| ConfigError::new(e.setting, e.problem))?,
-        ))
+        StoreSettings::Cosmos(Box::new(CosmosSettings::from_lookup(lookup)?))
     } else if store == "postgres" {
-        StoreSettings::Postgres(Box::new(
-            PostgresSettings::from_lookup(lookup)
-                .map_err(|e| ConfigError::new(e.setting, e.problem))?,
-        ))
+        StoreSettings::Postgres(Box::new(PostgresSettings::from_lookup(lookup)?))
     } else {
         StoreSettings::Sqlite {
             path: PathBuf::from(

@@ -25,4 +25,4 @@ pub use container::{
     container_definition, container_definition_json, container_properties, provision,
     provision_with_client, verify_container_properties, ProvisionReport,
 };
-pub use settings::{CosmosAuth, CosmosSettings, InvalidSetting};
+pub use settings::{CosmosAuth, CosmosSettings};

@@ -33,29 +33,13 @@ use azure_identity::{
 };
 use base64::Engine;
 
+use crate::config::error::ConfigError;
 use crate::config::names;
 
 /// The container name used by default and in `infra/cosmos-container.json`.
 pub const DEFAULT_CONTAINER: &str = "payments";
 /// The database name used by default.
 pub const DEFAULT_DATABASE: &str = "payments";
-
-/// A setting with an invalid (or missing) value. Names the setting, never echoes a secret.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{setting}: {problem}")]
-pub struct InvalidSetting {
-    pub setting: &'static str,
-    pub problem: String,
-}
-
-impl InvalidSetting {
-    fn new(setting: &'static str, problem: impl Into<String>) -> Self {
-        InvalidSetting {
-            setting,
-            problem: problem.into(),
-        }
-    }
-}
 
 /// How the service authenticates to Cosmos DB.
 #[derive(Clone, PartialEq, Eq)]
@@ -120,7 +104,7 @@ impl CosmosSettings {
 
     /// Reads the settings through `lookup` (the environment, or a map in tests). Empty
     /// values count as unset, since app settings cannot always be removed.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, InvalidSetting> {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |name: &str| {
             lookup(name)
                 .map(|v| v.trim().to_owned())
@@ -128,7 +112,7 @@ impl CosmosSettings {
         };
 
         let endpoint = get(names::COSMOS_ENDPOINT).ok_or_else(|| {
-            InvalidSetting::new(names::COSMOS_ENDPOINT, "is required when PAYMENTS_STORE=cosmos (e.g. https://<account>.documents.azure.com:443/)")
+            ConfigError::new(names::COSMOS_ENDPOINT, "is required when PAYMENTS_STORE=cosmos (e.g. https://<account>.documents.azure.com:443/)")
         })?;
         let emulator_host = get(names::AZURE_COSMOS_EMULATOR_HOST);
         let endpoint = parse_endpoint(&endpoint, emulator_host.as_deref())?;
@@ -142,7 +126,7 @@ impl CosmosSettings {
         let client_id = get(names::COSMOS_MANAGED_IDENTITY_CLIENT_ID);
         if let Some(id) = &client_id {
             uuid::Uuid::try_parse(id).map_err(|_| {
-                InvalidSetting::new(
+                ConfigError::new(
                     names::COSMOS_MANAGED_IDENTITY_CLIENT_ID,
                     format!("{id:?} is not a client id (a GUID)"),
                 )
@@ -152,7 +136,7 @@ impl CosmosSettings {
             Some(key) => {
                 let decoded = base64::engine::general_purpose::STANDARD.decode(key.as_bytes());
                 if !decoded.is_ok_and(|bytes| !bytes.is_empty()) {
-                    return Err(InvalidSetting::new(
+                    return Err(ConfigError::new(
                         names::COSMOS_KEY,
                         "is not a base64 account key (copy the primary key of the account, or the emulator's key)",
                     ));
@@ -289,15 +273,15 @@ pub fn operation_options() -> OperationOptions {
         .build()
 }
 
-fn parse_endpoint(raw: &str, emulator_host: Option<&str>) -> Result<Url, InvalidSetting> {
+fn parse_endpoint(raw: &str, emulator_host: Option<&str>) -> Result<Url, ConfigError> {
     let url = Url::parse(raw).map_err(|e| {
-        InvalidSetting::new(
+        ConfigError::new(
             names::COSMOS_ENDPOINT,
             format!("{raw:?} is not a URL ({e})"),
         )
     })?;
     if url.host_str().is_none_or(str::is_empty) {
-        return Err(InvalidSetting::new(
+        return Err(ConfigError::new(
             names::COSMOS_ENDPOINT,
             format!("{raw:?} has no host"),
         ));
@@ -306,7 +290,7 @@ fn parse_endpoint(raw: &str, emulator_host: Option<&str>) -> Result<Url, Invalid
         "https" => {}
         "http" if is_emulator_host(&url, emulator_host) => {}
         "http" => {
-            return Err(InvalidSetting::new(
+            return Err(ConfigError::new(
                 names::COSMOS_ENDPOINT,
                 format!(
                     "{raw:?} uses http://, which is allowed only for an emulator on loopback or on the \
@@ -315,14 +299,14 @@ fn parse_endpoint(raw: &str, emulator_host: Option<&str>) -> Result<Url, Invalid
             ))
         }
         other => {
-            return Err(InvalidSetting::new(
+            return Err(ConfigError::new(
                 names::COSMOS_ENDPOINT,
                 format!("{raw:?} has scheme {other:?}; expected https (or http for an emulator)"),
             ))
         }
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(InvalidSetting::new(
+        return Err(ConfigError::new(
             names::COSMOS_ENDPOINT,
             "must not carry credentials; use COSMOS_KEY",
         ));
@@ -339,18 +323,15 @@ fn is_emulator_host(url: &Url, emulator_host: Option<&str>) -> bool {
 }
 
 /// Database and container ids: 1 to 255 characters, none of `/ \ ? #`, no trailing space.
-fn validate_name(setting: &'static str, name: &str) -> Result<(), InvalidSetting> {
+fn validate_name(setting: &'static str, name: &str) -> Result<(), ConfigError> {
     if name.chars().count() > 255 {
-        return Err(InvalidSetting::new(
-            setting,
-            "is longer than 255 characters",
-        ));
+        return Err(ConfigError::new(setting, "is longer than 255 characters"));
     }
     if let Some(bad) = name
         .chars()
         .find(|c| matches!(c, '/' | '\\' | '?' | '#') || c.is_control())
     {
-        return Err(InvalidSetting::new(
+        return Err(ConfigError::new(
             setting,
             format!("{name:?} contains {bad:?}, which Cosmos DB does not allow in a name"),
         ));
@@ -364,7 +345,7 @@ mod tests {
 
     use super::*;
 
-    fn settings(pairs: &[(&str, &str)]) -> Result<CosmosSettings, InvalidSetting> {
+    fn settings(pairs: &[(&str, &str)]) -> Result<CosmosSettings, ConfigError> {
         let map: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -468,7 +449,10 @@ mod tests {
         for (pairs, setting) in cases {
             let err = settings(pairs).expect_err(setting);
             assert_eq!(err.setting, *setting, "{err}");
-            assert!(err.to_string().starts_with(setting), "{err}");
+            assert!(
+                err.to_string().contains(&format!("setting {setting}:")),
+                "{err}"
+            );
         }
         let bad_key = settings(&[
             ("COSMOS_ENDPOINT", "https://localhost/"),

@@ -39,7 +39,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 pub use schema::{check_schema, provision, SchemaReport, EXPECTED_SCHEMA_VERSION};
-pub use settings::{EntraIdentity, InvalidSetting, PostgresAuth, PostgresSettings};
+pub use settings::{EntraIdentity, PostgresAuth, PostgresSettings};
 
 use super::{
     AttemptId, ClaimResult, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult,

@@ -22,6 +22,7 @@ use std::time::Duration;
 use reqwest::Url;
 use tokio_postgres::config::{Host, SslMode};
 
+use crate::config::error::ConfigError;
 use crate::config::names;
 
 /// How the service logs in to PostgreSQL.
@@ -70,23 +71,6 @@ impl PostgresAuth {
     }
 }
 
-/// A setting with an invalid (or missing) value. Names the setting, never echoes its value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{setting}: {problem}")]
-pub struct InvalidSetting {
-    pub setting: &'static str,
-    pub problem: String,
-}
-
-impl InvalidSetting {
-    fn new(setting: &'static str, problem: impl Into<String>) -> Self {
-        InvalidSetting {
-            setting,
-            problem: problem.into(),
-        }
-    }
-}
-
 /// Where and how to reach the database. `Debug` shows no password (tokio-postgres redacts it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PostgresSettings {
@@ -108,14 +92,14 @@ pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(15);
 impl PostgresSettings {
     /// Reads the settings through `lookup` (the environment, or a map in tests). Empty
     /// values count as unset.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, InvalidSetting> {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |name: &str| {
             lookup(name)
                 .map(|v| v.trim().to_owned())
                 .filter(|v| !v.is_empty())
         };
         let url = get(names::PAYMENTS_POSTGRES_URL).ok_or_else(|| {
-            InvalidSetting::new(
+            ConfigError::new(
                 names::PAYMENTS_POSTGRES_URL,
                 "is required when PAYMENTS_STORE=postgres \
                  (postgresql://user@host:5432/dbname?sslmode=require)",
@@ -129,7 +113,7 @@ impl PostgresSettings {
                 let client_id = get(names::PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID);
                 if let Some(id) = &client_id {
                     uuid::Uuid::try_parse(id).map_err(|_| {
-                        InvalidSetting::new(
+                        ConfigError::new(
                             names::PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID,
                             "is not a client id (a GUID); the value is not shown",
                         )
@@ -146,7 +130,7 @@ impl PostgresSettings {
                 PostgresAuth::Entra(identity)
             }
             Some(_) => {
-                return Err(InvalidSetting::new(
+                return Err(ConfigError::new(
                     names::PAYMENTS_POSTGRES_AUTH,
                     "is not an authentication; use password or entra",
                 ))
@@ -154,14 +138,14 @@ impl PostgresSettings {
         };
         if matches!(auth, PostgresAuth::Entra(_)) {
             if config.get_password().is_some() {
-                return Err(InvalidSetting::new(
+                return Err(ConfigError::new(
                     names::PAYMENTS_POSTGRES_URL,
                     "carries a password, but PAYMENTS_POSTGRES_AUTH=entra logs in with an Entra \
                      token; remove the password from the URI (the value is not shown)",
                 ));
             }
             if config.get_user().is_none() {
-                return Err(InvalidSetting::new(
+                return Err(ConfigError::new(
                     names::PAYMENTS_POSTGRES_URL,
                     "names no user; with PAYMENTS_POSTGRES_AUTH=entra the user is the Entra \
                      principal's name as created in the server (for a managed identity: its name)",
@@ -169,7 +153,7 @@ impl PostgresSettings {
             }
         }
         if config.get_dbname().is_none() {
-            return Err(InvalidSetting::new(
+            return Err(ConfigError::new(
                 names::PAYMENTS_POSTGRES_URL,
                 "names no database (postgresql://user@host:5432/dbname)",
             ));
@@ -187,7 +171,7 @@ impl PostgresSettings {
     }
 
     /// Settings for a test server on loopback (no TLS, password auth).
-    pub fn from_url(url: &str) -> Result<Self, InvalidSetting> {
+    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
         Self::from_lookup(|name| (name == names::PAYMENTS_POSTGRES_URL).then(|| url.to_owned()))
     }
 
@@ -223,16 +207,16 @@ impl PostgresSettings {
 
 /// Parses the libpq URI and decides TLS. `sslmode` is taken out before tokio-postgres
 /// parses the rest, since it knows only disable/prefer/require.
-fn parse_url(value: &str) -> Result<tokio_postgres::Config, InvalidSetting> {
+fn parse_url(value: &str) -> Result<tokio_postgres::Config, ConfigError> {
     let setting = names::PAYMENTS_POSTGRES_URL;
     let mut url = Url::parse(value).map_err(|e| {
-        InvalidSetting::new(
+        ConfigError::new(
             setting,
             format!("is not a URI ({e}); expected postgresql://user@host:5432/dbname; the value is not shown"),
         )
     })?;
     if !matches!(url.scheme(), "postgres" | "postgresql") {
-        return Err(InvalidSetting::new(
+        return Err(ConfigError::new(
             setting,
             "must be a postgresql:// URI; the value is not shown",
         ));
@@ -256,13 +240,13 @@ fn parse_url(value: &str) -> Result<tokio_postgres::Config, InvalidSetting> {
     }
     let mut config = tokio_postgres::Config::from_str(url.as_str()).map_err(|e| {
         // tokio-postgres names the option, never its value.
-        InvalidSetting::new(
+        ConfigError::new(
             setting,
             format!("cannot be parsed: {e}; the value is not shown"),
         )
     })?;
     if config.get_hosts().is_empty() {
-        return Err(InvalidSetting::new(
+        return Err(ConfigError::new(
             setting,
             "names no host; the value is not shown",
         ));
@@ -272,7 +256,7 @@ fn parse_url(value: &str) -> Result<tokio_postgres::Config, InvalidSetting> {
         None if local => SslMode::Disable,
         None | Some("require" | "verify-ca" | "verify-full") => SslMode::Require,
         Some(mode @ ("disable" | "prefer" | "allow")) if !local => {
-            return Err(InvalidSetting::new(
+            return Err(ConfigError::new(
                 setting,
                 format!(
                     "sslmode={mode} is refused for a host that is not loopback: the password or \
@@ -284,7 +268,7 @@ fn parse_url(value: &str) -> Result<tokio_postgres::Config, InvalidSetting> {
         Some("disable") => SslMode::Disable,
         Some("prefer" | "allow") => SslMode::Prefer,
         Some(_) => {
-            return Err(InvalidSetting::new(
+            return Err(ConfigError::new(
                 setting,
                 "has an unknown sslmode; use require (or disable on loopback)",
             ))
@@ -311,12 +295,12 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn settings(pairs: &[(&str, &str)]) -> Result<PostgresSettings, InvalidSetting> {
+    fn settings(pairs: &[(&str, &str)]) -> Result<PostgresSettings, ConfigError> {
         let map: HashMap<&str, &str> = pairs.iter().copied().collect();
         PostgresSettings::from_lookup(|k| map.get(k).map(|v| v.to_string()))
     }
 
-    fn url(value: &str) -> Result<PostgresSettings, InvalidSetting> {
+    fn url(value: &str) -> Result<PostgresSettings, ConfigError> {
         settings(&[("PAYMENTS_POSTGRES_URL", value)])
     }
 
