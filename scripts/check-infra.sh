@@ -433,13 +433,23 @@ PY
 # run_checkov PROFILE [PARAM_FILE [LABEL]]: render, scan, and judge against the profile's
 # accepted findings in infra/checkov-skips.txt (they hold for both store kinds). Prints
 # every passed check and every accepted failure with its reason.
-run_checkov() {
-  local profile="$1" params="${2:-${PARAM_FILE[$1]}}" label="${3:-$1}"
+# scan_checkov PARAM_FILE LABEL: render and scan only (what takes the time), so that
+# several scans can run at once; run_checkov then judges a finished scan.
+scan_checkov() {
+  local params="$1" label="$2"
   local out="$WORK/checkov-$label.json" rendered="$WORK/rendered-$label"
-  "$PY" "$WORK/render_profile.py" infra "$params" "$rendered" || return 1
+  "$PY" "$WORK/render_profile.py" infra "$params" "$rendered" >"$WORK/render-$label.log" 2>&1 || return 1
   # checkov exits 1 when a check fails; the verdict is ours (accepted findings), so ignore its code.
   BC_SKIP_MAPPING=TRUE "$VENV/bin/checkov" -d "$rendered" --framework bicep --skip-download --compact \
     -o json >"$out" 2>"$WORK/checkov-$label.err" || true
+  touch "$WORK/checkov-$label.scanned"
+}
+run_checkov() {
+  local profile="$1" params="${2:-${PARAM_FILE[$1]}}" label="${3:-$1}"
+  local out="$WORK/checkov-$label.json"
+  if [[ ! -e "$WORK/checkov-$label.scanned" ]]; then
+    scan_checkov "$params" "$label" || { cat "$WORK/render-$label.log"; return 1; }
+  fi
   "$PY" - "$out" infra/checkov-skips.txt "$profile" <<'PY'
 import json, re, sys
 from pathlib import Path
@@ -496,6 +506,16 @@ PY
 # checkov has no check of its own for Microsoft.DBforPostgreSQL/flexibleServers (its
 # PostgreSQL checks are for the retired single server, Microsoft.DBforPostgreSQL/servers);
 # the server's contract is checked by scripts/check_profile.py store below.
+# The scans first, two at a time (checkov is single-threaded; CI has two cores).
+scans=()
+for profile in "${PROFILES[@]}"; do
+  for store in "${STORES[@]}"; do
+    scan_checkov "$(store_file "$profile" "$store")" "$profile-$store" &
+    scans+=($!)
+    if (( ${#scans[@]} % 2 == 0 )); then wait "${scans[@]: -2}" || true; fi
+  done
+done
+wait "${scans[@]}" 2>/dev/null || true
 for profile in "${PROFILES[@]}"; do
   for store in "${STORES[@]}"; do
     params="$(store_file "$profile" "$store")"

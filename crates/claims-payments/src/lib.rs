@@ -3,21 +3,24 @@
 //!
 //! Layout, from the wire inwards:
 //! - [`startup`]: the composition root (settings -> store -> consumer -> router -> server);
-//! - [`http`]: routing, and what every route shares (body limits, answers);
-//! - [`functions`]: one module per function of the app (`ClaimApproved`, `Payments`,
-//!   `Reconcile`), mirroring `function-app/`;
+//! - [`functions`]: the router, and one module per function of the app (`ClaimApproved`,
+//!   `Payments`, `Reconcile`, `Purge`), mirroring `function-app/`;
+//! - [`http`]: what every route shares (body limits, reading a body, the host's answer);
 //! - [`host`]: the custom-handler protocol (invocation envelope in, JSON answer out);
 //! - [`message`]: the `ClaimApproved` contract and its domain types;
 //! - [`payments_api`]: `POST /api/payments` with an Idempotency-Key, on the same engine;
 //! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
 //! - [`idempotency`]: leases on inbox records, the one takeover rule every path follows;
-//! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB);
+//! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB, PostgreSQL);
 //! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget, lookups);
 //! - [`reconcile`]: settles unknown and orphaned payouts by asking the bank;
-//! - [`config`] and [`telemetry`]: settings from the environment, logs and counters;
-//! - [`cli`]: the operator commands (`ledger`, `inbox`, `purge`).
+//! - [`config`]: settings from the environment, one parser per group;
+//! - [`telemetry`]: logs, counters, OpenTelemetry traces and metrics;
+//! - [`cli`]: the operator commands (`ledger`, `inbox`, `provision`, `purge`, `reconcile`).
 //!
-//! The simulator, the benchmark and the baselines are in `crates/claims-payments-dev`.
+//! Each module imports only from the layers below it (`tests/architecture.rs` holds the
+//! layers and fails on an import that goes up). The simulator, the benchmark and the
+//! baselines are in `crates/claims-payments-dev`.
 
 pub mod bank;
 pub mod cli;

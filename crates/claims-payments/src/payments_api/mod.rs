@@ -23,6 +23,11 @@
 //!    same outcomes; the tag says which caller created the payment);
 //! 3. store the answer in the key record (conditional on our lease) and send it.
 //!
+//! The key record's lease is an [`idempotency::Lease`], taken and given back by the same
+//! rule as a delivery's. The consumer hands back the payment it wrote, so the answer is
+//! built without reading it again: a new key costs three store round trips in ledger-only
+//! mode (key record, claim, stored answer) and four with a payout (plus the finalize).
+//!
 //! Steps 1 to 3 run on a task of their own, which the request awaits: a client that
 //! disconnects drops only the wait, never the payment half-way.
 //!

@@ -12,7 +12,8 @@
 //! - [`settings`]: `COSMOS_*` settings, key or Entra ID auth, client construction;
 //! - [`adapter`]: [`CosmosStore`], the [`Store`](crate::store::Store) implementation.
 //!
-//! The SDK's in-process emulator, for tests and local runs, is in `claims-payments-testkit`.
+//! The SDK's in-process emulator, for tests and local runs, is served by
+//! `claims-payments-dev` (its `cosmos-emulator` binary; the testkit starts it).
 
 pub mod adapter;
 pub mod container;
