@@ -14,7 +14,8 @@
 //! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB, PostgreSQL);
 //! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget, lookups);
 //! - [`reconcile`]: settles unknown and orphaned payouts by asking the bank;
-//! - [`config`]: settings from the environment, one parser per group;
+//! - [`setting`]: setting names and the one settings error, below every reader;
+//! - [`config`]: settings from the environment, composed from each module's parser;
 //! - [`telemetry`]: logs, counters, OpenTelemetry traces and metrics;
 //! - [`cli`]: the operator commands (`ledger`, `inbox`, `provision`, `purge`, `reconcile`).
 //!
@@ -33,6 +34,7 @@ pub mod idempotency;
 pub mod message;
 pub mod payments_api;
 pub mod reconcile;
+pub mod setting;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

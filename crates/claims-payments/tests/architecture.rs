@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top. A module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
-    // The vocabulary: the message contract and its domain types, setting names.
-    &["message", "config::names", "config::error"],
+    // The vocabulary: the message contract and its domain types, setting names and errors.
+    &["message", "setting"],
     // Logs, counters, metrics and spans: used everywhere, knows only the vocabulary.
     &["telemetry"],
     // The ports and adapters: the host's protocol, the store, the bank.
@@ -150,7 +150,7 @@ fn the_reference_reader_sees_groups_and_paths() {
     let code = "use crate::store::{A, B};\nuse crate::{message, config::names};\nlet x = crate::bank::pay();\n#[cfg(test)]\nuse crate::cli;";
     let found: Vec<String> = references(code).into_iter().collect();
     assert_eq!(found, ["bank::pay", "config::names", "message", "store"]);
-    assert_eq!(node_of("config::names"), Some("config::names"));
+    assert_eq!(node_of("setting::names"), Some("setting"));
     assert_eq!(node_of("config::Settings"), Some("config"));
     assert_eq!(node_of("store::cosmos::settings"), Some("store"));
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 use reqwest::Url;
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::config::error::{millis, parse_u64, ConfigError};
-use crate::config::names;
+use crate::setting::names;
+use crate::setting::{millis, parse_u64, ConfigError};
 
 /// Where payouts go. Absent: ledger-only mode (payments are recorded, no bank is called).
 #[derive(Debug, Clone)]

@@ -11,10 +11,9 @@ use crate::store::cosmos::CosmosSettings;
 use crate::store::postgres::PostgresSettings;
 use crate::telemetry::LogFormat;
 
-pub mod error;
-pub mod names;
-
-pub use error::{millis, parse_u64, ConfigError};
+// The names and the error live below every module that reads a setting; re-exported
+// here because the dev crate and the tests read them through `config`.
+pub use crate::setting::{millis, names, parse_u64, ConfigError};
 
 /// Where the guard lives (`PAYMENTS_STORE`), with what that store needs.
 #[derive(Debug, Clone, PartialEq)]

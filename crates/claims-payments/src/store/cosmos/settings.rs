@@ -33,8 +33,8 @@ use azure_identity::{
 };
 use base64::Engine;
 
-use crate::config::error::ConfigError;
-use crate::config::names;
+use crate::setting::names;
+use crate::setting::ConfigError;
 
 /// The container name used by default and in `infra/cosmos-container.json`.
 pub const DEFAULT_CONTAINER: &str = "payments";

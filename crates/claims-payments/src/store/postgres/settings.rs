@@ -22,8 +22,8 @@ use std::time::Duration;
 use reqwest::Url;
 use tokio_postgres::config::{Host, SslMode};
 
-use crate::config::error::ConfigError;
-use crate::config::names;
+use crate::setting::names;
+use crate::setting::ConfigError;
 
 /// How the service logs in to PostgreSQL.
 #[derive(Clone, PartialEq, Eq)]
