@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments::bank::BankClient;
-use claims_payments::config::BankSettings;
-use claims_payments::consumer::{Consumer, CrashHook, Delivery, Policy, Step};
+use claims_payments::bank::BankSettings;
+use claims_payments::consumer::{Consumer, Delivery, Policy};
 use claims_payments::message::{ClaimApproved, MessageId};
+use claims_payments::seams::{CrashHook, Step};
 use claims_payments::store::DynStore;
 
 use crate::bank::FakeBank;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use claims_payments::consumer::OutcomeKind;
+use claims_payments::message::OutcomeKind;
 use claims_payments::message::{ClaimApproved, MessageId, Purpose};
 use claims_payments::store::{
     AttemptId, ClaimResult, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus, Version,

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use claims_payments::store::sqlite::SyncHook;
+use claims_payments::seams::SyncHook;
 
 #[derive(Default)]
 pub struct SyncGate {

@@ -25,24 +25,24 @@ use crate::store::{DynStore, InboxRecord, PaymentRecord};
 pub struct ListArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// At most this many rows.
     #[arg(long, default_value_t = 1000)]
-    pub limit: usize,
+    pub(crate) limit: usize,
 }
 
 #[derive(clap::Args)]
 pub struct ReconcileArgs {
     /// One JSON object: the lines and the summary.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Ask the bank and report what would be done; write nothing, pay nothing.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// Only in_progress payments whose lease ran out longer ago than this (30s, 15m, 2h;
     /// at most 10 years). Default: RECONCILE_MIN_AGE_MS (three leases).
     #[arg(long, value_parser = parse_min_age)]
-    pub older_than: Option<std::time::Duration>,
+    pub(crate) older_than: Option<std::time::Duration>,
 }
 
 /// `--older-than`: a human duration no longer than [`reconcile::MAX_MIN_AGE`], so no
@@ -62,7 +62,7 @@ fn parse_min_age(text: &str) -> Result<std::time::Duration, String> {
 /// `reconcile`'s exit code when something is still open (unknown, mismatched, skipped,
 /// not examined). 0: all settled; 1: cannot run (store, bank URL, a failure); 2: usage
 /// or an invalid setting.
-pub const EXIT_OPEN_ITEMS: u8 = 3;
+pub(crate) const EXIT_OPEN_ITEMS: u8 = 3;
 
 /// The commands an operator runs against the configured store.
 #[derive(clap::Subcommand)]
@@ -172,17 +172,17 @@ fn rfc3339(t: OffsetDateTime) -> String {
 /// One ledger line, as `ledger --json` prints it.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct LedgerLine {
-    pub claim_id: String,
-    pub amount: String,
-    pub currency: String,
-    pub status: &'static str,
-    pub message_id: String,
-    pub bank_payment_id: Option<String>,
-    pub tenant_id: Option<String>,
-    pub status_reason: Option<String>,
-    pub created_at: String,
-    pub updated_at: String,
+pub(crate) struct LedgerLine {
+    pub(crate) claim_id: String,
+    pub(crate) amount: String,
+    pub(crate) currency: String,
+    pub(crate) status: &'static str,
+    pub(crate) message_id: String,
+    pub(crate) bank_payment_id: Option<String>,
+    pub(crate) tenant_id: Option<String>,
+    pub(crate) status_reason: Option<String>,
+    pub(crate) created_at: String,
+    pub(crate) updated_at: String,
 }
 
 impl From<&PaymentRecord> for LedgerLine {
@@ -205,20 +205,20 @@ impl From<&PaymentRecord> for LedgerLine {
 /// One inbox line, as `inbox --json` prints it.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct InboxLine {
-    pub consumer: String,
-    pub claim_id: String,
-    pub message_id: String,
-    pub status: &'static str,
-    pub outcome: Option<String>,
-    pub owner: String,
-    pub lease_until: Option<String>,
-    pub first_delivery_count: u32,
-    pub last_delivery_count: u32,
-    pub payload_hash: String,
-    pub created_at: String,
-    pub updated_at: String,
-    pub expires_at: String,
+pub(crate) struct InboxLine {
+    pub(crate) consumer: String,
+    pub(crate) claim_id: String,
+    pub(crate) message_id: String,
+    pub(crate) status: &'static str,
+    pub(crate) outcome: Option<String>,
+    pub(crate) owner: String,
+    pub(crate) lease_until: Option<String>,
+    pub(crate) first_delivery_count: u32,
+    pub(crate) last_delivery_count: u32,
+    pub(crate) payload_hash: String,
+    pub(crate) created_at: String,
+    pub(crate) updated_at: String,
+    pub(crate) expires_at: String,
 }
 
 impl From<&InboxRecord> for InboxLine {
@@ -246,7 +246,7 @@ impl From<&InboxRecord> for InboxLine {
 /// Rust escapes (`\u{1b}`, `\n`, `\u{202e}`), and a backslash as `\\` so an escape
 /// in the output always stands for one character. Everything else, accents included, is
 /// left as it is.
-pub fn printable(s: &str) -> Cow<'_, str> {
+pub(crate) fn printable(s: &str) -> Cow<'_, str> {
     fn needs_escape(c: char) -> bool {
         c.is_control()
             || c == '\\'
@@ -305,7 +305,7 @@ fn print_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> s
     Ok(())
 }
 
-pub async fn ledger(
+pub(crate) async fn ledger(
     store: &DynStore,
     json: bool,
     limit: usize,
@@ -349,7 +349,7 @@ pub async fn ledger(
     Ok(())
 }
 
-pub async fn inbox(
+pub(crate) async fn inbox(
     store: &DynStore,
     json: bool,
     limit: usize,
@@ -395,7 +395,7 @@ pub async fn inbox(
     Ok(())
 }
 
-pub async fn purge(store: &DynStore, out: &mut impl Write) -> anyhow::Result<()> {
+pub(crate) async fn purge(store: &DynStore, out: &mut impl Write) -> anyhow::Result<()> {
     let removed = store.purge_expired(OffsetDateTime::now_utc(), 500).await?;
     writeln!(out, "purged {removed} expired inbox record(s)")?;
     Ok(())

@@ -29,8 +29,8 @@ pub(crate) const TRIGGER_BINDING: &str = "msg";
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {problem}")]
 pub struct EnvelopeError {
-    pub field: String,
-    pub problem: String,
+    pub(crate) field: String,
+    pub(crate) problem: String,
 }
 
 impl EnvelopeError {
@@ -169,10 +169,10 @@ pub struct Invocation {
     pub delivery_count: u32,
     /// Top-level body fields that may have overwritten Service Bus metadata on the way
     /// (only possible when the body did not arrive as base64).
-    pub shadowed_metadata: Vec<String>,
+    pub(crate) shadowed_metadata: Vec<String>,
     /// The message's `Diagnostic-Id` application property: the producer's trace context
     /// (a W3C `traceparent` value), set by Service Bus SDKs on send.
-    pub diagnostic_id: Option<String>,
+    pub(crate) diagnostic_id: Option<String>,
 }
 
 /// `Diagnostic-Id` from an application-properties object (a real JSON object in
@@ -349,13 +349,13 @@ impl Invocation {
 
 /// The answer body the host expects.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct InvocationResult {
+pub(crate) struct InvocationResult {
     #[serde(rename = "Outputs")]
-    pub outputs: serde_json::Map<String, serde_json::Value>,
+    pub(crate) outputs: serde_json::Map<String, serde_json::Value>,
     #[serde(rename = "Logs")]
-    pub logs: Vec<String>,
+    pub(crate) logs: Vec<String>,
     #[serde(rename = "ReturnValue")]
-    pub return_value: serde_json::Value,
+    pub(crate) return_value: serde_json::Value,
 }
 
 /// The machine-readable summary carried in `ReturnValue` (the host ignores it without a
@@ -371,7 +371,7 @@ pub struct OutcomeSummary {
 }
 
 impl InvocationResult {
-    pub fn new(summary: OutcomeSummary) -> Self {
+    pub(crate) fn new(summary: OutcomeSummary) -> Self {
         let mut logs = vec![format!("outcome: {}", summary.outcome)];
         let mut facts = Vec::new();
         if let Some(c) = &summary.claim_id {

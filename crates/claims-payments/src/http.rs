@@ -12,18 +12,18 @@ use axum::Json;
 use crate::host::{InvocationResult, OutcomeSummary};
 
 /// Service Bus messages are at most 256 KB (Standard) and base64 adds a third.
-pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// A connection must deliver its request headers within this time. The host sends
 /// them at once; a caller that trickles them is cut off instead of holding a socket.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The whole request body must arrive within this time after the headers.
-pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Whether a request body is one this service reads: JSON (`application/json`, or
 /// `application/<something>+json`), UTF-8 if a charset is named, and not content-coded
 /// (nothing here decompresses: a gzip body would be refused as "not JSON" at best).
 /// `Err` is the problem's detail, for a 415.
-pub fn json_request(headers: &HeaderMap) -> Result<(), String> {
+pub(crate) fn json_request(headers: &HeaderMap) -> Result<(), String> {
     let mut types = headers.get_all(header::CONTENT_TYPE).iter();
     let content_type = match (types.next(), types.next()) {
         (None, _) => return Err("Content-Type is missing; send application/json".into()),

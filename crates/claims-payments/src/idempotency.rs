@@ -19,14 +19,14 @@ use crate::store::{
 
 /// How long a lease lasts, and how long its record is kept after its last write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Terms {
-    pub lease: Duration,
-    pub retention: Duration,
+pub(crate) struct Terms {
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
 }
 
 /// Who holds a record, as an attempt sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Holder {
+pub(crate) enum Holder {
     /// This very attempt wrote it (an ambiguous timeout re-sent our own write).
     Us,
     /// Nobody: completed, or its lease ran out (a crash, a given-back lease).
@@ -40,7 +40,7 @@ pub enum Holder {
 
 impl Holder {
     /// Whether the attempt may write over the record now.
-    pub fn may_take_over(self) -> bool {
+    pub(crate) fn may_take_over(self) -> bool {
         !matches!(self, Holder::Live(_))
     }
 }
@@ -54,7 +54,12 @@ impl Holder {
 /// only spend the remaining deliveries. That is safe even if the old attempt still runs:
 /// the bank request carries the same Idempotency-Key, and its final write is conditional
 /// on a version it no longer holds.
-pub fn holder(record: &InboxRecord, me: AttemptId, delivery: u32, now: OffsetDateTime) -> Holder {
+pub(crate) fn holder(
+    record: &InboxRecord,
+    me: AttemptId,
+    delivery: u32,
+    now: OffsetDateTime,
+) -> Holder {
     if record.owner == me {
         Holder::Us
     } else if !record.lease_alive(now) {
@@ -68,7 +73,7 @@ pub fn holder(record: &InboxRecord, me: AttemptId, delivery: u32, now: OffsetDat
 
 /// A new record for `key`: in progress under a lease when `outcome` is `None`,
 /// otherwise completed with it.
-pub fn new_record(
+pub(crate) fn new_record(
     key: &InboxKey,
     payload_hash: &PayloadHash,
     owner: AttemptId,
@@ -101,7 +106,7 @@ pub fn new_record(
 /// `record` written again at `now`: the latest delivery count kept, and the retention
 /// counted from this write (Cosmos counts TTL from the last write; every store does the
 /// same).
-pub fn touched(
+pub(crate) fn touched(
     record: &InboxRecord,
     delivery: u32,
     terms: Terms,
@@ -116,7 +121,7 @@ pub fn touched(
 }
 
 /// `record` taken over by `me`: in progress under a fresh lease.
-pub fn taken_over(
+pub(crate) fn taken_over(
     record: &InboxRecord,
     me: AttemptId,
     delivery: u32,
@@ -133,7 +138,11 @@ pub fn taken_over(
 }
 
 /// `record` completed with `outcome`: final, no lease.
-pub fn completed(record: &InboxRecord, outcome: InboxOutcome, now: OffsetDateTime) -> InboxRecord {
+pub(crate) fn completed(
+    record: &InboxRecord,
+    outcome: InboxOutcome,
+    now: OffsetDateTime,
+) -> InboxRecord {
     InboxRecord {
         status: InboxStatus::Completed,
         outcome: Some(outcome),
@@ -145,14 +154,14 @@ pub fn completed(record: &InboxRecord, outcome: InboxOutcome, now: OffsetDateTim
 
 /// A lease this attempt holds: the record as it wrote it, and the version that proves it.
 #[derive(Debug, Clone)]
-pub struct Lease {
-    pub record: InboxRecord,
-    pub version: Version,
+pub(crate) struct Lease {
+    pub(crate) record: InboxRecord,
+    pub(crate) version: Version,
 }
 
 /// What a conditional create found.
 #[derive(Debug)]
-pub enum Created {
+pub(crate) enum Created {
     Held(Lease),
     /// The record exists; judge it with [`holder`].
     Exists(Versioned<InboxRecord>),
@@ -160,7 +169,7 @@ pub enum Created {
 
 impl Lease {
     /// Creates `record` if no record of its key exists.
-    pub async fn create(store: &dyn Store, record: InboxRecord) -> StoreResult<Created> {
+    pub(crate) async fn create(store: &dyn Store, record: InboxRecord) -> StoreResult<Created> {
         Ok(match store.record_handled(&record).await? {
             InsertResult::Inserted(version) => Created::Held(Lease { record, version }),
             InsertResult::AlreadyExists(seen) => Created::Exists(*seen),
@@ -169,7 +178,7 @@ impl Lease {
 
     /// Writes `taken` over `seen` if nothing changed it since it was read. `None`:
     /// another attempt moved first.
-    pub async fn take_over(
+    pub(crate) async fn take_over(
         store: &dyn Store,
         seen: &Versioned<InboxRecord>,
         taken: InboxRecord,
@@ -185,20 +194,24 @@ impl Lease {
     }
 
     /// Replaces the leased record with `record`, under the lease.
-    pub async fn write(self, store: &dyn Store, record: InboxRecord) -> StoreResult<Lease> {
+    pub(crate) async fn write(self, store: &dyn Store, record: InboxRecord) -> StoreResult<Lease> {
         let version = store.replace_inbox(&record, &self.version).await?;
         Ok(Lease { record, version })
     }
 
     /// Completes the record with `outcome`, under the lease.
-    pub async fn complete(self, store: &dyn Store, outcome: InboxOutcome) -> StoreResult<Lease> {
+    pub(crate) async fn complete(
+        self,
+        store: &dyn Store,
+        outcome: InboxOutcome,
+    ) -> StoreResult<Lease> {
         let done = completed(&self.record, outcome, OffsetDateTime::now_utc());
         self.write(store, done).await
     }
 
     /// Ends the lease now, so the next attempt may take over at once instead of waiting
     /// it out. Best effort: if the write fails, the lease simply runs out.
-    pub async fn release(&self, store: &dyn Store) {
+    pub(crate) async fn release(&self, store: &dyn Store) {
         let now = OffsetDateTime::now_utc();
         let released = InboxRecord {
             lease_until: Some(now),
@@ -210,7 +223,7 @@ impl Lease {
 
     /// Writes `record` back under the lease (best effort), for a holder that must leave
     /// the record as it found it.
-    pub async fn give_back(&self, store: &dyn Store, record: InboxRecord) {
+    pub(crate) async fn give_back(&self, store: &dyn Store, record: InboxRecord) {
         if let Err(e) = store.replace_inbox(&record, &self.version).await {
             tracing::warn!(
                 claimId = %record.claim_id,

@@ -16,6 +16,8 @@
 //! - [`reconcile`]: settles unknown and orphaned payouts by asking the bank;
 //! - [`setting`]: setting names and the one settings error, below every reader;
 //! - [`config`]: settings from the environment, composed from each module's parser;
+//! - [`seams`]: every hook the development crate uses (crashes, a held sync, a store
+//!   decorator, another handler); production sets none;
 //! - [`telemetry`]: logs, counters, OpenTelemetry traces and metrics;
 //! - [`cli`]: the operator commands (`ledger`, `inbox`, `provision`, `purge`, `reconcile`).
 //!
@@ -30,10 +32,11 @@ pub mod consumer;
 pub mod functions;
 pub mod host;
 pub mod http;
-pub mod idempotency;
+mod idempotency;
 pub mod message;
 pub mod payments_api;
 pub mod reconcile;
+pub mod seams;
 pub mod setting;
 pub mod startup;
 pub mod store;

@@ -23,12 +23,12 @@ use uuid::Uuid;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {problem}")]
 pub struct InvalidMessage {
-    pub field: &'static str,
-    pub problem: String,
+    pub(crate) field: &'static str,
+    pub(crate) problem: String,
 }
 
 impl InvalidMessage {
-    pub fn new(field: &'static str, problem: impl Into<String>) -> Self {
+    pub(crate) fn new(field: &'static str, problem: impl Into<String>) -> Self {
         Self {
             field,
             problem: problem.into(),
@@ -58,7 +58,7 @@ impl ClaimId {
         ClaimId(Uuid::new_v4())
     }
 
-    pub fn as_uuid(&self) -> Uuid {
+    pub(crate) fn as_uuid(&self) -> Uuid {
         self.0
     }
 }
@@ -107,7 +107,7 @@ impl fmt::Display for MessageId {
 pub struct Currency(IsoCurrency);
 
 impl Currency {
-    pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
+    pub(crate) fn parse(s: &str) -> Result<Self, InvalidMessage> {
         let currency = IsoCurrency::from_code(s).ok_or_else(|| {
             InvalidMessage::new(
                 "currency",
@@ -149,11 +149,11 @@ pub struct Money {
 }
 
 impl Money {
-    pub const MAX_FRACTION_DIGITS: u32 = 2;
+    pub(crate) const MAX_FRACTION_DIGITS: u32 = 2;
     /// One trillion minus a cent: larger is a producer bug, not a claim.
-    pub const MAX_AMOUNT: Decimal = Decimal::from_parts(276_447_231, 23_283, 0, false, 2);
+    pub(crate) const MAX_AMOUNT: Decimal = Decimal::from_parts(276_447_231, 23_283, 0, false, 2);
 
-    pub fn new(amount: Decimal, currency: Currency) -> Result<Self, InvalidMessage> {
+    pub(crate) fn new(amount: Decimal, currency: Currency) -> Result<Self, InvalidMessage> {
         let amount = amount.normalize();
         if amount <= Decimal::ZERO {
             return Err(InvalidMessage::new(
@@ -192,7 +192,7 @@ impl Money {
     /// Reads an amount and a currency back from the store, where [`Money::amount_string`]
     /// and [`Currency::code`] wrote them: the message's strict grammar and limits, and
     /// the canonical form, so that writing the value again gives the same bytes.
-    pub fn from_stored(amount: &str, currency: &str) -> Result<Self, InvalidMessage> {
+    pub(crate) fn from_stored(amount: &str, currency: &str) -> Result<Self, InvalidMessage> {
         if !is_plain_decimal(amount) {
             return Err(InvalidMessage::new(
                 "amount",
@@ -315,7 +315,7 @@ fn bounded_text(
 pub struct TenantId(String);
 
 impl TenantId {
-    pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
+    pub(crate) fn parse(s: &str) -> Result<Self, InvalidMessage> {
         bounded_text(
             "tenantId",
             s,
@@ -327,13 +327,13 @@ impl TenantId {
     }
 
     /// Reads a tenant back from the store: the same grammar, and no surrounding spaces.
-    pub fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
+    pub(crate) fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
         let tenant = Self::parse(s)?;
         canonical("tenantId", s, tenant.as_str())?;
         Ok(tenant)
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -343,7 +343,7 @@ impl TenantId {
 pub struct PayeeRef(String);
 
 impl PayeeRef {
-    pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
+    pub(crate) fn parse(s: &str) -> Result<Self, InvalidMessage> {
         bounded_text(
             "payee",
             s,
@@ -355,13 +355,13 @@ impl PayeeRef {
     }
 
     /// Reads a payee back from the store: the same grammar, and no surrounding spaces.
-    pub fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
+    pub(crate) fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
         let payee = Self::parse(s)?;
         canonical("payee", s, payee.as_str())?;
         Ok(payee)
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -373,7 +373,7 @@ pub enum Purpose {
 }
 
 impl Purpose {
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Purpose::Payout => "payout",
         }
@@ -386,7 +386,7 @@ impl Purpose {
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
-    pub fn for_payout(tenant: Option<&TenantId>, claim: ClaimId) -> Self {
+    pub(crate) fn for_payout(tenant: Option<&TenantId>, claim: ClaimId) -> Self {
         let key = format!("claim-payment-{claim}");
         IdempotencyKey(match tenant {
             Some(tenant) => format!("{}:{key}", tenant.as_str()),
@@ -417,11 +417,11 @@ impl fmt::Display for IdempotencyKey {
 pub struct PayloadHash(String);
 
 impl PayloadHash {
-    pub fn from_stored(s: String) -> Self {
+    pub(crate) fn from_stored(s: String) -> Self {
         PayloadHash(s)
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -448,7 +448,7 @@ pub struct ClaimApproved {
     pub money: Money,
     pub tenant: Option<TenantId>,
     pub payee: Option<PayeeRef>,
-    pub approved_at: Option<OffsetDateTime>,
+    pub(crate) approved_at: Option<OffsetDateTime>,
 }
 
 fn optional_string(
@@ -583,7 +583,7 @@ pub enum OutcomeKind {
 }
 
 impl OutcomeKind {
-    pub const ALL: [OutcomeKind; 10] = [
+    pub(crate) const ALL: [OutcomeKind; 10] = [
         OutcomeKind::Recorded,
         OutcomeKind::Paid,
         OutcomeKind::Duplicate,
@@ -596,7 +596,7 @@ impl OutcomeKind {
         OutcomeKind::StoreFailure,
     ];
 
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             OutcomeKind::Recorded => "recorded",
             OutcomeKind::Paid => "paid",
@@ -612,7 +612,7 @@ impl OutcomeKind {
     }
 
     /// The kind a stored or logged string names; `None` for any other string.
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.as_str() == s)
     }
 }

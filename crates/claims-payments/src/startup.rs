@@ -2,9 +2,8 @@
 //! -> server. [`serve`] is what `claims-payments serve` runs; [`run`] serves a built
 //! state on a listener, so tests can start the whole application in-process.
 //!
-//! [`Seams`] are the documented extension points `claims-payments-dev` uses (a store
-//! decorator, another handler behind `POST /ClaimApproved`, another router); production
-//! passes `Seams::default()`.
+//! [`Seams`] (in [`crate::seams`]) are where `claims-payments-dev` changes the
+//! composition; production passes `Seams::default()`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -18,9 +17,9 @@ use crate::bank::BankClient;
 use crate::config::{Settings, StoreSettings};
 use crate::consumer::{Consumer, Policy};
 use crate::functions;
-use crate::functions::claim_approved::ClaimHandler;
 pub use crate::functions::AppState;
 use crate::http::HEADER_READ_TIMEOUT;
+use crate::seams::Seams;
 use crate::store::cosmos::CosmosStore;
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::{Access, SqliteStore};
@@ -31,27 +30,6 @@ use crate::telemetry;
 /// platform's shutdown grace so the process exits on its own terms; an invocation cut
 /// short is redelivered and resumes from the stored state (a later delivery takes over).
 pub(crate) const SHUTDOWN_DRAIN: Duration = Duration::from_secs(25);
-
-/// A store decorator.
-pub type StoreLayer = Box<dyn FnOnce(DynStore) -> DynStore + Send>;
-/// Builds what answers `ClaimApproved` from the consumer and the store it uses.
-pub type HandlerFactory = Box<dyn FnOnce(&Consumer) -> Arc<dyn ClaimHandler> + Send>;
-/// Builds the router from the state.
-pub type RouterFactory = Box<dyn FnOnce(Arc<AppState>) -> Router + Send>;
-
-/// Where a development build changes the composition. Production uses the default:
-/// the store as opened, the consumer, [`functions::router`].
-#[derive(Default)]
-pub struct Seams {
-    /// Wraps the store every part uses (a decorator is itself a `Store`).
-    pub store_layer: Option<StoreLayer>,
-    /// Replaces the consumer behind `POST /ClaimApproved`.
-    pub claim_handler: Option<HandlerFactory>,
-    /// Replaces the router.
-    pub router: Option<RouterFactory>,
-    /// Named in the start-up log line (`handler`), so a log shows what served.
-    pub label: Option<&'static str>,
-}
 
 /// Opens the configured store. `access` says how this process uses a SQLite file (serve,
 /// an operator's write, a read-only listing); Cosmos ignores it, and PostgreSQL always

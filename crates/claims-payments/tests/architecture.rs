@@ -25,8 +25,9 @@ const LAYERS: &[&[&str]] = &[
     &["payments_api", "reconcile"],
     // One module per function of the app, and the router.
     &["functions"],
-    // Settings from the environment, composed from each module's own.
-    &["config"],
+    // Settings from the environment, composed from each module's own; the development
+    // crate's hooks into the composition.
+    &["config", "seams"],
     // The composition root, then the operator commands.
     &["startup"],
     &["cli"],

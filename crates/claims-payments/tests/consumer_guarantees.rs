@@ -9,10 +9,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use claims_payments::bank::BankSettings;
 use claims_payments::bank::{BankClient, PayoutOutcome, SendWindow};
-use claims_payments::config::BankSettings;
-use claims_payments::consumer::{Policy, Step};
+use claims_payments::consumer::Policy;
 use claims_payments::message::{ClaimApproved, IdempotencyKey};
+use claims_payments::seams::Step;
 use claims_payments::store::sqlite::SqliteStore;
 use claims_payments::store::{DynStore, PaymentStatus};
 use claims_payments_testkit::bank::{BankFault, FakeBank};

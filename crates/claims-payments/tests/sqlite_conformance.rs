@@ -262,7 +262,8 @@ async fn a_failed_wal_sync_refuses_its_writes_and_fails_the_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_wal_sync_stops_the_server_with_an_error() {
     use claims_payments::config::Settings;
-    use claims_payments::startup::{serve, Seams};
+    use claims_payments::seams::Seams;
+    use claims_payments::startup::serve;
     use claims_payments::store::{AttemptId, DynStore, Store};
 
     let dir = tempfile::tempdir().unwrap();

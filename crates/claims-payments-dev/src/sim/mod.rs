@@ -59,7 +59,7 @@ use anyhow::{bail, ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use bank::{FakeBank, FakeBankSettings};
-use claims_payments::config::names;
+use claims_payments::setting::names;
 use claims_payments::store::{PaymentRecord, Store};
 use claims_payments_testkit::process::{self as spawn, CosmosEmulator, ServeSpec, TempDir};
 use driver::{DataType, Host, HostSettings, Instances};

@@ -1,8 +1,8 @@
 //! The naive baseline, to show what the guard buys: without it, a crash between the bank
 //! call and the record pays twice.
 
-use claims_payments::consumer::Step;
 use claims_payments::functions::claim_approved::ClaimHandler;
+use claims_payments::seams::Step;
 use claims_payments::store::sqlite::SqliteStore;
 use claims_payments::store::DynStore;
 use claims_payments_dev::baselines::Naive;

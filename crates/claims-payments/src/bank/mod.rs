@@ -77,8 +77,8 @@ pub enum PayoutOutcome {
 /// is sure to remember the key.
 #[derive(Debug, Clone, Copy)]
 pub struct SendWindow {
-    pub budget_deadline: Instant,
-    pub last_send: OffsetDateTime,
+    pub(crate) budget_deadline: Instant,
+    pub(crate) last_send: OffsetDateTime,
 }
 
 impl SendWindow {
@@ -98,7 +98,7 @@ impl SendWindow {
 
 /// What the bank says it holds under a reference (`GET /payments?reference=`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     /// An authoritative answer (200 with a JSON array whose every entry the contract
     /// allows, each under our reference): these payments, maybe none.
     Holds(Vec<BankPayment>),
@@ -109,7 +109,7 @@ pub enum Lookup {
 
 /// How the bank says one payment ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BankStatus {
+pub(crate) enum BankStatus {
     /// The bank made the payment.
     Paid,
     /// The bank refused it for good.
@@ -141,11 +141,11 @@ impl BankStatus {
 /// One payment the bank holds under our reference, as its lookup lists it, read into
 /// the contract's types (DESIGN.md §8): a token id, a decimal amount, a currency code.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BankPayment {
-    pub payment_id: String,
-    pub status: BankStatus,
-    pub amount: Decimal,
-    pub currency: String,
+pub(crate) struct BankPayment {
+    pub(crate) payment_id: String,
+    pub(crate) status: BankStatus,
+    pub(crate) amount: Decimal,
+    pub(crate) currency: String,
 }
 
 /// A lookup entry exactly as the contract lists it; every field required.
@@ -276,7 +276,7 @@ impl BankClient {
 
     /// Asks the bank which payments it holds under `reference` (our Idempotency-Key).
     /// One request; the caller decides when to ask again.
-    pub async fn lookup(&self, reference: &IdempotencyKey) -> Lookup {
+    pub(crate) async fn lookup(&self, reference: &IdempotencyKey) -> Lookup {
         telemetry::counters().bank_lookups.inc();
         let mut url = self.payments_url.clone();
         url.query_pairs_mut()

@@ -38,7 +38,7 @@ impl BankSettings {
     /// `BANK_*`: the settings (`None` without `BANK_API_URL`: ledger-only mode), and
     /// the per-request timeout, read either way because the retry budget is checked
     /// against it.
-    pub fn from_lookup(
+    pub(crate) fn from_lookup(
         get: &dyn Fn(&str) -> Option<String>,
     ) -> Result<(Option<BankSettings>, Duration), ConfigError> {
         let bank_timeout = match get(names::BANK_TIMEOUT_MS) {

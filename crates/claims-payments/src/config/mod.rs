@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use crate::bank::BankSettings;
+pub(crate) use crate::bank::BankSettings;
 use crate::payments_api::CallerAuth;
 use crate::store::cosmos::CosmosSettings;
 use crate::store::postgres::PostgresSettings;
@@ -13,11 +13,11 @@ use crate::telemetry::LogFormat;
 
 // The names and the error live below every module that reads a setting; re-exported
 // here because the dev crate and the tests read them through `config`.
-pub use crate::setting::{millis, names, parse_u64, ConfigError};
+pub(crate) use crate::setting::{millis, names, parse_u64, ConfigError};
 
 /// Where the guard lives (`PAYMENTS_STORE`), with what that store needs.
 #[derive(Debug, Clone, PartialEq)]
-pub enum StoreSettings {
+pub(crate) enum StoreSettings {
     /// The embedded store: one file (`PAYMENTS_SQLITE_PATH`), one process.
     Sqlite { path: PathBuf },
     /// Cosmos DB (`COSMOS_*`): what runs in Azure. Boxed: read once, and far larger.
@@ -28,7 +28,7 @@ pub enum StoreSettings {
 
 impl StoreSettings {
     /// The name operators use in `PAYMENTS_STORE`.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             StoreSettings::Sqlite { .. } => "sqlite",
             StoreSettings::Cosmos(_) => "cosmos",
@@ -48,24 +48,24 @@ pub const DEV_ONLY_SETTINGS: [&str; 3] = [
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
-    pub port: u16,
-    pub store: StoreSettings,
-    pub inbox_retention: Duration,
-    pub consumer_name: String,
-    pub bank: Option<BankSettings>,
+    pub(crate) port: u16,
+    pub(crate) store: StoreSettings,
+    pub(crate) inbox_retention: Duration,
+    pub(crate) consumer_name: String,
+    pub(crate) bank: Option<BankSettings>,
     /// Everything one invocation may spend retrying the bank.
-    pub retry_budget: Duration,
+    pub(crate) retry_budget: Duration,
     /// How long an attempt owns a message before another attempt may take it over.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// How long a delivery waits for another live attempt of the same message.
-    pub inflight_wait: Duration,
+    pub(crate) inflight_wait: Duration,
     /// The queue's maxDeliveryCount (`MAX_DELIVERY_COUNT`, set by the Bicep from the
     /// queue's own value).
-    pub max_delivery_count: u32,
+    pub(crate) max_delivery_count: u32,
     /// `reconcile` settles an `in_progress` payment only once its lease ran out longer
     /// ago than this (`RECONCILE_MIN_AGE_MS`, default three leases), so no request of a
     /// dead attempt can still be on its way to the bank.
-    pub reconcile_min_age: Duration,
+    pub(crate) reconcile_min_age: Duration,
     /// Who an HTTP caller is (`HTTP_AUTH`).
     ///
     /// `functionkey` (default): function keys are shared secrets, so every key holder is
@@ -77,9 +77,9 @@ pub struct Settings {
     /// `X-MS-CLIENT-PRINCIPAL`; every route needs that principal (401 without), `POST`
     /// needs the app role `Payments.Pay` and `GET` `Payments.Read` (or `Payments.Pay`, for
     /// the payer's own payments; 403 otherwise). Each principal's keys are its own.
-    pub http_auth: CallerAuth,
+    pub(crate) http_auth: CallerAuth,
     /// How long an HTTP Idempotency-Key is remembered (`IDEMPOTENCY_KEY_RETENTION_HOURS`).
-    pub key_retention: Duration,
+    pub(crate) key_retention: Duration,
     pub log_format: LogFormat,
 }
 

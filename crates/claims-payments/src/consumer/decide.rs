@@ -17,19 +17,19 @@ use crate::store::{
 
 /// What one attempt knows about the message it handles.
 pub(crate) struct Attempt<'a> {
-    pub msg: &'a ClaimApproved,
-    pub delivery: &'a Delivery,
-    pub id: AttemptId,
-    pub hash: PayloadHash,
-    pub key: InboxKey,
+    pub(crate) msg: &'a ClaimApproved,
+    pub(crate) delivery: &'a Delivery,
+    pub(crate) id: AttemptId,
+    pub(crate) hash: PayloadHash,
+    pub(crate) key: InboxKey,
     /// The claim's payment as this attempt last wrote or read it, so that a caller that
     /// answers with the payment (the HTTP API) need not read it back.
-    pub payment_seen: std::sync::Mutex<Option<PaymentRecord>>,
+    pub(crate) payment_seen: std::sync::Mutex<Option<PaymentRecord>>,
 }
 
 impl Attempt<'_> {
     /// Notes the claim's payment as the store now holds it.
-    pub fn saw(&self, payment: &PaymentRecord) {
+    pub(crate) fn saw(&self, payment: &PaymentRecord) {
         if let Ok(mut seen) = self.payment_seen.lock() {
             *seen = Some(payment.clone());
         }
@@ -37,7 +37,7 @@ impl Attempt<'_> {
 
     /// Who holds `record`, as this attempt sees it (the takeover rule:
     /// [`idempotency::holder`]).
-    pub fn sees(&self, record: &InboxRecord, now: OffsetDateTime) -> Holder {
+    pub(crate) fn sees(&self, record: &InboxRecord, now: OffsetDateTime) -> Holder {
         idempotency::holder(record, self.id, self.delivery.delivery_count, now)
     }
 }
@@ -72,7 +72,7 @@ pub(crate) enum TakeOverReason {
 }
 
 impl TakeOverReason {
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             TakeOverReason::LeaseExpired => "lease-expired",
             TakeOverReason::LaterDelivery => "later-delivery",

@@ -23,6 +23,7 @@
 //! next); this module does the I/O in one loop (read, decide, act, until an outcome);
 //! [`wait`] is the one bounded wait; [`outcome`] is how a delivery ends.
 
+pub(crate) mod crash;
 mod decide;
 mod outcome;
 mod wait;
@@ -41,7 +42,8 @@ use crate::store::{
 };
 use crate::telemetry;
 
-pub use crate::message::OutcomeKind;
+pub(crate) use crate::message::OutcomeKind;
+pub(crate) use crash::{CrashHook, Step};
 use decide::{decide, Attempt, NextAction, Observed, TakeOverReason};
 pub use outcome::Outcome;
 use wait::BoundedWait;
@@ -53,20 +55,6 @@ pub struct Delivery {
     /// 1 on the first delivery. 0 when the host did not say.
     pub delivery_count: u32,
 }
-
-/// The points between the steps where a process can die. Tests inject crashes there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Step {
-    /// The claim is committed; nothing else happened yet.
-    AfterClaim,
-    /// The bank answered; its answer is not stored yet.
-    AfterBankCall,
-    /// Everything is stored; the host has not been answered yet.
-    AfterFinalize,
-}
-
-/// Decides whether to simulate a crash at a step. Production code has none.
-pub type CrashHook = Arc<dyn Fn(Step) -> bool + Send + Sync>;
 
 /// The timing rules of the state machine.
 #[derive(Debug, Clone)]
@@ -81,7 +69,7 @@ pub struct Policy {
 
 impl Policy {
     /// The lease and retention of this consumer's inbox records.
-    pub fn terms(&self) -> Terms {
+    pub(crate) fn terms(&self) -> Terms {
         Terms {
             lease: self.lease,
             retention: self.inbox_retention,
@@ -164,7 +152,7 @@ impl Consumer {
 
     /// As [`Self::handle`], with the claim's payment as the attempt last wrote or read
     /// it (`None` when it did not touch it, e.g. a duplicate answered from memory).
-    pub async fn handle_with_payment(
+    pub(crate) async fn handle_with_payment(
         &self,
         msg: &ClaimApproved,
         delivery: &Delivery,

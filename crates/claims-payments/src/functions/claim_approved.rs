@@ -76,7 +76,7 @@ fn refuse(
     )
 }
 
-pub async fn invoke(
+pub(crate) async fn invoke(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Body,

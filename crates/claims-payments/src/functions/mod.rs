@@ -11,9 +11,9 @@
 //! runs). [`router`] puts them together over the [`AppState`] built at start-up.
 
 pub mod claim_approved;
-pub mod payments;
-pub mod purge;
-pub mod reconcile;
+pub(crate) mod payments;
+pub(crate) mod purge;
+pub(crate) mod reconcile;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +30,7 @@ use claim_approved::ClaimHandler;
 
 /// The routes that open their own server span (the others get one from the telemetry
 /// layer): `ClaimApproved` and `Reconcile` parent theirs on what the host sends.
-pub const OWN_SPAN_ROUTES: &[&str] = &["/", "/metrics", "/ClaimApproved", "/Reconcile"];
+pub(crate) const OWN_SPAN_ROUTES: &[&str] = &["/", "/metrics", "/ClaimApproved", "/Reconcile"];
 
 /// Everything a request needs, built once at start-up.
 pub struct AppState {
@@ -58,29 +58,29 @@ impl AppState {
     }
 
     /// The HTTP API's caller authentication and key retention.
-    pub fn with_http(mut self, auth: CallerAuth, retention: Duration) -> Self {
+    pub(crate) fn with_http(mut self, auth: CallerAuth, retention: Duration) -> Self {
         self.api = PaymentsApi::new(self.consumer.clone(), auth, retention);
         self
     }
 
     /// The minimum age of an orphaned payout before the timer settles it.
-    pub fn with_reconcile_min_age(mut self, min_age: Duration) -> Self {
+    pub(crate) fn with_reconcile_min_age(mut self, min_age: Duration) -> Self {
         self.reconcile_min_age = min_age;
         self
     }
 
     /// What answers a decoded `ClaimApproved` instead of the consumer.
-    pub fn with_claim_handler(mut self, handler: Arc<dyn ClaimHandler>) -> Self {
+    pub(crate) fn with_claim_handler(mut self, handler: Arc<dyn ClaimHandler>) -> Self {
         self.claim_handler = handler;
         self
     }
 
-    pub fn consumer(&self) -> &Consumer {
+    pub(crate) fn consumer(&self) -> &Consumer {
         &self.consumer
     }
 }
 
-pub fn router(state: Arc<AppState>) -> Router {
+pub(crate) fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", get(ready))
         .route("/metrics", get(metrics))

@@ -12,11 +12,15 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 
 /// `function-app/Payments`: route `payments` under the host's `api` prefix.
-pub const ROUTE: &str = "/api/payments";
+pub(crate) const ROUTE: &str = "/api/payments";
 /// `function-app/PaymentsGet`: route `payments/{claimId}`.
-pub const GET_ROUTE: &str = "/api/payments/{claim_id}";
+pub(crate) const GET_ROUTE: &str = "/api/payments/{claim_id}";
 
-pub async fn post(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn post(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     state
         .api
         .handle_post(&headers, body)
@@ -25,7 +29,7 @@ pub async fn post(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
         .into_response()
 }
 
-pub async fn get(
+pub(crate) async fn get(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     Path(claim_id): Path<String>,

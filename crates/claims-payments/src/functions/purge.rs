@@ -16,15 +16,15 @@ use crate::host::OutcomeSummary;
 use crate::http::invocation_answer;
 
 /// The function's folder in function-app/, which is the route the host calls.
-pub const FUNCTION_NAME: &str = "Purge";
+pub(crate) const FUNCTION_NAME: &str = "Purge";
 /// Rows per delete: each batch is its own short transaction, so invocations interleave.
-pub const BATCH: usize = 500;
+pub(crate) const BATCH: usize = 500;
 /// A run stops starting new batches after this, well inside functionTimeout; what is left
 /// waits for the next run (the batches done stay done).
 pub(crate) const RUN_BUDGET: Duration = Duration::from_secs(90);
 
 /// The `Purge` timer invocation.
-pub async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> Response {
+pub(crate) async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> Response {
     let answer = |status: StatusCode, outcome: &str, detail: String| {
         invocation_answer(
             status,

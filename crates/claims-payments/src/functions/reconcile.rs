@@ -17,7 +17,7 @@ use crate::reconcile::{self, Reconciler, RunLease};
 use crate::telemetry;
 
 /// The function's folder in function-app/, which is the route the host calls.
-pub const FUNCTION_NAME: &str = "Reconcile";
+pub(crate) const FUNCTION_NAME: &str = "Reconcile";
 /// A timer run stops taking up new payments after this, well inside functionTimeout
 /// (3 min); the rest wait for the next run.
 pub(crate) const RUN_BUDGET: Duration = Duration::from_secs(90);
@@ -26,7 +26,7 @@ pub(crate) const RUN_BUDGET: Duration = Duration::from_secs(90);
 /// [`crate::reconcile`]), one run at a time across instances, and answers the host with
 /// the summary. The timer info under `Data.timer` is only logged: a past-due run does
 /// the same work as a punctual one.
-pub async fn invoke(
+pub(crate) async fn invoke(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,

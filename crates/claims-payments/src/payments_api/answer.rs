@@ -16,11 +16,11 @@ const PROBLEM_BASE: &str = "https://claims-payments/problems/";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Answer {
     pub status: u16,
-    pub content_type: String,
+    pub(crate) content_type: String,
     pub body: String,
     /// `Location` of a created payment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub location: Option<String>,
+    pub(crate) location: Option<String>,
     /// Seconds, for 409 and 503.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
@@ -32,7 +32,12 @@ pub struct Answer {
 impl Answer {
     /// An `application/problem+json` answer. `detail` is always written by this
     /// service: never text that came from the bank, the store or the request's headers.
-    pub fn problem(status: StatusCode, slug: &str, title: &str, detail: impl Into<String>) -> Self {
+    pub(crate) fn problem(
+        status: StatusCode,
+        slug: &str,
+        title: &str,
+        detail: impl Into<String>,
+    ) -> Self {
         let body = serde_json::json!({
             "type": format!("{PROBLEM_BASE}{slug}"),
             "title": title,
@@ -67,7 +72,7 @@ impl Answer {
     }
 
     /// The HTTP response: status, headers, body.
-    pub fn into_parts(self) -> (StatusCode, HeaderMap, String) {
+    pub(crate) fn into_parts(self) -> (StatusCode, HeaderMap, String) {
         let mut headers = HeaderMap::new();
         let put = |headers: &mut HeaderMap, name: &'static str, value: &str| {
             if let Ok(v) = HeaderValue::from_str(value) {
@@ -93,14 +98,14 @@ impl Answer {
 /// The payment's `statusReason` is not part of it: it may hold the bank's words.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PaymentResource {
-    pub claim_id: String,
-    pub amount: String,
-    pub currency: String,
-    pub status: &'static str,
-    pub bank_payment_id: Option<String>,
-    pub created_at: String,
-    pub updated_at: String,
+pub(crate) struct PaymentResource {
+    pub(crate) claim_id: String,
+    pub(crate) amount: String,
+    pub(crate) currency: String,
+    pub(crate) status: &'static str,
+    pub(crate) bank_payment_id: Option<String>,
+    pub(crate) created_at: String,
+    pub(crate) updated_at: String,
 }
 
 impl From<&PaymentRecord> for PaymentResource {

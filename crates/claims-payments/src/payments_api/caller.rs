@@ -19,14 +19,14 @@ use super::answer::Answer;
 use crate::message::ClaimApproved;
 
 /// The app role that may `POST /api/payments`.
-pub const PAY_ROLE: &str = "Payments.Pay";
+pub(crate) const PAY_ROLE: &str = "Payments.Pay";
 /// The app role that may `GET /api/payments/{claimId}` of any payment. A payer without it
 /// reads only the payments it created.
-pub const READ_ROLE: &str = "Payments.Read";
+pub(crate) const READ_ROLE: &str = "Payments.Read";
 
 /// The largest `X-MS-CLIENT-PRINCIPAL` accepted, base64 as sent. A principal with a few
 /// hundred group claims stays well below it; anything larger is not decoded at all.
-pub const MAX_PRINCIPAL_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_PRINCIPAL_BYTES: usize = 64 * 1024;
 /// The longest user id (an Entra object id is 36 characters, a Static Web Apps id 32).
 const MAX_USER_ID_CHARS: usize = 128;
 
@@ -51,7 +51,7 @@ pub enum CallerAuth {
 
 /// Whose Idempotency-Keys these are. Only hashes of it are stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Scope(String);
+pub(crate) struct Scope(String);
 
 impl Scope {
     #[cfg(test)]
@@ -66,7 +66,7 @@ impl Scope {
 
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Caller {
+pub(crate) enum Caller {
     /// A function-key holder (or a local caller): may do everything.
     KeyHolder,
     /// A principal signed in by App Service Authentication.
@@ -74,7 +74,7 @@ pub enum Caller {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
+pub(crate) struct Principal {
     scope: Scope,
     may_pay: bool,
     may_read_all: bool,
@@ -82,14 +82,14 @@ pub struct Principal {
 
 /// What a caller asks to do, for [`Caller::authorize`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     Pay,
     Read,
 }
 
 impl Caller {
     /// The caller of a request, or the 401 that refuses it.
-    pub fn authenticate(auth: CallerAuth, headers: &HeaderMap) -> Result<Caller, Answer> {
+    pub(crate) fn authenticate(auth: CallerAuth, headers: &HeaderMap) -> Result<Caller, Answer> {
         match auth {
             CallerAuth::FunctionKey => Ok(Caller::KeyHolder),
             CallerAuth::AppService => {
@@ -109,7 +109,7 @@ impl Caller {
 
     /// The 403 for a principal without the app role the action needs. A payer may ask
     /// to read: it then sees only its own payments ([`Caller::reads_only_own`]).
-    pub fn authorize(&self, action: Action) -> Result<(), Answer> {
+    pub(crate) fn authorize(&self, action: Action) -> Result<(), Answer> {
         let allowed = match (self, action) {
             (Caller::KeyHolder, _) => true,
             (Caller::Principal(p), Action::Pay) => p.may_pay,
@@ -135,19 +135,19 @@ impl Caller {
     }
 
     /// Whether this caller sees only the payments it created.
-    pub fn reads_only_own(&self) -> bool {
+    pub(crate) fn reads_only_own(&self) -> bool {
         matches!(self, Caller::Principal(p) if !p.may_read_all)
     }
 
     /// Whether a claim paid by someone else is hidden from this caller (409
     /// `claim-already-paid` instead of the payment). Key holders are one trust domain.
-    pub fn is_principal(&self) -> bool {
+    pub(crate) fn is_principal(&self) -> bool {
         matches!(self, Caller::Principal(_))
     }
 
     /// Whose keys a request's key is: the principal's, or for key holders the body's
     /// tenant as a namespace.
-    pub fn scope(&self, msg: &ClaimApproved) -> Scope {
+    pub(crate) fn scope(&self, msg: &ClaimApproved) -> Scope {
         match self {
             Caller::KeyHolder => Scope(match &msg.tenant {
                 Some(t) => format!("tenant:{}", t.as_str()),
@@ -158,7 +158,7 @@ impl Caller {
     }
 
     /// The principal's own scope (`None` for key holders, whose scope depends on the body).
-    pub fn principal_scope(&self) -> Option<&Scope> {
+    pub(crate) fn principal_scope(&self) -> Option<&Scope> {
         match self {
             Caller::KeyHolder => None,
             Caller::Principal(p) => Some(&p.scope),

@@ -18,13 +18,13 @@ use super::KEY_CONSUMER;
 /// so every header value that a Structured Field parser would read as something other
 /// than a plain string is refused instead of being taken literally.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientKey(String);
+pub(crate) struct ClientKey(String);
 
 /// The longest key; Stripe's limit, and what the browser client checks.
 const MAX_KEY_CHARS: usize = 255;
 
 impl ClientKey {
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub(crate) fn parse(raw: &str) -> Result<Self, String> {
         // Structured Fields discard leading and trailing spaces only (RFC 9651 4.2).
         let raw = raw.trim_matches(' ');
         let text = if raw.starts_with('"') {
@@ -61,7 +61,7 @@ impl ClientKey {
         Ok(ClientKey(text))
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }

@@ -53,9 +53,10 @@ mod answer;
 mod caller;
 mod key;
 
-pub use answer::{Answer, PaymentResource};
-pub use caller::{Action, Caller, CallerAuth, Scope, MAX_PRINCIPAL_BYTES, PAY_ROLE, READ_ROLE};
-pub use key::ClientKey;
+pub(crate) use answer::Answer;
+pub use caller::CallerAuth;
+pub(crate) use caller::{Action, Caller, Scope};
+pub(crate) use key::ClientKey;
 
 use answer::{answer_for, claim_already_paid, payment_not_found, store_failure, store_unavailable};
 use key::{created_by, KeyIdentity};
@@ -103,7 +104,7 @@ impl PaymentsApi {
     /// Everything that can refuse the request without a write comes first (caller, role,
     /// media type, body, key), so no refusal of the request itself is ever stored under
     /// its key: a corrected request with the same key is a first request.
-    pub async fn handle_post(&self, headers: &HeaderMap, body: Body) -> Answer {
+    pub(crate) async fn handle_post(&self, headers: &HeaderMap, body: Body) -> Answer {
         telemetry::counters().http_requests.inc();
         let caller = match self.payer(headers) {
             Ok(c) => c,
@@ -245,7 +246,7 @@ impl PaymentsApi {
     /// [`READ_ROLE`] read every payment; a principal with only [`PAY_ROLE`] reads the
     /// payments it created, and any other claim is "not found" to it (so it learns
     /// nothing about other callers' claims).
-    pub async fn get(&self, headers: &HeaderMap, claim: &str) -> Answer {
+    pub(crate) async fn get(&self, headers: &HeaderMap, claim: &str) -> Answer {
         let caller = match Caller::authenticate(self.auth, headers)
             .and_then(|c| c.authorize(Action::Read).map(|()| c))
         {

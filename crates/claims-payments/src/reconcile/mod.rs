@@ -59,12 +59,12 @@ pub const MAX_PER_RUN: usize = 500;
 /// Mismatched payments are counted up to this many in a report.
 const MAX_COUNTED: usize = 10_000;
 /// The longest `--older-than` (and minimum age) a run accepts: ten years.
-pub const MAX_MIN_AGE: Duration = Duration::from_secs(10 * 365 * 86_400);
+pub(crate) const MAX_MIN_AGE: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// How one payment ended in this run (with `--dry-run`: how it would end).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Settlement {
+pub(crate) enum Settlement {
     /// The bank holds a matching payment: recorded as paid.
     PaidByLookup,
     /// The bank holds none: paid now under the same key and reference.
@@ -89,18 +89,18 @@ pub enum Settlement {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Line {
-    pub claim_id: String,
-    pub message_id: String,
-    pub before: String,
-    pub result: Settlement,
-    pub after: String,
+    pub(crate) claim_id: String,
+    pub(crate) message_id: String,
+    pub(crate) before: String,
+    pub(crate) result: Settlement,
+    pub(crate) after: String,
     pub detail: String,
 }
 
 /// The verdict of a run, and the CLI's exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Nothing is open: every unsettled payment was settled.
     Settled,
     /// Something is still open: unknown, mismatched, skipped, not examined.
@@ -112,7 +112,7 @@ pub enum Verdict {
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
     /// Nothing was written or paid; the counts say what a real run would do.
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// Payments whose message this run asked the bank about.
     pub examined: usize,
     pub paid_by_lookup: usize,
@@ -127,9 +127,9 @@ pub struct Summary {
     /// Listed but not examined: too young, or leased by a live delivery.
     pub waiting: usize,
     /// Listed but not examined because the run's time budget ran out.
-    pub not_reached: usize,
+    pub(crate) not_reached: usize,
     /// The listing hit [`MAX_PER_RUN`]: more unsettled payments exist than were listed.
-    pub more_beyond_limit: bool,
+    pub(crate) more_beyond_limit: bool,
     /// Mismatched payments in the store after the run, waiting for a person (counted up
     /// to 10,000).
     pub needs_a_person: usize,
@@ -142,7 +142,7 @@ pub struct Summary {
 
 impl Summary {
     /// "Settled" only when nothing is left open, in this run or before it.
-    pub fn verdict(&self) -> Verdict {
+    pub(crate) fn verdict(&self) -> Verdict {
         let open = self.still_unknown
             + self.mismatches
             + self.skipped
@@ -758,13 +758,16 @@ fn carries_reference(body: &str, key: &str) -> bool {
 /// The run lease: one reconcile run at a time across instances. An inbox record of the
 /// pseudo-consumer `reconcile-run` under a fixed claim id, taken and given back with the
 /// same conditional writes as a message's lease.
-pub struct RunLease(Lease);
+pub(crate) struct RunLease(Lease);
 
 const RUN_LEASE_CLAIM: &str = "5e3c0f1a-7d2b-4c69-9f41-2a8e6b0d9c17";
 
 impl RunLease {
     /// Takes the run lease for `length`, or `None` when another run holds it.
-    pub async fn take(consumer: &Consumer, length: Duration) -> Result<Option<Self>, StoreError> {
+    pub(crate) async fn take(
+        consumer: &Consumer,
+        length: Duration,
+    ) -> Result<Option<Self>, StoreError> {
         let store = consumer.store();
         let claim_id = ClaimId::parse(RUN_LEASE_CLAIM)
             .map_err(|e| StoreError::Permanent(format!("run lease claim id: {e}")))?;
@@ -801,7 +804,7 @@ impl RunLease {
     }
 
     /// Gives the run lease back. Best effort: otherwise it expires.
-    pub async fn release(self, consumer: &Consumer) {
+    pub(crate) async fn release(self, consumer: &Consumer) {
         if let Err(e) = self
             .0
             .complete(consumer.store().as_ref(), InboxOutcome::RunReleased)
@@ -814,7 +817,7 @@ impl RunLease {
 
 /// Logs a run's summary as one structured line (`reconcile finished`), the line the
 /// alerts query.
-pub fn log_summary(summary: &Summary, trigger: &'static str) {
+pub(crate) fn log_summary(summary: &Summary, trigger: &'static str) {
     tracing::info!(
         trigger,
         dryRun = summary.dry_run,

@@ -6,8 +6,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid setting {setting}: {problem}")]
 pub struct ConfigError {
-    pub setting: &'static str,
-    pub problem: String,
+    pub(crate) setting: &'static str,
+    pub(crate) problem: String,
 }
 
 impl ConfigError {
@@ -20,14 +20,14 @@ impl ConfigError {
 }
 
 /// A whole number, or an error naming `setting`.
-pub fn parse_u64(setting: &'static str, value: &str) -> Result<u64, ConfigError> {
+pub(crate) fn parse_u64(setting: &'static str, value: &str) -> Result<u64, ConfigError> {
     value
         .trim()
         .parse::<u64>()
         .map_err(|_| ConfigError::new(setting, format!("{value:?} is not a whole number")))
 }
 
-pub fn millis(
+pub(crate) fn millis(
     setting: &'static str,
     value: &str,
     min: u64,

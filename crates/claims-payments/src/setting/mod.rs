@@ -6,4 +6,5 @@
 mod error;
 pub mod names;
 
-pub use error::{millis, parse_u64, ConfigError};
+pub use error::ConfigError;
+pub(crate) use error::{millis, parse_u64};

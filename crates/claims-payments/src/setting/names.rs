@@ -14,7 +14,7 @@ pub const PAYMENTS_POSTGRES_URL: &str = "PAYMENTS_POSTGRES_URL";
 /// `password` (the URI's) or `entra` (a Microsoft Entra token as the password).
 pub const PAYMENTS_POSTGRES_AUTH: &str = "PAYMENTS_POSTGRES_AUTH";
 /// The user-assigned managed identity whose Entra token logs in to PostgreSQL.
-pub const PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID: &str =
+pub(crate) const PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID: &str =
     "PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID";
 /// The Cosmos DB account endpoint.
 pub const COSMOS_ENDPOINT: &str = "COSMOS_ENDPOINT";
@@ -25,29 +25,29 @@ pub const COSMOS_DATABASE: &str = "COSMOS_DATABASE";
 /// The container (default `payments`).
 pub const COSMOS_CONTAINER: &str = "COSMOS_CONTAINER";
 /// The user-assigned managed identity used for Cosmos DB.
-pub const COSMOS_MANAGED_IDENTITY_CLIENT_ID: &str = "COSMOS_MANAGED_IDENTITY_CLIENT_ID";
+pub(crate) const COSMOS_MANAGED_IDENTITY_CLIENT_ID: &str = "COSMOS_MANAGED_IDENTITY_CLIENT_ID";
 /// The region the SDK prefers.
-pub const COSMOS_PREFERRED_REGION: &str = "COSMOS_PREFERRED_REGION";
+pub(crate) const COSMOS_PREFERRED_REGION: &str = "COSMOS_PREFERRED_REGION";
 /// Set by App Service: the app's region, the preferred one when none is named.
-pub const REGION_NAME: &str = "REGION_NAME";
+pub(crate) const REGION_NAME: &str = "REGION_NAME";
 /// A non-loopback host name that may use plain http (an emulator).
-pub const AZURE_COSMOS_EMULATOR_HOST: &str = "AZURE_COSMOS_EMULATOR_HOST";
+pub(crate) const AZURE_COSMOS_EMULATOR_HOST: &str = "AZURE_COSMOS_EMULATOR_HOST";
 /// Set by App Service when a managed identity is available.
-pub const IDENTITY_ENDPOINT: &str = "IDENTITY_ENDPOINT";
+pub(crate) const IDENTITY_ENDPOINT: &str = "IDENTITY_ENDPOINT";
 /// The older name of IDENTITY_ENDPOINT.
-pub const MSI_ENDPOINT: &str = "MSI_ENDPOINT";
+pub(crate) const MSI_ENDPOINT: &str = "MSI_ENDPOINT";
 /// How long inbox records are kept.
-pub const INBOX_RETENTION_DAYS: &str = "INBOX_RETENTION_DAYS";
+pub(crate) const INBOX_RETENTION_DAYS: &str = "INBOX_RETENTION_DAYS";
 /// The consumer's name in inbox keys.
 pub const CONSUMER_NAME: &str = "CONSUMER_NAME";
 /// The bank's payout API (absent: ledger-only).
 pub const BANK_API_URL: &str = "BANK_API_URL";
 /// The bank credential, sent as a bearer token.
-pub const BANK_API_KEY: &str = "BANK_API_KEY";
+pub(crate) const BANK_API_KEY: &str = "BANK_API_KEY";
 /// Per bank request.
 pub const BANK_TIMEOUT_MS: &str = "BANK_TIMEOUT_MS";
 /// How long the bank recognises an Idempotency-Key.
-pub const BANK_KEY_WINDOW_HOURS: &str = "BANK_KEY_WINDOW_HOURS";
+pub(crate) const BANK_KEY_WINDOW_HOURS: &str = "BANK_KEY_WINDOW_HOURS";
 /// The same in milliseconds (sandboxes, simulations).
 pub const BANK_KEY_WINDOW_MS: &str = "BANK_KEY_WINDOW_MS";
 /// Everything one invocation may spend retrying the bank.
@@ -59,11 +59,11 @@ pub const INFLIGHT_WAIT_MS: &str = "INFLIGHT_WAIT_MS";
 /// The queue's maxDeliveryCount.
 pub const MAX_DELIVERY_COUNT: &str = "MAX_DELIVERY_COUNT";
 /// How long an orphaned payout waits before reconcile settles it.
-pub const RECONCILE_MIN_AGE_MS: &str = "RECONCILE_MIN_AGE_MS";
+pub(crate) const RECONCILE_MIN_AGE_MS: &str = "RECONCILE_MIN_AGE_MS";
 /// How HTTP callers are told apart (`functionkey` or `appservice`).
-pub const HTTP_AUTH: &str = "HTTP_AUTH";
+pub(crate) const HTTP_AUTH: &str = "HTTP_AUTH";
 /// How long an HTTP Idempotency-Key is remembered.
-pub const IDEMPOTENCY_KEY_RETENTION_HOURS: &str = "IDEMPOTENCY_KEY_RETENTION_HOURS";
+pub(crate) const IDEMPOTENCY_KEY_RETENTION_HOURS: &str = "IDEMPOTENCY_KEY_RETENTION_HOURS";
 /// `json` or `text`.
 pub const LOG_FORMAT: &str = "LOG_FORMAT";
 /// Dev only: `consumer`, `naive` or `noop`.

@@ -14,7 +14,7 @@
 pub mod cosmos;
 pub mod postgres;
 pub mod sqlite;
-pub mod traced;
+pub(crate) mod traced;
 
 use std::fmt;
 use std::sync::Arc;
@@ -73,14 +73,14 @@ pub enum InboxStatus {
 }
 
 impl InboxStatus {
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             InboxStatus::InProgress => "in_progress",
             InboxStatus::Completed => "completed",
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "in_progress" => Some(InboxStatus::InProgress),
             "completed" => Some(InboxStatus::Completed),
@@ -145,7 +145,7 @@ impl InboxOutcome {
 
     /// Reads a stored string. An unknown one is an error (a bug or a hand edit), never
     /// guessed at.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
         if let Some(kind) = OutcomeKind::parse(s) {
             Ok(InboxOutcome::Message(kind))
         } else if s == Self::RUN_RELEASED {
@@ -158,7 +158,7 @@ impl InboxOutcome {
     }
 
     /// The message outcome, if this is one.
-    pub fn kind(&self) -> Option<OutcomeKind> {
+    pub(crate) fn kind(&self) -> Option<OutcomeKind> {
         match self {
             InboxOutcome::Message(kind) => Some(*kind),
             _ => None,
@@ -223,7 +223,7 @@ impl PaymentStatus {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "recorded" => PaymentStatus::Recorded,
             "in_progress" => PaymentStatus::InProgress,
@@ -235,7 +235,7 @@ impl PaymentStatus {
         })
     }
 
-    pub fn is_terminal(&self) -> bool {
+    pub(crate) fn is_terminal(&self) -> bool {
         !matches!(self, PaymentStatus::InProgress)
     }
 }

@@ -17,7 +17,7 @@ use crate::telemetry::{self, trace};
 
 /// The store as dependencies: every call is a client span named after the operation,
 /// with the database system, the outcome and, on Cosmos, the request charge.
-pub struct TracedStore {
+pub(crate) struct TracedStore {
     inner: DynStore,
     system: &'static str,
     namespace: String,
@@ -25,7 +25,7 @@ pub struct TracedStore {
 
 impl TracedStore {
     /// Wraps `inner` when telemetry is exported; otherwise returns it unchanged.
-    pub fn wrap(inner: DynStore, system: &'static str, namespace: String) -> DynStore {
+    pub(crate) fn wrap(inner: DynStore, system: &'static str, namespace: String) -> DynStore {
         if !telemetry::enabled() {
             return inner;
         }

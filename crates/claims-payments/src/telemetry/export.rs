@@ -46,11 +46,11 @@ pub const SETTINGS: [&str; 3] = [
 ];
 
 /// At most this many finished spans wait for export; more are dropped and counted.
-pub const QUEUE_CAPACITY: usize = 2048;
+pub(crate) const QUEUE_CAPACITY: usize = 2048;
 /// One upload of telemetry may take this long.
-pub const UPLOAD_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const UPLOAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the exporters get at shutdown to send what they hold.
-pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
+pub(crate) const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
 /// The scope of an Entra token for Application Insights ingestion.
 const MONITOR_SCOPE: &str = "https://monitor.azure.com//.default";
 
@@ -58,13 +58,13 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static METER_PROVIDER: std::sync::OnceLock<SdkMeterProvider> = std::sync::OnceLock::new();
 
 /// Whether telemetry is exported. When false, no span is created and no instrument exists.
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
 /// Where telemetry goes, from the environment.
 #[derive(Clone, PartialEq, Eq)]
-pub enum TelemetrySettings {
+pub(crate) enum TelemetrySettings {
     Off,
     Otlp,
     AppInsights {
@@ -81,11 +81,11 @@ impl std::fmt::Debug for TelemetrySettings {
 }
 
 impl TelemetrySettings {
-    pub fn from_env() -> anyhow::Result<Self> {
+    pub(crate) fn from_env() -> anyhow::Result<Self> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+    pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
         let set = |name: &str| get(name).filter(|v| !v.trim().is_empty());
         if set("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
             return Ok(TelemetrySettings::Otlp);
@@ -128,7 +128,7 @@ impl TelemetrySettings {
         })
     }
 
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             TelemetrySettings::Off => "off",
             TelemetrySettings::Otlp => "otlp",
@@ -159,7 +159,7 @@ impl TelemetryGuard {
 }
 
 /// Exports the metrics now, off the caller's thread (an upload waits on the runtime).
-pub fn flush_metrics() {
+pub(crate) fn flush_metrics() {
     if let Some(provider) = METER_PROVIDER.get() {
         let provider = provider.clone();
         std::thread::spawn(move || {
@@ -170,7 +170,7 @@ pub fn flush_metrics() {
 
 /// Builds the exporters the settings name and installs the metrics provider; the tracer
 /// goes to [`super::init_with`]. Call inside the runtime (uploads run on it).
-pub fn init_exporter(
+pub(crate) fn init_exporter(
     settings: &TelemetrySettings,
 ) -> anyhow::Result<Option<(Tracer, TelemetryGuard)>> {
     let client = ExportClient::new(settings)?;

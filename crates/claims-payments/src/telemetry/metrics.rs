@@ -29,26 +29,26 @@ use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
 use opentelemetry::KeyValue;
 
 /// The metric names, one place (the alerts and the workbook in infra/ use them).
-pub mod names {
-    pub const OUTCOMES: &str = "claims_payments.outcomes";
-    pub const DEAD_LETTER_BOUND: &str = "claims_payments.dead_letter_bound";
-    pub const INVOCATIONS: &str = "claims_payments.invocations";
-    pub const TAKEOVERS: &str = "claims_payments.takeovers";
-    pub const LEASE_WAITS: &str = "claims_payments.lease_waits";
-    pub const OWN_WRITES_RECOGNISED: &str = "claims_payments.own_writes_recognised";
-    pub const BANK_CALLS: &str = "claims_payments.bank.calls";
-    pub const BANK_RETRIES: &str = "claims_payments.bank.retries";
-    pub const BANK_SERVICE_FAULTS: &str = "claims_payments.bank.service_faults";
-    pub const BANK_DURATION: &str = "claims_payments.bank.duration";
-    pub const HTTP_ANSWERS: &str = "claims_payments.http.answers";
-    pub const HTTP_IDEMPOTENCY: &str = "claims_payments.http.idempotency";
-    pub const RECONCILE_RUNS: &str = "claims_payments.reconcile.runs";
-    pub const RECONCILE_RESULTS: &str = "claims_payments.reconcile.results";
-    pub const RECONCILE_BACKLOG: &str = "claims_payments.reconcile.backlog";
-    pub const STORE_ROUND_TRIPS: &str = "claims_payments.store.round_trips";
-    pub const STORE_TRANSIENT_ERRORS: &str = "claims_payments.store.transient_errors";
-    pub const COSMOS_REQUEST_UNITS: &str = "claims_payments.cosmos.request_units";
-    pub const STARTS: &str = "claims_payments.starts";
+pub(crate) mod names {
+    pub(crate) const OUTCOMES: &str = "claims_payments.outcomes";
+    pub(crate) const DEAD_LETTER_BOUND: &str = "claims_payments.dead_letter_bound";
+    pub(crate) const INVOCATIONS: &str = "claims_payments.invocations";
+    pub(crate) const TAKEOVERS: &str = "claims_payments.takeovers";
+    pub(crate) const LEASE_WAITS: &str = "claims_payments.lease_waits";
+    pub(crate) const OWN_WRITES_RECOGNISED: &str = "claims_payments.own_writes_recognised";
+    pub(crate) const BANK_CALLS: &str = "claims_payments.bank.calls";
+    pub(crate) const BANK_RETRIES: &str = "claims_payments.bank.retries";
+    pub(crate) const BANK_SERVICE_FAULTS: &str = "claims_payments.bank.service_faults";
+    pub(crate) const BANK_DURATION: &str = "claims_payments.bank.duration";
+    pub(crate) const HTTP_ANSWERS: &str = "claims_payments.http.answers";
+    pub(crate) const HTTP_IDEMPOTENCY: &str = "claims_payments.http.idempotency";
+    pub(crate) const RECONCILE_RUNS: &str = "claims_payments.reconcile.runs";
+    pub(crate) const RECONCILE_RESULTS: &str = "claims_payments.reconcile.results";
+    pub(crate) const RECONCILE_BACKLOG: &str = "claims_payments.reconcile.backlog";
+    pub(crate) const STORE_ROUND_TRIPS: &str = "claims_payments.store.round_trips";
+    pub(crate) const STORE_TRANSIENT_ERRORS: &str = "claims_payments.store.transient_errors";
+    pub(crate) const COSMOS_REQUEST_UNITS: &str = "claims_payments.cosmos.request_units";
+    pub(crate) const STARTS: &str = "claims_payments.starts";
 }
 
 /// The meter every instrument comes from (the global provider [`super::export`] installs).
@@ -59,14 +59,17 @@ fn meter() -> Meter {
 /// A [`super::Counter`]'s metric: created on first use, and only when telemetry is
 /// exported.
 #[derive(Debug, Default)]
-pub struct Binding {
+pub(crate) struct Binding {
     name: Option<&'static str>,
     dimension: Option<(&'static str, &'static str)>,
     instrument: OnceLock<Option<(Counter<u64>, Vec<KeyValue>)>>,
 }
 
 impl Binding {
-    pub const fn new(name: &'static str, dimension: Option<(&'static str, &'static str)>) -> Self {
+    pub(crate) const fn new(
+        name: &'static str,
+        dimension: Option<(&'static str, &'static str)>,
+    ) -> Self {
         Binding {
             name: Some(name),
             dimension,
@@ -74,7 +77,7 @@ impl Binding {
         }
     }
 
-    pub fn add(&self, n: u64) {
+    pub(crate) fn add(&self, n: u64) {
         if !super::enabled() {
             return;
         }
@@ -94,20 +97,20 @@ impl Binding {
 
 /// A floating-point counter without dimensions (request units).
 #[derive(Debug, Default)]
-pub struct F64Binding {
+pub(crate) struct F64Binding {
     name: Option<&'static str>,
     instrument: OnceLock<Option<Counter<f64>>>,
 }
 
 impl F64Binding {
-    pub const fn new(name: &'static str) -> Self {
+    pub(crate) const fn new(name: &'static str) -> Self {
         F64Binding {
             name: Some(name),
             instrument: OnceLock::new(),
         }
     }
 
-    pub fn add(&self, value: f64) {
+    pub(crate) fn add(&self, value: f64) {
         if !super::enabled() {
             return;
         }
@@ -163,7 +166,7 @@ fn instruments() -> Option<&'static Instruments> {
 
 /// `serve` started: counted and exported at once, so a handler that keeps crashing
 /// soon after its start still shows its starts.
-pub fn started() {
+pub(crate) fn started() {
     if !super::enabled() {
         return;
     }
@@ -172,7 +175,7 @@ pub fn started() {
 }
 
 /// One bank request took `millis` and was answered as `answer`.
-pub fn bank_duration(operation: &'static str, answer: &'static str, millis: f64) {
+pub(crate) fn bank_duration(operation: &'static str, answer: &'static str, millis: f64) {
     if let Some(i) = instruments() {
         i.bank_duration.record(
             millis,
@@ -185,7 +188,7 @@ pub fn bank_duration(operation: &'static str, answer: &'static str, millis: f64)
 }
 
 /// The HTTP server answered `route` with `status`.
-pub fn http_answer(route: &str, status: u16) {
+pub(crate) fn http_answer(route: &str, status: u16) {
     if let Some(i) = instruments() {
         i.http_answers.add(
             1,
@@ -198,7 +201,7 @@ pub fn http_answer(route: &str, status: u16) {
 }
 
 /// A delivery was answered so that the message will end in the dead-letter queue.
-pub fn dead_letter_bound(outcome: &'static str) {
+pub(crate) fn dead_letter_bound(outcome: &'static str) {
     if let Some(i) = instruments() {
         i.dead_letter_bound
             .add(1, &[KeyValue::new("outcome", outcome)]);
@@ -206,22 +209,22 @@ pub fn dead_letter_bound(outcome: &'static str) {
 }
 
 /// What one reconcile run settled, and what it found unsettled.
-pub struct ReconcileRun {
-    pub paid_by_lookup: u64,
-    pub paid_now: u64,
-    pub rejected: u64,
-    pub still_unknown: u64,
-    pub mismatches: u64,
-    pub double_payments: u64,
-    pub skipped: u64,
-    pub waiting: u64,
-    pub not_reached: u64,
-    pub needs_a_person: u64,
-    pub needs_reconciliation_before: u64,
-    pub orphaned_in_progress_before: u64,
+pub(crate) struct ReconcileRun {
+    pub(crate) paid_by_lookup: u64,
+    pub(crate) paid_now: u64,
+    pub(crate) rejected: u64,
+    pub(crate) still_unknown: u64,
+    pub(crate) mismatches: u64,
+    pub(crate) double_payments: u64,
+    pub(crate) skipped: u64,
+    pub(crate) waiting: u64,
+    pub(crate) not_reached: u64,
+    pub(crate) needs_a_person: u64,
+    pub(crate) needs_reconciliation_before: u64,
+    pub(crate) orphaned_in_progress_before: u64,
 }
 
-pub fn reconcile_run(run: &ReconcileRun) {
+pub(crate) fn reconcile_run(run: &ReconcileRun) {
     let Some(i) = instruments() else { return };
     for (result, n) in [
         ("paid-by-lookup", run.paid_by_lookup),

@@ -19,10 +19,10 @@
 //! dimensions ([`metrics`]), so Application Insights gets real metrics, not log lines.
 
 pub mod export;
-pub mod metrics;
-pub mod trace;
+pub(crate) mod metrics;
+pub(crate) mod trace;
 
-pub use export::{enabled, init_exporter, TelemetryGuard, TelemetrySettings};
+pub(crate) use export::{enabled, init_exporter, TelemetryGuard, TelemetrySettings};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -72,14 +72,14 @@ pub fn start(format: LogFormat) -> anyhow::Result<Option<TelemetryGuard>> {
 
 /// Installs the global subscriber (logs only, nothing exported). `RUST_LOG` overrides the
 /// default `info` filter.
-pub fn init(format: LogFormat) {
+pub(crate) fn init(format: LogFormat) {
     init_with(format, None);
 }
 
 /// Installs the global subscriber: the log lines, and the OpenTelemetry layer when an
 /// exporter was built (see [`export::init_exporter`]). A second init (tests, simulate)
 /// keeps the first subscriber.
-pub fn init_with(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Tracer>) {
+pub(crate) fn init_with(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Tracer>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // The log line stays what it was: no span list, no current span.
     let logs = match format {
@@ -103,7 +103,7 @@ pub fn init_with(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Tra
 /// A monotonically increasing count; also an OpenTelemetry counter (a metric with its
 /// dimensions) when telemetry is exported.
 #[derive(Debug, Default)]
-pub struct Counter {
+pub(crate) struct Counter {
     value: AtomicU64,
     metric: Binding,
     /// Set to `true` on the current invocation's span when counted (e.g. `takeover`).
@@ -112,7 +112,7 @@ pub struct Counter {
 
 impl Counter {
     /// A count that is also the metric `name`, with one dimension `key = value` (or none).
-    pub const fn metric(
+    pub(crate) const fn metric(
         name: &'static str,
         dimension: Option<(&'static str, &'static str)>,
     ) -> Self {
@@ -124,16 +124,16 @@ impl Counter {
     }
 
     /// The same, and each count also marks the current invocation's span with `flag`.
-    pub fn flagging(mut self, flag: &'static str) -> Self {
+    pub(crate) fn flagging(mut self, flag: &'static str) -> Self {
         self.span_flag = Some(flag);
         self
     }
 
-    pub fn inc(&self) {
+    pub(crate) fn inc(&self) {
         self.add(1);
     }
 
-    pub fn add(&self, n: u64) {
+    pub(crate) fn add(&self, n: u64) {
         self.value.fetch_add(n, Ordering::Relaxed);
         self.metric.add(n);
         if let Some(flag) = self.span_flag {
@@ -141,7 +141,7 @@ impl Counter {
         }
     }
 
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.value.load(Ordering::Relaxed)
     }
 }
@@ -156,7 +156,7 @@ pub struct RequestUnits {
 }
 
 impl RequestUnits {
-    pub fn add(&self, ru: f64) {
+    pub(crate) fn add(&self, ru: f64) {
         if ru.is_finite() && ru > 0.0 {
             self.value
                 .fetch_add((ru * 100.0).round() as u64, Ordering::Relaxed);
@@ -173,47 +173,47 @@ impl RequestUnits {
 /// What the service counts. Outcome counters mirror the `outcome` log field.
 #[derive(Debug)]
 pub struct Counters {
-    pub invocations: Counter,
-    pub paid: Counter,
-    pub recorded: Counter,
-    pub duplicates_skipped: Counter,
-    pub business_duplicates: Counter,
-    pub conflicts: Counter,
-    pub invalid_messages: Counter,
-    pub retry_later: Counter,
-    pub store_failures: Counter,
-    pub rejected: Counter,
-    pub needs_reconciliation: Counter,
-    pub takeovers: Counter,
-    pub lease_waits: Counter,
-    pub own_write_recognised: Counter,
-    pub bank_calls: Counter,
-    pub bank_retries: Counter,
+    pub(crate) invocations: Counter,
+    pub(crate) paid: Counter,
+    pub(crate) recorded: Counter,
+    pub(crate) duplicates_skipped: Counter,
+    pub(crate) business_duplicates: Counter,
+    pub(crate) conflicts: Counter,
+    pub(crate) invalid_messages: Counter,
+    pub(crate) retry_later: Counter,
+    pub(crate) store_failures: Counter,
+    pub(crate) rejected: Counter,
+    pub(crate) needs_reconciliation: Counter,
+    pub(crate) takeovers: Counter,
+    pub(crate) lease_waits: Counter,
+    pub(crate) own_write_recognised: Counter,
+    pub(crate) bank_calls: Counter,
+    pub(crate) bank_retries: Counter,
     /// Bank answers that are the service's own fault (credential, URL, method, format).
-    pub bank_service_faults: Counter,
-    pub bank_lookups: Counter,
+    pub(crate) bank_service_faults: Counter,
+    pub(crate) bank_lookups: Counter,
     /// `POST /api/payments`: requests, stored answers replayed, refused while in flight
     /// (409), keys reused with another request (422).
-    pub http_requests: Counter,
-    pub http_replays: Counter,
-    pub http_in_flight: Counter,
-    pub http_key_mismatches: Counter,
+    pub(crate) http_requests: Counter,
+    pub(crate) http_replays: Counter,
+    pub(crate) http_in_flight: Counter,
+    pub(crate) http_key_mismatches: Counter,
     /// Reconcile runs, and the payments they settled or left unknown.
-    pub reconcile_runs: Counter,
-    pub reconcile_settled: Counter,
-    pub reconcile_unknown: Counter,
-    pub store_transient_errors: Counter,
-    pub store_round_trips: Counter,
+    pub(crate) reconcile_runs: Counter,
+    pub(crate) reconcile_settled: Counter,
+    pub(crate) reconcile_unknown: Counter,
+    pub(crate) store_transient_errors: Counter,
+    pub(crate) store_round_trips: Counter,
     /// SQLite group commits, and the write jobs they carried: jobs / commits is the
     /// average group size. Syncs (`fdatasync` of the WAL) each cover one or more groups.
-    pub sqlite_commits: Counter,
-    pub sqlite_committed_jobs: Counter,
-    pub sqlite_syncs: Counter,
+    pub(crate) sqlite_commits: Counter,
+    pub(crate) sqlite_committed_jobs: Counter,
+    pub(crate) sqlite_syncs: Counter,
     pub cosmos_request_units: RequestUnits,
     /// Telemetry that never reached its endpoint: spans dropped because the export queue
     /// was full, and items in exports that failed (endpoint slow, down or refusing).
-    pub telemetry_dropped: Counter,
-    pub telemetry_export_failures: Counter,
+    pub(crate) telemetry_dropped: Counter,
+    pub(crate) telemetry_export_failures: Counter,
 }
 
 impl Default for Counters {
@@ -267,43 +267,43 @@ impl Default for Counters {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CountersSnapshot {
-    pub invocations: u64,
-    pub paid: u64,
-    pub recorded: u64,
-    pub duplicates_skipped: u64,
-    pub business_duplicates: u64,
-    pub conflicts: u64,
-    pub invalid_messages: u64,
-    pub retry_later: u64,
-    pub store_failures: u64,
-    pub rejected: u64,
-    pub needs_reconciliation: u64,
-    pub takeovers: u64,
-    pub lease_waits: u64,
-    pub own_write_recognised: u64,
-    pub bank_calls: u64,
-    pub bank_retries: u64,
-    pub bank_service_faults: u64,
-    pub bank_lookups: u64,
-    pub http_requests: u64,
-    pub http_replays: u64,
-    pub http_in_flight: u64,
-    pub http_key_mismatches: u64,
-    pub reconcile_runs: u64,
-    pub reconcile_settled: u64,
-    pub reconcile_unknown: u64,
-    pub store_transient_errors: u64,
-    pub store_round_trips: u64,
-    pub sqlite_commits: u64,
-    pub sqlite_committed_jobs: u64,
-    pub sqlite_syncs: u64,
-    pub cosmos_request_units: f64,
-    pub telemetry_dropped: u64,
-    pub telemetry_export_failures: u64,
+    pub(crate) invocations: u64,
+    pub(crate) paid: u64,
+    pub(crate) recorded: u64,
+    pub(crate) duplicates_skipped: u64,
+    pub(crate) business_duplicates: u64,
+    pub(crate) conflicts: u64,
+    pub(crate) invalid_messages: u64,
+    pub(crate) retry_later: u64,
+    pub(crate) store_failures: u64,
+    pub(crate) rejected: u64,
+    pub(crate) needs_reconciliation: u64,
+    pub(crate) takeovers: u64,
+    pub(crate) lease_waits: u64,
+    pub(crate) own_write_recognised: u64,
+    pub(crate) bank_calls: u64,
+    pub(crate) bank_retries: u64,
+    pub(crate) bank_service_faults: u64,
+    pub(crate) bank_lookups: u64,
+    pub(crate) http_requests: u64,
+    pub(crate) http_replays: u64,
+    pub(crate) http_in_flight: u64,
+    pub(crate) http_key_mismatches: u64,
+    pub(crate) reconcile_runs: u64,
+    pub(crate) reconcile_settled: u64,
+    pub(crate) reconcile_unknown: u64,
+    pub(crate) store_transient_errors: u64,
+    pub(crate) store_round_trips: u64,
+    pub(crate) sqlite_commits: u64,
+    pub(crate) sqlite_committed_jobs: u64,
+    pub(crate) sqlite_syncs: u64,
+    pub(crate) cosmos_request_units: f64,
+    pub(crate) telemetry_dropped: u64,
+    pub(crate) telemetry_export_failures: u64,
 }
 
 impl Counters {
-    pub fn snapshot(&self) -> CountersSnapshot {
+    pub(crate) fn snapshot(&self) -> CountersSnapshot {
         CountersSnapshot {
             invocations: self.invocations.get(),
             paid: self.paid.get(),
@@ -349,7 +349,7 @@ pub fn counters() -> &'static Counters {
 }
 
 /// Logs the counters as one structured event.
-pub fn log_counters() {
+pub(crate) fn log_counters() {
     let c = counters().snapshot();
     tracing::info!(
         invocations = c.invocations,

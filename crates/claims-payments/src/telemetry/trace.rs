@@ -37,7 +37,7 @@ use super::metrics;
 /// The OpenTelemetry layer: spans of this crate at INFO and above, and its WARN and ERROR
 /// events (they become traces under the operation; the host forwards every log line
 /// anyway). No code locations, threads or busy/idle timings: less work per span.
-pub fn layer<S>(tracer: opentelemetry_sdk::trace::Tracer) -> impl Layer<S> + Send + Sync
+pub(crate) fn layer<S>(tracer: opentelemetry_sdk::trace::Tracer) -> impl Layer<S> + Send + Sync
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
 {
@@ -54,13 +54,13 @@ where
 }
 
 /// The parent a caller handed us in W3C Trace Context headers (`traceparent`).
-pub fn parent_from_headers(headers: &HeaderMap) -> Option<opentelemetry::Context> {
+pub(crate) fn parent_from_headers(headers: &HeaderMap) -> Option<opentelemetry::Context> {
     valid(TraceContextPropagator::new().extract(&HeaderExtractor(headers)))
 }
 
 /// The parent a Service Bus SDK put into the message's `Diagnostic-Id` (a W3C
 /// `traceparent` value in current SDKs; older hierarchical ids are ignored).
-pub fn parent_from_diagnostic_id(diagnostic_id: &str) -> Option<opentelemetry::Context> {
+pub(crate) fn parent_from_diagnostic_id(diagnostic_id: &str) -> Option<opentelemetry::Context> {
     let carrier = HashMap::from([("traceparent".to_owned(), diagnostic_id.trim().to_owned())]);
     valid(TraceContextPropagator::new().extract(&carrier))
 }
@@ -72,7 +72,7 @@ fn valid(cx: opentelemetry::Context) -> Option<opentelemetry::Context> {
 /// The server span of one `ClaimApproved` invocation, parented on the host's
 /// `traceparent` when it sent one, else on the message's `Diagnostic-Id`. The fields
 /// are filled in as the invocation learns them ([`record_outcome`]).
-pub fn invocation_span(
+pub(crate) fn invocation_span(
     function: &'static str,
     headers: &HeaderMap,
     diagnostic_id: Option<&str>,
@@ -104,7 +104,7 @@ pub fn invocation_span(
 }
 
 /// A timer invocation's server span (Reconcile): a root unless the host sent a parent.
-pub fn timer_span(function: &'static str, headers: &HeaderMap) -> Span {
+pub(crate) fn timer_span(function: &'static str, headers: &HeaderMap) -> Span {
     if !super::enabled() {
         return Span::none();
     }
@@ -125,7 +125,7 @@ pub fn timer_span(function: &'static str, headers: &HeaderMap) -> Span {
 
 /// Records how an invocation ended on its span: the outcome label, the status the host
 /// gets, and an error status when the host is told to fail the invocation.
-pub fn record_outcome(span: &Span, claim_id: Option<&str>, outcome: &str, status: u16) {
+pub(crate) fn record_outcome(span: &Span, claim_id: Option<&str>, outcome: &str, status: u16) {
     if span.is_none() {
         return;
     }
@@ -146,7 +146,7 @@ pub fn record_outcome(span: &Span, claim_id: Option<&str>, outcome: &str, status
 
 /// Sets `flag = true` on the current span (the invocation's: counters are counted
 /// between store and bank calls), e.g. `takeover` when a delivery took over a lease.
-pub fn flag_current_span(flag: &'static str) {
+pub(crate) fn flag_current_span(flag: &'static str) {
     if super::enabled() {
         Span::current().set_attribute(flag, true);
     }
@@ -156,7 +156,7 @@ pub fn flag_current_span(flag: &'static str) {
 /// /api/payments/{claimId}`), parented on `traceparent`, and the answer counted by route
 /// and status for every route. `ClaimApproved` opens its own span (its parent may be in
 /// the body), so here it is only counted.
-pub async fn layer_http(
+pub(crate) async fn layer_http(
     State(own_spans): State<&'static [&'static str]>,
     request: Request,
     next: Next,
@@ -202,7 +202,7 @@ pub async fn layer_http(
 
 /// The class of a bank answer, as DESIGN.md §8 sorts them (for span attributes and the
 /// latency metric's dimension; the bank client's own `classify` decides what to do).
-pub fn bank_answer_class(status: u16) -> &'static str {
+pub(crate) fn bank_answer_class(status: u16) -> &'static str {
     match status {
         200..=299 => "success",
         400 | 402 => "rejected",
@@ -215,7 +215,7 @@ pub fn bank_answer_class(status: u16) -> &'static str {
 /// Sends one bank request as a dependency span of the current invocation, with
 /// `traceparent` (and `tracestate`) injected, and records its duration and answer class.
 /// Without telemetry it only sends.
-pub async fn bank_call(
+pub(crate) async fn bank_call(
     operation: &'static str,
     request: reqwest::RequestBuilder,
 ) -> reqwest::Result<reqwest::Response> {
@@ -299,7 +299,7 @@ pub(crate) fn add_request_charge(ru: f64) {
 }
 
 /// Runs a store call and returns what it charged, in Cosmos request units (0 elsewhere).
-pub async fn charged<T>(work: impl std::future::Future<Output = T>) -> (T, f64) {
+pub(crate) async fn charged<T>(work: impl std::future::Future<Output = T>) -> (T, f64) {
     REQUEST_CHARGE
         .scope(Cell::new(0.0), async {
             let result = work.await;
@@ -309,7 +309,7 @@ pub async fn charged<T>(work: impl std::future::Future<Output = T>) -> (T, f64) 
 }
 
 /// Marks `span` failed with `label`.
-pub fn fail(span: &Span, label: &'static str) {
+pub(crate) fn fail(span: &Span, label: &'static str) {
     span.set_status(Status::error(label));
 }
 

@@ -13,8 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use claims_payments::consumer::{Outcome, OutcomeKind, Step};
+use claims_payments::consumer::Outcome;
+
+use claims_payments::message::OutcomeKind;
 use claims_payments::message::{ClaimId, MessageId, Purpose};
+use claims_payments::seams::Step;
 use claims_payments::store::{
     AttemptId, ClaimResult, DynStore, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
     InsertResult, PaymentRecord, PaymentStatus, StoreError,

@@ -113,11 +113,6 @@ impl CosmosStore {
         &self.container
     }
 
-    /// The `ttl` written on inbox documents, in seconds.
-    pub fn inbox_ttl_seconds(&self) -> i32 {
-        self.inbox_ttl_seconds
-    }
-
     fn begin(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         telemetry::counters().store_round_trips.inc();

@@ -23,8 +23,8 @@ use super::settings::{CosmosAuth, CosmosSettings};
 // Where they were first defined; settings own them so that settings do not depend on this module.
 pub use super::settings::{DEFAULT_CONTAINER, DEFAULT_DATABASE};
 
-pub const PARTITION_KEY_PATH: &str = "/claimId";
-pub const UNIQUE_KEY_PATHS: [&str; 2] = ["/docType", "/dedupKey"];
+pub(crate) const PARTITION_KEY_PATH: &str = "/claimId";
+pub(crate) const UNIQUE_KEY_PATHS: [&str; 2] = ["/docType", "/dedupKey"];
 
 /// The container's Cosmos REST definition under the name `name`.
 ///
@@ -66,7 +66,7 @@ pub fn container_definition(name: &str) -> serde_json::Value {
 /// document the rest of the query selects. The SDK's in-process emulator ignores the
 /// indexing policy altogether, so only the test `queried_paths_are_indexed` (which reads
 /// the query strings of `src/store/cosmos/`) catches a missing path before Azure does.
-pub const INDEXED_PATHS: [(&str, &str); 4] = [
+pub(crate) const INDEXED_PATHS: [(&str, &str); 4] = [
     (
         "/docType/?",
         "unique key path; the operator listings filter on it",
@@ -98,7 +98,7 @@ pub fn container_definition_json() -> String {
 /// The SDK properties of the container, read from [`container_definition`]. The indexing
 /// policy is included: the SDK serializes it and both the service and the in-process
 /// emulator accept it at creation.
-pub fn container_properties(name: &str) -> ContainerProperties {
+pub(crate) fn container_properties(name: &str) -> ContainerProperties {
     // The definition is a constant the SDK type models field for field; a failure here is
     // a programming error that the unit test below catches, never a runtime condition.
     // Falling back to a partial definition would silently provision a container without
@@ -110,9 +110,9 @@ pub fn container_properties(name: &str) -> ContainerProperties {
 /// One way an existing container differs from the definition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Difference {
-    pub property: &'static str,
-    pub expected: String,
-    pub found: String,
+    pub(crate) property: &'static str,
+    pub(crate) expected: String,
+    pub(crate) found: String,
 }
 
 impl fmt::Display for Difference {
@@ -128,7 +128,7 @@ impl fmt::Display for Difference {
 /// Compares an existing container's properties with the definition on what the guard
 /// depends on: the partition key, the unique keys and the default TTL. The indexing
 /// policy is not compared (the service normalises it, and it can be changed in place).
-pub fn verify_container_properties(found: &ContainerProperties) -> Vec<Difference> {
+pub(crate) fn verify_container_properties(found: &ContainerProperties) -> Vec<Difference> {
     let mut differences = Vec::new();
     let pk = &found.partition_key;
     let paths: Vec<&str> = pk.paths().iter().map(|p| p.as_ref()).collect();
@@ -288,8 +288,8 @@ pub fn indexing_policy_difference(found: &ContainerProperties) -> Option<Differe
 /// What [`provision`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProvisionReport {
-    pub database: String,
-    pub container: String,
+    pub(crate) database: String,
+    pub(crate) container: String,
     pub database_created: bool,
     pub container_created: bool,
     /// An existing container's indexing policy differed and was replaced in place.
@@ -324,7 +324,7 @@ impl fmt::Display for ProvisionReport {
 /// Creates the database and the container (key auth only: the emulator, dev accounts),
 /// or verifies them if they exist. With Entra ID the control plane is not available to
 /// data-plane identities, so the container must come from Bicep; this then only verifies.
-pub async fn provision(settings: &CosmosSettings) -> anyhow::Result<ProvisionReport> {
+pub(crate) async fn provision(settings: &CosmosSettings) -> anyhow::Result<ProvisionReport> {
     let client = settings.build_client().await?;
     if !matches!(settings.auth, CosmosAuth::Key(_)) {
         verify_existing(&client, &settings.database, &settings.container).await?;

@@ -23,11 +23,11 @@ use crate::store::{
     StoreError,
 };
 
-pub const INBOX_DOC_TYPE: &str = "inbox";
-pub const PAYMENT_DOC_TYPE: &str = "payment";
+pub(crate) const INBOX_DOC_TYPE: &str = "inbox";
+pub(crate) const PAYMENT_DOC_TYPE: &str = "payment";
 
 /// Cosmos DB refuses ids longer than this many characters.
-pub const MAX_ID_CHARS: usize = 255;
+pub(crate) const MAX_ID_CHARS: usize = 255;
 
 const INBOX_ID_PREFIX: &str = "inbox:";
 /// Differs from [`INBOX_ID_PREFIX`] in its sixth character, so a hashed id can never
@@ -60,7 +60,7 @@ pub fn inbox_id(consumer: &str, message_id: &MessageId) -> String {
 }
 
 /// The raw unique-key value of an inbox document: consumer and MessageId as they are.
-pub fn inbox_dedup_key(consumer: &str, message_id: &MessageId) -> String {
+pub(crate) fn inbox_dedup_key(consumer: &str, message_id: &MessageId) -> String {
     format!("{consumer}/{}", message_id.as_str())
 }
 
@@ -69,7 +69,7 @@ pub fn payment_id(purpose: Purpose) -> String {
     format!("payment:{}", purpose.as_str())
 }
 
-pub fn payment_dedup_key(purpose: Purpose) -> String {
+pub(crate) fn payment_dedup_key(purpose: Purpose) -> String {
     purpose.as_str().to_owned()
 }
 
@@ -88,7 +88,7 @@ fn escape_into(out: &mut String, raw: &str) {
 
 /// Timestamps are written in UTC with nine fraction digits, so that their string order
 /// is their time order (`ORDER BY c.createdAt` compares strings). Still RFC 3339.
-pub fn format_timestamp(t: OffsetDateTime) -> String {
+pub(crate) fn format_timestamp(t: OffsetDateTime) -> String {
     let format =
         format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:9]Z");
     // Formatting a UTC date in the range `time` can represent only fails for years
@@ -134,23 +134,23 @@ fn parse_purpose(doc: &str, value: &str) -> Result<Purpose, StoreError> {
 #[serde(rename_all = "camelCase")]
 pub struct InboxDoc {
     pub id: String,
-    pub claim_id: String,
-    pub doc_type: String,
-    pub dedup_key: String,
-    pub consumer: String,
-    pub message_id: String,
-    pub payload_hash: String,
-    pub status: String,
-    pub outcome: Option<InboxOutcome>,
-    pub owner: AttemptId,
-    pub lease_until: Option<String>,
-    pub first_delivery_count: u32,
-    pub last_delivery_count: u32,
-    pub created_at: String,
-    pub updated_at: String,
-    pub expires_at: String,
+    pub(crate) claim_id: String,
+    pub(crate) doc_type: String,
+    pub(crate) dedup_key: String,
+    pub(crate) consumer: String,
+    pub(crate) message_id: String,
+    pub(crate) payload_hash: String,
+    pub(crate) status: String,
+    pub(crate) outcome: Option<InboxOutcome>,
+    pub(crate) owner: AttemptId,
+    pub(crate) lease_until: Option<String>,
+    pub(crate) first_delivery_count: u32,
+    pub(crate) last_delivery_count: u32,
+    pub(crate) created_at: String,
+    pub(crate) updated_at: String,
+    pub(crate) expires_at: String,
     /// Seconds after the last write at which Cosmos deletes the document.
-    pub ttl: i32,
+    pub(crate) ttl: i32,
 }
 
 impl InboxDoc {
@@ -177,7 +177,10 @@ impl InboxDoc {
     }
 
     /// Checks the document against the key it was read by, then converts it.
-    pub fn into_record(self, expected: Option<&InboxKey>) -> Result<InboxRecord, StoreError> {
+    pub(crate) fn into_record(
+        self,
+        expected: Option<&InboxKey>,
+    ) -> Result<InboxRecord, StoreError> {
         const DOC: &str = "inbox";
         if self.doc_type != INBOX_DOC_TYPE {
             return Err(corrupt(DOC, "docType", format!("is {:?}", self.doc_type)));
@@ -229,23 +232,23 @@ impl InboxDoc {
 #[serde(rename_all = "camelCase")]
 pub struct PaymentDoc {
     pub id: String,
-    pub claim_id: String,
-    pub doc_type: String,
-    pub dedup_key: String,
-    pub purpose: String,
-    pub tenant_id: Option<String>,
-    pub amount: String,
-    pub currency: String,
-    pub payee: Option<String>,
-    pub payload_hash: String,
-    pub message_id: String,
-    pub idempotency_key: String,
-    pub payout_request: Option<String>,
-    pub status: String,
-    pub bank_payment_id: Option<String>,
-    pub status_reason: Option<String>,
-    pub created_at: String,
-    pub updated_at: String,
+    pub(crate) claim_id: String,
+    pub(crate) doc_type: String,
+    pub(crate) dedup_key: String,
+    pub(crate) purpose: String,
+    pub(crate) tenant_id: Option<String>,
+    pub(crate) amount: String,
+    pub(crate) currency: String,
+    pub(crate) payee: Option<String>,
+    pub(crate) payload_hash: String,
+    pub(crate) message_id: String,
+    pub(crate) idempotency_key: String,
+    pub(crate) payout_request: Option<String>,
+    pub(crate) status: String,
+    pub(crate) bank_payment_id: Option<String>,
+    pub(crate) status_reason: Option<String>,
+    pub(crate) created_at: String,
+    pub(crate) updated_at: String,
 }
 
 impl PaymentDoc {
@@ -272,7 +275,10 @@ impl PaymentDoc {
         }
     }
 
-    pub fn into_record(self, expected_claim: Option<ClaimId>) -> Result<PaymentRecord, StoreError> {
+    pub(crate) fn into_record(
+        self,
+        expected_claim: Option<ClaimId>,
+    ) -> Result<PaymentRecord, StoreError> {
         const DOC: &str = "payment";
         if self.doc_type != PAYMENT_DOC_TYPE {
             return Err(corrupt(DOC, "docType", format!("is {:?}", self.doc_type)));
@@ -318,15 +324,15 @@ impl PaymentDoc {
     }
 }
 
-/// Decodes a document body read from Cosmos, naming the document kind on failure.
-pub fn decode<T: serde::de::DeserializeOwned>(kind: &str, body: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(body)
-        .map_err(|e| StoreError::Permanent(format!("corrupt {kind} document: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reads a document body as the adapter's typed reads do.
+    fn decode<T: serde::de::DeserializeOwned>(kind: &str, body: &[u8]) -> Result<T, StoreError> {
+        serde_json::from_slice(body)
+            .map_err(|e| StoreError::Permanent(format!("corrupt {kind} document: {e}")))
+    }
 
     fn msg(s: &str) -> MessageId {
         MessageId::parse(s).unwrap()

@@ -15,15 +15,15 @@
 //! The SDK's in-process emulator, for tests and local runs, is served by
 //! `claims-payments-dev` (its `cosmos-emulator` binary; the testkit starts it).
 
-pub mod adapter;
+pub(crate) mod adapter;
 pub mod container;
 pub mod documents;
 mod errors;
 pub mod settings;
 
 pub use adapter::CosmosStore;
+pub(crate) use container::provision;
 pub use container::{
-    container_definition, container_definition_json, container_properties, provision,
-    provision_with_client, verify_container_properties, ProvisionReport,
+    container_definition, container_definition_json, provision_with_client, ProvisionReport,
 };
 pub use settings::{CosmosAuth, CosmosSettings};

@@ -67,7 +67,7 @@ impl fmt::Debug for CosmosAuth {
 
 impl CosmosAuth {
     /// A short description for logs ("key", "managed identity (user-assigned ...)", ...).
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             CosmosAuth::Key(_) => "account key".to_owned(),
             CosmosAuth::ManagedIdentity {
@@ -88,19 +88,19 @@ impl CosmosAuth {
 pub struct CosmosSettings {
     pub endpoint: Url,
     pub database: String,
-    pub container: String,
+    pub(crate) container: String,
     pub auth: CosmosAuth,
-    pub preferred_region: Option<String>,
+    pub(crate) preferred_region: Option<String>,
     /// `AZURE_COSMOS_EMULATOR_HOST`: a non-loopback host name the SDK treats as an
     /// emulator (plain http allowed).
-    pub emulator_host: Option<String>,
+    pub(crate) emulator_host: Option<String>,
     /// How long [`CosmosStore::connect`](super::CosmosStore::connect) keeps retrying an
     /// unreachable endpoint before giving up (the emulator may still be starting).
     pub startup_budget: Duration,
 }
 
 impl CosmosSettings {
-    pub const DEFAULT_STARTUP_BUDGET: Duration = Duration::from_secs(30);
+    pub(crate) const DEFAULT_STARTUP_BUDGET: Duration = Duration::from_secs(30);
 
     /// Reads the settings through `lookup` (the environment, or a map in tests). Empty
     /// values count as unset, since app settings cannot always be removed.
@@ -180,7 +180,7 @@ impl CosmosSettings {
 
     /// Whether the endpoint is one the SDK treats as an emulator (loopback, or the host
     /// named in `AZURE_COSMOS_EMULATOR_HOST`).
-    pub fn is_emulator_endpoint(&self) -> bool {
+    pub(crate) fn is_emulator_endpoint(&self) -> bool {
         is_emulator_host(&self.endpoint, self.emulator_host.as_deref())
     }
 

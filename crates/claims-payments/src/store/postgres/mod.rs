@@ -26,7 +26,7 @@
 
 pub mod pool;
 mod schema;
-pub mod settings;
+pub(crate) mod settings;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -38,8 +38,9 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-pub use schema::{check_schema, provision, SchemaReport, EXPECTED_SCHEMA_VERSION};
-pub use settings::{EntraIdentity, PostgresAuth, PostgresSettings};
+pub(crate) use schema::check_schema;
+pub use schema::{provision, SchemaReport};
+pub use settings::PostgresSettings;
 
 use super::{
     AttemptId, ClaimResult, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult,

@@ -24,17 +24,17 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::settings::{EntraIdentity, PostgresAuth, PostgresSettings};
 
 /// The scope of Azure Database for PostgreSQL's Entra tokens.
-pub const ENTRA_SCOPE: &str = "https://ossrdbms-aad.database.windows.net/.default";
+pub(crate) const ENTRA_SCOPE: &str = "https://ossrdbms-aad.database.windows.net/.default";
 /// No connection lives longer than this, whatever its login: a bound on how long a
 /// connection to a server that failed over (and came back read-only) can linger.
-pub const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// A connection retires this long before its token expires.
-pub const TOKEN_MARGIN: Duration = Duration::from_secs(5 * 60);
+pub(crate) const TOKEN_MARGIN: Duration = Duration::from_secs(5 * 60);
 /// Set on every connection: no statement or lock wait holds an invocation for longer.
 const SESSION_SETUP: &str = "SET statement_timeout = '10s'; SET lock_timeout = '5s'; \
                              SET idle_in_transaction_session_timeout = '30s'";
 
-pub type Pool = deadpool::managed::Pool<Manager>;
+pub(crate) type Pool = deadpool::managed::Pool<Manager>;
 
 /// One pooled connection with its prepared statements.
 pub struct Connection {
@@ -54,13 +54,13 @@ impl Drop for Connection {
 
 impl Connection {
     /// Whether `sql` is prepared on this connection already.
-    pub fn is_prepared(&self, sql: &'static str) -> bool {
+    pub(crate) fn is_prepared(&self, sql: &'static str) -> bool {
         self.statements.contains_key(sql)
     }
 
     /// The statement for `sql`, prepared once per connection (the first use costs one
     /// extra round trip; every later one is a single Bind/Execute exchange).
-    pub async fn statement(
+    pub(crate) async fn statement(
         &mut self,
         sql: &'static str,
     ) -> Result<Statement, tokio_postgres::Error> {
@@ -98,7 +98,7 @@ pub struct Manager {
 }
 
 impl Manager {
-    pub fn new(settings: &PostgresSettings) -> anyhow::Result<Self> {
+    pub(crate) fn new(settings: &PostgresSettings) -> anyhow::Result<Self> {
         let login = match &settings.auth {
             PostgresAuth::Password => Login::Password,
             PostgresAuth::Entra(identity) => Login::Entra(credential(identity)?),
@@ -210,7 +210,7 @@ fn credential(identity: &EntraIdentity) -> anyhow::Result<Arc<dyn TokenCredentia
 
 /// The pool: at most `settings.pool_size` connections; a caller waits at most
 /// `wait` for one (then the store answers Transient: the pool is exhausted).
-pub fn build(settings: &PostgresSettings, wait: Duration) -> anyhow::Result<Pool> {
+pub(crate) fn build(settings: &PostgresSettings, wait: Duration) -> anyhow::Result<Pool> {
     build_with(Manager::new(settings)?, settings.pool_size, wait)
 }
 

@@ -18,15 +18,15 @@ mod embedded {
 }
 
 /// The version of the newest migration this build carries.
-pub const EXPECTED_SCHEMA_VERSION: u32 = 1;
+pub(crate) const EXPECTED_SCHEMA_VERSION: u32 = 1;
 
 /// What provisioning found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchemaReport {
-    pub target: String,
+    pub(crate) target: String,
     /// Migrations applied by this run, as `V<n>__<name>`.
     pub applied: Vec<String>,
-    pub version: u32,
+    pub(crate) version: u32,
 }
 
 impl fmt::Display for SchemaReport {
@@ -60,7 +60,7 @@ fn expected() -> Vec<(u32, String, String)> {
 
 /// Refuses a database whose schema is not exactly this build's (read only: nothing is
 /// created, not even refinery's history table).
-pub async fn check_schema(client: &mut Client) -> anyhow::Result<()> {
+pub(crate) async fn check_schema(client: &mut Client) -> anyhow::Result<()> {
     let rows = match client
         .query(
             "SELECT version, name, checksum FROM refinery_schema_history ORDER BY version",

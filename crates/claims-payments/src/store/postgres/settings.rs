@@ -27,7 +27,7 @@ use crate::setting::ConfigError;
 
 /// How the service logs in to PostgreSQL.
 #[derive(Clone, PartialEq, Eq)]
-pub enum PostgresAuth {
+pub(crate) enum PostgresAuth {
     /// The password in the URI (or none: trust, peer or a `.pgpass` are not read).
     Password,
     /// A Microsoft Entra access token for `https://ossrdbms-aad.database.windows.net/.default`
@@ -37,7 +37,7 @@ pub enum PostgresAuth {
 
 /// Which identity gets the Entra token.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EntraIdentity {
+pub(crate) enum EntraIdentity {
     /// A managed identity: system-assigned, or user-assigned when a client id is given.
     ManagedIdentity { client_id: Option<String> },
     /// The developer's Azure CLI / Azure Developer CLI login.
@@ -55,7 +55,7 @@ impl fmt::Debug for PostgresAuth {
 
 impl PostgresAuth {
     /// For logs: never the password, only how we log in.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             PostgresAuth::Password => "password".to_owned(),
             PostgresAuth::Entra(EntraIdentity::ManagedIdentity {
@@ -75,24 +75,26 @@ impl PostgresAuth {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PostgresSettings {
     /// The parsed URI, with our TLS decision in `ssl_mode` and the timeouts below set.
-    pub config: tokio_postgres::Config,
-    pub auth: PostgresAuth,
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) auth: PostgresAuth,
     /// Connections the pool keeps at most.
-    pub pool_size: usize,
+    pub(crate) pool_size: usize,
 }
 
 /// Connections per process: an invocation holds one for one statement at a time.
-pub const DEFAULT_POOL_SIZE: usize = 16;
+pub(crate) const DEFAULT_POOL_SIZE: usize = 16;
 /// A new connection (TCP, TLS, login) must be up within this.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Unacknowledged data for this long means the peer is gone (a failover, a cut link): the
 /// connection fails instead of waiting for TCP's own retransmission limit (minutes).
-pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const TCP_USER_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl PostgresSettings {
     /// Reads the settings through `lookup` (the environment, or a map in tests). Empty
     /// values count as unset.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+    pub(crate) fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         let get = |name: &str| {
             lookup(name)
                 .map(|v| v.trim().to_owned())
@@ -176,7 +178,7 @@ impl PostgresSettings {
     }
 
     /// Where we connect, for logs: hosts, port and database, never the user's password.
-    pub fn describe_target(&self) -> String {
+    pub(crate) fn describe_target(&self) -> String {
         let hosts: Vec<String> = self
             .config
             .get_hosts()
@@ -200,7 +202,7 @@ impl PostgresSettings {
     }
 
     /// Whether TLS is used (it is for every host that is not loopback).
-    pub fn uses_tls(&self) -> bool {
+    pub(crate) fn uses_tls(&self) -> bool {
         self.config.get_ssl_mode() != SslMode::Disable
     }
 }

@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Duration;
+pub(crate) use sync_hook::SyncHook;
 
 use async_trait::async_trait;
 use r2d2_sqlite::SqliteConnectionManager;
@@ -53,6 +54,7 @@ use crate::telemetry;
 
 mod engine;
 mod rows;
+pub(crate) mod sync_hook;
 #[cfg(test)]
 mod tests;
 
@@ -141,7 +143,6 @@ pub struct SqliteStore {
     writer: Option<mpsc::UnboundedSender<WriteJob>>,
     readers: r2d2::Pool<SqliteConnectionManager>,
     durability: Arc<Durability>,
-    round_trips: AtomicU64,
     /// Dropping the store stops the checkpointer.
     _checkpointer: Option<std_mpsc::Sender<()>>,
     /// Held for the store's life when opened [`Access::Serve`].
@@ -182,13 +183,6 @@ impl Durability {
             sync_hook,
         })
     }
-}
-
-/// Called on the syncer thread before every WAL sync; an error counts as a failed sync.
-/// The extension point for tests: hold commits that are visible but not yet durable, or
-/// make a sync fail. Production installs none.
-pub trait SyncHook: Send + Sync {
-    fn before_sync(&self) -> std::io::Result<()>;
 }
 
 /// A committed group on its way to the syncer.
@@ -301,7 +295,6 @@ impl SqliteStore {
             writer: Some(tx),
             readers,
             durability,
-            round_trips: AtomicU64::new(0),
             _checkpointer: Some(stop_checkpointer),
             _instance_lock: instance_lock,
         }))
@@ -324,23 +317,12 @@ impl SqliteStore {
             writer: None,
             readers,
             durability: Durability::new(None),
-            round_trips: AtomicU64::new(0),
             _checkpointer: None,
             _instance_lock: None,
         }))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Store calls made so far (reads and write jobs), for round-trip measurements.
-    pub fn round_trips(&self) -> u64 {
-        self.round_trips.load(Ordering::Relaxed)
-    }
-
     fn count_round_trip(&self) {
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
         telemetry::counters().store_round_trips.inc();
     }
 
@@ -387,7 +369,7 @@ impl SqliteStore {
     /// `reconcile` holds meanwhile may be ended too: taking over from a live attempt is
     /// safe (same bank Idempotency-Key, version-conditional finalize). The version is
     /// left as it is, so such a holder's own conditional writes still succeed.
-    pub async fn end_leases_of_earlier_processes(
+    pub(crate) async fn end_leases_of_earlier_processes(
         &self,
         consumers: &[&str],
         now: OffsetDateTime,

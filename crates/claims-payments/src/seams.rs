@@ -1,0 +1,36 @@
+//! Every hook a development build uses, in one place: a store decorator, another handler
+//! behind `POST /ClaimApproved` or another router ([`Seams`], given to
+//! `startup::serve`), crashes between the consumer's steps ([`CrashHook`]), and a
+//! SQLite sync that is held or fails ([`SyncHook`]). Production sets none of them.
+
+use std::sync::Arc;
+
+use axum::Router;
+
+pub use crate::consumer::crash::{CrashHook, Step};
+use crate::consumer::Consumer;
+use crate::functions::claim_approved::ClaimHandler;
+use crate::functions::AppState;
+pub use crate::store::sqlite::sync_hook::SyncHook;
+use crate::store::DynStore;
+
+/// A store decorator.
+pub type StoreLayer = Box<dyn FnOnce(DynStore) -> DynStore + Send>;
+/// Builds what answers `ClaimApproved` from the consumer and the store it uses.
+pub type HandlerFactory = Box<dyn FnOnce(&Consumer) -> Arc<dyn ClaimHandler> + Send>;
+/// Builds the router from the state.
+pub type RouterFactory = Box<dyn FnOnce(Arc<AppState>) -> Router + Send>;
+
+/// Where a development build changes the composition. Production uses the default:
+/// the store as opened, the consumer, [`crate::functions::router`].
+#[derive(Default)]
+pub struct Seams {
+    /// Wraps the store every part uses (a decorator is itself a `Store`).
+    pub store_layer: Option<StoreLayer>,
+    /// Replaces the consumer behind `POST /ClaimApproved`.
+    pub claim_handler: Option<HandlerFactory>,
+    /// Replaces the router.
+    pub router: Option<RouterFactory>,
+    /// Named in the start-up log line (`handler`), so a log shows what served.
+    pub label: Option<&'static str>,
+}
