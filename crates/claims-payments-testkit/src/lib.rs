@@ -4,6 +4,8 @@
 //! - [`bank`]: the one fake bank (scripted and seeded faults, ledger, control API),
 //!   used by the tests, the simulator, the benchmark and `sandbox-bank`;
 //! - [`chance`]: deterministic fault decisions from a seed;
+//! - [`conformance`]: the store conformance suite, the same scenarios for every store
+//!   adapter, instantiated by a store's test file with [`store_conformance!`];
 //! - [`fixtures`]: messages, deliveries, policies and consumers;
 //! - [`host`]: the invocation envelope the Functions host sends, built once;
 //! - [`ingestion`]: a local Application Insights ingestion endpoint;
@@ -21,6 +23,7 @@
 
 pub mod bank;
 pub mod chance;
+pub mod conformance;
 pub mod fixtures;
 pub mod host;
 pub mod ingestion;

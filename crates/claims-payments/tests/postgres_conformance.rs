@@ -2,16 +2,14 @@
 //! started by the testkit (Debian's postgresql-15), or `PAYMENTS_TEST_POSTGRES_URL`. Each
 //! test gets a database of its own, migrated by the product's own provisioning.
 
-#[macro_use]
-mod conformance;
-
 use std::sync::Arc;
 
 use claims_payments::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
 use claims_payments::store::DynStore;
+use claims_payments_testkit::conformance::Keep;
 use claims_payments_testkit::postgres::{available, TestDatabase};
 
-async fn make_store() -> (DynStore, conformance::Keep) {
+async fn make_store() -> (DynStore, Keep) {
     let db = TestDatabase::create().await;
     let settings = PostgresSettings::from_url(&db.url).unwrap();
     provision(&settings).await.unwrap();
@@ -21,4 +19,4 @@ async fn make_store() -> (DynStore, conformance::Keep) {
     (Arc::new(store), Box::new(db))
 }
 
-store_conformance!(make_store, if available);
+claims_payments_testkit::store_conformance!(make_store, if available);

@@ -1,23 +1,22 @@
 //! The conformance suite on the embedded SQLite store.
 
-#[macro_use]
-mod conformance;
-
 use std::time::Duration;
 
 use claims_payments::store::sqlite::SqliteStore;
 use claims_payments::store::DynStore;
+use claims_payments_testkit::conformance::Keep;
 use claims_payments_testkit::fixtures as common;
+use claims_payments_testkit::records::records;
 use claims_payments_testkit::sync_gate::{SyncGate, SyncPause};
 use claims_payments_testkit::wait::wait_until;
 
-async fn make_store() -> (DynStore, conformance::Keep) {
+async fn make_store() -> (DynStore, Keep) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("payments.db")).unwrap();
     (store, Box::new(dir))
 }
 
-store_conformance!(make_store);
+claims_payments_testkit::store_conformance!(make_store);
 
 /// A claim whose group the writer has committed (visible to any connection) while the
 /// syncer is held back, so the commit is not yet durable.
@@ -39,8 +38,7 @@ impl CommittedNotSynced {
         let path = dir.path().join("payments.db");
         let gate = SyncGate::new();
         let store = SqliteStore::open_with_sync_hook(&path, gate.clone()).unwrap();
-        let (inbox, payment) =
-            conformance::records(&common::new_claim(), message_id, AttemptId::new());
+        let (inbox, payment) = records(&common::new_claim(), message_id, AttemptId::new());
         let key = inbox.key();
         let pause = gate.pause();
         let claim = tokio::spawn({
@@ -239,7 +237,7 @@ async fn a_failed_wal_sync_refuses_its_writes_and_fails_the_store() {
     let store =
         SqliteStore::open_with_sync_hook(dir.path().join("payments.db"), gate.clone()).unwrap();
     gate.fail_next();
-    let (inbox, payment) = conformance::records(&common::new_claim(), "m-1", AttemptId::new());
+    let (inbox, payment) = records(&common::new_claim(), "m-1", AttemptId::new());
     let refused = store.claim(&inbox, &payment).await;
     assert!(
         matches!(refused, Err(StoreError::Permanent(ref reason)) if reason.contains("WAL sync failed")),
@@ -249,7 +247,7 @@ async fn a_failed_wal_sync_refuses_its_writes_and_fails_the_store() {
         .await
         .expect("the store reports its failure");
     assert!(reason.contains("injected fdatasync failure"), "{reason}");
-    let (inbox, payment) = conformance::records(&common::new_claim(), "m-2", AttemptId::new());
+    let (inbox, payment) = records(&common::new_claim(), "m-2", AttemptId::new());
     assert!(matches!(
         store.claim(&inbox, &payment).await,
         Err(StoreError::Permanent(_))
@@ -287,7 +285,7 @@ async fn a_failed_wal_sync_stops_the_server_with_an_error() {
     ));
 
     gate.fail_next();
-    let (inbox, payment) = conformance::records(&common::new_claim(), "m-1", AttemptId::new());
+    let (inbox, payment) = records(&common::new_claim(), "m-1", AttemptId::new());
     assert!(store.claim(&inbox, &payment).await.is_err());
     // A guard against hanging if the server ignored the failure, not a speed check.
     let stopped = tokio::time::timeout(std::time::Duration::from_secs(60), server)

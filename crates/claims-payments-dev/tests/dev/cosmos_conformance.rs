@@ -5,14 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments::store::DynStore;
-
-use crate::conformance;
 use claims_payments_dev::emulator::InProcessEmulator;
+use claims_payments_testkit::conformance::Keep;
 
 /// The inbox documents' `ttl`; the in-process emulator does not expire documents anyway.
 const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 
-async fn make_store() -> (DynStore, conformance::Keep) {
+async fn make_store() -> (DynStore, Keep) {
     let emulator = InProcessEmulator::new().unwrap();
     emulator.provision("payments", "payments").await.unwrap();
     let store = emulator
@@ -22,4 +21,4 @@ async fn make_store() -> (DynStore, conformance::Keep) {
     (Arc::new(store), Box::new(emulator))
 }
 
-store_conformance!(make_store);
+claims_payments_testkit::store_conformance!(make_store);

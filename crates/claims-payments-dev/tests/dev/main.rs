@@ -2,12 +2,6 @@
 //! simulator, the Cosmos DB adapter on the SDK's emulator, the dev `serve` and its
 //! baselines and faults.
 
-// The one conformance suite, shared with the SQLite run in the product crate; at the
-// crate root, where its macro expects it.
-#[macro_use]
-#[path = "../../../claims-payments/tests/conformance/mod.rs"]
-mod conformance;
-
 mod chaos;
 mod cosmos_conformance;
 mod cosmos_consumer;

@@ -7,12 +7,14 @@ use claims_payments::message::Purpose;
 use claims_payments::store::{
     AttemptId, ClaimResult, DynStore, InboxRecord, InsertResult, PaymentRecord, StoreError,
 };
-use claims_payments_testkit::records::{claimed_version, completed, now_ms, paid, records_for};
 use time::OffsetDateTime;
 
-use super::{claim_id, common};
+use super::claim_id;
+use crate::fixtures as common;
+use crate::records::{claimed_version, completed, now_ms, paid, records_for};
 
-/// [`records`] stamped `at` (millisecond precision), so whole records compare.
+/// [`records`](crate::records::records) stamped `at` (millisecond precision), so whole
+/// records compare.
 fn exact_records(
     claim: &str,
     message_id: &str,
