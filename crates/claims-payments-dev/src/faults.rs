@@ -10,8 +10,8 @@ use claims_payments::consumer::{Delivery, Outcome};
 use claims_payments::functions::claim_approved::ClaimHandler;
 use claims_payments::message::{ClaimApproved, ClaimId, Purpose};
 use claims_payments::store::{
-    ClaimResult, DynStore, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
-    Store, StoreResult, Version, Versioned,
+    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord,
+    PaymentStatus, Store, StoreResult, Version, Versioned,
 };
 use rand::RngExt;
 use time::OffsetDateTime;
@@ -58,17 +58,9 @@ impl Store for SlowStore {
         tokio::time::sleep(self.delay).await;
         self.inner.replace_inbox(inbox, expected).await
     }
-    async fn finalize(
-        &self,
-        inbox: &InboxRecord,
-        inbox_version: &Version,
-        payment: &PaymentRecord,
-        payment_version: Option<&Version>,
-    ) -> StoreResult<()> {
+    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
         tokio::time::sleep(self.delay).await;
-        self.inner
-            .finalize(inbox, inbox_version, payment, payment_version)
-            .await
+        self.inner.finalize(write).await
     }
     async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
         self.inner.list_payments(limit).await

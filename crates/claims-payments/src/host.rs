@@ -370,6 +370,19 @@ pub struct OutcomeSummary {
     pub detail: Option<String>,
 }
 
+impl OutcomeSummary {
+    /// A timer invocation's summary: no message, what the run did in `detail`.
+    pub(crate) fn of_timer(outcome: &str, detail: String) -> Self {
+        OutcomeSummary {
+            outcome: outcome.into(),
+            claim_id: None,
+            message_id: None,
+            delivery_count: None,
+            detail: Some(detail),
+        }
+    }
+}
+
 impl InvocationResult {
     pub(crate) fn new(summary: OutcomeSummary) -> Self {
         let mut logs = vec![format!("outcome: {}", summary.outcome)];

@@ -47,8 +47,8 @@ use claims_payments::store::cosmos::container::{container_definition, DEFAULT_CO
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id};
 use claims_payments::store::cosmos::CosmosStore;
 use claims_payments::store::{
-    ClaimResult, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus, Store,
-    StoreError, StoreResult, Version, Versioned,
+    ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
+    Store, StoreError, StoreResult, Version, Versioned,
 };
 
 /// RU per indexed term written or removed.
@@ -427,24 +427,14 @@ impl Store for RecordingStore {
         }
     }
 
-    async fn finalize(
-        &self,
-        inbox: &InboxRecord,
-        inbox_version: &Version,
-        payment: &PaymentRecord,
-        payment_version: Option<&Version>,
-    ) -> StoreResult<()> {
-        let (claim, id) = (inbox.claim_id, inbox_id(&inbox.consumer, &inbox.message_id));
-        let pay_id = payment_id(payment.purpose);
+    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
+        let (claim, pay_id) = (write.inbox.claim_id, payment_id(write.payment.purpose));
+        let id = inbox_id(&write.inbox.consumer, &write.inbox.message_id);
         let (inbox_before, payment_before) = (
             self.known(claim, &id).await,
             self.known(claim, &pay_id).await,
         );
-        match self
-            .inner
-            .finalize(inbox, inbox_version, payment, payment_version)
-            .await
-        {
+        match self.inner.finalize(write).await {
             Ok(()) => {
                 self.replaced(claim, &id, inbox_before).await;
                 self.replaced(claim, &pay_id, payment_before).await;

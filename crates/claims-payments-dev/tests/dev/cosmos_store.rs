@@ -32,8 +32,8 @@ use claims_payments::store::cosmos::{
     CosmosStore,
 };
 use claims_payments::store::{
-    AttemptId, ClaimResult, InboxRecord, InsertResult, PaymentRecord, PaymentStatus, Store,
-    StoreError,
+    AttemptId, ClaimResult, Finalize, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
+    Store, StoreError,
 };
 use claims_payments::telemetry::counters;
 use claims_payments_dev::emulator::{serve, InProcessEmulator, RequestObserver, EMULATOR_KEY};
@@ -366,7 +366,12 @@ mod scenarios {
 
         let (final_inbox, final_payment) = (completed(&inbox), paid(&payment));
         store
-            .finalize(&final_inbox, &version, &final_payment, None)
+            .finalize(Finalize {
+                inbox: &final_inbox,
+                inbox_version: &version,
+                payment: &final_payment,
+                payment_version: None,
+            })
             .await
             .unwrap();
         assert_eq!(
@@ -385,7 +390,12 @@ mod scenarios {
 
         // The claim's version is spent: the same finalize again is refused.
         let again = store
-            .finalize(&final_inbox, &version, &final_payment, None)
+            .finalize(Finalize {
+                inbox: &final_inbox,
+                inbox_version: &version,
+                payment: &final_payment,
+                payment_version: None,
+            })
             .await;
         assert!(
             matches!(again, Err(StoreError::PreconditionFailed)),
@@ -675,7 +685,12 @@ mod scenarios {
         lost.enable();
         let (final_inbox, final_payment) = (completed(&inbox), paid(&payment));
         let outcome = store
-            .finalize(&final_inbox, &version, &final_payment, None)
+            .finalize(Finalize {
+                inbox: &final_inbox,
+                inbox_version: &version,
+                payment: &final_payment,
+                payment_version: None,
+            })
             .await;
         assert!(
             matches!(outcome, Err(StoreError::PreconditionFailed)),
@@ -829,7 +844,12 @@ mod scenarios {
             );
             let store = env.store_with(vec![batch]).await;
             let outcome = store
-                .finalize(&completed(&inbox), &version, &paid(&payment), None)
+                .finalize(Finalize {
+                    inbox: &completed(&inbox),
+                    inbox_version: &version,
+                    payment: &paid(&payment),
+                    payment_version: None,
+                })
                 .await;
             assert!(
                 matches!(outcome, Err(StoreError::Transient(_))),
@@ -903,7 +923,12 @@ mod scenarios {
         );
         let store = env.store_with(vec![connection_once.clone()]).await;
         store
-            .finalize(&completed(&takeover), &version, &paid(&payment), None)
+            .finalize(Finalize {
+                inbox: &completed(&takeover),
+                inbox_version: &version,
+                payment: &paid(&payment),
+                payment_version: None,
+            })
             .await
             .unwrap();
         for rule in rules.iter().chain([&connection_once]) {
@@ -1258,7 +1283,12 @@ async fn connect_over_http_serves_claims() {
         ClaimResult::InboxExists(_)
     ));
     store
-        .finalize(&completed(&inbox), &version, &paid(&payment), None)
+        .finalize(Finalize {
+            inbox: &completed(&inbox),
+            inbox_version: &version,
+            payment: &paid(&payment),
+            payment_version: None,
+        })
         .await
         .unwrap();
     assert_eq!(

@@ -5,7 +5,8 @@
 
 use claims_payments::message::Purpose;
 use claims_payments::store::{
-    AttemptId, ClaimResult, DynStore, InboxRecord, InsertResult, PaymentRecord, StoreError,
+    AttemptId, ClaimResult, DynStore, Finalize, InboxRecord, InsertResult, PaymentRecord,
+    StoreError,
 };
 use time::OffsetDateTime;
 
@@ -52,7 +53,12 @@ pub async fn a_claim_and_its_finalize_read_back_whole(store: DynStore) {
 
     let (final_inbox, final_payment) = (completed(&inbox), paid(&payment));
     store
-        .finalize(&final_inbox, &version, &final_payment, None)
+        .finalize(Finalize {
+            inbox: &final_inbox,
+            inbox_version: &version,
+            payment: &final_payment,
+            payment_version: None,
+        })
         .await
         .unwrap();
     assert_eq!(
@@ -70,7 +76,12 @@ pub async fn a_claim_and_its_finalize_read_back_whole(store: DynStore) {
     );
     // The claim's version is spent: the same finalize again is refused.
     let again = store
-        .finalize(&final_inbox, &version, &final_payment, None)
+        .finalize(Finalize {
+            inbox: &final_inbox,
+            inbox_version: &version,
+            payment: &final_payment,
+            payment_version: None,
+        })
         .await;
     assert!(
         matches!(again, Err(StoreError::PreconditionFailed)),

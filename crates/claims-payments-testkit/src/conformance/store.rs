@@ -7,8 +7,8 @@ use std::sync::Arc;
 use claims_payments::message::OutcomeKind;
 use claims_payments::message::Purpose;
 use claims_payments::store::{
-    AttemptId, ClaimResult, DynStore, InboxOutcome, InboxRecord, InboxStatus, InsertResult,
-    PaymentRecord, PaymentStatus, StoreError,
+    AttemptId, ClaimResult, DynStore, Finalize, InboxOutcome, InboxRecord, InboxStatus,
+    InsertResult, PaymentRecord, PaymentStatus, StoreError,
 };
 use time::OffsetDateTime;
 use tokio::sync::Barrier;
@@ -216,7 +216,12 @@ pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
         ..payment.clone()
     };
     let stale = store
-        .finalize(&done_inbox, &inbox_version, &paid, None)
+        .finalize(Finalize {
+            inbox: &done_inbox,
+            inbox_version: &inbox_version,
+            payment: &paid,
+            payment_version: None,
+        })
         .await;
     assert!(
         matches!(stale, Err(StoreError::PreconditionFailed)),
@@ -239,7 +244,12 @@ pub async fn finalize_is_conditional_and_atomic(store: DynStore) {
         ..done_inbox
     };
     store
-        .finalize(&done_inbox, &current.version, &paid, None)
+        .finalize(Finalize {
+            inbox: &done_inbox,
+            inbox_version: &current.version,
+            payment: &paid,
+            payment_version: None,
+        })
         .await
         .unwrap();
     let p = store

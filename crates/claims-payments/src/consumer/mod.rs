@@ -37,7 +37,7 @@ use crate::bank::{BankClient, PayoutOutcome, SendWindow};
 use crate::idempotency::{self, Lease, Terms};
 use crate::message::{ClaimApproved, MessageId, PayloadHash, Purpose};
 use crate::store::{
-    AttemptId, ClaimResult, DynStore, InboxKey, InboxRecord, InsertResult, PaymentRecord,
+    AttemptId, ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord,
     PaymentStatus, StoreError, Version, Versioned,
 };
 use crate::telemetry;
@@ -474,7 +474,12 @@ impl Consumer {
             ))),
             (NextAction::CompleteInbox { inbox, outcome }, Some(payment)) => {
                 self.store
-                    .finalize(&inbox, &version, &payment.record, Some(&payment.version))
+                    .finalize(Finalize {
+                        inbox: &inbox,
+                        inbox_version: &version,
+                        payment: &payment.record,
+                        payment_version: Some(&payment.version),
+                    })
                     .await?;
                 Ok(Progress::Done(outcome))
             }
@@ -586,7 +591,12 @@ impl Consumer {
         );
         match self
             .store
-            .finalize(&final_inbox, &version, &final_payment, None)
+            .finalize(Finalize {
+                inbox: &final_inbox,
+                inbox_version: &version,
+                payment: &final_payment,
+                payment_version: None,
+            })
             .await
         {
             Ok(()) => {

@@ -26,16 +26,7 @@ pub(crate) const RUN_BUDGET: Duration = Duration::from_secs(90);
 /// The `Purge` timer invocation.
 pub(crate) async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> Response {
     let answer = |status: StatusCode, outcome: &str, detail: String| {
-        invocation_answer(
-            status,
-            OutcomeSummary {
-                outcome: outcome.into(),
-                claim_id: None,
-                message_id: None,
-                delivery_count: None,
-                detail: Some(detail),
-            },
-        )
+        invocation_answer(status, OutcomeSummary::of_timer(outcome, detail))
     };
     let store = state.consumer.store().clone();
     if store.expires_by_itself() {

@@ -48,16 +48,7 @@ async fn run(state: Arc<AppState>, body: Bytes) -> Response {
         .and_then(|v| v.pointer("/Data/timer/IsPastDue").and_then(|d| d.as_bool()))
         .unwrap_or(false);
     let summary_answer = |status: StatusCode, outcome: &'static str, detail: String| {
-        let mut answer = invocation_answer(
-            status,
-            OutcomeSummary {
-                outcome: outcome.into(),
-                claim_id: None,
-                message_id: None,
-                delivery_count: None,
-                detail: Some(detail),
-            },
-        );
+        let mut answer = invocation_answer(status, OutcomeSummary::of_timer(outcome, detail));
         // For the span: how the run ended.
         answer.extensions_mut().insert(outcome);
         answer

@@ -48,8 +48,8 @@ use crate::consumer::{Consumer, OutcomeKind};
 use crate::idempotency::{self, Created, Lease, Terms};
 use crate::message::{ClaimId, MessageId, PayloadHash};
 use crate::store::{
-    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
-    StoreError, Versioned,
+    AttemptId, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord,
+    PaymentStatus, StoreError, Versioned,
 };
 use crate::telemetry;
 
@@ -428,12 +428,12 @@ impl Reconciler {
         };
         let final_inbox = idempotency::completed(&held.lease.record, outcome.into(), now);
         match store
-            .finalize(
-                &final_inbox,
-                &held.lease.version,
-                &final_payment,
-                Some(&payment.version),
-            )
+            .finalize(Finalize {
+                inbox: &final_inbox,
+                inbox_version: &held.lease.version,
+                payment: &final_payment,
+                payment_version: Some(&payment.version),
+            })
             .await
         {
             Ok(()) => Ok(line(p, decision.result, decision.status, reason)),

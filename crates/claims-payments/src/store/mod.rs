@@ -318,6 +318,17 @@ impl InboxRecord {
     }
 }
 
+/// The last write of an attempt ([`Store::finalize`]): both records in one atomic step.
+#[derive(Debug, Clone, Copy)]
+pub struct Finalize<'a> {
+    pub inbox: &'a InboxRecord,
+    /// The inbox record must still carry it: our lease was not taken over.
+    pub inbox_version: &'a Version,
+    pub payment: &'a PaymentRecord,
+    /// When given, the payment must still carry it: nobody settled it since we read it.
+    pub payment_version: Option<&'a Version>,
+}
+
 /// The consumer's store. Every method is one round trip to the database unless
 /// its documentation says otherwise.
 #[async_trait]
@@ -343,17 +354,10 @@ pub trait Store: Send + Sync + 'static {
     /// lease, release our own). `PreconditionFailed` otherwise.
     async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version>;
 
-    /// Atomically write the final payment and inbox records, if the inbox still
-    /// carries `inbox_version` (our lease was not taken over) and, when given, the
-    /// payment still carries `payment_version` (nobody settled it since we read it).
-    /// `PreconditionFailed` otherwise, and nothing is written.
-    async fn finalize(
-        &self,
-        inbox: &InboxRecord,
-        inbox_version: &Version,
-        payment: &PaymentRecord,
-        payment_version: Option<&Version>,
-    ) -> StoreResult<()>;
+    /// Atomically write the final payment and inbox records, if each still carries the
+    /// version the caller read (see [`Finalize`]). `PreconditionFailed` otherwise, and
+    /// nothing is written.
+    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()>;
 
     /// Payments, oldest first, at most `limit`.
     async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>>;

@@ -9,8 +9,8 @@ use time::OffsetDateTime;
 use tracing::Instrument;
 
 use super::{
-    ClaimResult, DynStore, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
-    Store, StoreError, StoreResult, Version, Versioned,
+    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord,
+    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 use crate::message::{ClaimId, Purpose};
 use crate::telemetry::{self, trace};
@@ -127,18 +127,11 @@ impl Store for TracedStore {
         .await
     }
 
-    async fn finalize(
-        &self,
-        inbox: &InboxRecord,
-        inbox_version: &Version,
-        payment: &PaymentRecord,
-        payment_version: Option<&Version>,
-    ) -> StoreResult<()> {
+    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
         self.call(
             "finalize",
-            Some(inbox.claim_id),
-            self.inner
-                .finalize(inbox, inbox_version, payment, payment_version),
+            Some(write.inbox.claim_id),
+            self.inner.finalize(write),
         )
         .await
     }

@@ -82,19 +82,10 @@ pub(crate) fn invocation_span(
     if !super::enabled() {
         return Span::none();
     }
-    let span = tracing::info_span!(
-        "invocation",
-        otel.name = function,
-        otel.kind = "server",
-        otel.status_code = tracing::field::Empty,
-        faas.trigger = "pubsub",
-        messaging.system = "servicebus",
-        messageId = message_id,
-        deliveryCount = delivery_count,
-        claimId = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-        http.response.status_code = tracing::field::Empty,
-    );
+    let span = server_span(function, "pubsub");
+    span.record("messaging.system", "servicebus");
+    span.record("messageId", message_id);
+    span.record("deliveryCount", delivery_count);
     let parent =
         parent_from_headers(headers).or_else(|| diagnostic_id.and_then(parent_from_diagnostic_id));
     if let Some(parent) = parent {
@@ -108,19 +99,28 @@ pub(crate) fn timer_span(function: &'static str, headers: &HeaderMap) -> Span {
     if !super::enabled() {
         return Span::none();
     }
-    let span = tracing::info_span!(
-        "invocation",
-        otel.name = function,
-        otel.kind = "server",
-        otel.status_code = tracing::field::Empty,
-        faas.trigger = "timer",
-        outcome = tracing::field::Empty,
-        http.response.status_code = tracing::field::Empty,
-    );
+    let span = server_span(function, "timer");
     if let Some(parent) = parent_from_headers(headers) {
         let _ = span.set_parent(parent);
     }
     span
+}
+
+/// One invocation's server span, its message fields left for a Service Bus trigger to fill.
+fn server_span(function: &'static str, trigger: &'static str) -> Span {
+    tracing::info_span!(
+        "invocation",
+        otel.name = function,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        faas.trigger = trigger,
+        messaging.system = tracing::field::Empty,
+        messageId = tracing::field::Empty,
+        deliveryCount = tracing::field::Empty,
+        claimId = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    )
 }
 
 /// Records how an invocation ended on its span: the outcome label, the status the host

@@ -28,8 +28,8 @@ use super::errors::{classify, describe, error_charge, is_transient_code, note, r
 use super::settings::{CosmosAuth, CosmosSettings};
 use crate::message::{ClaimId, Purpose};
 use crate::store::{
-    ClaimResult, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus, Store,
-    StoreError, StoreResult, Version, Versioned,
+    ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
+    Store, StoreError, StoreResult, Version, Versioned,
 };
 use crate::telemetry;
 
@@ -136,12 +136,7 @@ impl CosmosStore {
         self.begin();
         match self.container.read_item(claim.to_string(), id, None).await {
             Ok(response) => {
-                record_charge(
-                    op,
-                    response_charge(&response),
-                    u16::from(response.status().status_code()),
-                );
-                let etag = response_etag(op, &response)?;
+                let etag = answered(op, &response)?;
                 let doc = response.into_model::<serde_json::Value>().map_err(|e| {
                     StoreError::Permanent(format!("cosmos {op}: unreadable body: {e}"))
                 })?;
@@ -156,40 +151,6 @@ impl CosmosStore {
             }
             Err(error) => Err(self.fail(op, &error)),
         }
-    }
-
-    async fn read_inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
-        let id = inbox_id(&key.consumer, &key.message_id);
-        let Some((doc, version)) = self
-            .read_doc::<InboxDoc>("read_inbox", key.claim_id, &id)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let record = doc.into_record(Some(key))?;
-        Ok(Some(Versioned { record, version }))
-    }
-
-    async fn read_payment(
-        &self,
-        claim: ClaimId,
-        purpose: Purpose,
-    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
-        let id = payment_id(purpose);
-        let Some((doc, version)) = self
-            .read_doc::<PaymentDoc>("read_payment", claim, &id)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let record = doc.into_record(Some(claim))?;
-        if record.purpose != purpose {
-            return Err(StoreError::Permanent(format!(
-                "corrupt payment document {id}: holds purpose {}",
-                record.purpose.as_str()
-            )));
-        }
-        Ok(Some(Versioned { record, version }))
     }
 
     /// Sends `batch` and returns its per-operation results, or the failure of the whole
@@ -210,16 +171,10 @@ impl CosmosStore {
             Err(error) => return Err(self.fail(op, &error)),
         };
         let status = u16::from(response.status().status_code());
-        let charge = response.diagnostics().total_request_charge().value();
-        let charge = if charge > 0.0 {
-            charge
-        } else {
-            response
-                .headers()
-                .request_charge()
-                .map(|c| c.value())
-                .unwrap_or(0.0)
-        };
+        let charge = either_charge(
+            response.diagnostics().total_request_charge().value(),
+            response.headers().request_charge().map(|c| c.value()),
+        );
         record_charge(op, charge, status);
         let results = response.into_model().map_err(|e| {
             StoreError::Permanent(format!("cosmos {op}: unreadable batch response: {e}"))
@@ -380,19 +335,28 @@ fn ttl_seconds(retention: Duration) -> anyhow::Result<i32> {
 }
 
 fn response_charge(response: &ItemResponse) -> f64 {
-    let total = response.diagnostics().total_request_charge().value();
-    if total > 0.0 {
-        total
+    either_charge(
+        response.diagnostics().total_request_charge().value(),
+        response.headers().request_charge().map(|c| c.value()),
+    )
+}
+
+/// The charge the diagnostics total, else the `x-ms-request-charge` header's.
+fn either_charge(diagnostics_total: f64, header: Option<f64>) -> f64 {
+    if diagnostics_total > 0.0 {
+        diagnostics_total
     } else {
-        response
-            .headers()
-            .request_charge()
-            .map(|c| c.value())
-            .unwrap_or(0.0)
+        header.unwrap_or(0.0)
     }
 }
 
-fn response_etag(op: &str, response: &ItemResponse) -> StoreResult<Version> {
+/// Records a successful answer's charge and returns the ETag it carries.
+fn answered(op: &'static str, response: &ItemResponse) -> StoreResult<Version> {
+    record_charge(
+        op,
+        response_charge(response),
+        u16::from(response.status().status_code()),
+    );
     response
         .headers()
         .etag()
@@ -404,6 +368,28 @@ fn if_match(version: &Version) -> Precondition {
     Precondition::if_match(version.0.clone())
 }
 
+impl CosmosStore {
+    /// The two documents of one transactional batch, which must share the claim's
+    /// partition.
+    fn documents(
+        &self,
+        op: &str,
+        inbox: &InboxRecord,
+        payment: &PaymentRecord,
+    ) -> StoreResult<(InboxDoc, PaymentDoc)> {
+        if inbox.claim_id != payment.claim_id {
+            return Err(StoreError::Permanent(format!(
+                "{op}: inbox record is for claim {} but payment record for claim {}",
+                inbox.claim_id, payment.claim_id
+            )));
+        }
+        Ok((
+            InboxDoc::from_record(inbox, self.inbox_ttl_seconds),
+            PaymentDoc::from_record(payment),
+        ))
+    }
+}
+
 #[async_trait]
 impl Store for CosmosStore {
     async fn claim(
@@ -411,14 +397,7 @@ impl Store for CosmosStore {
         inbox: &InboxRecord,
         payment: &PaymentRecord,
     ) -> StoreResult<ClaimResult> {
-        if inbox.claim_id != payment.claim_id {
-            return Err(StoreError::Permanent(format!(
-                "claim: inbox record is for claim {} but payment record for claim {}",
-                inbox.claim_id, payment.claim_id
-            )));
-        }
-        let inbox_doc = InboxDoc::from_record(inbox, self.inbox_ttl_seconds);
-        let payment_doc = PaymentDoc::from_record(payment);
+        let (inbox_doc, payment_doc) = self.documents("claim", inbox, payment)?;
         // A refusal is followed by a read of the record that caused it. If that record is
         // gone by then (an inbox document whose TTL expired in between), the batch is
         // tried once more; a second miss means a document holds the same unique key under
@@ -429,14 +408,12 @@ impl Store for CosmosStore {
                     return Ok(ClaimResult::Claimed { inbox_version })
                 }
                 BatchOutcome::InboxConflict => {
-                    if let Some(existing) = self.read_inbox(&inbox.key()).await? {
+                    if let Some(existing) = self.inbox(&inbox.key()).await? {
                         return Ok(ClaimResult::InboxExists(existing));
                     }
                 }
                 BatchOutcome::PaymentConflict => {
-                    if let Some(existing) =
-                        self.read_payment(payment.claim_id, payment.purpose).await?
-                    {
+                    if let Some(existing) = self.payment(payment.claim_id, payment.purpose).await? {
                         return Ok(ClaimResult::PaymentExists(existing));
                     }
                 }
@@ -450,7 +427,15 @@ impl Store for CosmosStore {
     }
 
     async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
-        self.read_inbox(key).await
+        let id = inbox_id(&key.consumer, &key.message_id);
+        let Some((doc, version)) = self
+            .read_doc::<InboxDoc>("read_inbox", key.claim_id, &id)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let record = doc.into_record(Some(key))?;
+        Ok(Some(Versioned { record, version }))
     }
 
     async fn payment(
@@ -458,7 +443,21 @@ impl Store for CosmosStore {
         claim: ClaimId,
         purpose: Purpose,
     ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
-        self.read_payment(claim, purpose).await
+        let id = payment_id(purpose);
+        let Some((doc, version)) = self
+            .read_doc::<PaymentDoc>("read_payment", claim, &id)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let record = doc.into_record(Some(claim))?;
+        if record.purpose != purpose {
+            return Err(StoreError::Permanent(format!(
+                "corrupt payment document {id}: holds purpose {}",
+                record.purpose.as_str()
+            )));
+        }
+        Ok(Some(Versioned { record, version }))
     }
 
     async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
@@ -472,16 +471,11 @@ impl Store for CosmosStore {
                 .await
             {
                 Ok(response) => {
-                    record_charge(
-                        OP,
-                        response_charge(&response),
-                        u16::from(response.status().status_code()),
-                    );
-                    return Ok(InsertResult::Inserted(response_etag(OP, &response)?));
+                    return Ok(InsertResult::Inserted(answered(OP, &response)?));
                 }
                 Err(error) if error.status().is_conflict() => {
                     record_charge(OP, error_charge(&error), 409);
-                    if let Some(existing) = self.read_inbox(&inbox.key()).await? {
+                    if let Some(existing) = self.inbox(&inbox.key()).await? {
                         return Ok(InsertResult::AlreadyExists(Box::new(existing)));
                     }
                 }
@@ -505,14 +499,7 @@ impl Store for CosmosStore {
             .replace_item(doc.claim_id.clone(), &doc.id, &doc, Some(options))
             .await
         {
-            Ok(response) => {
-                record_charge(
-                    OP,
-                    response_charge(&response),
-                    u16::from(response.status().status_code()),
-                );
-                response_etag(OP, &response)
-            }
+            Ok(response) => answered(OP, &response),
             // The record no longer exists, so it no longer carries `expected` either.
             Err(error) if error.status().is_not_found() => {
                 record_charge(OP, error_charge(&error), 404);
@@ -522,27 +509,16 @@ impl Store for CosmosStore {
         }
     }
 
-    async fn finalize(
-        &self,
-        inbox: &InboxRecord,
-        inbox_version: &Version,
-        payment: &PaymentRecord,
-        payment_version: Option<&Version>,
-    ) -> StoreResult<()> {
+    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
         const OP: &str = "finalize";
-        if inbox.claim_id != payment.claim_id {
-            return Err(StoreError::Permanent(format!(
-                "finalize: inbox record is for claim {} but payment record for claim {}",
-                inbox.claim_id, payment.claim_id
-            )));
-        }
-        let inbox_doc = InboxDoc::from_record(inbox, self.inbox_ttl_seconds);
-        let payment_doc = PaymentDoc::from_record(payment);
-        let condition = BatchReplaceOptions::default().with_precondition(if_match(inbox_version));
+        let (inbox_doc, payment_doc) = self.documents(OP, write.inbox, write.payment)?;
+        let condition =
+            BatchReplaceOptions::default().with_precondition(if_match(write.inbox_version));
         let batch = TransactionalBatch::new(inbox_doc.claim_id.clone())
             .replace_item(inbox_doc.id.clone(), &inbox_doc, Some(condition))
             .and_then(|b| {
-                let settled = payment_version
+                let settled = write
+                    .payment_version
                     .map(|v| BatchReplaceOptions::default().with_precondition(if_match(v)));
                 b.replace_item(payment_doc.id.clone(), &payment_doc, settled)
             })
@@ -557,7 +533,9 @@ impl Store for CosmosStore {
             // The inbox changed (a takeover) or vanished since our version was read.
             Some((0, 412 | 404)) => Err(StoreError::PreconditionFailed),
             // The payment was settled by someone else since we read it.
-            Some((1, 412)) if payment_version.is_some() => Err(StoreError::PreconditionFailed),
+            Some((1, 412)) if write.payment_version.is_some() => {
+                Err(StoreError::PreconditionFailed)
+            }
             other => Err(note(batch_failure(OP, other, &results))),
         }
     }

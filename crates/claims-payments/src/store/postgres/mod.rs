@@ -43,8 +43,8 @@ pub use schema::{provision, SchemaReport};
 pub use settings::PostgresSettings;
 
 use super::{
-    AttemptId, ClaimResult, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult,
-    PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
+    AttemptId, ClaimResult, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
+    InsertResult, PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 use crate::message::{
     ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
@@ -639,26 +639,6 @@ fn parse_version(version: &Version) -> StoreResult<i64> {
 }
 
 impl PostgresStore {
-    async fn read_inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
-        let claim = key.claim_id.as_uuid();
-        let message = key.message_id.as_str().as_bytes();
-        let rows = self
-            .read(READ_INBOX, &[&key.consumer, &claim, &message])
-            .await?;
-        rows.first().map(|r| inbox_from_row(r, 0)).transpose()
-    }
-
-    async fn read_payment(
-        &self,
-        claim: ClaimId,
-        purpose: Purpose,
-    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
-        let rows = self
-            .read(READ_PAYMENT, &[&claim.as_uuid(), &purpose.as_str()])
-            .await?;
-        rows.first().map(|r| payment_from_row(r, 0)).transpose()
-    }
-
     async fn list_payment_rows(
         &self,
         sql: &'static str,
@@ -703,7 +683,12 @@ impl Store for PostgresStore {
     }
 
     async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
-        self.read_inbox(key).await
+        let claim = key.claim_id.as_uuid();
+        let message = key.message_id.as_str().as_bytes();
+        let rows = self
+            .read(READ_INBOX, &[&key.consumer, &claim, &message])
+            .await?;
+        rows.first().map(|r| inbox_from_row(r, 0)).transpose()
     }
 
     async fn payment(
@@ -711,7 +696,10 @@ impl Store for PostgresStore {
         claim: ClaimId,
         purpose: Purpose,
     ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
-        self.read_payment(claim, purpose).await
+        let rows = self
+            .read(READ_PAYMENT, &[&claim.as_uuid(), &purpose.as_str()])
+            .await?;
+        rows.first().map(|r| payment_from_row(r, 0)).transpose()
     }
 
     async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
@@ -723,7 +711,7 @@ impl Store for PostgresStore {
         }
         // The key exists (committed: ON CONFLICT waited for its inserter). A second
         // statement has a new snapshot, which shows it.
-        let existing = self.read_inbox(&inbox.key()).await?.ok_or_else(|| {
+        let existing = self.inbox(&inbox.key()).await?.ok_or_else(|| {
             StoreError::Transient("inbox row vanished after a key conflict".into())
         })?;
         Ok(InsertResult::AlreadyExists(Box::new(existing)))
@@ -746,16 +734,13 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn finalize(
-        &self,
-        inbox: &InboxRecord,
-        inbox_version: &Version,
-        payment: &PaymentRecord,
-        payment_version: Option<&Version>,
-    ) -> StoreResult<()> {
-        let expected = parse_version(inbox_version)?;
-        let payment_expected = payment_version.map(parse_version).transpose()?;
-        let (i, p) = (InboxParams::new(inbox), PaymentParams::new(payment));
+    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
+        let expected = parse_version(write.inbox_version)?;
+        let payment_expected = write.payment_version.map(parse_version).transpose()?;
+        let (i, p) = (
+            InboxParams::new(write.inbox),
+            PaymentParams::new(write.payment),
+        );
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(30);
         params.extend(i.params());
         params.push(&expected);

@@ -43,8 +43,8 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
-    ClaimResult, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, PaymentRecord,
-    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
+    ClaimResult, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult,
+    PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 use crate::message::{
     ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
@@ -504,15 +504,10 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn finalize(
-        &self,
-        inbox: &InboxRecord,
-        inbox_version: &Version,
-        payment: &PaymentRecord,
-        payment_version: Option<&Version>,
-    ) -> StoreResult<()> {
-        let (inbox, expected, payment) = (inbox.clone(), inbox_version.clone(), payment.clone());
-        let payment_version = match payment_version {
+    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
+        let (inbox, expected) = (write.inbox.clone(), write.inbox_version.clone());
+        let payment = write.payment.clone();
+        let payment_version = match write.payment_version {
             Some(v) => Some(parse_version(v)?),
             None => None,
         };

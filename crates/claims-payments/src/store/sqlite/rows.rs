@@ -2,6 +2,8 @@
 //! map onto the store's.
 
 use super::*;
+use rusqlite::params_from_iter;
+use rusqlite::types::Value;
 
 /// Transient: what can heal while the message waits for its redelivery: a busy or locked
 /// database, memory, an I/O error, and a full disk (space can be freed; the write is not
@@ -239,29 +241,34 @@ pub(super) fn read_payment(
     .transpose()
 }
 
+/// The inbox row's values in [`INBOX_COLUMNS`] order, as `?1` to `?13`.
+fn inbox_values(r: &InboxRecord) -> Vec<Value> {
+    let mut values: Vec<Value> = Vec::with_capacity(14);
+    values.extend([
+        r.consumer.clone().into(),
+        r.claim_id.to_string().into(),
+        r.message_id.as_str().to_owned().into(),
+        r.payload_hash.as_str().to_owned().into(),
+        r.status.as_str().to_owned().into(),
+        r.outcome.as_ref().map(|o| o.as_str().to_owned()).into(),
+        r.owner.to_string().into(),
+        r.lease_until.map(to_ms).into(),
+        r.first_delivery_count.into(),
+        r.last_delivery_count.into(),
+        to_ms(r.created_at).into(),
+        to_ms(r.updated_at).into(),
+        to_ms(r.expires_at).into(),
+    ]);
+    values
+}
+
 /// Inserts the inbox row unless its key exists; returns whether it was inserted.
 pub(super) fn insert_inbox(conn: &Connection, r: &InboxRecord) -> StoreResult<bool> {
     conn.prepare_cached(&format!(
         "INSERT INTO inbox ({INBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 1) \
          ON CONFLICT DO NOTHING"
     ))
-    .and_then(|mut stmt| {
-        stmt.execute(params![
-            r.consumer,
-            r.claim_id.to_string(),
-            r.message_id.as_str(),
-            r.payload_hash.as_str(),
-            r.status.as_str(),
-            r.outcome.as_ref().map(InboxOutcome::as_str),
-            r.owner.to_string(),
-            r.lease_until.map(to_ms),
-            r.first_delivery_count,
-            r.last_delivery_count,
-            to_ms(r.created_at),
-            to_ms(r.updated_at),
-            to_ms(r.expires_at),
-        ])
-    })
+    .and_then(|mut stmt| stmt.execute(params_from_iter(inbox_values(r))))
     .map(|changed| changed == 1)
     .map_err(map_sqlite_error)
 }
@@ -303,35 +310,22 @@ pub(super) fn parse_version(version: &Version) -> StoreResult<i64> {
 }
 
 /// Replaces the inbox row if its version is still `expected`; returns the new version.
+/// The values are the insert's (`?11`, the creation time, is never changed) and `?14`.
 pub(super) fn replace_inbox_row(
     conn: &Connection,
     r: &InboxRecord,
     expected: &Version,
 ) -> StoreResult<Option<i64>> {
     let expected = parse_version(expected)?;
+    let mut values = inbox_values(r);
+    values.push(expected.into());
     conn.prepare_cached(
         "UPDATE inbox SET payload_hash = ?4, status = ?5, outcome = ?6, owner = ?7, lease_until_ms = ?8, \
-         first_delivery_count = ?9, last_delivery_count = ?10, updated_at_ms = ?11, expires_at_ms = ?12, \
+         first_delivery_count = ?9, last_delivery_count = ?10, updated_at_ms = ?12, expires_at_ms = ?13, \
          version = version + 1 \
-         WHERE consumer = ?1 AND claim_id = ?2 AND message_id = ?3 AND version = ?13",
+         WHERE consumer = ?1 AND claim_id = ?2 AND message_id = ?3 AND version = ?14",
     )
-    .and_then(|mut stmt| {
-        stmt.execute(params![
-            r.consumer,
-            r.claim_id.to_string(),
-            r.message_id.as_str(),
-            r.payload_hash.as_str(),
-            r.status.as_str(),
-            r.outcome.as_ref().map(InboxOutcome::as_str),
-            r.owner.to_string(),
-            r.lease_until.map(to_ms),
-            r.first_delivery_count,
-            r.last_delivery_count,
-            to_ms(r.updated_at),
-            to_ms(r.expires_at),
-            expected,
-        ])
-    })
+    .and_then(|mut stmt| stmt.execute(params_from_iter(values)))
     .map(|changed| (changed == 1).then_some(expected + 1))
     .map_err(map_sqlite_error)
 }
