@@ -25,24 +25,24 @@ use crate::store::{DynStore, InboxRecord, PaymentRecord};
 pub struct ListArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
-    pub(crate) json: bool,
+    json: bool,
     /// At most this many rows.
     #[arg(long, default_value_t = 1000)]
-    pub(crate) limit: usize,
+    limit: usize,
 }
 
 #[derive(clap::Args)]
 pub struct ReconcileArgs {
     /// One JSON object: the lines and the summary.
     #[arg(long)]
-    pub(crate) json: bool,
+    json: bool,
     /// Ask the bank and report what would be done; write nothing, pay nothing.
     #[arg(long)]
-    pub(crate) dry_run: bool,
+    dry_run: bool,
     /// Only in_progress payments whose lease ran out longer ago than this (30s, 15m, 2h;
     /// at most 10 years). Default: RECONCILE_MIN_AGE_MS (three leases).
     #[arg(long, value_parser = parse_min_age)]
-    pub(crate) older_than: Option<std::time::Duration>,
+    older_than: Option<std::time::Duration>,
 }
 
 /// `--older-than`: a human duration no longer than [`reconcile::MAX_MIN_AGE`], so no
@@ -173,16 +173,16 @@ fn rfc3339(t: OffsetDateTime) -> String {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct LedgerLine {
-    pub(crate) claim_id: String,
-    pub(crate) amount: String,
-    pub(crate) currency: String,
-    pub(crate) status: &'static str,
-    pub(crate) message_id: String,
-    pub(crate) bank_payment_id: Option<String>,
-    pub(crate) tenant_id: Option<String>,
-    pub(crate) status_reason: Option<String>,
-    pub(crate) created_at: String,
-    pub(crate) updated_at: String,
+    claim_id: String,
+    amount: String,
+    currency: String,
+    status: &'static str,
+    message_id: String,
+    bank_payment_id: Option<String>,
+    tenant_id: Option<String>,
+    status_reason: Option<String>,
+    created_at: String,
+    updated_at: String,
 }
 
 impl From<&PaymentRecord> for LedgerLine {
@@ -206,19 +206,19 @@ impl From<&PaymentRecord> for LedgerLine {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct InboxLine {
-    pub(crate) consumer: String,
-    pub(crate) claim_id: String,
-    pub(crate) message_id: String,
-    pub(crate) status: &'static str,
-    pub(crate) outcome: Option<String>,
-    pub(crate) owner: String,
-    pub(crate) lease_until: Option<String>,
-    pub(crate) first_delivery_count: u32,
-    pub(crate) last_delivery_count: u32,
-    pub(crate) payload_hash: String,
-    pub(crate) created_at: String,
-    pub(crate) updated_at: String,
-    pub(crate) expires_at: String,
+    consumer: String,
+    claim_id: String,
+    message_id: String,
+    status: &'static str,
+    outcome: Option<String>,
+    owner: String,
+    lease_until: Option<String>,
+    first_delivery_count: u32,
+    last_delivery_count: u32,
+    payload_hash: String,
+    created_at: String,
+    updated_at: String,
+    expires_at: String,
 }
 
 impl From<&InboxRecord> for InboxLine {

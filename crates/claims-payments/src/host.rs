@@ -29,8 +29,8 @@ pub(crate) const TRIGGER_BINDING: &str = "msg";
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {problem}")]
 pub struct EnvelopeError {
-    pub(crate) field: String,
-    pub(crate) problem: String,
+    field: String,
+    problem: String,
 }
 
 impl EnvelopeError {
@@ -351,11 +351,11 @@ impl Invocation {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct InvocationResult {
     #[serde(rename = "Outputs")]
-    pub(crate) outputs: serde_json::Map<String, serde_json::Value>,
+    outputs: serde_json::Map<String, serde_json::Value>,
     #[serde(rename = "Logs")]
-    pub(crate) logs: Vec<String>,
+    logs: Vec<String>,
     #[serde(rename = "ReturnValue")]
-    pub(crate) return_value: serde_json::Value,
+    return_value: serde_json::Value,
 }
 
 /// The machine-readable summary carried in `ReturnValue` (the host ignores it without a

@@ -448,7 +448,7 @@ pub struct ClaimApproved {
     pub money: Money,
     pub tenant: Option<TenantId>,
     pub payee: Option<PayeeRef>,
-    pub(crate) approved_at: Option<OffsetDateTime>,
+    approved_at: Option<OffsetDateTime>,
 }
 
 fn optional_string(

@@ -77,8 +77,8 @@ pub enum PayoutOutcome {
 /// is sure to remember the key.
 #[derive(Debug, Clone, Copy)]
 pub struct SendWindow {
-    pub(crate) budget_deadline: Instant,
-    pub(crate) last_send: OffsetDateTime,
+    budget_deadline: Instant,
+    last_send: OffsetDateTime,
 }
 
 impl SendWindow {

@@ -61,7 +61,7 @@ pub struct Settings {
     pub(crate) inflight_wait: Duration,
     /// The queue's maxDeliveryCount (`MAX_DELIVERY_COUNT`, set by the Bicep from the
     /// queue's own value).
-    pub(crate) max_delivery_count: u32,
+    max_delivery_count: u32,
     /// `reconcile` settles an `in_progress` payment only once its lease ran out longer
     /// ago than this (`RECONCILE_MIN_AGE_MS`, default three leases), so no request of a
     /// dead attempt can still be on its way to the bank.

@@ -34,10 +34,10 @@ pub(crate) const OWN_SPAN_ROUTES: &[&str] = &["/", "/metrics", "/ClaimApproved",
 
 /// Everything a request needs, built once at start-up.
 pub struct AppState {
-    pub(crate) consumer: Consumer,
-    pub(crate) api: PaymentsApi,
-    pub(crate) claim_handler: Arc<dyn ClaimHandler>,
-    pub(crate) reconcile_min_age: Duration,
+    consumer: Consumer,
+    api: PaymentsApi,
+    claim_handler: Arc<dyn ClaimHandler>,
+    reconcile_min_age: Duration,
 }
 
 impl AppState {

@@ -16,7 +16,7 @@ const PROBLEM_BASE: &str = "https://claims-payments/problems/";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Answer {
     pub status: u16,
-    pub(crate) content_type: String,
+    content_type: String,
     pub body: String,
     /// `Location` of a created payment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,13 +99,13 @@ impl Answer {
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct PaymentResource {
-    pub(crate) claim_id: String,
-    pub(crate) amount: String,
-    pub(crate) currency: String,
-    pub(crate) status: &'static str,
-    pub(crate) bank_payment_id: Option<String>,
-    pub(crate) created_at: String,
-    pub(crate) updated_at: String,
+    claim_id: String,
+    amount: String,
+    currency: String,
+    status: &'static str,
+    bank_payment_id: Option<String>,
+    created_at: String,
+    updated_at: String,
 }
 
 impl From<&PaymentRecord> for PaymentResource {

@@ -112,7 +112,7 @@ pub(crate) enum Verdict {
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
     /// Nothing was written or paid; the counts say what a real run would do.
-    pub(crate) dry_run: bool,
+    dry_run: bool,
     /// Payments whose message this run asked the bank about.
     pub examined: usize,
     pub paid_by_lookup: usize,
@@ -129,7 +129,7 @@ pub struct Summary {
     /// Listed but not examined because the run's time budget ran out.
     pub(crate) not_reached: usize,
     /// The listing hit [`MAX_PER_RUN`]: more unsettled payments exist than were listed.
-    pub(crate) more_beyond_limit: bool,
+    more_beyond_limit: bool,
     /// Mismatched payments in the store after the run, waiting for a person (counted up
     /// to 10,000).
     pub needs_a_person: usize,

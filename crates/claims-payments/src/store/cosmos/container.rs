@@ -110,9 +110,9 @@ pub(crate) fn container_properties(name: &str) -> ContainerProperties {
 /// One way an existing container differs from the definition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Difference {
-    pub(crate) property: &'static str,
-    pub(crate) expected: String,
-    pub(crate) found: String,
+    property: &'static str,
+    expected: String,
+    found: String,
 }
 
 impl fmt::Display for Difference {
@@ -288,8 +288,8 @@ pub fn indexing_policy_difference(found: &ContainerProperties) -> Option<Differe
 /// What [`provision`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProvisionReport {
-    pub(crate) database: String,
-    pub(crate) container: String,
+    database: String,
+    container: String,
     pub database_created: bool,
     pub container_created: bool,
     /// An existing container's indexing policy differed and was replaced in place.

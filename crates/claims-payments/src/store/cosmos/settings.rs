@@ -90,10 +90,10 @@ pub struct CosmosSettings {
     pub database: String,
     pub(crate) container: String,
     pub auth: CosmosAuth,
-    pub(crate) preferred_region: Option<String>,
+    preferred_region: Option<String>,
     /// `AZURE_COSMOS_EMULATOR_HOST`: a non-loopback host name the SDK treats as an
     /// emulator (plain http allowed).
-    pub(crate) emulator_host: Option<String>,
+    emulator_host: Option<String>,
     /// How long [`CosmosStore::connect`](super::CosmosStore::connect) keeps retrying an
     /// unreachable endpoint before giving up (the emulator may still be starting).
     pub startup_budget: Duration,

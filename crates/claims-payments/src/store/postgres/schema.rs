@@ -23,10 +23,10 @@ pub(crate) const EXPECTED_SCHEMA_VERSION: u32 = 1;
 /// What provisioning found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchemaReport {
-    pub(crate) target: String,
+    target: String,
     /// Migrations applied by this run, as `V<n>__<name>`.
     pub applied: Vec<String>,
-    pub(crate) version: u32,
+    version: u32,
 }
 
 impl fmt::Display for SchemaReport {
