@@ -115,17 +115,13 @@ pub async fn metrics() -> Json<telemetry::CountersSnapshot> {
 /// host's side, whose functions are named.
 async fn not_found(uri: Uri) -> Response {
     if uri.path() == "/api" || uri.path().starts_with("/api/") {
-        let (status, headers, body) = payments_api::Answer::problem(
-            StatusCode::NOT_FOUND,
-            "no-such-route",
-            "No such route",
-            format!(
+        let (status, headers, body) = payments_api::Problem::NoSuchRoute
+            .answer(format!(
                 "the payments API serves POST {} and GET {}",
                 payments::ROUTE,
                 payments::GET_ROUTE.replace("{claim_id}", "{claimId}")
-            ),
-        )
-        .into_parts();
+            ))
+            .into_parts();
         return (status, headers, body).into_response();
     }
     (

@@ -12,6 +12,159 @@ use crate::store::PaymentRecord;
 /// Where problem types live (`type` of every problem answer).
 const PROBLEM_BASE: &str = "https://claims-payments/problems/";
 
+/// Every problem this API answers with. Its status, `type` and `title` are fixed here, so
+/// a client can branch on `type`; only the `detail` varies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Problem {
+    Unavailable,
+    StoreFailure,
+    ClaimAlreadyPaid,
+    PaymentNotFound,
+    InvalidBody,
+    KeyInvalid,
+    KeyMissing,
+    KeyReused,
+    RequestInFlight,
+    UnsupportedMediaType,
+    BodyTooLarge,
+    BodyTimeout,
+    InternalError,
+    InvalidClaimId,
+    CallerUnknown,
+    Forbidden,
+    NoSuchRoute,
+}
+
+impl Problem {
+    #[cfg(test)]
+    const ALL: [Problem; 17] = [
+        Problem::Unavailable,
+        Problem::StoreFailure,
+        Problem::ClaimAlreadyPaid,
+        Problem::PaymentNotFound,
+        Problem::InvalidBody,
+        Problem::KeyInvalid,
+        Problem::KeyMissing,
+        Problem::KeyReused,
+        Problem::RequestInFlight,
+        Problem::UnsupportedMediaType,
+        Problem::BodyTooLarge,
+        Problem::BodyTimeout,
+        Problem::InternalError,
+        Problem::InvalidClaimId,
+        Problem::CallerUnknown,
+        Problem::Forbidden,
+        Problem::NoSuchRoute,
+    ];
+
+    /// Status, `type` (after [`PROBLEM_BASE`]) and `title`.
+    fn parts(self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            Problem::Unavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Temporarily unavailable",
+            ),
+            Problem::StoreFailure => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store-failure",
+                "The store failed",
+            ),
+            Problem::ClaimAlreadyPaid => (
+                StatusCode::CONFLICT,
+                "claim-already-paid",
+                "The claim already has a payment",
+            ),
+            Problem::PaymentNotFound => (
+                StatusCode::NOT_FOUND,
+                "payment-not-found",
+                "No payment for this claim",
+            ),
+            Problem::InvalidBody => (
+                StatusCode::BAD_REQUEST,
+                "invalid-body",
+                "The request body is invalid",
+            ),
+            Problem::KeyInvalid => (
+                StatusCode::BAD_REQUEST,
+                "idempotency-key-invalid",
+                "Idempotency-Key is invalid",
+            ),
+            Problem::KeyMissing => (
+                StatusCode::BAD_REQUEST,
+                "idempotency-key-missing",
+                "Idempotency-Key is missing",
+            ),
+            Problem::KeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                "Idempotency-Key is already used",
+            ),
+            Problem::RequestInFlight => (
+                StatusCode::CONFLICT,
+                "request-in-flight",
+                "A request with this Idempotency-Key is in progress",
+            ),
+            Problem::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "The request body's media type is not supported",
+            ),
+            Problem::BodyTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "The request body is too large",
+            ),
+            Problem::BodyTimeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                "body-timeout",
+                "The request body did not arrive in time",
+            ),
+            Problem::InternalError => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal-error",
+                "The payment failed unexpectedly",
+            ),
+            Problem::InvalidClaimId => (
+                StatusCode::BAD_REQUEST,
+                "invalid-claim-id",
+                "The claim id is invalid",
+            ),
+            Problem::CallerUnknown => (
+                StatusCode::UNAUTHORIZED,
+                "caller-unknown",
+                "The caller is not authenticated",
+            ),
+            Problem::Forbidden => (
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "The caller may not do this",
+            ),
+            Problem::NoSuchRoute => (StatusCode::NOT_FOUND, "no-such-route", "No such route"),
+        }
+    }
+
+    /// The `application/problem+json` answer. `detail` is always written by this
+    /// service: never text that came from the bank, the store or the request's headers.
+    pub(crate) fn answer(self, detail: impl Into<String>) -> Answer {
+        let (status, slug, title) = self.parts();
+        let body = serde_json::json!({
+            "type": format!("{PROBLEM_BASE}{slug}"),
+            "title": title,
+            "status": status.as_u16(),
+            "detail": detail.into(),
+        });
+        Answer {
+            status: status.as_u16(),
+            content_type: "application/problem+json".into(),
+            body: body.to_string(),
+            location: None,
+            retry_after: None,
+            replayed: false,
+        }
+    }
+}
+
 /// An answer as it goes on the wire, and as a key record keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Answer {
@@ -30,30 +183,6 @@ pub struct Answer {
 }
 
 impl Answer {
-    /// An `application/problem+json` answer. `detail` is always written by this
-    /// service: never text that came from the bank, the store or the request's headers.
-    pub(crate) fn problem(
-        status: StatusCode,
-        slug: &str,
-        title: &str,
-        detail: impl Into<String>,
-    ) -> Self {
-        let body = serde_json::json!({
-            "type": format!("{PROBLEM_BASE}{slug}"),
-            "title": title,
-            "status": status.as_u16(),
-            "detail": detail.into(),
-        });
-        Answer {
-            status: status.as_u16(),
-            content_type: "application/problem+json".into(),
-            body: body.to_string(),
-            location: None,
-            retry_after: None,
-            replayed: false,
-        }
-    }
-
     pub(crate) fn resource(status: StatusCode, payment: &PaymentRecord) -> Self {
         Answer {
             status: status.as_u16(),
@@ -124,40 +253,25 @@ impl From<&PaymentRecord> for PaymentResource {
 }
 
 pub(crate) fn store_unavailable() -> Answer {
-    Answer::problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "unavailable",
-        "Temporarily unavailable",
-        "the payments store is unavailable; retry with the same Idempotency-Key",
-    )
-    .retry_after(1)
+    Problem::Unavailable
+        .answer("the payments store is unavailable; retry with the same Idempotency-Key")
+        .retry_after(1)
 }
 
 pub(crate) fn store_failure() -> Answer {
-    Answer::problem(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "store-failure",
-        "The store failed",
+    Problem::StoreFailure.answer(
         "the payments store failed in a way retrying cannot heal; the operators are alerted",
     )
 }
 
 pub(crate) fn claim_already_paid() -> Answer {
-    Answer::problem(
-        StatusCode::CONFLICT,
-        "claim-already-paid",
-        "The claim already has a payment",
+    Problem::ClaimAlreadyPaid.answer(
         "this claim was already paid by another request; a claim is paid once, do not retry",
     )
 }
 
 pub(crate) fn payment_not_found() -> Answer {
-    Answer::problem(
-        StatusCode::NOT_FOUND,
-        "payment-not-found",
-        "No payment for this claim",
-        "there is no payment for this claim that you may read",
-    )
+    Problem::PaymentNotFound.answer("there is no payment for this claim that you may read")
 }
 
 /// What the client is told for each way a payment can end. An outcome's `reason` is
@@ -167,19 +281,13 @@ pub(crate) fn payment_not_found() -> Answer {
 /// goes only to the log line and the operator's records.
 pub(crate) fn answer_for(outcome: &Outcome, payment: Option<&PaymentRecord>) -> Answer {
     match (outcome, payment) {
-        (Outcome::RetryLater { .. }, _) => Answer::problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "Temporarily unavailable",
-            "the payment could not be finished now (the bank or the store did not answer in time, or another attempt holds this claim); retry with the same Idempotency-Key",
+        (Outcome::RetryLater { .. }, _) => Problem::Unavailable.answer(
+                        "the payment could not be finished now (the bank or the store did not answer in time, or another attempt holds this claim); retry with the same Idempotency-Key",
         )
         .retry_after(2),
         (Outcome::StoreFailure { .. }, _) => store_failure(),
-        (Outcome::InvalidMessage { .. }, _) => Answer::problem(
-            StatusCode::BAD_REQUEST,
-            "invalid-body",
-            "The request body is invalid",
-            "body: cannot be paid as sent (payee: is required when payouts are enabled)",
+        (Outcome::InvalidMessage { .. }, _) => Problem::InvalidBody.answer(
+                        "body: cannot be paid as sent (payee: is required when payouts are enabled)",
         ),
         (Outcome::Conflict { .. }, _) => claim_already_paid(),
         (Outcome::BusinessDuplicate { .. }, Some(p)) => Answer::resource(StatusCode::OK, p),
@@ -187,11 +295,8 @@ pub(crate) fn answer_for(outcome: &Outcome, payment: Option<&PaymentRecord>) -> 
         (_, Some(p)) => Answer::resource(StatusCode::CREATED, p),
         // The consumer finished but the payment cannot be read back: nothing final to
         // tell; the retry reads it again.
-        (_, None) => Answer::problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "Temporarily unavailable",
-            "the payment was handled but could not be read back; retry with the same Idempotency-Key",
+        (_, None) => Problem::Unavailable.answer(
+                        "the payment was handled but could not be read back; retry with the same Idempotency-Key",
         )
         .retry_after(2),
     }
@@ -200,6 +305,15 @@ pub(crate) fn answer_for(outcome: &Outcome, payment: Option<&PaymentRecord>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client branches on `type`: no two problems may share one.
+    #[test]
+    fn every_problem_has_its_own_type() {
+        let mut types: Vec<&str> = Problem::ALL.iter().map(|p| p.parts().1).collect();
+        types.sort_unstable();
+        types.dedup();
+        assert_eq!(types.len(), Problem::ALL.len());
+    }
 
     /// Issue 21 item 6: no outcome's reason reaches the client.
     #[test]

@@ -11,11 +11,11 @@
 //!   caller is that principal; its keys are its own; app roles say what it may do
 //!   ([`PAY_ROLE`], [`READ_ROLE`]).
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use base64::Engine;
 use serde::Deserialize;
 
-use super::answer::Answer;
+use super::answer::{Answer, Problem};
 use crate::message::ClaimApproved;
 
 /// The app role that may `POST /api/payments`.
@@ -92,18 +92,9 @@ impl Caller {
     pub(crate) fn authenticate(auth: CallerAuth, headers: &HeaderMap) -> Result<Caller, Answer> {
         match auth {
             CallerAuth::FunctionKey => Ok(Caller::KeyHolder),
-            CallerAuth::AppService => {
-                principal_of(headers)
-                    .map(Caller::Principal)
-                    .map_err(|reason| {
-                        Answer::problem(
-                            StatusCode::UNAUTHORIZED,
-                            "caller-unknown",
-                            "The caller is not authenticated",
-                            reason,
-                        )
-                    })
-            }
+            CallerAuth::AppService => principal_of(headers)
+                .map(Caller::Principal)
+                .map_err(|reason| Problem::CallerUnknown.answer(reason)),
         }
     }
 
@@ -126,12 +117,7 @@ impl Caller {
                 )
             }
         };
-        Err(Answer::problem(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "The caller may not do this",
-            needs,
-        ))
+        Err(Problem::Forbidden.answer(needs))
     }
 
     /// Whether this caller sees only the payments it created.

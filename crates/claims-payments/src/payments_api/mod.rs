@@ -53,7 +53,7 @@ mod answer;
 mod caller;
 mod key;
 
-pub(crate) use answer::Answer;
+pub(crate) use answer::{Answer, Problem};
 pub use caller::CallerAuth;
 pub(crate) use caller::{Action, Caller, Scope};
 pub(crate) use key::ClientKey;
@@ -73,21 +73,11 @@ pub struct PaymentsApi {
 }
 
 fn invalid_key(detail: impl Into<String>) -> Answer {
-    Answer::problem(
-        StatusCode::BAD_REQUEST,
-        "idempotency-key-invalid",
-        "Idempotency-Key is invalid",
-        detail,
-    )
+    Problem::KeyInvalid.answer(detail)
 }
 
 fn invalid_body(detail: impl Into<String>) -> Answer {
-    Answer::problem(
-        StatusCode::BAD_REQUEST,
-        "invalid-body",
-        "The request body is invalid",
-        detail,
-    )
+    Problem::InvalidBody.answer(detail)
 }
 
 impl PaymentsApi {
@@ -111,33 +101,19 @@ impl PaymentsApi {
             Err(refused) => return refused,
         };
         if let Err(detail) = crate::http::json_request(headers) {
-            return Answer::problem(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported-media-type",
-                "The request body's media type is not supported",
-                detail,
-            );
+            return Problem::UnsupportedMediaType.answer(detail);
         }
         let body = match read_body(body).await {
             Ok(bytes) => bytes,
             Err(BodyError::TooLarge) => {
-                return Answer::problem(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body-too-large",
-                    "The request body is too large",
-                    format!("body: at most {MAX_REQUEST_BYTES} bytes"),
-                )
+                return Problem::BodyTooLarge
+                    .answer(format!("body: at most {MAX_REQUEST_BYTES} bytes"))
             }
             Err(BodyError::Timeout) => {
-                return Answer::problem(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body-timeout",
-                    "The request body did not arrive in time",
-                    format!(
-                        "body: not received within {} s",
-                        BODY_READ_TIMEOUT.as_secs()
-                    ),
-                )
+                return Problem::BodyTimeout.answer(format!(
+                    "body: not received within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ))
             }
         };
         self.post_as(caller, headers, &body).await
@@ -163,11 +139,8 @@ impl PaymentsApi {
     async fn post_as(&self, caller: Caller, headers: &HeaderMap, body: &[u8]) -> Answer {
         let raw_key = match headers.get_all("idempotency-key").iter().collect::<Vec<_>>()[..] {
             [] => {
-                return Answer::problem(
-                    StatusCode::BAD_REQUEST,
-                    "idempotency-key-missing",
-                    "Idempotency-Key is missing",
-                    "send an Idempotency-Key header: one key per payment intent, the same on every retry",
+                return Problem::KeyMissing.answer(
+                                        "send an Idempotency-Key header: one key per payment intent, the same on every retry",
                 )
             }
             [one] => match one.to_str() {
@@ -203,12 +176,7 @@ impl PaymentsApi {
                 // A panic in the engine: the key record keeps its lease, and the retry
                 // takes it over once it runs out.
                 tracing::error!(error = %e, trigger = "http", "the payment task failed");
-                Answer::problem(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal-error",
-                    "The payment failed unexpectedly",
-                    "retry later with the same Idempotency-Key",
-                )
+                Problem::InternalError.answer("retry later with the same Idempotency-Key")
             }
         }
     }
@@ -255,14 +223,7 @@ impl PaymentsApi {
         };
         let claim_id = match ClaimId::parse(claim) {
             Ok(c) => c,
-            Err(e) => {
-                return Answer::problem(
-                    StatusCode::BAD_REQUEST,
-                    "invalid-claim-id",
-                    "The claim id is invalid",
-                    e.to_string(),
-                )
-            }
+            Err(e) => return Problem::InvalidClaimId.answer(e.to_string()),
         };
         match self
             .consumer
@@ -320,11 +281,8 @@ impl PaymentsApi {
         let expired = record.expires_at <= now;
         if !expired && record.payload_hash != *fingerprint {
             telemetry::counters().http_key_mismatches.inc();
-            return Ok(Begin::Answer(Answer::problem(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency-key-reused",
-                "Idempotency-Key is already used",
-                "this Idempotency-Key was used with a different request; use a new key for a new payment",
+            return Ok(Begin::Answer(Problem::KeyReused.answer(
+                                "this Idempotency-Key was used with a different request; use a new key for a new payment",
             )));
         }
         if !expired && record.status == InboxStatus::Completed {
@@ -434,13 +392,9 @@ impl PaymentsApi {
 
 /// 409: another request with the key is being handled.
 fn in_flight(retry_after: u64) -> Answer {
-    Answer::problem(
-        StatusCode::CONFLICT,
-        "request-in-flight",
-        "A request with this Idempotency-Key is in progress",
-        "retry later with the same Idempotency-Key",
-    )
-    .retry_after(retry_after)
+    Problem::RequestInFlight
+        .answer("retry later with the same Idempotency-Key")
+        .retry_after(retry_after)
 }
 
 enum Begin {
