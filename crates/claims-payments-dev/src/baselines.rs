@@ -10,15 +10,15 @@
 use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::Json;
 use axum::Router;
 use claims_payments::bank::{BankClient, PayoutOutcome, SendWindow};
 use claims_payments::consumer::{Consumer, Delivery, Outcome};
 use claims_payments::functions::claim_approved::{ClaimHandler, FUNCTION_NAME};
 use claims_payments::functions::{metrics, ready};
-use claims_payments::host::OutcomeSummary;
-use claims_payments::http::{invocation_answer, read_body};
+use claims_payments::http::read_body;
 use claims_payments::message::{ClaimApproved, IdempotencyKey};
 use claims_payments::seams::{CrashHook, Step};
 use claims_payments::store::{
@@ -142,16 +142,14 @@ async fn noop(body: Body) -> Response {
         Ok(_) => StatusCode::OK,
         Err(_) => StatusCode::BAD_REQUEST,
     };
-    invocation_answer(
-        status,
-        OutcomeSummary {
-            outcome: "noop".into(),
-            claim_id: None,
-            message_id: None,
-            delivery_count: None,
-            detail: None,
-        },
-    )
+    // The host's answer shape with an outcome of its own: no product outcome fits a
+    // handler that pays nothing.
+    let answer = serde_json::json!({
+        "Outputs": {},
+        "Logs": ["outcome: noop"],
+        "ReturnValue": { "outcome": "noop" },
+    });
+    (status, Json(answer)).into_response()
 }
 
 /// Which handler `claims-payments-dev serve` puts behind `POST /ClaimApproved`.

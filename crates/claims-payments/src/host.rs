@@ -17,10 +17,10 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use base64::Engine;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use crate::message::MessageId;
+use crate::message::{MessageId, OutcomeKind};
 
 /// The binding name in `function.json`.
 pub(crate) const TRIGGER_BINDING: &str = "msg";
@@ -358,23 +358,64 @@ pub(crate) struct InvocationResult {
     return_value: serde_json::Value,
 }
 
+/// How an invocation ended: what `ReturnValue.outcome` and the answer's first log line
+/// name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// A `ClaimApproved` delivery, by its outcome.
+    Delivery(OutcomeKind),
+    /// A timer run (`Purge`, `Reconcile`).
+    Timer(TimerOutcome),
+}
+
+/// How a timer run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TimerOutcome {
+    Purged,
+    PurgeSkipped,
+    PurgeFailed,
+    Reconciled,
+    ReconcileSkipped,
+    ReconcileFailed,
+}
+
+impl Ended {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Ended::Delivery(kind) => kind.as_str(),
+            Ended::Timer(TimerOutcome::Purged) => "purged",
+            Ended::Timer(TimerOutcome::PurgeSkipped) => "purge-skipped",
+            Ended::Timer(TimerOutcome::PurgeFailed) => "purge-failed",
+            Ended::Timer(TimerOutcome::Reconciled) => "reconciled",
+            Ended::Timer(TimerOutcome::ReconcileSkipped) => "reconcile-skipped",
+            Ended::Timer(TimerOutcome::ReconcileFailed) => "reconcile-failed",
+        }
+    }
+}
+
+impl Serialize for Ended {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 /// The machine-readable summary carried in `ReturnValue` (the host ignores it without a
 /// `$return` binding; tools and tests read it).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct OutcomeSummary {
-    pub outcome: String,
-    pub claim_id: Option<String>,
-    pub message_id: Option<String>,
-    pub delivery_count: Option<u32>,
-    pub detail: Option<String>,
+pub(crate) struct OutcomeSummary {
+    pub(crate) outcome: Ended,
+    pub(crate) claim_id: Option<String>,
+    pub(crate) message_id: Option<String>,
+    pub(crate) delivery_count: Option<u32>,
+    pub(crate) detail: Option<String>,
 }
 
 impl OutcomeSummary {
     /// A timer invocation's summary: no message, what the run did in `detail`.
-    pub(crate) fn of_timer(outcome: &str, detail: String) -> Self {
+    pub(crate) fn of_timer(outcome: TimerOutcome, detail: String) -> Self {
         OutcomeSummary {
-            outcome: outcome.into(),
+            outcome: Ended::Timer(outcome),
             claim_id: None,
             message_id: None,
             delivery_count: None,
@@ -385,7 +426,7 @@ impl OutcomeSummary {
 
 impl InvocationResult {
     pub(crate) fn new(summary: OutcomeSummary) -> Self {
-        let mut logs = vec![format!("outcome: {}", summary.outcome)];
+        let mut logs = vec![format!("outcome: {}", summary.outcome.as_str())];
         let mut facts = Vec::new();
         if let Some(c) = &summary.claim_id {
             facts.push(format!("claimId={c}"));

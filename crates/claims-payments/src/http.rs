@@ -86,7 +86,7 @@ pub async fn read_body(body: Body) -> Result<Bytes, BodyError> {
 }
 
 /// The custom-handler answer to an invocation: `status` and the outcome as JSON.
-pub fn invocation_answer(status: StatusCode, summary: OutcomeSummary) -> Response {
+pub(crate) fn invocation_answer(status: StatusCode, summary: OutcomeSummary) -> Response {
     (status, Json(InvocationResult::new(summary))).into_response()
 }
 

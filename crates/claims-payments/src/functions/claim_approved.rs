@@ -14,9 +14,9 @@ use tracing::Instrument;
 
 use super::AppState;
 use crate::consumer::{Consumer, Delivery, Outcome};
-use crate::host::{Invocation, OutcomeSummary};
+use crate::host::{Ended, Invocation, OutcomeSummary};
 use crate::http::{invocation_answer, read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
-use crate::message::ClaimApproved;
+use crate::message::{ClaimApproved, OutcomeKind};
 use crate::telemetry;
 
 /// The function's folder in function-app/, which is the route the host calls.
@@ -67,7 +67,7 @@ fn refuse(
     invocation_answer(
         status,
         OutcomeSummary {
-            outcome: "invalid-message".into(),
+            outcome: Ended::Delivery(OutcomeKind::InvalidMessage),
             claim_id: None,
             message_id: None,
             delivery_count: None,
@@ -190,7 +190,7 @@ async fn handle(
     invocation_answer(
         status,
         OutcomeSummary {
-            outcome: outcome.label().into(),
+            outcome: Ended::Delivery(outcome.kind()),
             claim_id,
             message_id: Some(delivery.message_id.to_string()),
             delivery_count: Some(delivery.delivery_count),

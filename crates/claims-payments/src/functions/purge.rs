@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::AppState;
-use crate::host::OutcomeSummary;
+use crate::host::{OutcomeSummary, TimerOutcome};
 use crate::http::invocation_answer;
 
 /// The function's folder in function-app/, which is the route the host calls.
@@ -25,14 +25,14 @@ pub(crate) const RUN_BUDGET: Duration = Duration::from_secs(90);
 
 /// The `Purge` timer invocation.
 pub(crate) async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> Response {
-    let answer = |status: StatusCode, outcome: &str, detail: String| {
+    let answer = |status: StatusCode, outcome: TimerOutcome, detail: String| {
         invocation_answer(status, OutcomeSummary::of_timer(outcome, detail))
     };
     let store = state.consumer.store().clone();
     if store.expires_by_itself() {
         return answer(
             StatusCode::OK,
-            "purge-skipped",
+            TimerOutcome::PurgeSkipped,
             "the store expires inbox records by itself (Cosmos DB ttl)".into(),
         );
     }
@@ -42,7 +42,7 @@ pub(crate) async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> 
             tracing::info!(trigger = "timer", removed, "purge finished");
             answer(
                 StatusCode::OK,
-                "purged",
+                TimerOutcome::Purged,
                 format!("removed {removed} expired inbox record(s)"),
             )
         }
@@ -50,7 +50,7 @@ pub(crate) async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> 
             tracing::error!(trigger = "timer", error = %e, "purge failed");
             answer(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "purge-failed",
+                TimerOutcome::PurgeFailed,
                 e.to_string(),
             )
         }
@@ -62,7 +62,7 @@ pub(crate) async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> 
             );
             answer(
                 StatusCode::OK,
-                "purged",
+                TimerOutcome::Purged,
                 format!(
                     "stopped after {} s with more to remove; the next run goes on",
                     RUN_BUDGET.as_secs()

@@ -11,7 +11,7 @@ use axum::response::Response;
 use tracing::Instrument;
 
 use super::AppState;
-use crate::host::OutcomeSummary;
+use crate::host::{Ended, OutcomeSummary, TimerOutcome};
 use crate::http::invocation_answer;
 use crate::reconcile::{self, Reconciler, RunLease};
 use crate::telemetry;
@@ -35,10 +35,11 @@ pub(crate) async fn invoke(
     let response = run(state, body).instrument(span.clone()).await;
     let outcome = response
         .extensions()
-        .get::<&'static str>()
+        .get::<TimerOutcome>()
         .copied()
-        .unwrap_or("reconciled");
-    telemetry::trace::record_outcome(&span, None, outcome, response.status().as_u16());
+        .unwrap_or(TimerOutcome::Reconciled);
+    let label = Ended::Timer(outcome).as_str();
+    telemetry::trace::record_outcome(&span, None, label, response.status().as_u16());
     response
 }
 
@@ -47,7 +48,7 @@ async fn run(state: Arc<AppState>, body: Bytes) -> Response {
         .ok()
         .and_then(|v| v.pointer("/Data/timer/IsPastDue").and_then(|d| d.as_bool()))
         .unwrap_or(false);
-    let summary_answer = |status: StatusCode, outcome: &'static str, detail: String| {
+    let summary_answer = |status: StatusCode, outcome: TimerOutcome, detail: String| {
         let mut answer = invocation_answer(status, OutcomeSummary::of_timer(outcome, detail));
         // For the span: how the run ended.
         answer.extensions_mut().insert(outcome);
@@ -56,7 +57,7 @@ async fn run(state: Arc<AppState>, body: Bytes) -> Response {
     let Some(reconciler) = Reconciler::new(state.consumer.clone()) else {
         return summary_answer(
             StatusCode::OK,
-            "reconcile-skipped",
+            TimerOutcome::ReconcileSkipped,
             "ledger-only mode: no bank to reconcile with".into(),
         );
     };
@@ -70,7 +71,7 @@ async fn run(state: Arc<AppState>, body: Bytes) -> Response {
             );
             return summary_answer(
                 StatusCode::OK,
-                "reconcile-skipped",
+                TimerOutcome::ReconcileSkipped,
                 "another instance holds the reconcile run lease".into(),
             );
         }
@@ -78,7 +79,7 @@ async fn run(state: Arc<AppState>, body: Bytes) -> Response {
             tracing::error!(trigger = "timer", error = %e, "reconcile could not take its run lease");
             return summary_answer(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "reconcile-failed",
+                TimerOutcome::ReconcileFailed,
                 e.to_string(),
             );
         }
@@ -108,13 +109,13 @@ async fn run(state: Arc<AppState>, body: Bytes) -> Response {
                 needs_reconciliation_before: n(summary.needs_reconciliation_before),
                 orphaned_in_progress_before: n(summary.orphaned_in_progress_before),
             });
-            summary_answer(StatusCode::OK, "reconciled", summary.counts())
+            summary_answer(StatusCode::OK, TimerOutcome::Reconciled, summary.counts())
         }
         Err(e) => {
             tracing::error!(trigger = "timer", error = %e, "reconcile failed");
             summary_answer(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "reconcile-failed",
+                TimerOutcome::ReconcileFailed,
                 e.to_string(),
             )
         }
