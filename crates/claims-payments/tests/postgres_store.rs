@@ -91,6 +91,40 @@ async fn a_fresh_claim_a_duplicate_and_a_business_duplicate_are_one_statement_ea
     }
 }
 
+/// `POST /api/payments` with a new Idempotency-Key (ledger-only) costs three round trips:
+/// the key record, the claim, the stored answer. The consumer hands back the payment it
+/// wrote, so the answer is built without reading it again (that read would be a fourth).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_idempotency_key_costs_three_round_trips() {
+    if !available() {
+        return;
+    }
+    let (_db, _, store) = provisioned().await;
+    let api = claims_payments::payments_api::PaymentsApi::new(
+        common::ledger_consumer(store.clone()),
+        claims_payments::payments_api::CallerAuth::FunctionKey,
+        std::time::Duration::from_secs(3600),
+    );
+    let post = |key: &'static str| {
+        let api = api.clone();
+        async move {
+            let mut headers = axum::http::HeaderMap::new();
+            headers.insert("idempotency-key", key.parse().unwrap());
+            let body = format!(
+                r#"{{"claimId":"{}","amount":"12.00","currency":"EUR"}}"#,
+                common::new_claim()
+            );
+            api.post(&headers, body.as_bytes()).await
+        }
+    };
+    // Prepares the statements on the pooled connection.
+    assert_eq!(post("warm-up").await.status, 201);
+    let before = store.round_trips();
+    let answer = post("new-key").await;
+    assert_eq!(answer.status, 201, "{answer:?}");
+    assert_eq!(store.round_trips() - before, 3);
+}
+
 /// A MessageId may hold any character, NUL included, which PostgreSQL text refuses: the
 /// store keeps it as bytes and gives it back unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,15 +22,16 @@ pub(crate) struct Attempt<'a> {
     pub(crate) id: AttemptId,
     pub(crate) hash: PayloadHash,
     pub(crate) key: InboxKey,
-    /// The claim's payment as this attempt last wrote or read it, so that a caller that
-    /// answers with the payment (the HTTP API) need not read it back.
-    pub(crate) payment_seen: std::sync::Mutex<Option<PaymentRecord>>,
+    /// The claim's payment as this attempt last wrote or read it, kept only when the
+    /// caller answers with it (the HTTP API), so it need not read it back. `None` on the
+    /// message path, which then copies nothing.
+    pub(crate) payment_seen: Option<std::sync::Mutex<Option<PaymentRecord>>>,
 }
 
 impl Attempt<'_> {
     /// Notes the claim's payment as the store now holds it.
     pub(crate) fn saw(&self, payment: &PaymentRecord) {
-        if let Ok(mut seen) = self.payment_seen.lock() {
+        if let Some(Ok(mut seen)) = self.payment_seen.as_ref().map(|m| m.lock()) {
             *seen = Some(payment.clone());
         }
     }
@@ -409,7 +410,7 @@ mod tests {
                 claim_id: ClaimId::parse(CLAIM).unwrap(),
                 message_id: delivery.message_id.clone(),
             },
-            payment_seen: Default::default(),
+            payment_seen: None,
         }
     }
 

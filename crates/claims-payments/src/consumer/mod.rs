@@ -147,7 +147,7 @@ impl Consumer {
 
     /// Handles one delivery. Never panics on data; every path ends in an outcome.
     pub async fn handle(&self, msg: &ClaimApproved, delivery: &Delivery) -> Outcome {
-        self.handle_with_payment(msg, delivery).await.0
+        self.handle_noting(msg, delivery, true).await.0
     }
 
     /// As [`Self::handle`], with the claim's payment as the attempt last wrote or read
@@ -156,6 +156,15 @@ impl Consumer {
         &self,
         msg: &ClaimApproved,
         delivery: &Delivery,
+    ) -> (Outcome, Option<PaymentRecord>) {
+        self.handle_noting(msg, delivery, true).await
+    }
+
+    async fn handle_noting(
+        &self,
+        msg: &ClaimApproved,
+        delivery: &Delivery,
+        note_payment: bool,
     ) -> (Outcome, Option<PaymentRecord>) {
         let key = self.inbox_key(msg, delivery);
         let hash = msg.payload_hash();
@@ -172,7 +181,7 @@ impl Consumer {
             id: AttemptId::new(),
             hash: hash.clone(),
             key: key.clone(),
-            payment_seen: Default::default(),
+            payment_seen: note_payment.then(Default::default),
         };
         let outcome = match self.process(&attempt).await {
             Ok(outcome) => outcome,
@@ -200,7 +209,9 @@ impl Consumer {
             self.completed.insert(key, (hash, first));
         }
         outcome.count();
-        let payment = attempt.payment_seen.into_inner().ok().flatten();
+        let payment = attempt
+            .payment_seen
+            .and_then(|seen| seen.into_inner().ok().flatten());
         (outcome, payment)
     }
 
@@ -263,7 +274,7 @@ impl Consumer {
             id: attempt,
             hash: msg.payload_hash(),
             key: self.inbox_key(msg, delivery),
-            payment_seen: Default::default(),
+            payment_seen: None,
         };
         (self.new_inbox(&a, now), self.new_payment(&a, now))
     }
