@@ -14,14 +14,21 @@
 //! 0. who calls and may they pay ([`caller`]: 401, 403), is the body JSON (415), is the
 //!    key a key ([`key`]) and the body one valid object (400): nothing is written for any
 //!    of these, so no refusal of the request itself is ever stored under its key;
-//! 1. create the key record (in progress, our lease) with a conditional create; if it
-//!    exists: another fingerprint → 422; completed → the stored answer, byte for byte,
-//!    with `Idempotent-Replayed: true`; in progress under a live lease → 409 with
+//! 1. open the key record ([`record`]): create it (in progress, our lease) with a
+//!    conditional create; if it exists, [`record::next_action`] decides: another
+//!    fingerprint → 422; completed → the stored answer, byte for byte, with
+//!    `Idempotent-Replayed: true`; in progress under a live lease → 409 with
 //!    `Retry-After`; under an expired lease → take it over (conditional replace);
 //! 2. hand the payment to the consumer as a message whose MessageId is derived from the
 //!    key record, `http-<scope tag>-<key hash>` (same claim, payout and finalize steps,
-//!    same outcomes; the tag says which caller created the payment);
-//! 3. store the answer in the key record (conditional on our lease) and send it.
+//!    same outcomes; the tag says which caller created the payment). Why not write the
+//!    payment from here: the guard is the payment and an inbox record written in one
+//!    atomic step in the claim's partition, while the key record lives in a partition of
+//!    its own (so a key reused for another claim is still found by a point read). Two
+//!    partitions cannot share a Cosmos batch, so the key record is a lease in front of
+//!    the consumer's own guard, not a replacement for it;
+//! 3. close the key record: store the answer (conditional on our lease) and send it; a
+//!    5xx gives the lease back, a 400 gives the key back as never used.
 //!
 //! The key record's lease is an [`idempotency::Lease`], taken and given back by the same
 //! rule as a delivery's. The consumer hands back the payment it wrote, so the answer is
@@ -40,18 +47,18 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
-use time::OffsetDateTime;
 
 use crate::consumer::{Consumer, Delivery, Outcome};
 use crate::http::{read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
-use crate::idempotency::{self, Created, Holder, Lease, Terms};
-use crate::message::{ClaimApproved, ClaimId, PayloadHash, Purpose};
-use crate::store::{AttemptId, InboxOutcome, InboxRecord, InboxStatus, StoreError};
+use crate::idempotency::{Lease, Terms};
+use crate::message::{ClaimApproved, ClaimId, OutcomeKind, Purpose};
+use crate::store::StoreError;
 use crate::telemetry;
 
 mod answer;
 mod caller;
 mod key;
+mod record;
 
 pub(crate) use answer::{Answer, Problem};
 pub use caller::CallerAuth;
@@ -60,6 +67,7 @@ pub(crate) use key::ClientKey;
 
 use answer::{answer_for, claim_already_paid, payment_not_found, store_failure, store_unavailable};
 use key::{created_by, KeyIdentity};
+use record::Begin;
 
 /// The pseudo-consumer under which key records are stored.
 pub(crate) const KEY_CONSUMER: &str = "payments-api";
@@ -140,7 +148,7 @@ impl PaymentsApi {
         let raw_key = match headers.get_all("idempotency-key").iter().collect::<Vec<_>>()[..] {
             [] => {
                 return Problem::KeyMissing.answer(
-                                        "send an Idempotency-Key header: one key per payment intent, the same on every retry",
+                    "send an Idempotency-Key header: one key per payment intent, the same on every retry",
                 )
             }
             [one] => match one.to_str() {
@@ -191,20 +199,22 @@ impl PaymentsApi {
         identity: KeyIdentity,
     ) -> Answer {
         let fingerprint = msg.payload_hash();
-        let answer = match self.begin(&identity, &fingerprint).await {
-            Ok(Begin::Answer(answer)) => answer,
-            Ok(Begin::Proceed(lease)) => {
-                self.process(&caller, &scope, &msg, &identity, lease).await
-            }
-            Err(e) => self.store_failed(e),
-        };
+        let store = self.consumer.store().as_ref();
+        let (answer, outcome) =
+            match record::open(store, &identity, &fingerprint, self.terms()).await {
+                Ok(Begin::Answer(answer, label)) => (answer, label),
+                Ok(Begin::Proceed(lease)) => {
+                    self.process(&caller, &scope, &msg, &identity, lease).await
+                }
+                Err(e) => self.store_failed(e),
+            };
         tracing::info!(
             trigger = "http",
             claimId = %msg.claim_id,
             messageId = %identity.key.message_id,
             status = answer.status,
             replayed = answer.replayed,
-            outcome = %outcome_of_answer(&answer),
+            outcome,
             "invocation finished"
         );
         answer
@@ -243,14 +253,15 @@ impl PaymentsApi {
                 a
             }
             Ok(None) => payment_not_found(),
-            Err(e) => self.store_failed(e),
+            Err(e) => self.store_failed(e).0,
         }
     }
 
-    fn store_failed(&self, e: StoreError) -> Answer {
+    /// The answer to a store error, with its log label.
+    fn store_failed(&self, e: StoreError) -> (Answer, &'static str) {
         match e {
-            StoreError::Permanent(_) => store_failure(),
-            _ => store_unavailable(),
+            StoreError::Permanent(_) => (store_failure(), OutcomeKind::StoreFailure.as_str()),
+            _ => (store_unavailable(), OutcomeKind::RetryLater.as_str()),
         }
     }
 
@@ -262,63 +273,8 @@ impl PaymentsApi {
         }
     }
 
-    /// Step 1: the key record, created or taken over, or the answer it already gives.
-    async fn begin(
-        &self,
-        identity: &KeyIdentity,
-        fingerprint: &PayloadHash,
-    ) -> Result<Begin, StoreError> {
-        let store = self.consumer.store().as_ref();
-        let terms = self.terms();
-        let now = OffsetDateTime::now_utc();
-        let me = AttemptId::new();
-        let fresh = idempotency::new_record(&identity.key, fingerprint, me, 1, terms, now, None);
-        let seen = match Lease::create(store, fresh.clone()).await? {
-            Created::Held(lease) => return Ok(Begin::Proceed(lease)),
-            Created::Exists(seen) => seen,
-        };
-        let record = &seen.record;
-        let expired = record.expires_at <= now;
-        if !expired && record.payload_hash != *fingerprint {
-            telemetry::counters().http_key_mismatches.inc();
-            return Ok(Begin::Answer(Problem::KeyReused.answer(
-                                "this Idempotency-Key was used with a different request; use a new key for a new payment",
-            )));
-        }
-        if !expired && record.status == InboxStatus::Completed {
-            if let Some(mut answer) = record.outcome.as_ref().and_then(|o| match o {
-                InboxOutcome::HttpAnswer(json) => serde_json::from_str::<Answer>(json).ok(),
-                _ => None,
-            }) {
-                telemetry::counters().http_replays.inc();
-                answer.replayed = true;
-                return Ok(Begin::Answer(answer));
-            }
-        }
-        // A client's retry is not a broker delivery: only the lease decides (count 0).
-        if let (false, Holder::Live(until)) = (expired, idempotency::holder(record, me, 0, now)) {
-            telemetry::counters().http_in_flight.inc();
-            let left = (until - now).whole_seconds().max(1) as u64;
-            return Ok(Begin::Answer(in_flight(left.min(5))));
-        }
-        // The lease ran out (a crash, or a 503 that gave it back), or the key expired:
-        // take it over with a write conditional on what we read.
-        let attempt = record.last_delivery_count.saturating_add(1);
-        let taken = if expired {
-            InboxRecord {
-                last_delivery_count: attempt,
-                ..fresh
-            }
-        } else {
-            idempotency::taken_over(record, me, attempt, terms, now)
-        };
-        Ok(match Lease::take_over(store, &seen, taken).await? {
-            Some(lease) => Begin::Proceed(lease),
-            None => Begin::Answer(in_flight(1)),
-        })
-    }
-
     /// Steps 2 and 3: the consumer's engine, then the answer kept in the key record.
+    /// Returns the answer and its log label (the consumer's outcome).
     async fn process(
         &self,
         caller: &Caller,
@@ -326,7 +282,7 @@ impl PaymentsApi {
         msg: &ClaimApproved,
         identity: &KeyIdentity,
         lease: Lease,
-    ) -> Answer {
+    ) -> (Answer, &'static str) {
         let store = self.consumer.store().as_ref();
         let delivery = Delivery {
             message_id: identity.key.message_id.clone(),
@@ -346,6 +302,7 @@ impl PaymentsApi {
             },
         };
         let mut answer = answer_for(&outcome, payment.as_ref());
+        let mut label = outcome.label();
         // A principal sees a payment in an answer only if it created it: another
         // principal's payment of this claim is a 409 without its details.
         if let Some(p) = &payment {
@@ -354,52 +311,12 @@ impl PaymentsApi {
                 && !created_by(&p.message_id, scope)
             {
                 answer = claim_already_paid();
+                label = OutcomeKind::Conflict.as_str();
             }
         }
-        if answer.status == 503 || answer.status == 500 {
-            // Nothing final: the retry resumes under the same key.
-            lease.release(store).await;
-            return answer;
-        }
-        if answer.status == 400 {
-            // A refusal of the request itself is never stored (the draft: the client
-            // must correct it, and the corrected request is then processed): give the
-            // key back, marked expired, which [`Self::begin`] treats as a key never
-            // seen. Nothing was paid under it (the consumer refused the body before its
-            // claim step).
-            let now = OffsetDateTime::now_utc();
-            let forgotten = InboxRecord {
-                lease_until: None,
-                expires_at: now,
-                updated_at: now,
-                ..lease.record.clone()
-            };
-            lease.give_back(store, forgotten).await;
-            return answer;
-        }
-        let stored = serde_json::to_string(&answer)
-            .ok()
-            .map(InboxOutcome::HttpAnswer);
-        if let Some(stored) = stored {
-            if let Err(e) = lease.complete(store, stored).await {
-                // The answer is still right: a retry recomputes it from the records.
-                tracing::warn!(error = %e, messageId = %identity.key.message_id, "could not store the answer under its key");
-            }
-        }
-        answer
+        record::close(store, lease, &answer, &identity.key).await;
+        (answer, label)
     }
-}
-
-/// 409: another request with the key is being handled.
-fn in_flight(retry_after: u64) -> Answer {
-    Problem::RequestInFlight
-        .answer("retry later with the same Idempotency-Key")
-        .retry_after(retry_after)
-}
-
-enum Begin {
-    Answer(Answer),
-    Proceed(Lease),
 }
 
 /// The request body as a `ClaimApproved`. It must be one JSON object: serde would read a
@@ -415,19 +332,6 @@ fn parse_body(body: &[u8]) -> Result<ClaimApproved, String> {
         return Err("body: must be one JSON object".into());
     }
     ClaimApproved::parse(text).map_err(|e| e.to_string())
-}
-
-fn outcome_of_answer(answer: &Answer) -> &'static str {
-    match answer.status {
-        200 => "business-duplicate",
-        201 | 202 => "created",
-        409 => "conflict",
-        422 => "key-reused",
-        401 | 403 => "refused-caller",
-        400 | 408 | 413 | 415 => "invalid-request",
-        503 => "retry-later",
-        _ => "store-failure",
-    }
 }
 
 #[cfg(test)]
