@@ -147,7 +147,7 @@ impl Consumer {
 
     /// Handles one delivery. Never panics on data; every path ends in an outcome.
     pub async fn handle(&self, msg: &ClaimApproved, delivery: &Delivery) -> Outcome {
-        self.handle_noting(msg, delivery, true).await.0
+        self.handle_noting(msg, delivery, false).await.0
     }
 
     /// As [`Self::handle`], with the claim's payment as the attempt last wrote or read
