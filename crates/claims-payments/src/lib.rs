@@ -25,6 +25,10 @@
 //! layers and fails on an import that goes up). The simulator, the benchmark and the
 //! baselines are in `crates/claims-payments-dev`.
 
+// These docs are for the people who work on the service, read with
+// `cargo doc --document-private-items`: they link to private items freely.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod bank;
 pub mod cli;
 pub mod config;

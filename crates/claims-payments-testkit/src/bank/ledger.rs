@@ -1,6 +1,9 @@
 //! The bank's books: every request as it arrived and as it was answered, the payouts
-//! made, the state of each Idempotency-Key and what the lookup lists. One mutex guards
-//! them all, so a request's records and key state change together.
+//! made (from the validated request, [`ValidRequest`]), the state of each
+//! Idempotency-Key, what the lookup lists and the fault state of `faults`. One mutex
+//! guards them all, so a request's records, key state and the fault it takes change
+//! together. Also the state the handle and the handlers share ([`Bank`]). Uses `faults`
+//! only; `routes` serves these books over HTTP.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -9,8 +12,7 @@ use std::time::Duration;
 use rust_decimal::Decimal;
 use serde::Serialize;
 
-use super::faults::FaultState;
-use super::routes::ValidRequest;
+use super::faults::{BankFault, FaultState};
 use super::{BankAnswer, BankRequest, FakeBankSettings, MidPayoutHook};
 
 /// One effective payout: money that left the bank.
@@ -25,6 +27,16 @@ pub struct Payout {
     pub amount: Decimal,
     pub currency: String,
     pub payee: Option<String>,
+}
+
+/// A payout request whose body keeps the contract, as the bank pays it.
+#[derive(Debug, Clone)]
+pub(super) struct ValidRequest {
+    pub(super) claim_id: String,
+    pub(super) amount: Decimal,
+    pub(super) currency: String,
+    pub(super) payee: Option<String>,
+    pub(super) reference: Option<String>,
 }
 
 /// A request as it arrived, before the bank did anything with it.
@@ -86,6 +98,21 @@ pub(super) enum Step {
 }
 
 impl Books {
+    /// Records a payout request as it arrived and returns the scripted fault it takes:
+    /// both under the one lock, so arrivals and scripted faults pair up in order.
+    pub(super) fn arrive(&mut self, arrival: Arrival) -> Option<BankFault> {
+        self.arrivals.push(arrival);
+        self.faults.next_payout_fault()
+    }
+
+    /// Counts a lookup: its number (from 1) and whether it takes one of the failing
+    /// lookups a test asked for.
+    pub(super) fn count_lookup(&mut self) -> (u64, bool) {
+        self.lookups += 1;
+        let failing = self.faults.take_failing_lookup();
+        (self.lookups, failing)
+    }
+
     /// The step for a valid request under `key` and, for a key seen before, whether the
     /// body bytes are the first request's. A new key is entered as Processing.
     pub(super) fn step(
@@ -184,6 +211,11 @@ impl std::fmt::Debug for Bank {
 impl Bank {
     pub(super) fn books(&self) -> MutexGuard<'_, Books> {
         self.books.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The hook a mid-payout fault calls, if the handle set one.
+    pub(super) fn mid_payout_hook(&self) -> Option<MidPayoutHook> {
+        self.mid_payout.lock().ok().and_then(|h| h.clone())
     }
 
     pub(super) fn record(

@@ -34,8 +34,10 @@
 //! (one per key). Payouts are made in tasks detached from the HTTP
 //! request, so a client that hangs up cannot leave a key half processed.
 //!
-//! Inside: `ledger` keeps the books, `faults` decides what goes wrong and when,
-//! `routes` serves the HTTP API; this module is the handle tests hold.
+//! Inside, each module uses only those below it: `faults` (at the bottom) decides what
+//! goes wrong and when, `ledger` keeps the books (with the fault state in them), `routes`
+//! (at the top) serves the HTTP API and gives every answer; this module is the handle
+//! tests hold.
 
 mod faults;
 mod ledger;

@@ -1,12 +1,15 @@
 //! The bank's HTTP side: the axum router, the payout and lookup handlers (also under
-//! `/clients/{client}/`), the control routes, the validation of a payout request's body
-//! against the contract and the JSON answers.
+//! `/clients/{client}/`), the control routes (`POST /_control/fail-next` among them),
+//! the validation of a payout request's body against the contract, and the answers:
+//! the JSON ones, those of the faults `faults` decides (recorded in the books of
+//! `ledger`) and the cut connection. The top of the bank: it uses `faults` and `ledger`,
+//! and neither uses it.
 
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -14,8 +17,8 @@ use axum::routing::post;
 use axum::Router;
 use rust_decimal::Decimal;
 
-use super::faults::{self, PayoutFaults, Scripted};
-use super::ledger::{Arrival, Bank, KeyState, Step};
+use super::faults::{self, BankFault, FaultAnswer, FaultEffect, PayoutFaults};
+use super::ledger::{Arrival, Bank, KeyState, Step, ValidRequest};
 use super::BankAnswer;
 
 /// The payout API, its lookup, the same under `/clients/{client}/`, and the control
@@ -23,22 +26,13 @@ use super::BankAnswer;
 pub(super) fn router(bank: Arc<Bank>) -> Router {
     Router::new()
         .route("/payments", post(payments).get(lookup))
-        .route("/_control/fail-next", post(faults::fail_next))
+        .route("/_control/fail-next", post(fail_next))
         .route("/_control/payouts", axum::routing::get(payouts_of_claim))
         .route(
             "/clients/{client}/payments",
             post(client_payments).get(client_lookup),
         )
         .with_state(bank)
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct ValidRequest {
-    pub(super) claim_id: String,
-    pub(super) amount: Decimal,
-    pub(super) currency: String,
-    pub(super) payee: Option<String>,
-    pub(super) reference: Option<String>,
 }
 
 fn validate(body: &[u8]) -> Result<(serde_json::Value, ValidRequest), String> {
@@ -86,11 +80,11 @@ fn validate(body: &[u8]) -> Result<(serde_json::Value, ValidRequest), String> {
     ))
 }
 
-pub(super) fn json(status: StatusCode, value: serde_json::Value) -> Response {
+fn json(status: StatusCode, value: serde_json::Value) -> Response {
     (status, axum::Json(value)).into_response()
 }
 
-pub(super) fn error(status: StatusCode, message: &str, code: &str) -> Response {
+fn error(status: StatusCode, message: &str, code: &str) -> Response {
     json(status, serde_json::json!({"error": message, "code": code}))
 }
 
@@ -127,27 +121,21 @@ async fn pay_request(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
-    let (fault, key) = {
-        let mut books = bank.books();
-        books.arrivals.push(Arrival {
-            idempotency_key: header("idempotency-key"),
-            body: body.to_vec(),
-            authorization: header("authorization"),
-            traceparent: header("traceparent"),
-            at: time::OffsetDateTime::now_utc(),
-        });
-        let fault = books.faults.next_payout_fault();
-        let key = header("idempotency-key")
-            .map(|k| k.trim().to_owned())
-            .filter(|k| !k.is_empty() && k.len() <= 255);
-        (fault, key)
-    };
+    let fault = bank.books().arrive(Arrival {
+        idempotency_key: header("idempotency-key"),
+        body: body.to_vec(),
+        authorization: header("authorization"),
+        traceparent: header("traceparent"),
+        at: time::OffsetDateTime::now_utc(),
+    });
+    let key = header("idempotency-key")
+        .map(|k| k.trim().to_owned())
+        .filter(|k| !k.is_empty() && k.len() <= 255);
     let past_timeout = faults::past_timeout(&bank.settings);
-    let lose_answer =
-        match faults::apply_scripted(&bank, key.as_deref(), &body, fault.as_ref()).await {
-            Scripted::Answered(response) => return response,
-            Scripted::Proceed { lose_answer } => lose_answer,
-        };
+    let lose_answer = match apply_scripted(&bank, key.as_deref(), &body, fault.as_ref()).await {
+        Scripted::Answered(response) => return response,
+        Scripted::Proceed { lose_answer } => lose_answer,
+    };
     let Some(key) = key else {
         bank.record(None, &body, BankAnswer::InvalidRequest, None);
         return error(
@@ -157,8 +145,8 @@ async fn pay_request(
         );
     };
     let attempt = bank.books().faults.next_attempt(&key);
-    if let Some(response) = faults::seeded(&bank, &key, &body, attempt) {
-        return response;
+    if let Some(fault) = faults::seeded(&bank.settings, &key, attempt) {
+        return fault_answer(&bank, Some(&key), &body, fault);
     }
 
     let (value, request) = match validate(&body) {
@@ -178,6 +166,51 @@ async fn pay_request(
     let response = answer_known_key(&bank, &key, &body, step, identical);
     if lose_answer {
         tokio::time::sleep(past_timeout).await;
+    }
+    response
+}
+
+/// What a scripted fault leaves to the rest of the request.
+enum Scripted {
+    /// The fault is the whole answer; nothing paid.
+    Answered(Response),
+    /// Handle the request; with `lose_answer`, answer after the client's timeout.
+    Proceed { lose_answer: bool },
+}
+
+/// Applies the payout request's scripted fault (a `Slow` one waits here). `key` is the
+/// request's valid Idempotency-Key, if any.
+async fn apply_scripted(
+    bank: &Bank,
+    key: Option<&str>,
+    body: &[u8],
+    fault: Option<&BankFault>,
+) -> Scripted {
+    match fault.map(BankFault::effect) {
+        Some(FaultEffect::Answer(fault)) => {
+            Scripted::Answered(fault_answer(bank, key, body, fault))
+        }
+        Some(FaultEffect::Wait(wait)) => {
+            tokio::time::sleep(wait).await;
+            Scripted::Proceed { lose_answer: false }
+        }
+        Some(FaultEffect::LoseAnswer) => Scripted::Proceed { lose_answer: true },
+        None => Scripted::Proceed { lose_answer: false },
+    }
+}
+
+/// Records a fault's answer under `key` and gives it.
+fn fault_answer(bank: &Bank, key: Option<&str>, body: &[u8], fault: FaultAnswer) -> Response {
+    bank.record(key, body, fault.answer, None);
+    let (message, code) = match fault.status {
+        StatusCode::SERVICE_UNAVAILABLE => ("payment engine unavailable", "unavailable"),
+        StatusCode::TOO_MANY_REQUESTS => ("slow down", "rate_limited"),
+        _ => ("scripted by the test", "scripted"),
+    };
+    let mut response = error(fault.status, message, code);
+    let retry_after = fault.retry_after.as_deref();
+    if let Some(after) = retry_after.and_then(|a| header::HeaderValue::from_str(a).ok()) {
+        response.headers_mut().insert(header::RETRY_AFTER, after);
     }
     response
 }
@@ -232,6 +265,20 @@ fn answer_known_key(
 }
 
 #[derive(serde::Deserialize)]
+struct FailNext {
+    count: u64,
+}
+
+/// Test control: the next `count` payout requests answer 503 and pay nothing (what was
+/// scripted before is replaced). The 503 says how long the outage lasts (Retry-After): a
+/// client honours it, so each request of the service meets exactly one of the failures.
+async fn fail_next(State(bank): State<Arc<Bank>>, axum::Json(f): axum::Json<FailNext>) -> Response {
+    let retry_after_secs = bank.settings.retry_after_secs;
+    bank.books().faults.fail_next(f.count, retry_after_secs);
+    json(StatusCode::OK, serde_json::json!({"failNext": f.count}))
+}
+
+#[derive(serde::Deserialize)]
 struct ClaimQuery {
     #[serde(rename = "claimId")]
     claim_id: String,
@@ -263,7 +310,9 @@ async fn lookup(State(bank): State<Arc<Bank>>, Query(q): Query<LookupQuery>) -> 
             "invalid_request",
         );
     };
-    if faults::lookup_fails(&bank, &reference) {
+    // A test's failing lookups first, then the seed; the lookup is counted either way.
+    let (n, failing) = bank.books().count_lookup();
+    if failing || faults::seeded_lookup_failure(&bank.settings, &reference, n) {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
             "lookup unavailable",
@@ -289,9 +338,10 @@ async fn process_new(
         latency,
         lost,
         lost_mode,
-        mid_payout,
+        kill_mid_payout,
         past_timeout,
-    } = PayoutFaults::draw(&bank, &key, attempt, lose_answer);
+    } = PayoutFaults::draw(&bank.settings, &key, attempt, lose_answer);
+    let mid_payout = kill_mid_payout.then(|| bank.mid_payout_hook()).flatten();
 
     let work = tokio::spawn(async move {
         if latency > 0 {
@@ -334,7 +384,7 @@ async fn process_new(
         }
         if lost {
             bank.record(Some(&key), &body, BankAnswer::CutAfterPay, None);
-            return faults::cut_answer();
+            return cut_answer();
         }
         bank.record(Some(&key), &body, BankAnswer::Paid, None);
         paid(&id)
@@ -348,4 +398,20 @@ fn paid(payment_id: &str) -> Response {
         StatusCode::CREATED,
         serde_json::json!({"paymentId": payment_id, "status": "paid"}),
     )
+}
+
+/// A 201 whose connection is cut in the middle of the body.
+fn cut_answer() -> Response {
+    let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+        Ok(Bytes::from_static(b"{\"paymentId\":\"pay-")),
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "sandbox bank cut the connection",
+        )),
+    ];
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(futures::stream::iter(chunks)))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }

@@ -6,7 +6,7 @@
 //! retry, a takeover after a crash, or a redelivery can never pay twice, as long as
 //! the request leaves while the bank still remembers the key (its key window).
 //!
-//! Every answer is classified in one place, [`classify`], exactly as DESIGN.md §8 lists
+//! Every answer is classified in one place, [`answer::classify`], exactly as DESIGN.md §8 lists
 //! them. Transient failures are retried with exponential backoff and full jitter inside
 //! a [`SendWindow`]: the caller's retry budget, and the end of the key window (no
 //! request ever leaves after it). The credential travels in its own header from its
@@ -174,7 +174,7 @@ enum Answer {
     Done(PayoutOutcome),
     Retry {
         error: String,
-        /// The bank's Retry-After, already capped (see [`retry_after`]).
+        /// The bank's Retry-After, already capped (see [`answer::retry_after`]).
         after: Option<Duration>,
     },
 }

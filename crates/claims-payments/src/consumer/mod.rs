@@ -1,6 +1,6 @@
 //! The consumer state machine: turns at-least-once deliveries into exactly one payment.
 //!
-//! Written once, against the [`Store`] port. One delivery goes:
+//! Written once, against the [`Store`](crate::store::Store) port. One delivery goes:
 //!
 //! 1. **Claim**: one atomic store step creates the inbox record (in progress, with our
 //!    lease; or already completed in ledger-only mode) and the payment record.
@@ -19,7 +19,7 @@
 //! Nothing is ever deleted after the bank may have been called. An outcome that cannot
 //! be known becomes `needs_reconciliation`, never a second payout.
 //!
-//! Layout: [`decide`] holds every rule as a pure function (what was read -> what to do
+//! Layout: [`decide`](mod@decide) holds every rule as a pure function (what was read -> what to do
 //! next); this module does the I/O in one loop (read, decide, act, until an outcome);
 //! [`wait`] is the one bounded wait; [`outcome`] is how a delivery ends.
 

@@ -30,7 +30,7 @@
 //! 3. close the key record: store the answer (conditional on our lease) and send it; a
 //!    5xx gives the lease back, a 400 gives the key back as never used.
 //!
-//! The key record's lease is an [`idempotency::Lease`], taken and given back by the same
+//! The key record's lease is an [`Lease`], taken and given back by the same
 //! rule as a delivery's. The consumer hands back the payment it wrote, so the answer is
 //! built without reading it again: a new key costs three store round trips in ledger-only
 //! mode (key record, claim, stored answer) and four with a payout (plus the finalize).
@@ -221,7 +221,7 @@ impl PaymentsApi {
     }
 
     /// Handles `GET /api/payments/{claimId}`: key holders and principals with
-    /// [`READ_ROLE`] read every payment; a principal with only [`PAY_ROLE`] reads the
+    /// [`READ_ROLE`](caller::READ_ROLE) read every payment; a principal with only [`PAY_ROLE`](caller::PAY_ROLE) reads the
     /// payments it created, and any other claim is "not found" to it (so it learns
     /// nothing about other callers' claims).
     pub(crate) async fn get(&self, headers: &HeaderMap, claim: &str) -> Answer {
