@@ -81,10 +81,11 @@ pub fn consumer_for(settings: &Settings, store: DynStore) -> anyhow::Result<Cons
             lease: settings.lease,
             inflight_wait: settings.inflight_wait,
             retry_budget: settings.retry_budget,
+            // Ledger-only makes no payout, so the window is never reached; the default.
             bank_key_window: settings
                 .bank
                 .as_ref()
-                .map_or(Duration::from_secs(24 * 3600), |b| b.key_window),
+                .map_or(crate::bank::DEFAULT_KEY_WINDOW, |b| b.key_window),
         },
     ))
 }

@@ -41,6 +41,7 @@ mod tests;
 
 use answer::{read_answer, read_bounded, read_lookup, ReadFailure};
 pub use settings::BankSettings;
+pub(crate) use settings::DEFAULT_KEY_WINDOW;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);

@@ -10,6 +10,9 @@ use crate::setting::names;
 use crate::setting::{millis, parse_u64, ConfigError};
 
 /// Where payouts go. Absent: ledger-only mode (payments are recorded, no bank is called).
+/// How long the bank remembers an Idempotency-Key unless `BANK_KEY_WINDOW_*` says.
+pub(crate) const DEFAULT_KEY_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
 #[derive(Debug, Clone)]
 pub struct BankSettings {
     /// Scheme, host and path only: a credential never travels in the URL.
@@ -55,7 +58,7 @@ impl BankSettings {
                     "set either BANK_KEY_WINDOW_HOURS or BANK_KEY_WINDOW_MS, not both",
                 ))
             }
-            (None, None) => Duration::from_secs(24 * 3600),
+            (None, None) => DEFAULT_KEY_WINDOW,
             // For sandboxes and simulations, whose banks forget keys within minutes.
             (None, Some(v)) => millis(names::BANK_KEY_WINDOW_MS, &v, 1_000, 30 * 86_400_000)?,
             (Some(v), None) => {
