@@ -2,8 +2,7 @@
 //! map onto the store's.
 
 use super::*;
-use rusqlite::params_from_iter;
-use rusqlite::types::Value;
+use rusqlite::ToSql;
 
 /// Transient: what can heal while the message waits for its redelivery: a busy or locked
 /// database, memory, an I/O error, and a full disk (space can be freed; the write is not
@@ -241,25 +240,57 @@ pub(super) fn read_payment(
     .transpose()
 }
 
-/// The inbox row's values in [`INBOX_COLUMNS`] order, as `?1` to `?13`.
-fn inbox_values(r: &InboxRecord) -> Vec<Value> {
-    let mut values: Vec<Value> = Vec::with_capacity(14);
-    values.extend([
-        r.consumer.clone().into(),
-        r.claim_id.to_string().into(),
-        r.message_id.as_str().to_owned().into(),
-        r.payload_hash.as_str().to_owned().into(),
-        r.status.as_str().to_owned().into(),
-        r.outcome.as_ref().map(|o| o.as_str().to_owned()).into(),
-        r.owner.to_string().into(),
-        r.lease_until.map(to_ms).into(),
-        r.first_delivery_count.into(),
-        r.last_delivery_count.into(),
-        to_ms(r.created_at).into(),
-        to_ms(r.updated_at).into(),
-        to_ms(r.expires_at).into(),
-    ]);
-    values
+/// The inbox row's values in [`INBOX_COLUMNS`] order, as `?1` to `?13`: the two that
+/// must be formatted are kept here, the rest borrowed from the record (this runs on the
+/// writer thread, once per fresh message).
+struct InboxValues<'r> {
+    r: &'r InboxRecord,
+    claim_id: String,
+    message_id: &'r str,
+    payload_hash: &'r str,
+    status: &'static str,
+    owner: String,
+    outcome: Option<&'r str>,
+    lease_until: Option<i64>,
+    times: [i64; 3],
+}
+
+impl<'r> InboxValues<'r> {
+    fn new(r: &'r InboxRecord) -> Self {
+        InboxValues {
+            r,
+            claim_id: r.claim_id.to_string(),
+            message_id: r.message_id.as_str(),
+            payload_hash: r.payload_hash.as_str(),
+            status: r.status.as_str(),
+            owner: r.owner.to_string(),
+            outcome: r.outcome.as_ref().map(InboxOutcome::as_str),
+            lease_until: r.lease_until.map(to_ms),
+            times: [
+                to_ms(r.created_at),
+                to_ms(r.updated_at),
+                to_ms(r.expires_at),
+            ],
+        }
+    }
+
+    fn params(&self) -> [&dyn ToSql; 13] {
+        [
+            &self.r.consumer,
+            &self.claim_id,
+            &self.message_id,
+            &self.payload_hash,
+            &self.status,
+            &self.outcome,
+            &self.owner,
+            &self.lease_until,
+            &self.r.first_delivery_count,
+            &self.r.last_delivery_count,
+            &self.times[0],
+            &self.times[1],
+            &self.times[2],
+        ]
+    }
 }
 
 /// Inserts the inbox row unless its key exists; returns whether it was inserted.
@@ -268,7 +299,7 @@ pub(super) fn insert_inbox(conn: &Connection, r: &InboxRecord) -> StoreResult<bo
         "INSERT INTO inbox ({INBOX_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 1) \
          ON CONFLICT DO NOTHING"
     ))
-    .and_then(|mut stmt| stmt.execute(params_from_iter(inbox_values(r))))
+    .and_then(|mut stmt| stmt.execute(InboxValues::new(r).params()))
     .map(|changed| changed == 1)
     .map_err(map_sqlite_error)
 }
@@ -317,15 +348,17 @@ pub(super) fn replace_inbox_row(
     expected: &Version,
 ) -> StoreResult<Option<i64>> {
     let expected = parse_version(expected)?;
-    let mut values = inbox_values(r);
-    values.push(expected.into());
+    let values = InboxValues::new(r);
+    let [p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13] = values.params();
     conn.prepare_cached(
         "UPDATE inbox SET payload_hash = ?4, status = ?5, outcome = ?6, owner = ?7, lease_until_ms = ?8, \
          first_delivery_count = ?9, last_delivery_count = ?10, updated_at_ms = ?12, expires_at_ms = ?13, \
          version = version + 1 \
          WHERE consumer = ?1 AND claim_id = ?2 AND message_id = ?3 AND version = ?14",
     )
-    .and_then(|mut stmt| stmt.execute(params_from_iter(values)))
+    .and_then(|mut stmt| {
+        stmt.execute([p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, &expected])
+    })
     .map(|changed| (changed == 1).then_some(expected + 1))
     .map_err(map_sqlite_error)
 }
