@@ -335,9 +335,22 @@ async function scenarioLostAnswerDoubleClick(page) {
 async function scenarioBankUnavailable(page, previousKey) {
   console.log(`[${elapsed()}] B. bank fails the next ${BANK_FAILURES} payout(s) + first 2xx answer lost`);
   await tid(page, 'new-payment').click();
+  // The click's handler changes the key; the page renders it on its next change detection,
+  // so wait for the rendered key to change instead of reading it at once (a read right after
+  // the click could still see the previous intent's key on a loaded machine).
+  const rendered = await page
+    .waitForFunction(
+      (k) => {
+        const shown = document.querySelector('[data-testid="idempotency-key"]')?.textContent?.trim();
+        return shown && shown !== k ? shown : null;
+      },
+      previousKey,
+      { timeout: 10_000 },
+    )
+    .then(() => true, () => false);
   const claimId = (await tid(page, 'claim-id').inputValue()).toLowerCase();
   const key = await text(page, 'idempotency-key');
-  check('a new intent gets a new key', key !== previousKey && key.length > 0, key);
+  check('a new intent gets a new key', rendered && key !== previousKey && key.length > 0, key);
   const posts = recordPosts(page);
 
   let droppedOk = null;
