@@ -942,6 +942,10 @@ from pycep import BicepParser
 
 # Margin for the store round trips of one invocation (claim, re-reads, finalize, 429 back-off).
 STORE_MARGIN_S = 10
+# PAYMENTS_POSTGRES_OUTAGE_WAIT_MS's default (store/postgres/settings.rs): how long one
+# PostgreSQL call waits for an unreachable server. The claim's wait comes out of the lease;
+# the claim's and the finalize's both out of the invocation.
+POSTGRES_OUTAGE_WAIT_S = 20
 KEYS = ("retryBudgetMs", "bankTimeoutMs", "leaseMs", "inflightWaitMs", "lockDuration", "maxDeliveryCount")
 
 def timespan(v):
@@ -979,9 +983,10 @@ if not T < R:
     errors.append(f"functionTimeout {T}s must be shorter than maxAutoLockRenewalDuration {R}s, or the lock lapses mid-invocation")
 for label, v in sets.items():
     # Work done under one lease: the whole retry budget, the bank call started at its very end, store trips.
-    own = (int(v["retryBudgetMs"]) + int(v["bankTimeoutMs"])) / 1000 + STORE_MARGIN_S
-    # Whole invocation: first the bounded wait on a live attempt of the same message, then its own work.
-    worst = own + int(v["inflightWaitMs"]) / 1000
+    own = (int(v["retryBudgetMs"]) + int(v["bankTimeoutMs"])) / 1000 + STORE_MARGIN_S + POSTGRES_OUTAGE_WAIT_S
+    # Whole invocation: first the bounded wait on a live attempt of the same message, then its
+    # own work, and the finalize's outage wait after the bank.
+    worst = own + int(v["inflightWaitMs"]) / 1000 + POSTGRES_OUTAGE_WAIT_S
     lease = int(v["leaseMs"]) / 1000
     lock = iso(v["lockDuration"])
     print(f"{label}: own work {own:.0f}s, worst invocation {worst:.0f}s, lease {lease:.0f}s, "

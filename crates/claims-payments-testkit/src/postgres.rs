@@ -134,6 +134,17 @@ impl PgServer {
         self.pg_ctl(&["restart", "-m", "immediate", "-w", "-t", "60"])
     }
 
+    /// `pg_ctl stop -m immediate`: the server is gone (as in a failover's first moments)
+    /// until [`start_again`](Self::start_again); its data stays.
+    pub fn stop_immediate(&self) -> anyhow::Result<()> {
+        self.pg_ctl(&["stop", "-m", "immediate", "-w", "-t", "60"])
+    }
+
+    /// Starts the stopped server again on the same port, with the same data.
+    pub fn start_again(&self) -> anyhow::Result<()> {
+        self.pg_ctl(&["start", "-w", "-t", "60"])
+    }
+
     /// Stops the server and deletes its directory once this process is gone, however it
     /// ends (a SIGKILL skips `Drop`): for a long-lived tool such as the simulator.
     pub fn stop_when_this_process_exits(&self) {

@@ -19,32 +19,48 @@ pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The whole request body must arrive within this time after the headers.
 pub(crate) const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Why a request body is not one this service reads: the detail of a 415.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum UnsupportedBody {
+    #[error("Content-Type is missing; send application/json")]
+    NoContentType,
+    #[error("send exactly one Content-Type: application/json")]
+    SeveralContentTypes,
+    #[error("Content-Type is not visible ASCII; send application/json")]
+    ContentTypeNotAscii,
+    #[error("the body must be application/json")]
+    NotJson,
+    #[error("the body must be UTF-8 (charset=utf-8 or none)")]
+    NotUtf8,
+    #[error("Content-Encoding is not supported; send the body without a content coding")]
+    ContentCoded,
+}
+
 /// Whether a request body is one this service reads: JSON (`application/json`, or
 /// `application/<something>+json`), UTF-8 if a charset is named, and not content-coded
 /// (nothing here decompresses: a gzip body would be refused as "not JSON" at best).
-/// `Err` is the problem's detail, for a 415.
-pub(crate) fn json_request(headers: &HeaderMap) -> Result<(), String> {
+pub(crate) fn json_request(headers: &HeaderMap) -> Result<(), UnsupportedBody> {
     let mut types = headers.get_all(header::CONTENT_TYPE).iter();
     let content_type = match (types.next(), types.next()) {
-        (None, _) => return Err("Content-Type is missing; send application/json".into()),
-        (Some(_), Some(_)) => return Err("send exactly one Content-Type: application/json".into()),
+        (None, _) => return Err(UnsupportedBody::NoContentType),
+        (Some(_), Some(_)) => return Err(UnsupportedBody::SeveralContentTypes),
         (Some(v), None) => v
             .to_str()
-            .map_err(|_| "Content-Type is not visible ASCII; send application/json".to_owned())?,
+            .map_err(|_| UnsupportedBody::ContentTypeNotAscii)?,
     };
     let mut parts = content_type.split(';');
     let essence = parts.next().unwrap_or("").trim().to_ascii_lowercase();
     let json = essence == "application/json"
         || (essence.starts_with("application/") && essence.ends_with("+json"));
     if !json {
-        return Err("the body must be application/json".into());
+        return Err(UnsupportedBody::NotJson);
     }
     for param in parts {
         let (name, value) = param.split_once('=').unwrap_or((param, ""));
         if name.trim().eq_ignore_ascii_case("charset")
             && !value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
         {
-            return Err("the body must be UTF-8 (charset=utf-8 or none)".into());
+            return Err(UnsupportedBody::NotUtf8);
         }
     }
     for coding in headers.get_all(header::CONTENT_ENCODING) {
@@ -56,9 +72,7 @@ pub(crate) fn json_request(headers: &HeaderMap) -> Result<(), String> {
             })
             .unwrap_or(false);
         if !identity {
-            return Err(
-                "Content-Encoding is not supported; send the body without a content coding".into(),
-            );
+            return Err(UnsupportedBody::ContentCoded);
         }
     }
     Ok(())
@@ -116,21 +130,43 @@ mod tests {
         ] {
             assert_eq!(json_request(&ok), Ok(()), "{ok:?}");
         }
-        for bad in [
-            with(&[]),
-            with(&[("content-type", "text/plain")]),
-            with(&[("content-type", "application/x-www-form-urlencoded")]),
-            with(&[("content-type", "application/json; charset=latin1")]),
-            with(&[
-                ("content-type", "application/json"),
-                ("content-encoding", "gzip"),
-            ]),
-            with(&[
-                ("content-type", "application/json"),
-                ("content-encoding", "br, identity"),
-            ]),
+        for (bad, why) in [
+            (with(&[]), UnsupportedBody::NoContentType),
+            (
+                with(&[
+                    ("content-type", "application/json"),
+                    ("content-type", "application/json"),
+                ]),
+                UnsupportedBody::SeveralContentTypes,
+            ),
+            (
+                with(&[("content-type", "text/plain")]),
+                UnsupportedBody::NotJson,
+            ),
+            (
+                with(&[("content-type", "application/x-www-form-urlencoded")]),
+                UnsupportedBody::NotJson,
+            ),
+            (
+                with(&[("content-type", "application/json; charset=latin1")]),
+                UnsupportedBody::NotUtf8,
+            ),
+            (
+                with(&[
+                    ("content-type", "application/json"),
+                    ("content-encoding", "gzip"),
+                ]),
+                UnsupportedBody::ContentCoded,
+            ),
+            (
+                with(&[
+                    ("content-type", "application/json"),
+                    ("content-encoding", "br, identity"),
+                ]),
+                UnsupportedBody::ContentCoded,
+            ),
         ] {
-            assert!(json_request(&bad).is_err(), "{bad:?}");
+            assert_eq!(json_request(&bad), Err(why), "{bad:?}");
         }
     }
 }

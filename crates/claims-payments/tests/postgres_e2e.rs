@@ -1,14 +1,16 @@
 //! The real binary on PostgreSQL, as operators and the Functions host use it: `serve`
 //! refuses an unprovisioned database, `provision` migrates it, five deliveries of one
-//! message make one payment, `ledger` and `purge` work, and no log or error shows the
-//! database password.
+//! message make one payment, `ledger` and `purge` work, a delivery rides out a server
+//! that is briefly gone, and no log or error shows the database password.
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use claims_payments_testkit::postgres::{available, TestDatabase};
+use claims_payments_testkit::postgres::{available, can_start_servers, PgServer, TestDatabase};
 use claims_payments_testkit::process::{free_port, probe_blocking};
-use claims_payments_testkit::service::{deliver_one_message_five_times, Handler};
+use claims_payments_testkit::service::{
+    claim_body, deliver_one_message_five_times, host_envelope, outcome, Handler,
+};
 use serde_json::Value;
 
 const EXE: &str = env!("CARGO_BIN_EXE_claims-payments");
@@ -46,6 +48,39 @@ fn password(db: &TestDatabase) -> String {
         .password()
         .expect("the test server uses a password")
         .to_owned()
+}
+
+/// Starts `serve` with `env`, its JSON log written to `log_path`, and waits until it
+/// answers; returns the child and its port.
+fn serve_logging_to(
+    log_path: &std::path::Path,
+    env: &[(&'static str, String)],
+) -> (std::process::Child, u16) {
+    let log = std::fs::File::create(log_path).unwrap();
+    let port = free_port().unwrap();
+    let mut cmd = Command::new(EXE);
+    for key in claims_payments_testkit::process::controlled_env() {
+        cmd.env_remove(key);
+    }
+    let mut child = cmd
+        .arg("serve")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
+        .env("LOG_FORMAT", "json")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // A bound for a broken start, not a speed check.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !probe_blocking(port) {
+        assert!(child.try_wait().unwrap().is_none(), "serve exited");
+        assert!(Instant::now() < deadline, "serve did not become ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, port)
 }
 
 #[tokio::test]
@@ -118,29 +153,7 @@ async fn serve_logs_its_store_but_never_the_password() {
 
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("serve.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let port = free_port().unwrap();
-    let mut cmd = Command::new(EXE);
-    for key in claims_payments_testkit::process::controlled_env() {
-        cmd.env_remove(key);
-    }
-    let mut child = cmd
-        .arg("serve")
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
-        .env("LOG_FORMAT", "json")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    // A bound for a broken start, not a speed check.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !probe_blocking(port) {
-        assert!(child.try_wait().unwrap().is_none(), "serve exited");
-        assert!(Instant::now() < deadline, "serve did not become ready");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (mut child, _) = serve_logging_to(&log_path, &env);
     // SIGTERM: a graceful stop logs the counters too.
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -214,4 +227,85 @@ async fn the_purge_timer_function_removes_expired_inbox_records() {
         .map(|r| r.message_id.to_string())
         .collect();
     assert_eq!(left, [live.message_id.to_string()]);
+}
+
+/// A failover, as the service meets it: the server is gone while a delivery comes in,
+/// then back. With the deployed outage wait (`PAYMENTS_POSTGRES_OUTAGE_WAIT_MS`, default
+/// 30 s) the delivery keeps trying to connect and ends `recorded` once the server is
+/// back, instead of answering `retry-later` at once and spending one of the message's
+/// ten deliveries per try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_waits_out_a_server_that_is_briefly_gone() {
+    if !available() || !can_start_servers() {
+        return;
+    }
+    let server = PgServer::start().unwrap();
+    let env = vec![
+        ("PAYMENTS_STORE", "postgres".to_owned()),
+        ("PAYMENTS_POSTGRES_URL", server.url("postgres")),
+    ];
+    assert!(run(&["provision"], &env).status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("serve.log");
+    let (mut child, port) = serve_logging_to(&log_path, &env);
+
+    let server = tokio::task::spawn_blocking(move || {
+        server.stop_immediate().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let claim = claims_payments_testkit::fixtures::new_claim();
+    let envelope = host_envelope(&claim_body(&claim, "75.00"), "m-outage", 1);
+    let delivery = tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{port}/ClaimApproved"))
+            .header("Content-Type", "application/json; charset=utf-8")
+            .body(envelope.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    });
+    // The delivery is inside its wait: it said so in the log (a bound for a broken test).
+    claims_payments_testkit::wait::wait_until(
+        Duration::from_secs(60),
+        "the service logs that PostgreSQL cannot be reached",
+        || {
+            delivery.is_finished()
+                || std::fs::read_to_string(&log_path)
+                    .unwrap_or_default()
+                    .contains("PostgreSQL cannot be reached; trying again")
+        },
+    )
+    .await;
+    assert!(
+        !delivery.is_finished(),
+        "the delivery was answered while the server was gone: {}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    let server = tokio::task::spawn_blocking(move || {
+        server.start_again().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+
+    let (status, answer) = delivery.await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(outcome(&answer), "recorded", "{answer}");
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let logs = std::fs::read_to_string(&log_path).unwrap();
+    // The wait is counted: the counters logged at the stop say how often it tried again.
+    let waits = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["message"] == "counters")
+        .filter_map(|l| l["storeOutageWaits"].as_u64())
+        .next_back();
+    assert!(matches!(waits, Some(n) if n >= 1), "{logs}");
+    assert!(!logs.contains(server.password()), "the password leaked");
 }

@@ -236,8 +236,9 @@ async fn a_refused_login_names_the_setting_and_never_the_password() {
 }
 
 /// A server that is gone answers Transient (the message is redelivered later), never
-/// Permanent; a restart (`pg_ctl restart -m immediate`: every connection cut as in a crash)
-/// heals without restarting the service.
+/// Permanent, once the call's outage wait (the default, 20 s) has run out; a restart
+/// (`pg_ctl restart -m immediate`: every connection cut as in a crash) heals without
+/// restarting the service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_server_is_transient_and_its_restart_heals() {
     if !available() || !claims_payments_testkit::postgres::can_start_servers() {

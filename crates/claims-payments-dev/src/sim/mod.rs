@@ -35,6 +35,8 @@ pub mod deployed {
     pub const MAX_DELIVERY_COUNT: u32 = 10;
     /// host.json `functionTimeout` (00:03:00).
     pub const FUNCTION_TIMEOUT_MS: u64 = 180_000;
+    /// `PAYMENTS_POSTGRES_OUTAGE_WAIT_MS`: not set by `infra/`, so the product's default.
+    pub const POSTGRES_OUTAGE_WAIT_MS: u64 = 20_000;
 }
 
 /// The handler and host timings of one run.
@@ -46,6 +48,8 @@ pub struct Timings {
     pub bank_timeout_ms: u64,
     pub retry_budget_ms: u64,
     pub function_timeout_ms: u64,
+    /// How long one PostgreSQL call waits for an unreachable server.
+    pub postgres_outage_wait_ms: u64,
 }
 
 use std::collections::BTreeMap;
@@ -291,6 +295,8 @@ impl SimulateArgs {
                 bank_timeout_ms: 300,
                 retry_budget_ms: 1_500,
                 function_timeout_ms: 30_000,
+                // Within the lease after the bank's budget (the handler checks it).
+                postgres_outage_wait_ms: 1_000,
             }
         } else {
             Timings {
@@ -299,6 +305,7 @@ impl SimulateArgs {
                 bank_timeout_ms: deployed::BANK_TIMEOUT_MS,
                 retry_budget_ms: deployed::RETRY_BUDGET_MS,
                 function_timeout_ms: deployed::FUNCTION_TIMEOUT_MS,
+                postgres_outage_wait_ms: deployed::POSTGRES_OUTAGE_WAIT_MS,
             }
         };
         Timings {
@@ -307,6 +314,7 @@ impl SimulateArgs {
             bank_timeout_ms: self.bank_timeout_ms.unwrap_or(base.bank_timeout_ms),
             retry_budget_ms: self.retry_budget_ms.unwrap_or(base.retry_budget_ms),
             function_timeout_ms: self.function_timeout_ms.unwrap_or(base.function_timeout_ms),
+            postgres_outage_wait_ms: base.postgres_outage_wait_ms,
         }
     }
 
@@ -795,6 +803,10 @@ fn serve_spec(
         .env(names::BANK_TIMEOUT_MS, timings.bank_timeout_ms.to_string())
         .env(names::RETRY_BUDGET_MS, timings.retry_budget_ms.to_string())
         .env(names::LEASE_MS, timings.lease_ms.to_string())
+        .env(
+            names::PAYMENTS_POSTGRES_OUTAGE_WAIT_MS,
+            timings.postgres_outage_wait_ms.to_string(),
+        )
         .env(
             names::INFLIGHT_WAIT_MS,
             timings.inflight_wait_ms.to_string(),
@@ -1394,6 +1406,7 @@ mod tests {
                 bank_timeout_ms: param("bankTimeoutMs"),
                 retry_budget_ms: param("retryBudgetMs"),
                 function_timeout_ms,
+                postgres_outage_wait_ms: deployed::POSTGRES_OUTAGE_WAIT_MS,
             }
         );
         assert_eq!(

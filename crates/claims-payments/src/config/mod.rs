@@ -102,6 +102,9 @@ impl Settings {
         let consumer_name = consumer_name(&get)?;
         let (bank, bank_timeout) = BankSettings::from_lookup(&get)?;
         let timings = Timings::from_lookup(&get, bank_timeout)?;
+        if let StoreSettings::Postgres(postgres) = &store {
+            lease_outlasts_an_outage_wait(&timings, bank_timeout, postgres)?;
+        }
         let (http_auth, key_retention) = http_settings(&get)?;
         let log_format = log_format(&get)?;
         refuse_dev_only_settings(&get)?;
@@ -316,6 +319,31 @@ impl Timings {
     }
 }
 
+/// The lease is taken before the claim, and the claim may wait for an unreachable
+/// PostgreSQL server: what is left of the lease must still cover the bank's budget, or a
+/// second attempt could take over a live payout.
+fn lease_outlasts_an_outage_wait(
+    timings: &Timings,
+    bank_timeout: Duration,
+    postgres: &PostgresSettings,
+) -> Result<(), ConfigError> {
+    let needed = postgres.outage_wait + timings.retry_budget + bank_timeout;
+    if timings.lease <= needed {
+        return Err(ConfigError::new(
+            names::PAYMENTS_POSTGRES_OUTAGE_WAIT_MS,
+            format!(
+                "{} ms + RETRY_BUDGET_MS + BANK_TIMEOUT_MS = {} ms does not fit in LEASE_MS ({} ms): \
+                 a claim that waited for the server would leave too little lease for the bank; \
+                 lower it or raise LEASE_MS",
+                postgres.outage_wait.as_millis(),
+                needed.as_millis(),
+                timings.lease.as_millis()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `HTTP_AUTH` and `IDEMPOTENCY_KEY_RETENTION_HOURS`: the payments API's callers and keys.
 fn http_settings(
     get: &dyn Fn(&str) -> Option<String>,
@@ -517,6 +545,31 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(err.setting, "INFLIGHT_WAIT_MS", "{err}");
+    }
+
+    #[test]
+    fn a_postgres_outage_wait_leaves_the_lease_to_the_bank() {
+        let postgres = [
+            ("PAYMENTS_STORE", "postgres"),
+            (
+                "PAYMENTS_POSTGRES_URL",
+                "postgresql://app:pw@127.0.0.1/payments",
+            ),
+        ];
+        // The defaults fit: 20 s + 60 s + 5 s < 90 s; so do the deployed ones (120 s).
+        assert!(settings(&postgres).is_ok());
+        let deployed = [postgres.as_slice(), &[("LEASE_MS", "120000")]].concat();
+        assert!(settings(&deployed).is_ok());
+        let long_wait = [
+            postgres.as_slice(),
+            &[("PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", "30000")],
+        ]
+        .concat();
+        let err = settings(&long_wait).unwrap_err();
+        assert_eq!(err.setting, "PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", "{err}");
+        // The same wait with a lease that covers it.
+        let covered = [long_wait.as_slice(), &[("LEASE_MS", "120000")]].concat();
+        assert!(settings(&covered).is_ok());
     }
 
     #[test]

@@ -94,7 +94,7 @@ impl Caller {
             CallerAuth::FunctionKey => Ok(Caller::KeyHolder),
             CallerAuth::AppService => principal_of(headers)
                 .map(Caller::Principal)
-                .map_err(|reason| Problem::CallerUnknown.answer(reason)),
+                .map_err(|unknown| Problem::CallerUnknown.answer(unknown.to_string())),
         }
     }
 
@@ -176,28 +176,54 @@ struct StaticWebAppsPrincipal {
     user_roles: Vec<String>,
 }
 
-/// Reads the principal the platform set. Every refusal names what is wrong, never
-/// what was sent.
-fn principal_of(headers: &HeaderMap) -> Result<Principal, String> {
-    let encoded = single(headers, "x-ms-client-principal")?.ok_or(
-        "X-MS-CLIENT-PRINCIPAL is missing: App Service Authentication must sign the caller in",
-    )?;
+/// Why a request carries no principal this service accepts: the detail of a 401
+/// `caller-unknown`. Each names what is wrong, never what was sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum UnknownPrincipal {
+    #[error(
+        "X-MS-CLIENT-PRINCIPAL is missing: App Service Authentication must sign the caller in"
+    )]
+    Missing,
+    #[error("{0} is sent more than once")]
+    SentTwice(&'static str),
+    #[error("{0} is not visible ASCII")]
+    NotVisibleAscii(&'static str),
+    #[error("X-MS-CLIENT-PRINCIPAL is larger than {MAX_PRINCIPAL_BYTES} bytes")]
+    TooLarge,
+    #[error("X-MS-CLIENT-PRINCIPAL is not base64 (RFC 4648, padded)")]
+    NotBase64,
+    #[error("X-MS-CLIENT-PRINCIPAL is not base64 of JSON")]
+    NotJson,
+    #[error("X-MS-CLIENT-PRINCIPAL is not an App Service principal ({{auth_typ, role_typ, claims: [{{typ, val}}]}})")]
+    NotAppService,
+    #[error("X-MS-CLIENT-PRINCIPAL is not a Static Web Apps principal ({{identityProvider, userId, userRoles: [...]}})")]
+    NotStaticWebApps,
+    #[error("X-MS-CLIENT-PRINCIPAL has neither claims (App Service) nor userId (Static Web Apps)")]
+    UnknownShape,
+    #[error("the principal has no object id (oid claim) and X-MS-CLIENT-PRINCIPAL-ID is missing")]
+    NoObjectId,
+    #[error("X-MS-CLIENT-PRINCIPAL-ID does not name the user of X-MS-CLIENT-PRINCIPAL")]
+    IdMismatch,
+    #[error("the principal's user id must be 1 to {MAX_USER_ID_CHARS} printable ASCII characters")]
+    BadUserId,
+}
+
+/// Reads the principal the platform set.
+fn principal_of(headers: &HeaderMap) -> Result<Principal, UnknownPrincipal> {
+    let encoded = single(headers, "x-ms-client-principal")?.ok_or(UnknownPrincipal::Missing)?;
     let header_id = single(headers, "x-ms-client-principal-id")?;
     if encoded.len() > MAX_PRINCIPAL_BYTES {
-        return Err(format!(
-            "X-MS-CLIENT-PRINCIPAL is larger than {MAX_PRINCIPAL_BYTES} bytes"
-        ));
+        return Err(UnknownPrincipal::TooLarge);
     }
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(encoded)
-        .map_err(|_| "X-MS-CLIENT-PRINCIPAL is not base64 (RFC 4648, padded)".to_owned())?;
-    let json: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|_| "X-MS-CLIENT-PRINCIPAL is not base64 of JSON".to_owned())?;
+        .map_err(|_| UnknownPrincipal::NotBase64)?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|_| UnknownPrincipal::NotJson)?;
     let is_object_with = |field: &str| json.get(field).is_some();
     let (scope, id_in_principal, roles) = if is_object_with("claims") {
-        let p: AppServicePrincipal = serde_json::from_value(json).map_err(|_| {
-            "X-MS-CLIENT-PRINCIPAL is not an App Service principal ({auth_typ, role_typ, claims: [{typ, val}]})".to_owned()
-        })?;
+        let p: AppServicePrincipal =
+            serde_json::from_value(json).map_err(|_| UnknownPrincipal::NotAppService)?;
         let find = |types: &[&str]| {
             p.claims
                 .iter()
@@ -213,30 +239,25 @@ fn principal_of(headers: &HeaderMap) -> Result<Principal, String> {
             .filter(|c| c.typ == "roles" || Some(c.typ.as_str()) == role_typ)
             .map(|c| c.val.clone())
             .collect();
-        let id = oid.clone().or_else(|| header_id.map(str::to_owned)).ok_or(
-            "the principal has no object id (oid claim) and X-MS-CLIENT-PRINCIPAL-ID is missing",
-        )?;
+        let id = oid
+            .clone()
+            .or_else(|| header_id.map(str::to_owned))
+            .ok_or(UnknownPrincipal::NoObjectId)?;
         (format!("aad:{tid}:{id}"), oid, roles)
     } else if is_object_with("userId") {
-        let p: StaticWebAppsPrincipal = serde_json::from_value(json).map_err(|_| {
-            "X-MS-CLIENT-PRINCIPAL is not a Static Web Apps principal ({identityProvider, userId, userRoles: [...]})".to_owned()
-        })?;
+        let p: StaticWebAppsPrincipal =
+            serde_json::from_value(json).map_err(|_| UnknownPrincipal::NotStaticWebApps)?;
         (
             format!("swa:{}:{}", p.identity_provider, p.user_id),
             Some(p.user_id),
             p.user_roles,
         )
     } else {
-        return Err(
-            "X-MS-CLIENT-PRINCIPAL has neither claims (App Service) nor userId (Static Web Apps)"
-                .into(),
-        );
+        return Err(UnknownPrincipal::UnknownShape);
     };
     if let (Some(from_principal), Some(from_header)) = (&id_in_principal, header_id) {
         if from_principal != from_header {
-            return Err(
-                "X-MS-CLIENT-PRINCIPAL-ID does not name the user of X-MS-CLIENT-PRINCIPAL".into(),
-            );
+            return Err(UnknownPrincipal::IdMismatch);
         }
     }
     let id = id_in_principal.as_deref().or(header_id).unwrap_or_default();
@@ -244,9 +265,7 @@ fn principal_of(headers: &HeaderMap) -> Result<Principal, String> {
         || id.chars().count() > MAX_USER_ID_CHARS
         || !id.chars().all(|c| c.is_ascii_graphic())
     {
-        return Err(format!(
-            "the principal's user id must be 1 to {MAX_USER_ID_CHARS} printable ASCII characters"
-        ));
+        return Err(UnknownPrincipal::BadUserId);
     }
     let has = |role: &str| roles.iter().any(|r| r == role);
     Ok(Principal {
@@ -258,18 +277,21 @@ fn principal_of(headers: &HeaderMap) -> Result<Principal, String> {
 
 /// A header sent at most once, as text. Two of them are refused: the platform sets
 /// each principal header once, so a second one came from somewhere else.
-fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, String> {
+fn single<'h>(
+    headers: &'h HeaderMap,
+    name: &'static str,
+) -> Result<Option<&'h str>, UnknownPrincipal> {
     let mut values = headers.get_all(name).iter();
     let first = values.next();
     if values.next().is_some() {
-        return Err(format!("{name} is sent more than once"));
+        return Err(UnknownPrincipal::SentTwice(name));
     }
     match first {
         None => Ok(None),
         Some(v) => v
             .to_str()
             .map(|s| Some(s.trim()).filter(|s| !s.is_empty()))
-            .map_err(|_| format!("{name} is not visible ASCII")),
+            .map_err(|_| UnknownPrincipal::NotVisibleAscii(name)),
     }
 }
 

@@ -23,40 +23,57 @@ pub(crate) struct ClientKey(String);
 /// The longest key; Stripe's limit, and what the browser client checks.
 const MAX_KEY_CHARS: usize = 255;
 
+/// Why an `Idempotency-Key` header value is refused: the detail of a 400
+/// `idempotency-key-invalid`. It names what is wrong, never the value sent.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum InvalidKey {
+    #[error("Idempotency-Key must be printable ASCII")]
+    NotVisibleAscii,
+    #[error("send exactly one Idempotency-Key header")]
+    SentTwice,
+    #[error("Idempotency-Key is not a valid Structured Field string: {0}")]
+    NotStructuredField(sfv::Error),
+    #[error("Idempotency-Key must be a plain string, without parameters")]
+    HasParameters,
+    #[error("Idempotency-Key must be a string")]
+    NotAString,
+    #[error(
+        "Idempotency-Key is neither a Structured Field string (\"...\") nor a bare token: {} is not allowed unquoted",
+        describe(*.0)
+    )]
+    NotAToken(char),
+    #[error("Idempotency-Key must be 1 to {MAX_KEY_CHARS} characters, got {0}")]
+    Length(usize),
+}
+
 impl ClientKey {
-    pub(crate) fn parse(raw: &str) -> Result<Self, String> {
+    pub(crate) fn parse(raw: &str) -> Result<Self, InvalidKey> {
         // Structured Fields discard leading and trailing spaces only (RFC 9651 4.2).
         let raw = raw.trim_matches(' ');
         let text = if raw.starts_with('"') {
             let item = sfv::Parser::new(raw)
                 .parse::<sfv::Item>()
-                .map_err(|e| format!("is not a valid Structured Field string: {e}"))?;
+                .map_err(InvalidKey::NotStructuredField)?;
             if !item.params.is_empty() {
-                return Err("must be a plain string, without parameters".into());
+                return Err(InvalidKey::HasParameters);
             }
             item.bare_item
                 .as_string()
                 .map(|s| s.as_str().to_owned())
-                .ok_or("must be a string")?
+                .ok_or(InvalidKey::NotAString)?
         } else {
             if let Some(bad) = raw.chars().find(|c| !is_tchar(*c)) {
-                return Err(format!(
-                    "is neither a Structured Field string (\"...\") nor a bare token: {} is not allowed unquoted",
-                    describe(bad)
-                ));
+                return Err(InvalidKey::NotAToken(bad));
             }
             raw.to_owned()
         };
         if text.is_empty() || text.len() > MAX_KEY_CHARS {
-            return Err(format!(
-                "must be 1 to {MAX_KEY_CHARS} characters, got {}",
-                text.len()
-            ));
+            return Err(InvalidKey::Length(text.len()));
         }
         // An sf-string holds printable ASCII only; the parser already enforces it,
         // this keeps the rule in one visible place.
         if !text.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
-            return Err("must be printable ASCII".into());
+            return Err(InvalidKey::NotVisibleAscii);
         }
         Ok(ClientKey(text))
     }
@@ -179,7 +196,14 @@ mod tests {
         ] {
             ClientKey::parse(bad).expect_err(bad);
         }
-        assert!(ClientKey::parse("a,b").unwrap_err().contains("merged"));
+        assert!(matches!(
+            ClientKey::parse("a,b"),
+            Err(InvalidKey::NotAToken(','))
+        ));
+        assert!(ClientKey::parse("a,b")
+            .unwrap_err()
+            .to_string()
+            .contains("merged"));
     }
 
     #[test]

@@ -51,7 +51,7 @@ use axum::http::{HeaderMap, StatusCode};
 use crate::consumer::{Consumer, Delivery, Outcome};
 use crate::http::{read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
 use crate::idempotency::{Lease, Terms};
-use crate::message::{ClaimApproved, ClaimId, OutcomeKind, Purpose};
+use crate::message::{ClaimApproved, ClaimId, InvalidMessage, OutcomeKind, Purpose};
 use crate::store::StoreError;
 use crate::telemetry;
 
@@ -66,7 +66,7 @@ pub(crate) use caller::{Action, Caller, Scope};
 pub(crate) use key::ClientKey;
 
 use answer::{answer_for, claim_already_paid, payment_not_found, store_failure, store_unavailable};
-use key::{created_by, KeyIdentity};
+use key::{created_by, InvalidKey, KeyIdentity};
 use record::Begin;
 
 /// The pseudo-consumer under which key records are stored.
@@ -80,8 +80,8 @@ pub struct PaymentsApi {
     retention: Duration,
 }
 
-fn invalid_key(detail: impl Into<String>) -> Answer {
-    Problem::KeyInvalid.answer(detail)
+fn invalid_key(invalid: InvalidKey) -> Answer {
+    Problem::KeyInvalid.answer(invalid.to_string())
 }
 
 fn invalid_body(detail: impl Into<String>) -> Answer {
@@ -108,8 +108,8 @@ impl PaymentsApi {
             Ok(c) => c,
             Err(refused) => return refused,
         };
-        if let Err(detail) = crate::http::json_request(headers) {
-            return Problem::UnsupportedMediaType.answer(detail);
+        if let Err(unsupported) = crate::http::json_request(headers) {
+            return Problem::UnsupportedMediaType.answer(unsupported.to_string());
         }
         let body = match read_body(body).await {
             Ok(bytes) => bytes,
@@ -152,18 +152,18 @@ impl PaymentsApi {
                 )
             }
             [one] => match one.to_str() {
-                Ok(text) => text.to_owned(),
-                Err(_) => return invalid_key("Idempotency-Key must be printable ASCII"),
+                Ok(text) => text,
+                Err(_) => return invalid_key(InvalidKey::NotVisibleAscii),
             },
-            _ => return invalid_key("send exactly one Idempotency-Key header"),
+            _ => return invalid_key(InvalidKey::SentTwice),
         };
-        let client_key = match ClientKey::parse(&raw_key) {
+        let client_key = match ClientKey::parse(raw_key) {
             Ok(k) => k,
-            Err(problem) => return invalid_key(format!("Idempotency-Key {problem}")),
+            Err(invalid) => return invalid_key(invalid),
         };
         let msg = match parse_body(body) {
             Ok(m) => m,
-            Err(detail) => return invalid_body(detail),
+            Err(invalid) => return invalid_body(invalid.to_string()),
         };
         // The one way the consumer refuses a well-formed body: checked here, before the
         // key record exists, so that this 400 is not stored either.
@@ -319,19 +319,30 @@ impl PaymentsApi {
     }
 }
 
+/// Why a request body is not a payment request: the detail of a 400 `invalid-body`.
+#[derive(Debug, thiserror::Error)]
+enum InvalidBody {
+    #[error("body: is not UTF-8 JSON")]
+    NotUtf8,
+    #[error("body: must be one JSON object")]
+    NotAnObject,
+    #[error(transparent)]
+    Message(#[from] InvalidMessage),
+}
+
 /// The request body as a `ClaimApproved`. It must be one JSON object: serde would read a
 /// JSON array positionally into the same fields (`["<claim>","12.00","EUR"]`), which no
 /// client means and the contract does not allow.
-fn parse_body(body: &[u8]) -> Result<ClaimApproved, String> {
-    let text = std::str::from_utf8(body).map_err(|_| "body: is not UTF-8 JSON".to_owned())?;
+fn parse_body(body: &[u8]) -> Result<ClaimApproved, InvalidBody> {
+    let text = std::str::from_utf8(body).map_err(|_| InvalidBody::NotUtf8)?;
     let first = text
         .trim_start_matches([' ', '\t', '\n', '\r'])
         .chars()
         .next();
     if first != Some('{') {
-        return Err("body: must be one JSON object".into());
+        return Err(InvalidBody::NotAnObject);
     }
-    ClaimApproved::parse(text).map_err(|e| e.to_string())
+    Ok(ClaimApproved::parse(text)?)
 }
 
 #[cfg(test)]
@@ -350,9 +361,8 @@ mod tests {
             "\"x\"".to_owned(),
             String::new(),
         ] {
-            assert_eq!(
-                parse_body(bad.as_bytes()).unwrap_err(),
-                "body: must be one JSON object",
+            assert!(
+                matches!(parse_body(bad.as_bytes()), Err(InvalidBody::NotAnObject)),
                 "{bad}"
             );
         }

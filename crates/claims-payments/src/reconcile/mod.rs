@@ -338,7 +338,7 @@ impl Reconciler {
             // The same decision a real run makes, without the lease, the payout or a write.
             let p = &listed.record;
             let decision = match self.ask(p).await {
-                Finding::NoneHeld => match self.can_pay_now(p) {
+                Finding::NoneHeld => match payable_request(p) {
                     Ok(_) => Decision {
                         result: Settlement::PaidNow,
                         status: PaymentStatus::Paid,
@@ -346,7 +346,7 @@ impl Reconciler {
                         evidence: "the bank holds nothing under the reference: would pay now"
                             .into(),
                     },
-                    Err(reason) => Decision::unknown(reason),
+                    Err(reason) => Decision::unknown(reason.to_string()),
                 },
                 finding => Decision::from_finding(finding),
             };
@@ -525,26 +525,12 @@ impl Reconciler {
         }
     }
 
-    /// Whether a request may be sent now: only one that carries the reference, since
-    /// for an older one the lookup could not have seen a payment made without it.
-    fn can_pay_now<'a>(&self, p: &'a PaymentRecord) -> Result<&'a str, String> {
-        let Some(body) = p.payout_request.as_deref() else {
-            return Err("no stored payout request".into());
-        };
-        if !carries_reference(body, p.idempotency_key.as_str()) {
-            return Err(
-                "the stored request predates bank references, so the lookup cannot rule out an earlier payout; check the bank by hand".into(),
-            );
-        }
-        Ok(body)
-    }
-
     /// The bank holds nothing under the reference: pay now, under the same key and the
     /// same stored bytes.
     async fn pay_now(&self, p: &PaymentRecord) -> Decision {
-        let body = match self.can_pay_now(p) {
+        let body = match payable_request(p) {
             Ok(body) => body,
-            Err(reason) => return Decision::unknown(reason),
+            Err(reason) => return Decision::unknown(reason.to_string()),
         };
         let policy = self.consumer.policy();
         // An authoritative "none" means the bank holds nothing under this reference:
@@ -742,6 +728,27 @@ fn not_orphaned(
 
 fn same_amount(p: &PaymentRecord, held: &BankPayment) -> bool {
     held.amount == p.money.amount() && p.money.currency().code() == held.currency
+}
+
+/// Why reconciliation may not send a payout that the bank says it never received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum CannotPayNow {
+    #[error("no stored payout request")]
+    NoStoredRequest,
+    #[error("the stored request predates bank references, so the lookup cannot rule out an earlier payout; check the bank by hand")]
+    PredatesReferences,
+}
+
+/// The stored request, if it may be sent now: only one that carries the reference,
+/// since for an older one the lookup could not have seen a payment made without it.
+fn payable_request(p: &PaymentRecord) -> Result<&str, CannotPayNow> {
+    let Some(body) = p.payout_request.as_deref() else {
+        return Err(CannotPayNow::NoStoredRequest);
+    };
+    if !carries_reference(body, p.idempotency_key.as_str()) {
+        return Err(CannotPayNow::PredatesReferences);
+    }
+    Ok(body)
 }
 
 fn carries_reference(body: &str, key: &str) -> bool {

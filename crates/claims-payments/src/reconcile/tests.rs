@@ -111,3 +111,22 @@ fn an_age_past_the_calendar_is_never_reached_and_never_panics() {
     }
     assert!(not_orphaned(&p, None, now + Duration::from_secs(1), Duration::ZERO).is_none());
 }
+
+/// The bank's "nothing under this reference" rules out an earlier payout only if that
+/// payout carried the reference: a request stored before references existed is left to
+/// a person, never sent again.
+#[test]
+fn only_a_stored_request_with_the_reference_is_sent_again() {
+    let mut p = ledger(75);
+    assert_eq!(payable_request(&p), Err(CannotPayNow::NoStoredRequest));
+    p.payout_request = Some(r#"{"amount":"75","currency":"EUR"}"#.into());
+    assert_eq!(payable_request(&p), Err(CannotPayNow::PredatesReferences));
+    p.payout_request = Some(r#"{"reference":"someone-else","amount":"75"}"#.into());
+    assert_eq!(payable_request(&p), Err(CannotPayNow::PredatesReferences));
+    let body = format!(
+        r#"{{"reference":"{}","amount":"75","currency":"EUR"}}"#,
+        p.idempotency_key.as_str()
+    );
+    p.payout_request = Some(body.clone());
+    assert_eq!(payable_request(&p), Ok(body.as_str()));
+}

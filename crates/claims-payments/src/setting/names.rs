@@ -16,6 +16,8 @@ pub const PAYMENTS_POSTGRES_AUTH: &str = "PAYMENTS_POSTGRES_AUTH";
 /// The user-assigned managed identity whose Entra token logs in to PostgreSQL.
 pub(crate) const PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID: &str =
     "PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID";
+/// How long one store call waits for an unreachable PostgreSQL server (a failover).
+pub const PAYMENTS_POSTGRES_OUTAGE_WAIT_MS: &str = "PAYMENTS_POSTGRES_OUTAGE_WAIT_MS";
 /// The Cosmos DB account endpoint.
 pub const COSMOS_ENDPOINT: &str = "COSMOS_ENDPOINT";
 /// An account key: emulators and dev accounts only.
@@ -82,6 +84,7 @@ pub const PRODUCT: &[&str] = &[
     PAYMENTS_POSTGRES_URL,
     PAYMENTS_POSTGRES_AUTH,
     PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID,
+    PAYMENTS_POSTGRES_OUTAGE_WAIT_MS,
     COSMOS_ENDPOINT,
     COSMOS_KEY,
     COSMOS_DATABASE,

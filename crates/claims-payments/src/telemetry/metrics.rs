@@ -19,7 +19,7 @@
 //! | `claims_payments.reconcile.runs` | counter | |
 //! | `claims_payments.reconcile.results` | counter | `result` |
 //! | `claims_payments.reconcile.backlog` | gauge | `state` (`needs-reconciliation`, `orphaned-in-progress`, `still-unknown`) |
-//! | `claims_payments.store.round_trips`, `.store.transient_errors` | counter | |
+//! | `claims_payments.store.round_trips`, `.store.transient_errors`, `.store.outage_waits` | counter | outage waits: connection attempts repeated while PostgreSQL was unreachable |
 //! | `claims_payments.cosmos.request_units` | counter (RU) | |
 //! | `claims_payments.starts` | counter | (exported at once: a restart loop still shows) |
 
@@ -47,6 +47,7 @@ pub(crate) mod names {
     pub(crate) const RECONCILE_BACKLOG: &str = "claims_payments.reconcile.backlog";
     pub(crate) const STORE_ROUND_TRIPS: &str = "claims_payments.store.round_trips";
     pub(crate) const STORE_TRANSIENT_ERRORS: &str = "claims_payments.store.transient_errors";
+    pub(crate) const STORE_OUTAGE_WAITS: &str = "claims_payments.store.outage_waits";
     pub(crate) const COSMOS_REQUEST_UNITS: &str = "claims_payments.cosmos.request_units";
     pub(crate) const STARTS: &str = "claims_payments.starts";
 }

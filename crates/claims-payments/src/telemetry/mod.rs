@@ -203,6 +203,8 @@ pub struct Counters {
     pub(crate) reconcile_settled: Counter,
     pub(crate) reconcile_unknown: Counter,
     pub(crate) store_transient_errors: Counter,
+    /// Connection attempts repeated while the PostgreSQL server could not be reached.
+    pub(crate) store_outage_waits: Counter,
     pub(crate) store_round_trips: Counter,
     /// SQLite group commits, and the write jobs they carried: jobs / commits is the
     /// average group size. Syncs (`fdatasync` of the WAL) each cover one or more groups.
@@ -249,6 +251,7 @@ impl Default for Counters {
             reconcile_settled: Counter::default(),
             reconcile_unknown: Counter::default(),
             store_transient_errors: Counter::metric(STORE_TRANSIENT_ERRORS, None),
+            store_outage_waits: Counter::metric(STORE_OUTAGE_WAITS, None),
             store_round_trips: Counter::metric(STORE_ROUND_TRIPS, None),
             sqlite_commits: Counter::default(),
             sqlite_committed_jobs: Counter::default(),
@@ -293,6 +296,7 @@ pub struct CountersSnapshot {
     reconcile_settled: u64,
     reconcile_unknown: u64,
     store_transient_errors: u64,
+    store_outage_waits: u64,
     store_round_trips: u64,
     sqlite_commits: u64,
     sqlite_committed_jobs: u64,
@@ -331,6 +335,7 @@ impl Counters {
             reconcile_settled: self.reconcile_settled.get(),
             reconcile_unknown: self.reconcile_unknown.get(),
             store_transient_errors: self.store_transient_errors.get(),
+            store_outage_waits: self.store_outage_waits.get(),
             store_round_trips: self.store_round_trips.get(),
             sqlite_commits: self.sqlite_commits.get(),
             sqlite_committed_jobs: self.sqlite_committed_jobs.get(),
@@ -367,6 +372,7 @@ pub(crate) fn log_counters() {
         bankRetries = c.bank_retries,
         bankServiceFaults = c.bank_service_faults,
         storeTransientErrors = c.store_transient_errors,
+        storeOutageWaits = c.store_outage_waits,
         cosmosRequestUnits = c.cosmos_request_units,
         telemetryDropped = c.telemetry_dropped,
         telemetryExportFailures = c.telemetry_export_failures,

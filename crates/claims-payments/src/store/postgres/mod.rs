@@ -20,8 +20,11 @@
 //! **Errors.** Serialization failures and deadlocks (40001, 40P01) roll the statement back
 //! and are retried here; a read-only server (25006, during a failover), lost or refused
 //! connections, statement timeouts, server shutdowns, too many connections and an
-//! exhausted pool are `Transient` at once, so the message is abandoned and redelivered
-//! instead of holding the invocation. Authentication, a missing schema and our own
+//! exhausted pool are `Transient`, so the message is abandoned and redelivered. Only a
+//! server that cannot be reached at all (no new connection) is waited for first, up to
+//! `PAYMENTS_POSTGRES_OUTAGE_WAIT_MS` per call: a failover then costs a message a few
+//! deliveries rather than all of them in a burst. Nothing was sent on such a call, so
+//! trying it again is safe for a write too. Authentication, a missing schema and our own
 //! statements' errors are `Permanent`. No error carries a password or token.
 
 pub mod pool;
@@ -78,7 +81,13 @@ pub struct PostgresStore {
     pool: pool::Pool,
     round_trips: AtomicU64,
     target: String,
+    outage_wait: Duration,
 }
+
+/// The first pause between connection attempts while the server is unreachable; it
+/// doubles up to [`OUTAGE_MAX_PAUSE`].
+const OUTAGE_FIRST_PAUSE: Duration = Duration::from_millis(250);
+const OUTAGE_MAX_PAUSE: Duration = Duration::from_secs(4);
 
 impl PostgresStore {
     /// Connects (one connection first, so a wrong URI, password or TLS setting fails at
@@ -110,6 +119,7 @@ impl PostgresStore {
             pool,
             round_trips: AtomicU64::new(0),
             target,
+            outage_wait: settings.outage_wait,
         })
     }
 
@@ -175,12 +185,40 @@ impl PostgresStore {
         }
     }
 
+    /// A pooled connection. While no new connection can be made (the server is down,
+    /// failing over or refusing), it tries again with growing pauses for up to the
+    /// outage wait; every other pool error (all connections busy, a refused login) is
+    /// answered at once.
+    async fn connection(&self) -> Result<deadpool::managed::Object<pool::Manager>, Failure> {
+        let started = tokio::time::Instant::now();
+        let mut pause = OUTAGE_FIRST_PAUSE;
+        loop {
+            let e = match self.pool.get().await {
+                Ok(conn) => return Ok(conn),
+                Err(e) => e,
+            };
+            let waited = started.elapsed();
+            if !unreachable(&e) || waited + pause > self.outage_wait {
+                return Err(Failure::Pool(e));
+            }
+            telemetry::counters().store_outage_waits.inc();
+            tracing::warn!(
+                database = %self.target,
+                error = %describe_pool_error(&e),
+                waitedMs = waited.as_millis() as u64,
+                "PostgreSQL cannot be reached; trying again"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(OUTAGE_MAX_PAUSE);
+        }
+    }
+
     async fn query_once(
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Failure> {
-        let mut conn = self.pool.get().await.map_err(Failure::Pool)?;
+        let mut conn = self.connection().await?;
         let run = async {
             if !conn.is_prepared(sql) {
                 self.count();
@@ -221,6 +259,18 @@ impl Failure {
             telemetry::counters().store_transient_errors.inc();
         }
         error
+    }
+}
+
+/// Whether a pool error means that no connection to the server could be made at all:
+/// what a failover or a restart looks like. A full pool (every connection busy) is load,
+/// not an outage; a refused login or a missing database is permanent.
+fn unreachable(e: &deadpool::managed::PoolError<pool::ConnectError>) -> bool {
+    use deadpool::managed::{PoolError, TimeoutType};
+    match e {
+        PoolError::Timeout(TimeoutType::Wait) => false,
+        PoolError::Timeout(_) => true,
+        other => matches!(pool_error(other), StoreError::Transient(_)),
     }
 }
 
@@ -818,7 +868,7 @@ impl PostgresStore {
         loop {
             tries += 1;
             let attempt = async {
-                let mut conn = self.pool.get().await.map_err(Failure::Pool)?;
+                let mut conn = self.connection().await?;
                 if !conn.is_prepared(sql) {
                     self.count();
                 }

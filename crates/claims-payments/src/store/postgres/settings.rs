@@ -5,6 +5,7 @@
 //! | `PAYMENTS_POSTGRES_URL` | libpq URI, `postgresql://user[:password]@host[:port]/dbname[?sslmode=...]`; required with `PAYMENTS_STORE=postgres` |
 //! | `PAYMENTS_POSTGRES_AUTH` | `password` (default: the URI's password) or `entra` (a Microsoft Entra token as the password) |
 //! | `PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID` | with `entra`: the user-assigned managed identity; unset: system-assigned in Azure, developer tools (Azure CLI, azd) locally |
+//! | `PAYMENTS_POSTGRES_OUTAGE_WAIT_MS` | how long one store call keeps trying to connect to a server it cannot reach (a failover, a restart) before answering `retry-later`; default 20000, 0 answers at once, at most 60000; `LEASE_MS` must exceed it plus the bank's budget |
 //!
 //! **TLS.** Required for every host that is not loopback: `sslmode=disable` or `prefer` is
 //! refused at start-up for such a host, and no `sslmode` means `require`. With rustls,
@@ -23,7 +24,7 @@ use reqwest::Url;
 use tokio_postgres::config::{Host, SslMode};
 
 use crate::setting::names;
-use crate::setting::ConfigError;
+use crate::setting::{millis, ConfigError};
 
 /// How the service logs in to PostgreSQL.
 #[derive(Clone, PartialEq, Eq)]
@@ -79,12 +80,21 @@ pub struct PostgresSettings {
     pub(crate) auth: PostgresAuth,
     /// Connections the pool keeps at most.
     pub(crate) pool_size: usize,
+    /// How long one store call keeps trying to connect while the server cannot be reached.
+    pub(crate) outage_wait: Duration,
 }
 
 /// Connections per process: an invocation holds one for one statement at a time.
 pub(crate) const DEFAULT_POOL_SIZE: usize = 16;
 /// A new connection (TCP, TLS, login) must be up within this.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A failover takes one to two minutes; each store call rides out this much of it, so a
+/// failover costs a message a few deliveries instead of all ten in a burst. The claim's
+/// wait comes out of the lease taken before it, so the lease must still cover the bank's
+/// budget after it (checked at start-up); two waits and the bank's worst case stay well
+/// within the host's `functionTimeout` (3 min, host.json).
+pub(crate) const DEFAULT_OUTAGE_WAIT: Duration = Duration::from_secs(20);
+const MAX_OUTAGE_WAIT_MS: u64 = 60_000;
 /// Unacknowledged data for this long means the peer is gone (a failover, a cut link): the
 /// connection fails instead of waiting for TCP's own retransmission limit (minutes).
 pub(crate) const TCP_USER_TIMEOUT: Duration = Duration::from_secs(15);
@@ -92,9 +102,7 @@ pub(crate) const TCP_USER_TIMEOUT: Duration = Duration::from_secs(15);
 impl PostgresSettings {
     /// Reads the settings through `lookup` (the environment, or a map in tests). Empty
     /// values count as unset.
-    pub(crate) fn from_lookup(
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |name: &str| {
             lookup(name)
                 .map(|v| v.trim().to_owned())
@@ -160,6 +168,15 @@ impl PostgresSettings {
                 "names no database (postgresql://user@host:5432/dbname)",
             ));
         }
+        let outage_wait = match get(names::PAYMENTS_POSTGRES_OUTAGE_WAIT_MS) {
+            None => DEFAULT_OUTAGE_WAIT,
+            Some(v) => millis(
+                names::PAYMENTS_POSTGRES_OUTAGE_WAIT_MS,
+                &v,
+                0,
+                MAX_OUTAGE_WAIT_MS,
+            )?,
+        };
         config
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_user_timeout(TCP_USER_TIMEOUT)
@@ -169,6 +186,7 @@ impl PostgresSettings {
             config,
             auth,
             pool_size: DEFAULT_POOL_SIZE,
+            outage_wait,
         })
     }
 
@@ -304,6 +322,26 @@ mod tests {
 
     fn url(value: &str) -> Result<PostgresSettings, ConfigError> {
         settings(&[("PAYMENTS_POSTGRES_URL", value)])
+    }
+
+    #[test]
+    fn the_outage_wait_defaults_to_20_s_and_is_bounded() {
+        let local = "postgresql://app:pw@127.0.0.1/payments";
+        assert_eq!(url(local).unwrap().outage_wait, Duration::from_secs(20));
+        let zero = settings(&[
+            ("PAYMENTS_POSTGRES_URL", local),
+            ("PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", "0"),
+        ])
+        .unwrap();
+        assert_eq!(zero.outage_wait, Duration::ZERO);
+        for bad in ["60001", "-1", "30s"] {
+            let err = settings(&[
+                ("PAYMENTS_POSTGRES_URL", local),
+                ("PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", bad),
+            ])
+            .unwrap_err();
+            assert_eq!(err.setting, "PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", "{bad}");
+        }
     }
 
     #[test]
