@@ -1,6 +1,6 @@
 //! The PostgreSQL store: several instances on one database, the guard kept by the server.
 //!
-//! The same records, fields, states and answers as the SQLite store (`sqlite.rs`); the
+//! The same records, fields, states and answers as the SQLite store (`store/sqlite/`); the
 //! schema is in `migrations/` (applied by `claims-payments provision`, checked by `serve`).
 //!
 //! **The guard.** The inbox's primary key (consumer, claim, message) and the payment's
@@ -25,8 +25,9 @@
 //! `PAYMENTS_POSTGRES_OUTAGE_WAIT_MS` per call: a failover then costs a message a few
 //! deliveries rather than all of them in a burst. Nothing was sent on such a call, so
 //! trying it again is safe for a write too. Authentication, a missing schema and our own
-//! statements' errors are `Permanent`. No error carries a password or token.
+//! statements' errors are `Permanent` (`errors.rs`). No error carries a password or token.
 
+mod errors;
 pub mod pool;
 mod schema;
 pub(crate) mod settings;
@@ -36,11 +37,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use time::OffsetDateTime;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
+use errors::{describe_pool_error, is_retryable, map_finalize_error, unreachable, Failure};
 pub(crate) use schema::check_schema;
 pub use schema::{provision, SchemaReport};
 pub use settings::PostgresSettings;
@@ -63,10 +64,6 @@ const POOL_WAIT: Duration = Duration::from_secs(5);
 const STATEMENT_BUDGET: Duration = Duration::from_secs(15);
 /// Tries of a statement the server rolled back as a serialization failure or deadlock.
 const SERIALIZATION_TRIES: u32 = 3;
-
-/// Custom SQLSTATEs raised by `claims_payments_finalize`.
-const PRECONDITION_FAILED: &str = "CP412";
-const PAYMENT_MISSING: &str = "CP404";
 
 /// How a process uses the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,142 +230,9 @@ impl PostgresStore {
                 // The answer may still come; this connection's state is unknown, so it
                 // is not given back to the pool.
                 let _ = deadpool::managed::Object::take(conn);
-                Err(Failure::Timeout)
+                Err(Failure::Timeout(STATEMENT_BUDGET))
             }
         }
-    }
-}
-
-/// What went wrong with one statement, before it is classified.
-enum Failure {
-    Pool(deadpool::managed::PoolError<pool::ConnectError>),
-    Postgres(tokio_postgres::Error),
-    Timeout,
-}
-
-impl Failure {
-    fn into_store_error(self) -> StoreError {
-        let error = match self {
-            Failure::Pool(e) => pool_error(&e),
-            Failure::Postgres(e) => map_postgres_error(&e),
-            Failure::Timeout => StoreError::Transient(format!(
-                "PostgreSQL did not answer within {STATEMENT_BUDGET:?}"
-            )),
-        };
-        if matches!(error, StoreError::Transient(_)) {
-            telemetry::counters().store_transient_errors.inc();
-        }
-        error
-    }
-}
-
-/// Whether a pool error means that no connection to the server could be made at all:
-/// what a failover or a restart looks like. A full pool (every connection busy) is load,
-/// not an outage; a refused login or a missing database is permanent.
-fn unreachable(e: &deadpool::managed::PoolError<pool::ConnectError>) -> bool {
-    use deadpool::managed::{PoolError, TimeoutType};
-    match e {
-        PoolError::Timeout(TimeoutType::Wait) => false,
-        PoolError::Timeout(_) => true,
-        other => matches!(pool_error(other), StoreError::Transient(_)),
-    }
-}
-
-fn is_retryable(e: &tokio_postgres::Error) -> bool {
-    matches!(
-        e.code(),
-        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
-    )
-}
-
-fn describe_pool_error(e: &deadpool::managed::PoolError<pool::ConnectError>) -> String {
-    use deadpool::managed::PoolError;
-    match e {
-        PoolError::Timeout(kind) => format!("timed out ({kind:?})"),
-        PoolError::Backend(e) => describe_connect_error(e),
-        PoolError::Closed => "the pool is closed".into(),
-        PoolError::NoRuntimeSpecified => "no runtime for the pool's timeouts".into(),
-        PoolError::PostCreateHook(e) => e.to_string(),
-    }
-}
-
-/// tokio-postgres's `Display` says only "db error" for a server's refusal: the server's
-/// message says why (it never contains the password).
-fn describe_connect_error(e: &pool::ConnectError) -> String {
-    match e {
-        pool::ConnectError::Postgres(e) => describe_postgres_error(e),
-        other => other.to_string(),
-    }
-}
-
-fn describe_postgres_error(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(e);
-            while let Some(cause) = source {
-                text.push_str(": ");
-                text.push_str(&cause.to_string());
-                source = cause.source();
-            }
-            text
-        }
-    }
-}
-
-fn pool_error(e: &deadpool::managed::PoolError<pool::ConnectError>) -> StoreError {
-    use deadpool::managed::PoolError;
-    let text = format!("PostgreSQL: {}", describe_pool_error(e));
-    match e {
-        // Every connection busy, or a connection attempt that did not finish: heals.
-        PoolError::Timeout(_) => StoreError::Transient(text),
-        PoolError::Backend(pool::ConnectError::Postgres(e)) => match map_postgres_error(e) {
-            StoreError::Permanent(_) => StoreError::Permanent(text),
-            _ => StoreError::Transient(text),
-        },
-        PoolError::Backend(pool::ConnectError::Timeout(_)) => StoreError::Transient(text),
-        // The identity endpoint may be briefly unavailable; a wrong identity is reported
-        // at start-up, where the first connection is made.
-        PoolError::Backend(pool::ConnectError::Token(_)) => StoreError::Transient(text),
-        PoolError::Closed | PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => {
-            StoreError::Permanent(text)
-        }
-    }
-}
-
-/// Transient: what heals while the message waits for its redelivery. Permanent: what only
-/// an operator can fix (credentials, a missing schema, our own statements or data).
-fn map_postgres_error(e: &tokio_postgres::Error) -> StoreError {
-    let text = format!("PostgreSQL: {}", describe_postgres_error(e));
-    let Some(code) = e.code() else {
-        // No SQLSTATE: the connection broke (I/O error, closed, TLS) or a client-side
-        // problem. A broken connection heals with a new one.
-        return StoreError::Transient(text);
-    };
-    let class = &code.code()[..2];
-    let transient = matches!(
-        class,
-        // connection exception, transaction rollback (serialization, deadlock),
-        // insufficient resources (too many connections, disk full, out of memory),
-        // operator intervention (shutdown, statement timeout, cannot connect now)
-        "08" | "40" | "53" | "57"
-    ) || *code == SqlState::READ_ONLY_SQL_TRANSACTION // 25006: a replica, or mid-failover
-        || *code == SqlState::LOCK_NOT_AVAILABLE
-        || *code == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT;
-    if transient {
-        StoreError::Transient(text)
-    } else {
-        StoreError::Permanent(text)
-    }
-}
-
-/// Maps a statement error from the finalize function: its own SQLSTATEs first.
-fn map_finalize_error(e: StoreError, raw: Option<&str>) -> StoreError {
-    match raw {
-        Some(PRECONDITION_FAILED) => StoreError::PreconditionFailed,
-        Some(PAYMENT_MISSING) => e,
-        _ => e,
     }
 }
 
@@ -883,7 +747,7 @@ impl PostgresStore {
                     Ok(result) => result.map_err(Failure::Postgres),
                     Err(_) => {
                         let _ = deadpool::managed::Object::take(conn);
-                        Err(Failure::Timeout)
+                        Err(Failure::Timeout(STATEMENT_BUDGET))
                     }
                 }
             };

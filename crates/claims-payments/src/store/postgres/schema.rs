@@ -121,7 +121,7 @@ pub async fn provision(settings: &PostgresSettings) -> anyhow::Result<SchemaRepo
             anyhow::anyhow!(
                 "cannot connect to PostgreSQL at {target} (PAYMENTS_POSTGRES_URL, {}): {}",
                 settings.auth.describe(),
-                super::describe_connect_error(&e)
+                super::errors::describe_connect_error(&e)
             )
         })?;
     let report = embedded::migrations::runner()
