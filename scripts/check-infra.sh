@@ -1001,7 +1001,7 @@ for label, v in sets.items():
         errors.append(f"{label}: lockDuration must be PT5S..PT5M (Service Bus limit)")
     # A re-sent or re-driven message (DeliveryCount from 1 again) can free a dead attempt's
     # message only by waiting its lease out; the remaining deliveries must outlast it
-    # (the handler refuses to start otherwise: crates/claims-payments/src/config.rs).
+    # (the handler refuses to start otherwise: crates/claims-payments/src/config/mod.rs).
     deliveries = int(v["maxDeliveryCount"])
     if not int(v["inflightWaitMs"]) * (deliveries - 1) > int(v["leaseMs"]):
         errors.append(f"{label}: INFLIGHT_WAIT_MS x (maxDeliveryCount - 1) = {int(v['inflightWaitMs']) * (deliveries - 1)} ms "
