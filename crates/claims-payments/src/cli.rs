@@ -312,15 +312,17 @@ pub(crate) async fn ledger(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let payments = store.list_payments(limit).await?;
-    if json {
-        for p in &payments {
-            writeln!(out, "{}", serde_json::to_string(&LedgerLine::from(p))?)?;
-        }
-        return Ok(());
-    }
-    let rows: Vec<Vec<String>> = payments
-        .iter()
-        .map(|p| {
+    let listing = Listing {
+        header: &[
+            "CLAIM",
+            "AMOUNT",
+            "CURRENCY",
+            "STATUS",
+            "MESSAGE",
+            "BANK PAYMENT",
+            "UPDATED",
+        ],
+        row: |p: &PaymentRecord| {
             vec![
                 p.claim_id.to_string(),
                 p.money.amount_string(),
@@ -330,23 +332,10 @@ pub(crate) async fn ledger(
                 p.bank_payment_id.clone().unwrap_or_else(|| "-".into()),
                 rfc3339(p.updated_at),
             ]
-        })
-        .collect();
-    print_table(
-        out,
-        &[
-            "CLAIM",
-            "AMOUNT",
-            "CURRENCY",
-            "STATUS",
-            "MESSAGE",
-            "BANK PAYMENT",
-            "UPDATED",
-        ],
-        &rows,
-    )?;
-    writeln!(out, "{} payment(s)", payments.len())?;
-    Ok(())
+        },
+        counted: "payment(s)",
+    };
+    listing.print::<_, LedgerLine>(out, json, &payments)
 }
 
 pub(crate) async fn inbox(
@@ -356,15 +345,17 @@ pub(crate) async fn inbox(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let records = store.list_inbox(limit).await?;
-    if json {
-        for r in &records {
-            writeln!(out, "{}", serde_json::to_string(&InboxLine::from(r))?)?;
-        }
-        return Ok(());
-    }
-    let rows: Vec<Vec<String>> = records
-        .iter()
-        .map(|r| {
+    let listing = Listing {
+        header: &[
+            "MESSAGE",
+            "CLAIM",
+            "STATUS",
+            "OUTCOME",
+            "DELIVERIES",
+            "LEASE UNTIL",
+            "EXPIRES",
+        ],
+        row: |r: &InboxRecord| {
             vec![
                 r.message_id.to_string(),
                 r.claim_id.to_string(),
@@ -376,23 +367,37 @@ pub(crate) async fn inbox(
                 r.lease_until.map(rfc3339).unwrap_or_else(|| "-".into()),
                 rfc3339(r.expires_at),
             ]
-        })
-        .collect();
-    print_table(
-        out,
-        &[
-            "MESSAGE",
-            "CLAIM",
-            "STATUS",
-            "OUTCOME",
-            "DELIVERIES",
-            "LEASE UNTIL",
-            "EXPIRES",
-        ],
-        &rows,
-    )?;
-    writeln!(out, "{} inbox record(s)", records.len())?;
-    Ok(())
+        },
+        counted: "inbox record(s)",
+    };
+    listing.print::<_, InboxLine>(out, json, &records)
+}
+
+/// An operator's listing of stored records: one JSON line each with `--json` (`L`, the
+/// record's stable line shape), else a table of `row`s under `header` and a count.
+struct Listing<'a, F> {
+    header: &'a [&'a str],
+    row: F,
+    counted: &'a str,
+}
+
+impl<F> Listing<'_, F> {
+    fn print<T, L>(&self, out: &mut impl Write, json: bool, records: &[T]) -> anyhow::Result<()>
+    where
+        F: Fn(&T) -> Vec<String>,
+        L: Serialize + for<'r> From<&'r T>,
+    {
+        if json {
+            for record in records {
+                writeln!(out, "{}", serde_json::to_string(&L::from(record))?)?;
+            }
+            return Ok(());
+        }
+        let rows: Vec<Vec<String>> = records.iter().map(&self.row).collect();
+        print_table(out, self.header, &rows)?;
+        writeln!(out, "{} {}", records.len(), self.counted)?;
+        Ok(())
+    }
 }
 
 pub(crate) async fn purge(store: &DynStore, out: &mut impl Write) -> anyhow::Result<()> {

@@ -8,3 +8,11 @@ pub mod names;
 
 pub use error::ConfigError;
 pub(crate) use error::{millis, parse_u64};
+
+/// A setting's value through `lookup`, trimmed; a blank one counts as unset, since app
+/// settings are often blanked rather than removed.
+pub(crate) fn non_blank(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    lookup(name)
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}

@@ -34,7 +34,7 @@ use azure_identity::{
 use base64::Engine;
 
 use crate::setting::names;
-use crate::setting::ConfigError;
+use crate::setting::{non_blank, ConfigError};
 
 /// The container name used by default and in `infra/cosmos-container.json`.
 pub const DEFAULT_CONTAINER: &str = "payments";
@@ -105,11 +105,7 @@ impl CosmosSettings {
     /// Reads the settings through `lookup` (the environment, or a map in tests). Empty
     /// values count as unset, since app settings cannot always be removed.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |name: &str| {
-            lookup(name)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
+        let get = |name: &str| non_blank(&lookup, name);
 
         let endpoint = get(names::COSMOS_ENDPOINT).ok_or_else(|| {
             ConfigError::new(names::COSMOS_ENDPOINT, "is required when PAYMENTS_STORE=cosmos (e.g. https://<account>.documents.azure.com:443/)")

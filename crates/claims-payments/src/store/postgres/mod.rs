@@ -74,6 +74,17 @@ pub enum Access {
     Unchecked,
 }
 
+/// What a statement does, which decides whether it may be sent again on a new
+/// connection when its pooled one turns out to be dead (the server restarted since it
+/// was pooled, and the driver had not noticed): a read may; a write is not repeated that
+/// way, since whether it committed is unknown, and the redelivery finds out from the
+/// stored state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Effect {
+    Reads,
+    Writes,
+}
+
 pub struct PostgresStore {
     pool: pool::Pool,
     round_trips: AtomicU64,
@@ -136,32 +147,13 @@ impl PostgresStore {
     }
 
     /// Runs `sql` with `params` on a pooled connection and returns its rows; retries a
-    /// serialization failure or deadlock (the server rolled the statement back).
+    /// serialization failure or deadlock (the server rolled the statement back), and for
+    /// [`Effect::Reads`] replaces a connection found dead once.
     async fn query(
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
-    ) -> StoreResult<Vec<Row>> {
-        self.query_with(sql, params, false).await
-    }
-
-    /// [`query`](Self::query) for a statement that changes nothing: a connection that
-    /// turns out to be dead (the server restarted since it was pooled, and its driver has
-    /// not noticed yet) is replaced once. A write is not repeated that way: whether it
-    /// committed is unknown, and the redelivery finds out from the stored state.
-    async fn read(
-        &self,
-        sql: &'static str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> StoreResult<Vec<Row>> {
-        self.query_with(sql, params, true).await
-    }
-
-    async fn query_with(
-        &self,
-        sql: &'static str,
-        params: &[&(dyn ToSql + Sync)],
-        read_only: bool,
+        effect: Effect,
     ) -> StoreResult<Vec<Row>> {
         let mut tries = 0;
         let mut reconnected = false;
@@ -172,7 +164,9 @@ impl PostgresStore {
                     tracing::debug!(error = %e, "PostgreSQL rolled a statement back; retrying");
                     tokio::time::sleep(Duration::from_millis(5 * u64::from(tries))).await;
                 }
-                Err(Failure::Postgres(e)) if read_only && !reconnected && e.code().is_none() => {
+                Err(Failure::Postgres(e))
+                    if effect == Effect::Reads && !reconnected && e.code().is_none() =>
+                {
                     tracing::debug!(error = %e, "a pooled PostgreSQL connection was lost; reading again");
                     reconnected = true;
                 }
@@ -472,7 +466,7 @@ fn inbox_from_row(row: &Row, at: usize) -> StoreResult<Versioned<InboxRecord>> {
     let owner: Uuid = get(row, at + 6)?;
     let first: i32 = get(row, at + 8)?;
     let last: i32 = get(row, at + 9)?;
-    let version: i64 = get(row, at + 13)?;
+    let version = version_at(row, at + 13)?;
     let record = InboxRecord {
         consumer: get(row, at)?,
         claim_id: ClaimId::parse(&claim.to_string())
@@ -493,10 +487,7 @@ fn inbox_from_row(row: &Row, at: usize) -> StoreResult<Versioned<InboxRecord>> {
         updated_at: get(row, at + 11)?,
         expires_at: get(row, at + 12)?,
     };
-    Ok(Versioned {
-        record,
-        version: Version(version.to_string()),
-    })
+    Ok(Versioned { record, version })
 }
 
 /// The payment record in `row` starting at column `at` (PAYMENT_COLUMNS' order).
@@ -508,7 +499,7 @@ fn payment_from_row(row: &Row, at: usize) -> StoreResult<Versioned<PaymentRecord
     let currency: String = get(row, at + 4)?;
     let payee: Option<String> = get(row, at + 5)?;
     let status: String = get(row, at + 10)?;
-    let version: i64 = get(row, at + 15)?;
+    let version = version_at(row, at + 15)?;
     let purpose = match purpose.as_str() {
         "payout" => Purpose::Payout,
         other => return Err(corrupt("purpose", other)),
@@ -538,10 +529,13 @@ fn payment_from_row(row: &Row, at: usize) -> StoreResult<Versioned<PaymentRecord
         created_at: get(row, at + 13)?,
         updated_at: get(row, at + 14)?,
     };
-    Ok(Versioned {
-        record,
-        version: Version(version.to_string()),
-    })
+    Ok(Versioned { record, version })
+}
+
+/// The row version in column `idx` (a `bigint` the statements bump on every write).
+fn version_at(row: &Row, idx: usize) -> StoreResult<Version> {
+    let version: i64 = get(row, idx)?;
+    Ok(Version(version.to_string()))
 }
 
 /// A PostgreSQL row version, as [`Version`] carries it.
@@ -558,7 +552,9 @@ impl PostgresStore {
         sql: &'static str,
         limit: usize,
     ) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
-        let rows = self.read(sql, &[&limit_param(limit)]).await?;
+        let rows = self
+            .query(sql, &[&limit_param(limit)], Effect::Reads)
+            .await?;
         rows.iter().map(|r| payment_from_row(r, 0)).collect()
     }
 }
@@ -574,7 +570,7 @@ impl Store for PostgresStore {
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(28);
         params.extend(i.params());
         params.extend(p.params());
-        let rows = self.query(CLAIM, &params).await?;
+        let rows = self.query(CLAIM, &params, Effect::Writes).await?;
         let row = rows
             .first()
             .ok_or_else(|| StoreError::Permanent("claims_payments_claim returned no row".into()))?;
@@ -600,7 +596,11 @@ impl Store for PostgresStore {
         let claim = key.claim_id.as_uuid();
         let message = key.message_id.as_str().as_bytes();
         let rows = self
-            .read(READ_INBOX, &[&key.consumer, &claim, &message])
+            .query(
+                READ_INBOX,
+                &[&key.consumer, &claim, &message],
+                Effect::Reads,
+            )
             .await?;
         rows.first().map(|r| inbox_from_row(r, 0)).transpose()
     }
@@ -611,17 +611,22 @@ impl Store for PostgresStore {
         purpose: Purpose,
     ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
         let rows = self
-            .read(READ_PAYMENT, &[&claim.as_uuid(), &purpose.as_str()])
+            .query(
+                READ_PAYMENT,
+                &[&claim.as_uuid(), &purpose.as_str()],
+                Effect::Reads,
+            )
             .await?;
         rows.first().map(|r| payment_from_row(r, 0)).transpose()
     }
 
     async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
         let i = InboxParams::new(inbox);
-        let rows = self.query(INSERT_INBOX, &i.params()).await?;
+        let rows = self
+            .query(INSERT_INBOX, &i.params(), Effect::Writes)
+            .await?;
         if let Some(row) = rows.first() {
-            let version: i64 = get(row, 0)?;
-            return Ok(InsertResult::Inserted(Version(version.to_string())));
+            return Ok(InsertResult::Inserted(version_at(row, 0)?));
         }
         // The key exists (committed: ON CONFLICT waited for its inserter). A second
         // statement has a new snapshot, which shows it.
@@ -638,12 +643,9 @@ impl Store for PostgresStore {
         let all = i.params();
         let mut params: Vec<&(dyn ToSql + Sync)> = all[..10].to_vec();
         params.extend([all[11], all[12], &expected]);
-        let rows = self.query(REPLACE_INBOX, &params).await?;
+        let rows = self.query(REPLACE_INBOX, &params, Effect::Writes).await?;
         match rows.first() {
-            Some(row) => {
-                let version: i64 = get(row, 0)?;
-                Ok(Version(version.to_string()))
-            }
+            Some(row) => version_at(row, 0),
             None => Err(StoreError::PreconditionFailed),
         }
     }
@@ -693,7 +695,11 @@ impl Store for PostgresStore {
 
     async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
         let rows = self
-            .read(COUNT_PAYMENTS, &[&status.as_str(), &limit_param(limit)])
+            .query(
+                COUNT_PAYMENTS,
+                &[&status.as_str(), &limit_param(limit)],
+                Effect::Reads,
+            )
             .await?;
         let n: i64 = match rows.first() {
             Some(row) => get(row, 0)?,
@@ -703,7 +709,9 @@ impl Store for PostgresStore {
     }
 
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
-        let rows = self.read(LIST_INBOX, &[&limit_param(limit)]).await?;
+        let rows = self
+            .query(LIST_INBOX, &[&limit_param(limit)], Effect::Reads)
+            .await?;
         rows.iter()
             .map(|r| inbox_from_row(r, 0).map(|v| v.record))
             .collect()

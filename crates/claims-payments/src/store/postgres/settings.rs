@@ -24,7 +24,7 @@ use reqwest::Url;
 use tokio_postgres::config::{Host, SslMode};
 
 use crate::setting::names;
-use crate::setting::{millis, ConfigError};
+use crate::setting::{millis, non_blank, ConfigError};
 
 /// How the service logs in to PostgreSQL.
 #[derive(Clone, PartialEq, Eq)]
@@ -103,11 +103,7 @@ impl PostgresSettings {
     /// Reads the settings through `lookup` (the environment, or a map in tests). Empty
     /// values count as unset.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |name: &str| {
-            lookup(name)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
+        let get = |name: &str| non_blank(&lookup, name);
         let url = get(names::PAYMENTS_POSTGRES_URL).ok_or_else(|| {
             ConfigError::new(
                 names::PAYMENTS_POSTGRES_URL,
