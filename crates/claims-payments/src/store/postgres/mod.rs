@@ -177,30 +177,39 @@ impl PostgresStore {
     }
 
     /// A pooled connection. While no new connection can be made (the server is down,
-    /// failing over or refusing), it tries again with growing pauses for up to the
-    /// outage wait; every other pool error (all connections busy, a refused login) is
-    /// answered at once.
+    /// failing over or refusing), it tries again with growing pauses until the outage
+    /// wait has passed since the call began, so a call takes at most the longer of one
+    /// connection attempt and the outage wait; every other pool error (all connections
+    /// busy, a refused login) is answered at once.
     async fn connection(&self) -> Result<deadpool::managed::Object<pool::Manager>, Failure> {
         let started = tokio::time::Instant::now();
+        let deadline = started + self.outage_wait;
         let mut pause = OUTAGE_FIRST_PAUSE;
+        let mut attempt = self.pool.get().await;
         loop {
-            let e = match self.pool.get().await {
+            let e = match attempt {
                 Ok(conn) => return Ok(conn),
                 Err(e) => e,
             };
-            let waited = started.elapsed();
-            if !unreachable(&e) || waited + pause > self.outage_wait {
+            if !unreachable(&e) || tokio::time::Instant::now() + pause >= deadline {
                 return Err(Failure::Pool(e));
             }
             telemetry::counters().store_outage_waits.inc();
             tracing::warn!(
                 database = %self.target,
                 error = %describe_pool_error(&e),
-                waitedMs = waited.as_millis() as u64,
+                waitedMs = started.elapsed().as_millis() as u64,
                 "PostgreSQL cannot be reached; trying again"
             );
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(OUTAGE_MAX_PAUSE);
+            // A try ends at the deadline: a server (or a proxy in front of it) that takes
+            // connections and never answers must not stretch the wait by a whole
+            // connection timeout per try.
+            attempt = match tokio::time::timeout_at(deadline, self.pool.get()).await {
+                Ok(result) => result,
+                Err(_) => return Err(Failure::Pool(e)),
+            };
         }
     }
 
