@@ -190,9 +190,24 @@ impl ServeProcess {
     }
 
     pub async fn start(spec: &ServeSpec) -> anyhow::Result<ServeProcess> {
+        Self::start_on(spec, None).await
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// [`Self::start`] on `port` when it is free, as the Functions host restarts a handler
+    /// on the port it picked once; a new free port otherwise.
+    pub async fn start_on(spec: &ServeSpec, port: Option<u16>) -> anyhow::Result<ServeProcess> {
         let mut last_error = String::new();
+        let mut preferred = port;
         for _attempt in 0..3 {
-            let port = free_port().context("no free loopback port")?;
+            let port = match preferred.take() {
+                Some(port) => port,
+                None => free_port().context("no free loopback port")?,
+            };
             let (command, log_start) = spec.command(port)?;
             let mut command = Command::from(command);
             command.kill_on_drop(true);

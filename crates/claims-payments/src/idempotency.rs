@@ -6,6 +6,11 @@
 //! created with a conditional create and changed only with writes conditional on the
 //! version read, so of two attempts that race, exactly one wins; the loser re-reads.
 //! Who may take a record over is decided by [`holder`], and nowhere else.
+//!
+//! [`liveness`] tells whether the process behind a live lease is still running, so a
+//! lease whose owner died is taken over at once instead of being waited out.
+
+pub(crate) mod liveness;
 
 use std::time::Duration;
 
@@ -34,6 +39,9 @@ pub(crate) enum Holder {
     /// A live attempt of an earlier delivery, which the broker has given up on (see
     /// [`holder`]).
     Superseded,
+    /// The lease is still running, but the process that holds it has ended (see
+    /// [`liveness`]).
+    OwnerGone,
     /// A live attempt, until then.
     Live(OffsetDateTime),
 }
@@ -46,24 +54,29 @@ impl Holder {
 }
 
 /// The takeover rule. `delivery` is the broker's count for this attempt (0 when it is
-/// not a broker delivery or the host did not say).
+/// not a broker delivery or the host did not say); `owner_gone` says that the process
+/// of the record's owner is known to have ended ([`liveness::Owners::known_gone`]).
 ///
 /// A later delivery of the same message supersedes a live lease: the broker only
 /// redelivers once it gave up on the earlier one (its lock expired, or the host
 /// abandoned it), and waiting out the lease (minutes, with production settings) would
 /// only spend the remaining deliveries. That is safe even if the old attempt still runs:
 /// the bank request carries the same Idempotency-Key, and its final write is conditional
-/// on a version it no longer holds.
+/// on a version it no longer holds. A lease whose process has ended is over for the same
+/// reason, whoever asks.
 pub(crate) fn holder(
     record: &InboxRecord,
     me: AttemptId,
     delivery: u32,
+    owner_gone: bool,
     now: OffsetDateTime,
 ) -> Holder {
     if record.owner == me {
         Holder::Us
     } else if !record.lease_alive(now) {
         Holder::Nobody
+    } else if owner_gone {
+        Holder::OwnerGone
     } else if record.last_delivery_count > 0 && delivery > record.last_delivery_count {
         Holder::Superseded
     } else {
@@ -271,17 +284,22 @@ mod tests {
         let (me, other) = (AttemptId::new(), AttemptId::new());
         let later = now + Duration::from_secs(30);
         let live = record(other, Some(later), 2);
-        assert_eq!(holder(&live, me, 2, now), Holder::Live(later));
-        assert_eq!(holder(&live, me, 0, now), Holder::Live(later));
-        assert!(!holder(&live, me, 1, now).may_take_over());
-        assert_eq!(holder(&live, me, 3, now), Holder::Superseded);
-        assert_eq!(holder(&live, other, 1, now), Holder::Us);
+        assert_eq!(holder(&live, me, 2, false, now), Holder::Live(later));
+        assert_eq!(holder(&live, me, 0, false, now), Holder::Live(later));
+        assert!(!holder(&live, me, 1, false, now).may_take_over());
+        assert_eq!(holder(&live, me, 3, false, now), Holder::Superseded);
+        assert_eq!(holder(&live, other, 1, false, now), Holder::Us);
         let ran_out = record(other, Some(now), 2);
-        assert_eq!(holder(&ran_out, me, 1, now), Holder::Nobody);
+        assert_eq!(holder(&ran_out, me, 1, false, now), Holder::Nobody);
         let done = completed(&live, InboxOutcome::RunReleased, now);
-        assert_eq!(holder(&done, me, 1, now), Holder::Nobody);
+        assert_eq!(holder(&done, me, 1, false, now), Holder::Nobody);
         // A count of 0 on the holder means the host did not say: only the lease decides.
         let unnumbered = record(other, Some(later), 0);
-        assert_eq!(holder(&unnumbered, me, 5, now), Holder::Live(later));
+        assert_eq!(holder(&unnumbered, me, 5, false, now), Holder::Live(later));
+        // A live lease of a process that has ended is over for anyone; our own is ours.
+        assert_eq!(holder(&live, me, 0, true, now), Holder::OwnerGone);
+        assert!(holder(&live, me, 1, true, now).may_take_over());
+        assert_eq!(holder(&live, other, 0, true, now), Holder::Us);
+        assert_eq!(holder(&ran_out, me, 0, true, now), Holder::Nobody);
     }
 }

@@ -3,7 +3,10 @@
 //! state on a listener, so tests can start the whole application in-process.
 //!
 //! [`Seams`] (in [`crate::seams`]) are where `claims-payments-dev` changes the
-//! composition; production passes `Seams::default()`.
+//! composition; production passes `Seams::default()`. [`restarts`] is what a start
+//! learns from the process that served on its port before it.
+
+mod restarts;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -19,6 +22,7 @@ use crate::consumer::{Consumer, Policy};
 use crate::functions;
 pub use crate::functions::AppState;
 use crate::http::HEADER_READ_TIMEOUT;
+use crate::idempotency::liveness;
 use crate::seams::Seams;
 use crate::store::cosmos::CosmosStore;
 use crate::store::postgres::PostgresStore;
@@ -124,8 +128,33 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
     let listener = TcpListener::bind(addr).await.map_err(|e| {
         anyhow::anyhow!("cannot listen on {addr} (FUNCTIONS_CUSTOMHANDLER_PORT): {e}")
     })?;
+    let address = listener.local_addr()?;
+
+    // We hold the port, so the process that served on it before is gone: if it did not
+    // stop cleanly, its leases are over now. Then this process registers (its attempts'
+    // leases count as live while it renews), and a crash loop holds back before the
+    // first answer (the host holds invocations meanwhile at no delivery's cost).
+    let state_file = restarts::state_file(
+        &settings.consumer_name,
+        &settings.store.identity(),
+        address.port(),
+    );
+    let (start, restarts) = restarts::begin(store.as_ref(), state_file).await;
+    let registration = liveness::register(store.as_ref(), settings.inbox_retention)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot register this process in the store: {e}"))?;
+    let registration_task = keep_registered(store.clone(), registration);
+    if !start.hold.is_zero() {
+        tracing::warn!(
+            recentCrashes = start.recent_crashes,
+            holdMs = start.hold.as_millis() as u64,
+            "processes on this port crashed repeatedly; holding back before answering"
+        );
+        tokio::time::sleep(start.hold).await;
+    }
+
     tracing::info!(
-        address = %listener.local_addr()?,
+        address = %address,
         store = settings.store.name(),
         payouts = settings.bank.is_some(),
         handler = seams.label.unwrap_or("consumer"),
@@ -165,8 +194,58 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
     if let Some(reason) = store_failed {
         anyhow::bail!("stopped because the store failed: {reason}");
     }
+    // Drained: this process's leases are over, and the next start on this port finds
+    // a clean stop.
+    registration_task.end().await;
+    restarts.stopped_cleanly();
     tracing::info!("drained in-flight invocations; stopping");
     Ok(())
+}
+
+/// The task that renews this process's registration every [`liveness::RENEW_EVERY`],
+/// until [`Registered::end`] ends it.
+struct Registered {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn keep_registered(store: DynStore, mut registration: liveness::Registration) -> Registered {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(liveness::RENEW_EVERY);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = &mut stopped => {
+                    registration.end(store.as_ref()).await;
+                    return;
+                }
+            }
+            match registration.renew(store.as_ref()).await {
+                Ok(()) => {}
+                Err(crate::store::StoreError::PreconditionFailed) => {
+                    // Someone ended it: other processes may now take our leases over.
+                    // Safe (the final writes are conditional), so carry on serving.
+                    tracing::error!("this process's registration was ended by another; its leases may be taken over");
+                    return;
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "cannot renew this process's registration; trying again"
+                ),
+            }
+        }
+    });
+    Registered { stop, task }
+}
+
+impl Registered {
+    /// Ends the registration (bounded: a store that does not answer lets it run out).
+    async fn end(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
 }
 
 /// Serves `state` with the product's router on `listener` until `shutdown` resolves:

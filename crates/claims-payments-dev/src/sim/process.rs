@@ -339,7 +339,9 @@ async fn supervise(
         let mut tries = 0;
         let next = loop {
             tries += 1;
-            match ServeProcess::start(&for_generation(&spec, generation + 1)).await {
+            // The host restarts the handler on the port it picked once.
+            let port = Some(process.port());
+            match ServeProcess::start_on(&for_generation(&spec, generation + 1), port).await {
                 Ok(next) => break next,
                 Err(e) if tries < START_TRIES => {
                     stats.failed_starts.fetch_add(1, Ordering::Relaxed);

@@ -35,6 +35,20 @@ impl StoreSettings {
             StoreSettings::Postgres(_) => "postgres",
         }
     }
+
+    /// Which database this is, without any secret: tells two stores apart.
+    pub(crate) fn identity(&self) -> String {
+        match self {
+            StoreSettings::Sqlite { path } => {
+                let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                format!("sqlite:{}", path.display())
+            }
+            StoreSettings::Cosmos(c) => {
+                format!("cosmos:{}/{}/{}", c.endpoint, c.database, c.container)
+            }
+            StoreSettings::Postgres(p) => format!("postgres:{}", p.describe_target()),
+        }
+    }
 }
 
 /// Settings that only `claims-payments-dev serve` reads (alternative handlers and
@@ -215,6 +229,22 @@ fn consumer_name(get: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigE
         return Err(ConfigError::new(
             names::CONSUMER_NAME,
             "must be at most 64 characters and contain no '/'",
+        ));
+    }
+    // The pseudo-consumers whose records share the inbox: a message's record must never
+    // be mistaken for one of theirs.
+    let reserved = [
+        crate::payments_api::KEY_CONSUMER,
+        crate::reconcile::RUN_LEASE_CONSUMER,
+        crate::idempotency::liveness::CONSUMER,
+    ];
+    if reserved.contains(&consumer_name.as_str()) {
+        return Err(ConfigError::new(
+            names::CONSUMER_NAME,
+            format!(
+                "{consumer_name:?} is reserved (used by: {})",
+                reserved.join(", ")
+            ),
         ));
     }
     Ok(consumer_name)
@@ -443,6 +473,9 @@ mod tests {
             ("INBOX_RETENTION_DAYS", "0"),
             ("INBOX_RETENTION_DAYS", "ten"),
             ("CONSUMER_NAME", "a/b"),
+            ("CONSUMER_NAME", "process"),
+            ("CONSUMER_NAME", "payments-api"),
+            ("CONSUMER_NAME", "reconcile-run"),
             ("BANK_API_URL", "not a url"),
             ("BANK_API_URL", "ftp://bank.example"),
             ("BANK_TIMEOUT_MS", "-1"),

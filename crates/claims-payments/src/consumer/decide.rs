@@ -9,6 +9,7 @@
 use time::OffsetDateTime;
 
 use super::{Delivery, Outcome, OutcomeKind, Policy};
+use crate::idempotency::liveness::GoneOwners;
 use crate::idempotency::{self, Holder};
 use crate::message::{ClaimApproved, PayloadHash, Purpose};
 use crate::store::{
@@ -26,6 +27,8 @@ pub(crate) struct Attempt<'a> {
     /// caller answers with it (the HTTP API), so it need not read it back. `None` on the
     /// message path, which then copies nothing.
     pub(crate) payment_seen: Option<std::sync::Mutex<Option<PaymentRecord>>>,
+    /// The processes known to have ended: their live leases are over.
+    pub(crate) gone: &'a GoneOwners,
 }
 
 impl Attempt<'_> {
@@ -39,7 +42,13 @@ impl Attempt<'_> {
     /// Who holds `record`, as this attempt sees it (the takeover rule:
     /// [`idempotency::holder`]).
     pub(crate) fn sees(&self, record: &InboxRecord, now: OffsetDateTime) -> Holder {
-        idempotency::holder(record, self.id, self.delivery.delivery_count, now)
+        idempotency::holder(
+            record,
+            self.id,
+            self.delivery.delivery_count,
+            self.gone.contains(record.owner),
+            now,
+        )
     }
 }
 
@@ -70,6 +79,8 @@ pub(crate) enum TakeOverReason {
     LeaseExpired,
     /// The holder's lease is still running, but a later delivery proves it is over.
     LaterDelivery,
+    /// The holder's lease is still running, but its process has ended.
+    OwnerGone,
 }
 
 impl TakeOverReason {
@@ -77,6 +88,7 @@ impl TakeOverReason {
         match self {
             TakeOverReason::LeaseExpired => "lease-expired",
             TakeOverReason::LaterDelivery => "later-delivery",
+            TakeOverReason::OwnerGone => "owner-gone",
         }
     }
 }
@@ -149,7 +161,10 @@ pub(crate) fn decide(
             // Another message's record: our delivery count says nothing about it.
             Some(o)
                 if o.status == InboxStatus::InProgress
-                    && idempotency::holder(o, a.id, 0, now) == Holder::Nobody =>
+                    && matches!(
+                        idempotency::holder(o, a.id, 0, a.gone.contains(o.owner), now),
+                        Holder::Nobody | Holder::OwnerGone
+                    ) =>
             {
                 NextAction::AdoptOrphanedPayout {
                     record: idempotency::taken_over(o, a.id, 0, policy.terms(), now),
@@ -217,10 +232,10 @@ fn on_inbox(
                 policy.terms(),
                 now,
             ),
-            reason: if holder == Holder::Superseded {
-                TakeOverReason::LaterDelivery
-            } else {
-                TakeOverReason::LeaseExpired
+            reason: match holder {
+                Holder::Superseded => TakeOverReason::LaterDelivery,
+                Holder::OwnerGone => TakeOverReason::OwnerGone,
+                _ => TakeOverReason::LeaseExpired,
             },
         },
     }
@@ -363,6 +378,7 @@ mod tests {
 
     use super::*;
     use crate::message::{ClaimId, MessageId};
+    use crate::store::Boot;
 
     const CLAIM: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
 
@@ -411,6 +427,7 @@ mod tests {
                 message_id: delivery.message_id.clone(),
             },
             payment_seen: None,
+            gone: Box::leak(Box::default()),
         }
     }
 
@@ -547,6 +564,43 @@ mod tests {
                 NextAction::WaitForLiveAttempt { .. }
             ));
         }
+    }
+
+    #[test]
+    fn a_live_lease_of_a_process_that_ended_is_taken_over_at_once() {
+        let m = msg("10.00");
+        let d = delivery("evt-1", 1);
+        let a = attempt(&m, &d);
+        let dead = Boot::random();
+        let seen = InboxRecord {
+            owner: AttemptId::of(dead),
+            ..held_by_other(&a, now() + secs(30), 2)
+        };
+        // Until its process is known to have ended, a live lease is waited for.
+        assert!(matches!(
+            on(&a, Observed::Inbox(&seen)),
+            NextAction::WaitForLiveAttempt { .. }
+        ));
+        assert!(matches!(
+            on(&a, Observed::PayoutOwner(Some(&seen))),
+            NextAction::WaitForPayout
+        ));
+        a.gone.insert(dead);
+        let NextAction::TakeOver { record, reason } = on(&a, Observed::Inbox(&seen)) else {
+            panic!("expected a takeover");
+        };
+        assert_eq!(reason, TakeOverReason::OwnerGone);
+        assert_eq!(record.owner, a.id);
+        assert!(matches!(
+            on(&a, Observed::PayoutOwner(Some(&seen))),
+            NextAction::AdoptOrphanedPayout { .. }
+        ));
+        // Another process's end says nothing about this one's own attempts.
+        let ours = held_by_other(&a, now() + secs(30), 2);
+        assert!(matches!(
+            on(&a, Observed::Inbox(&ours)),
+            NextAction::WaitForLiveAttempt { .. }
+        ));
     }
 
     #[test]

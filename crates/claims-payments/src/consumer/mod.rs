@@ -34,6 +34,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use crate::bank::{BankClient, PayoutOutcome, SendWindow};
+use crate::idempotency::liveness::Owners;
 use crate::idempotency::{self, Lease, Terms};
 use crate::message::{ClaimApproved, MessageId, PayloadHash, Purpose};
 use crate::store::{
@@ -134,6 +135,8 @@ pub struct Consumer {
     policy: Policy,
     crash_hook: Option<CrashHook>,
     completed: Arc<CompletedCache>,
+    /// Whether the processes behind live leases are still running.
+    owners: Arc<Owners>,
 }
 
 fn now() -> OffsetDateTime {
@@ -143,6 +146,7 @@ fn now() -> OffsetDateTime {
 impl Consumer {
     pub fn new(store: DynStore, bank: Option<BankClient>, policy: Policy) -> Self {
         Consumer {
+            owners: Arc::new(Owners::new(store.clone())),
             store,
             bank,
             policy,
@@ -163,6 +167,12 @@ impl Consumer {
 
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Whether the processes behind live leases are still running (the HTTP API's key
+    /// records and reconcile judge leases too).
+    pub(crate) fn owners(&self) -> &Owners {
+        &self.owners
     }
 
     /// The bank client, when payouts are on (reconcile asks the same bank).
@@ -207,6 +217,7 @@ impl Consumer {
             hash: hash.clone(),
             key: key.clone(),
             payment_seen: note_payment.then(Default::default),
+            gone: self.owners.gone(),
         };
         let outcome = match self.process(&attempt).await {
             Ok(outcome) => outcome,
@@ -300,6 +311,7 @@ impl Consumer {
             hash: msg.payload_hash(),
             key: self.inbox_key(msg, delivery),
             payment_seen: None,
+            gone: self.owners.gone(),
         };
         (self.new_inbox(&a, now), self.new_payment(&a, now))
     }
@@ -386,6 +398,10 @@ impl Consumer {
                     Progress::Next(State::Resume(seen.record, seen.version))
                 }
                 NextAction::WaitForLiveAttempt { lease_until } => {
+                    if self.owners.check(seen.record.owner).await {
+                        // Its process has ended: decide again, which now takes it over.
+                        return Ok(Progress::Next(State::Seen(seen, wait)));
+                    }
                     if !wait.pause().await {
                         return Ok(Progress::Done(Outcome::RetryLater {
                             reason: format!(
@@ -439,7 +455,11 @@ impl Consumer {
                     let seen = Observed::PayoutOwner(owner.as_ref().map(|o| &o.record));
                     match (decide(a, seen, &self.policy, now()), owner) {
                         (NextAction::AdoptOrphanedPayout { record }, Some(owner)) => {
-                            let reason = TakeOverReason::LeaseExpired;
+                            let reason = if a.gone.contains(owner.record.owner) {
+                                TakeOverReason::OwnerGone
+                            } else {
+                                TakeOverReason::LeaseExpired
+                            };
                             match self.take_over(a, record, &owner, reason).await? {
                                 Some((taken, version)) => Progress::Adopt {
                                     finish: State::Resume(taken, version),
@@ -447,6 +467,12 @@ impl Consumer {
                                 },
                                 None => Progress::Next(State::AwaitPayout(payment, wait)),
                             }
+                        }
+                        (NextAction::WaitForPayout, Some(owner))
+                            if self.owners.check(owner.record.owner).await =>
+                        {
+                            // Its process has ended: look again, which now adopts it.
+                            Progress::Next(State::Payment(payment, wait))
                         }
                         (NextAction::WaitForPayout, _) => {
                             Progress::Next(State::AwaitPayout(payment, wait))

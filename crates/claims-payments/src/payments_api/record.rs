@@ -57,7 +57,7 @@ pub(super) fn next_action(
         }
     }
     // A client's retry is not a broker delivery: only the lease decides (count 0).
-    match idempotency::holder(record, me, 0, now) {
+    match idempotency::holder(record, me, 0, false, now) {
         Holder::Live(until) => {
             NextAction::InFlight(((until - now).whole_seconds().max(1) as u64).min(5))
         }

@@ -464,8 +464,10 @@ impl Reconciler {
         let now = OffsetDateTime::now_utc();
         match inbox {
             Some(seen) => {
-                // Not a broker delivery: only the lease decides (count 0).
-                if !idempotency::holder(&seen.record, self.me, 0, now).may_take_over() {
+                // Not a broker delivery: the lease decides (count 0), unless its
+                // process has ended.
+                let gone = self.consumer.owners().check(seen.record.owner).await;
+                if !idempotency::holder(&seen.record, self.me, 0, gone, now).may_take_over() {
                     return Ok(None);
                 }
                 let taken = idempotency::taken_over(&seen.record, self.me, 0, policy.terms(), now);
@@ -768,6 +770,8 @@ fn carries_reference(body: &str, key: &str) -> bool {
 pub(crate) struct RunLease(Lease);
 
 const RUN_LEASE_CLAIM: &str = "5e3c0f1a-7d2b-4c69-9f41-2a8e6b0d9c17";
+/// The pseudo-consumer of the run lease (never a consumer name: see `config`).
+pub(crate) const RUN_LEASE_CONSUMER: &str = "reconcile-run";
 
 impl RunLease {
     /// Takes the run lease for `length`, or `None` when another run holds it.
@@ -781,7 +785,7 @@ impl RunLease {
         let message_id = MessageId::parse("reconcile-run")
             .map_err(|e| StoreError::Permanent(format!("run lease id: {e}")))?;
         let key = InboxKey {
-            consumer: "reconcile-run".into(),
+            consumer: RUN_LEASE_CONSUMER.into(),
             claim_id,
             message_id: message_id.clone(),
         };
@@ -803,7 +807,8 @@ impl RunLease {
                 });
             }
         };
-        if !idempotency::holder(&seen.record, me, 0, now).may_take_over() {
+        let gone = consumer.owners().check(seen.record.owner).await;
+        if !idempotency::holder(&seen.record, me, 0, gone, now).may_take_over() {
             return Ok(None);
         }
         let taken = idempotency::taken_over(&seen.record, me, 0, terms, now);

@@ -11,6 +11,7 @@
 //! | `claims_payments.dead_letter_bound` | counter | `outcome` (`conflict`, `invalid-message`, `store-failure`) |
 //! | `claims_payments.invocations` | counter | `function` |
 //! | `claims_payments.takeovers`, `.lease_waits`, `.own_writes_recognised` | counter | |
+//! | `claims_payments.owners_found_gone` | counter | lease owners whose process had ended (taken over at once) |
 //! | `claims_payments.bank.calls` | counter | `operation` (`payout`, `lookup`) |
 //! | `claims_payments.bank.retries`, `.bank.service_faults` | counter | |
 //! | `claims_payments.bank.duration` | histogram, ms | `operation`, `answer` (answer class) |
@@ -36,6 +37,7 @@ pub(crate) mod names {
     pub(crate) const TAKEOVERS: &str = "claims_payments.takeovers";
     pub(crate) const LEASE_WAITS: &str = "claims_payments.lease_waits";
     pub(crate) const OWN_WRITES_RECOGNISED: &str = "claims_payments.own_writes_recognised";
+    pub(crate) const OWNERS_FOUND_GONE: &str = "claims_payments.owners_found_gone";
     pub(crate) const BANK_CALLS: &str = "claims_payments.bank.calls";
     pub(crate) const BANK_RETRIES: &str = "claims_payments.bank.retries";
     pub(crate) const BANK_SERVICE_FAULTS: &str = "claims_payments.bank.service_faults";

@@ -187,6 +187,9 @@ pub struct Counters {
     pub(crate) takeovers: Counter,
     pub(crate) lease_waits: Counter,
     pub(crate) own_write_recognised: Counter,
+    /// Lease owners found to belong to a process that has ended (each such process
+    /// counted once per process that found it).
+    pub(crate) owners_found_gone: Counter,
     pub(crate) bank_calls: Counter,
     pub(crate) bank_retries: Counter,
     /// Bank answers that are the service's own fault (credential, URL, method, format).
@@ -238,6 +241,7 @@ impl Default for Counters {
             takeovers: Counter::metric(TAKEOVERS, None).flagging("takeover"),
             lease_waits: Counter::metric(LEASE_WAITS, None),
             own_write_recognised: Counter::metric(OWN_WRITES_RECOGNISED, None),
+            owners_found_gone: Counter::metric(OWNERS_FOUND_GONE, None),
             bank_calls: Counter::metric(BANK_CALLS, Some(("operation", "payout"))),
             bank_retries: Counter::metric(BANK_RETRIES, None),
             bank_service_faults: Counter::metric(BANK_SERVICE_FAULTS, None),
@@ -284,6 +288,7 @@ pub struct CountersSnapshot {
     takeovers: u64,
     lease_waits: u64,
     own_write_recognised: u64,
+    owners_found_gone: u64,
     bank_calls: u64,
     bank_retries: u64,
     bank_service_faults: u64,
@@ -323,6 +328,7 @@ impl Counters {
             takeovers: self.takeovers.get(),
             lease_waits: self.lease_waits.get(),
             own_write_recognised: self.own_write_recognised.get(),
+            owners_found_gone: self.owners_found_gone.get(),
             bank_calls: self.bank_calls.get(),
             bank_retries: self.bank_retries.get(),
             bank_service_faults: self.bank_service_faults.get(),
@@ -369,6 +375,7 @@ pub(crate) fn log_counters() {
         rejected = c.rejected,
         needsReconciliation = c.needs_reconciliation,
         takeovers = c.takeovers,
+        ownersFoundGone = c.owners_found_gone,
         bankRetries = c.bank_retries,
         bankServiceFaults = c.bank_service_faults,
         storeTransientErrors = c.store_transient_errors,
