@@ -225,7 +225,10 @@ fn condition_name(code: &SqlState) -> Option<&'static str> {
         (SqlState::UNDEFINED_FUNCTION, "undefined_function"),
         (SqlState::UNDEFINED_COLUMN, "undefined_column"),
         (SqlState::INVALID_SCHEMA_NAME, "invalid_schema_name"),
-        (SqlState::READ_ONLY_SQL_TRANSACTION, "read_only_sql_transaction"),
+        (
+            SqlState::READ_ONLY_SQL_TRANSACTION,
+            "read_only_sql_transaction",
+        ),
         (SqlState::ADMIN_SHUTDOWN, "admin_shutdown"),
         (SqlState::CRASH_SHUTDOWN, "crash_shutdown"),
         (SqlState::CANNOT_CONNECT_NOW, "cannot_connect_now"),
@@ -244,7 +247,9 @@ fn condition_name(code: &SqlState) -> Option<&'static str> {
 /// What to do about an error that only an operator can fix, or that tells them to wait.
 fn advice(code: &SqlState, message: &str) -> Option<&'static str> {
     Some(match code {
-        c if *c == SqlState::INSUFFICIENT_PRIVILEGE && message.contains("refinery_schema_history") => {
+        c if *c == SqlState::INSUFFICIENT_PRIVILEGE
+            && message.contains("refinery_schema_history") =>
+        {
             "The role in PAYMENTS_POSTGRES_URL may not read the schema history: \
              GRANT SELECT ON refinery_schema_history to it, as docs/deploy.md (4.6, the app's \
              database role, step 3) shows"
@@ -353,7 +358,10 @@ mod tests {
         let read_only = SqlState::READ_ONLY_SQL_TRANSACTION;
         for sent in [false, true] {
             assert_eq!(outage(Some(&read_only), false, sent), NotRun);
-            assert_eq!(outage(Some(&SqlState::CANNOT_CONNECT_NOW), false, sent), NotRun);
+            assert_eq!(
+                outage(Some(&SqlState::CANNOT_CONNECT_NOW), false, sent),
+                NotRun
+            );
         }
         for code in [
             SqlState::ADMIN_SHUTDOWN,

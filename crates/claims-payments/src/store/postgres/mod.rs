@@ -18,14 +18,37 @@
 //! 1; reads 1.
 //!
 //! **Errors.** Serialization failures and deadlocks (40001, 40P01) roll the statement back
-//! and are retried here; a read-only server (25006, during a failover), lost or refused
-//! connections, statement timeouts, server shutdowns, too many connections and an
-//! exhausted pool are `Transient`, so the message is abandoned and redelivered. Only a
-//! server that cannot be reached at all (no new connection) is waited for first, up to
-//! `PAYMENTS_POSTGRES_OUTAGE_WAIT_MS` per call: a failover then costs a message a few
-//! deliveries rather than all of them in a burst. Nothing was sent on such a call, so
-//! trying it again is safe for a write too. Authentication, a missing schema and our own
-//! statements' errors are `Permanent` (`errors.rs`). No error carries a password or token.
+//! and are retried here. A statement timeout, too many connections and an exhausted pool
+//! are `Transient` at once, so the message is abandoned and redelivered. Authentication,
+//! a missing schema and our own statements' errors are `Permanent` (`errors.rs`). Every
+//! error names the server's SQLSTATE, message and what to do, never a password or token.
+//!
+//! **Outages.** A server that cannot take writes now is waited for, within
+//! `PAYMENTS_POSTGRES_OUTAGE_WAIT_MS` from the call's start (pauses from 250 ms doubling
+//! to 4 s, each counted in `store.outage_waits` and logged): one that cannot be reached or
+//! refuses new connections (57P03 while starting, the 08 class, a connect timeout), one
+//! that is read-only (25006: a standby, a failover or promotion in progress, storage-full
+//! protection), one shutting down (57P01, 57P02), and a connection lost mid-statement. A
+//! failover then costs a message a few deliveries rather than all of them in a burst. The
+//! connection that met it is dropped, never given back to the pool, and the next one is a
+//! new login to whatever the host name resolves to now (nothing keeps an address); a new
+//! connection must find the server writable (`target_session_attrs=read-write`), so none
+//! to a standby is pooled.
+//!
+//! What is sent again depends on whether the statement can have committed. Each statement
+//! is its own transaction. A 25006 rolls it back; 57P03 and the connect-phase 08 errors
+//! mean there was no session to run it; a connection lost while the statement was being
+//! prepared means it was never sent: such a statement, a write too, is sent again on the
+//! new connection. A connection lost, a 57P01/57P02 or an 08 error after the statement
+//! was sent (or no answer within its budget) leaves the commit unknown: a read is sent
+//! again, but a write is not, since the claim or finalize could then meet its own first
+//! write as another attempt's. For such a write the store waits, within the same
+//! deadline, until a new connection can be made, then answers `Transient`: the
+//! redelivery reads the stored state (the claim recognises its own attempt, the finalize
+//! its versions) from a server that is back, instead of spending itself on one that is
+//! still down. After its first try, every try of a call ends at the deadline, so a call
+//! takes at most the longer of its first try and the outage wait (the start-up check
+//! that the lease outlasts the wait plus the bank's budget stays true).
 
 mod errors;
 pub mod pool;
@@ -77,10 +100,9 @@ pub enum Access {
 }
 
 /// What a statement does, which decides whether it may be sent again on a new
-/// connection when its pooled one turns out to be dead (the server restarted since it
-/// was pooled, and the driver had not noticed): a read may; a write is not repeated that
-/// way, since whether it committed is unknown, and the redelivery finds out from the
-/// stored state.
+/// connection when its commit is unknown (the connection was lost or the server shut
+/// down after it was sent): a read may; a write is not, and the redelivery finds out
+/// from the stored state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Effect {
     Reads,
@@ -94,7 +116,7 @@ pub struct PostgresStore {
     outage_wait: Duration,
 }
 
-/// The first pause between connection attempts while the server is unreachable; it
+/// The first pause between tries while the server cannot take the call's statement; it
 /// doubles up to [`OUTAGE_MAX_PAUSE`].
 const OUTAGE_FIRST_PAUSE: Duration = Duration::from_millis(250);
 const OUTAGE_MAX_PAUSE: Duration = Duration::from_secs(4);
@@ -187,8 +209,7 @@ impl PostgresStore {
                 .connection(&mut window)
                 .await
                 .map_err(Failure::into_store_error)?;
-            let (failure, outage) = match self.send(&mut conn, sql, params, wants, &window).await
-            {
+            let (failure, outage) = match self.send(&mut conn, sql, params, wants, &window).await {
                 Ok(output) => return Ok(output),
                 Err(failed) => failed,
             };
@@ -198,7 +219,8 @@ impl PostgresStore {
                         if is_retryable(e) && rolled_back + 1 < SERIALIZATION_TRIES {
                             rolled_back += 1;
                             tracing::debug!(error = %e, "PostgreSQL rolled a statement back; retrying");
-                            tokio::time::sleep(Duration::from_millis(5 * u64::from(rolled_back))).await;
+                            tokio::time::sleep(Duration::from_millis(5 * u64::from(rolled_back)))
+                                .await;
                             continue;
                         }
                     }
@@ -219,7 +241,11 @@ impl PostgresStore {
                 return Err(self.after_unknown_write(failure, &mut window).await);
             }
             window
-                .pause(&self.target, failure, "PostgreSQL cannot take the statement now; trying again")
+                .pause(
+                    &self.target,
+                    failure,
+                    "PostgreSQL cannot take the statement now; trying again",
+                )
                 .await
                 .map_err(Failure::into_store_error)?;
         }
@@ -267,7 +293,11 @@ impl PostgresStore {
                 return Err(Failure::Pool(e));
             }
             window
-                .pause(&self.target, Failure::Pool(e), "PostgreSQL cannot be reached; trying again")
+                .pause(
+                    &self.target,
+                    Failure::Pool(e),
+                    "PostgreSQL cannot be reached; trying again",
+                )
                 .await?;
             attempt = window.bounded(self.pool.get()).await;
         }
@@ -294,7 +324,11 @@ impl PostgresStore {
             sent = true;
             self.count();
             match wants {
-                Wants::Rows => conn.client.query(&statement, params).await.map(Output::Rows),
+                Wants::Rows => conn
+                    .client
+                    .query(&statement, params)
+                    .await
+                    .map(Output::Rows),
                 Wants::Count => conn
                     .client
                     .execute(&statement, params)
@@ -312,10 +346,7 @@ impl PostgresStore {
             }
             // No answer within the budget: a server that vanished without closing the
             // connection, or a proxy that holds it.
-            Err(_) => Err((
-                Failure::Timeout(end - started),
-                outage(None, true, sent),
-            )),
+            Err(_) => Err((Failure::Timeout(end - started), outage(None, true, sent))),
         }
     }
 }

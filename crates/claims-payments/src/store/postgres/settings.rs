@@ -327,7 +327,8 @@ mod tests {
 
     #[test]
     fn connections_want_a_writable_server_and_keep_the_host_name() {
-        let remote = url("postgresql://app@pg-claims.postgres.database.azure.com/payments").unwrap();
+        let remote =
+            url("postgresql://app@pg-claims.postgres.database.azure.com/payments").unwrap();
         assert_eq!(
             remote.config.get_target_session_attrs(),
             TargetSessionAttrs::ReadWrite
