@@ -900,3 +900,168 @@ async fn a_terminated_statement_is_read_again_but_a_write_is_not_sent_again() {
         }
     }
 }
+
+/// Six `provision` runs at once on a fresh database (several pipelines, or a pipeline and
+/// a person): all succeed, one applies the migrations, the others wait for it and find the
+/// schema up to date.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_provisions_of_a_fresh_database_all_succeed_and_one_migrates() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let settings = PostgresSettings::from_url(&db.url).unwrap();
+    let runs: Vec<_> = (0..6)
+        .map(|_| {
+            let settings = settings.clone();
+            tokio::spawn(async move { provision(&settings).await })
+        })
+        .collect();
+    let mut applied = Vec::new();
+    for run in runs {
+        let report = run
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("a concurrent provision failed: {e:#}"));
+        applied.push(report.applied.clone());
+        if report.applied.is_empty() {
+            assert!(report.to_string().contains("is up to date"), "{report}");
+        }
+    }
+    applied.sort();
+    assert_eq!(
+        applied,
+        [
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec!["V1__initial".to_owned()]
+        ],
+        "exactly one run applied the migrations"
+    );
+    PostgresStore::connect(&settings, Access::Checked)
+        .await
+        .expect("this build's schema");
+}
+
+/// A login role on the shared server (roles are server-wide), with the app's rights in
+/// `db` as docs/deploy.md (4.6, "The app's database role") sets them up: step 2 before
+/// `provision` (run by the administrator, here the superuser that owns the tables), step 3
+/// after it when `provisioned`. Returns the role's URL for `db`.
+async fn app_role(db: &TestDatabase, provisioned: bool) -> String {
+    let role = format!("app_{}", uuid::Uuid::new_v4().simple());
+    let password = format!("pw-{}", uuid::Uuid::new_v4().simple());
+    let admin = connect(&db.url).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN PASSWORD '{password}'; \
+             GRANT CONNECT ON DATABASE {db} TO {role}; \
+             GRANT USAGE ON SCHEMA public TO {role}; \
+             ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public \
+               GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {role}; \
+             ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public \
+               GRANT EXECUTE ON FUNCTIONS TO {role};",
+            db = db.name
+        ))
+        .await
+        .unwrap();
+    if provisioned {
+        provision(&PostgresSettings::from_url(&db.url).unwrap())
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}; \
+                 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {role}; \
+                 REVOKE INSERT, UPDATE, DELETE ON refinery_schema_history FROM {role};"
+            ))
+            .await
+            .unwrap();
+    }
+    let mut url = reqwest::Url::parse(&db.url).unwrap();
+    url.set_username(&role).unwrap();
+    url.set_password(Some(&password)).unwrap();
+    url.to_string()
+}
+
+/// With the documented grants the app's role serves (the schema check reads the history,
+/// a claim writes). Without the `SELECT` on `refinery_schema_history`, start-up is refused
+/// with the server's SQLSTATE and message and the grant that is missing, not "db error",
+/// and without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_grant_on_the_schema_history_names_42501_and_the_grant() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let app_url = app_role(&db, true).await;
+    let settings = PostgresSettings::from_url(&app_url).unwrap();
+    let store = PostgresStore::connect(&settings, Access::Checked)
+        .await
+        .expect("the documented grants let the app's role serve");
+    let (inbox, payment) = records(&common::new_claim(), "m-granted", AttemptId::new());
+    assert!(matches!(
+        store.claim(&inbox, &payment).await.unwrap(),
+        ClaimResult::Claimed { .. }
+    ));
+    drop(store);
+
+    let role = reqwest::Url::parse(&app_url).unwrap().username().to_owned();
+    connect(&db.url)
+        .await
+        .unwrap()
+        .batch_execute(&format!(
+            "REVOKE SELECT ON refinery_schema_history FROM {role}"
+        ))
+        .await
+        .unwrap();
+    let error = format!(
+        "{:#}",
+        PostgresStore::connect(&settings, Access::Checked)
+            .await
+            .err()
+            .expect("the schema check cannot read the history")
+    );
+    for needle in [
+        "SQLSTATE 42501",
+        "permission denied for table refinery_schema_history",
+        "GRANT SELECT ON refinery_schema_history",
+        "docs/deploy.md",
+    ] {
+        assert!(error.contains(needle), "{needle:?} missing from: {error}");
+    }
+    let password = reqwest::Url::parse(&app_url)
+        .unwrap()
+        .password()
+        .unwrap()
+        .to_owned();
+    assert!(!error.contains(&password), "{error}");
+}
+
+/// `provision` run with the app's role (which may not create tables) on a fresh database:
+/// refinery's error says which step failed and the server's cause, with what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provision_without_create_rights_names_the_servers_refusal() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let app_url = app_role(&db, false).await;
+    let error = format!(
+        "{:#}",
+        provision(&PostgresSettings::from_url(&app_url).unwrap())
+            .await
+            .unwrap_err()
+    );
+    for needle in [
+        "error asserting migrations table",
+        "permission denied for schema public",
+        "SQLSTATE 42501",
+        "may create in schema public",
+    ] {
+        assert!(error.contains(needle), "{needle:?} missing from: {error}");
+    }
+    assert!(!error.contains("db error"), "{error}");
+}
