@@ -224,18 +224,14 @@ impl PostgresStore {
                             continue;
                         }
                     }
-                    if matches!(failure, Failure::Timeout(_)) {
-                        // The answer may still come: this connection's state is unknown.
-                        let _ = deadpool::managed::Object::take(conn);
-                    }
                     return Err(failure.into_store_error());
                 }
                 Outage::NotRun => true,
                 Outage::Unknown => effect == Effect::Reads,
             };
-            // This connection is to a server that cannot take writes, or is broken: it is
-            // not given back to the pool. The next one is a new login, to whatever the
-            // host name resolves to now.
+            // This connection is to a server that cannot take writes, is broken, or may
+            // still answer (no answer within the budget): it is not given back to the
+            // pool. The next one is a new login, to whatever the host name resolves to now.
             let _ = deadpool::managed::Object::take(conn);
             if !resend {
                 return Err(self.after_unknown_write(failure, &mut window).await);
@@ -251,11 +247,11 @@ impl PostgresStore {
         }
     }
 
-    /// A write whose commit is unknown is not sent again (a second claim or finalize could
-    /// meet its own first one as someone else's): the store waits, within the call's
-    /// window, until a new connection can be made, and answers `Transient`, so the
-    /// redelivery reads the stored state from a server that is back rather than spending
-    /// itself on one that is still down.
+    /// A write whose commit is unknown is not sent again: what a lost answer left behind
+    /// is decided in one place, the consumer's redelivery, which reads the stored state
+    /// and recognises its own attempt's writes. The store waits, within the call's window,
+    /// until a new connection can be made, and answers `Transient`, so the redelivery
+    /// meets a server that is back rather than spending itself on one still down.
     async fn after_unknown_write(&self, failure: Failure, window: &mut Window) -> StoreError {
         let back = self.connection(window).await.is_ok();
         let error = failure.into_store_error();
