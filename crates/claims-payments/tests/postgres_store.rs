@@ -575,8 +575,7 @@ fn policy_for_outages() -> claims_payments::consumer::Policy {
 /// delivered in the window completes on its first delivery, with one bank call, instead of
 /// spending its deliveries on `retry-later`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_read_only_window_during_claims_is_waited_out_and_each_message_completes_on_its_first_delivery(
-) {
+async fn a_read_only_window_during_claims_is_waited_out_on_the_first_delivery() {
     use claims_payments_testkit::bank::FakeBank;
 
     if !available() || !claims_payments_testkit::postgres::can_start_servers() {

@@ -1,6 +1,8 @@
-//! How PostgreSQL's errors become the store's answers: what is retried here, what is
-//! waited for (a server that cannot be reached), what is `Transient` (redelivered) and what
-//! is `Permanent` (an operator's). Descriptions name the server's reason, never a password.
+//! How PostgreSQL's errors become the store's answers: what is retried here, what is an
+//! outage that is waited for (a server that cannot take writes now, [`Outage`]) and whether
+//! its statement may be sent again, what is `Transient` (redelivered) and what is
+//! `Permanent` (an operator's). Descriptions name the SQLSTATE, the server's message and
+//! what to do, never a password.
 
 use tokio_postgres::error::{DbError, SqlState};
 
