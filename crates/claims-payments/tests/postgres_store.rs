@@ -611,6 +611,7 @@ async fn a_read_only_window_during_claims_is_waited_out_on_the_first_delivery() 
         "an existing session after the reload"
     );
 
+    let window_opened = std::time::Instant::now();
     let mut deliveries = Vec::new();
     for n in 0..MESSAGES {
         let consumer = consumer.clone();
@@ -640,6 +641,7 @@ async fn a_read_only_window_during_claims_is_waited_out_on_the_first_delivery() 
         "deliveries answered while the server was read-only: {answered:?}"
     );
     set_read_only(&admin_url, false).await;
+    let window = window_opened.elapsed();
 
     for delivery in deliveries {
         let (claim, outcome) = delivery.await.unwrap();
@@ -651,6 +653,11 @@ async fn a_read_only_window_during_claims_is_waited_out_on_the_first_delivery() 
             .expect("the payment");
         assert_eq!(payment.record.status, PaymentStatus::Paid, "{claim}");
     }
+    println!(
+        "{MESSAGES} deliveries during a {window:?} read-only window all paid {:?} after it \
+         opened",
+        window_opened.elapsed()
+    );
     assert_eq!(
         bank.effective_payouts(),
         MESSAGES + 1,
@@ -1031,6 +1038,7 @@ async fn a_missing_grant_on_the_schema_history_names_42501_and_the_grant() {
     ] {
         assert!(error.contains(needle), "{needle:?} missing from: {error}");
     }
+    println!("{error}");
     let password = reqwest::Url::parse(&app_url)
         .unwrap()
         .password()
@@ -1063,4 +1071,5 @@ async fn a_provision_without_create_rights_names_the_servers_refusal() {
         assert!(error.contains(needle), "{needle:?} missing from: {error}");
     }
     assert!(!error.contains("db error"), "{error}");
+    println!("{error}");
 }

@@ -172,7 +172,7 @@ pub(super) fn describe_postgres_error(e: &tokio_postgres::Error) -> String {
     }
 }
 
-pub(super) fn describe_db_error(db: &DbError) -> String {
+fn describe_db_error(db: &DbError) -> String {
     let code = db.code();
     let mut text = format!("{} (SQLSTATE {}", db.message(), code.code());
     if let Some(name) = condition_name(code) {
