@@ -309,3 +309,63 @@ async fn a_delivery_waits_out_a_server_that_is_briefly_gone() {
     assert!(matches!(waits, Some(n) if n >= 1), "{logs}");
     assert!(!logs.contains(server.password()), "the password leaked");
 }
+
+/// `serve` and `ledger` with a role that lacks the documented `SELECT` on
+/// `refinery_schema_history` exit 1 naming the SQLSTATE, the server's message and the
+/// missing grant, never "db error" alone, and never the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_and_ledger_name_a_missing_grant_on_the_schema_history() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    assert!(run(&["provision"], &env_for(&db)).status.success());
+    let role = format!("app_{}", uuid::Uuid::new_v4().simple());
+    let secret = format!("pw-{}", uuid::Uuid::new_v4().simple());
+    let admin = claims_payments_testkit::postgres::connect(&db.url)
+        .await
+        .unwrap();
+    // docs/deploy.md's grants (4.6, steps 2 and 3), less the history's SELECT.
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN PASSWORD '{secret}'; \
+             GRANT CONNECT ON DATABASE {db} TO {role}; \
+             GRANT USAGE ON SCHEMA public TO {role}; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}; \
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {role}; \
+             REVOKE ALL ON refinery_schema_history FROM {role};",
+            db = db.name
+        ))
+        .await
+        .unwrap();
+    let mut url = reqwest::Url::parse(&db.url).unwrap();
+    url.set_username(&role).unwrap();
+    url.set_password(Some(&secret)).unwrap();
+    let env = vec![
+        ("PAYMENTS_STORE", "postgres".to_owned()),
+        ("PAYMENTS_POSTGRES_URL", url.to_string()),
+        (
+            "FUNCTIONS_CUSTOMHANDLER_PORT",
+            free_port().unwrap().to_string(),
+        ),
+    ];
+    for command in ["serve", "ledger"] {
+        let out = run(&[command], &env);
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{command}: {said}");
+        for needle in [
+            "SQLSTATE 42501",
+            "permission denied for table refinery_schema_history",
+            "GRANT SELECT ON refinery_schema_history",
+        ] {
+            assert!(
+                said.contains(needle),
+                "{command}: {needle:?} missing from: {said}"
+            );
+        }
+        assert!(
+            !said.contains(&secret),
+            "{command}: the password leaked: {said}"
+        );
+    }
+}

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use claims_payments::message::{ClaimId, Purpose};
 use claims_payments::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
-use claims_payments::store::{AttemptId, ClaimResult, InboxStatus, Store, StoreError};
+use claims_payments::store::{
+    AttemptId, ClaimResult, InboxStatus, PaymentStatus, Store, StoreError,
+};
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::postgres::{available, connect, PgServer, TestDatabase};
 use claims_payments_testkit::records::records;
@@ -282,7 +284,6 @@ async fn a_lost_server_is_transient_and_its_restart_heals() {
 /// left in progress. No delivery is answered `store-failure`: a crash is transient.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_crash_mid_run_pays_each_claim_exactly_once_and_leaves_nothing_stuck() {
-    use claims_payments::store::PaymentStatus;
     use claims_payments_testkit::bank::{FakeBank, FakeBankSettings};
 
     if !available() || !claims_payments_testkit::postgres::can_start_servers() {
@@ -508,4 +509,567 @@ async fn entra_tokens_log_in_each_new_connection_which_retires_before_its_token_
             "token lifetime {lifetime}"
         );
     }
+}
+
+/// Makes the whole server read-only (`default_transaction_read_only`, what a standby
+/// mid-promotion, a failover in progress or storage-full protection looks like to a
+/// client), or writable again, as its superuser. Returns once a new session sees it: the
+/// postmaster has then re-read its configuration and signalled every backend, so the
+/// sessions already open (pooled ones included) apply it from their next statement on.
+async fn set_read_only(admin_url: &str, on: bool) {
+    let want = if on { "on" } else { "off" };
+    let admin = connect(admin_url).await.unwrap();
+    // Two statements: ALTER SYSTEM refuses to run in a transaction block.
+    admin
+        .batch_execute(&format!(
+            "ALTER SYSTEM SET default_transaction_read_only = {want}"
+        ))
+        .await
+        .unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    // A bound for a broken test, not a speed check.
+    for _ in 0..600 {
+        if let Ok(client) = connect(admin_url).await {
+            if let Ok(row) = client.query_one("SHOW transaction_read_only", &[]).await {
+                if row.get::<_, String>(0) == want {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("no new session saw default_transaction_read_only = {want}");
+}
+
+/// A store whose server may wait for the primary for up to `wait` per call.
+async fn store_waiting(url: &str, wait_ms: u64) -> Arc<PostgresStore> {
+    let settings = PostgresSettings::from_lookup(|name| match name {
+        "PAYMENTS_POSTGRES_URL" => Some(url.to_owned()),
+        "PAYMENTS_POSTGRES_OUTAGE_WAIT_MS" => Some(wait_ms.to_string()),
+        _ => None,
+    })
+    .unwrap();
+    provision(&settings).await.unwrap();
+    Arc::new(
+        PostgresStore::connect(&settings, Access::Checked)
+            .await
+            .unwrap(),
+    )
+}
+
+/// A lease that outlasts the store's outage wait and the bank's budget, as the start-up
+/// check demands of a deployment.
+fn policy_for_outages() -> claims_payments::consumer::Policy {
+    claims_payments::consumer::Policy {
+        lease: std::time::Duration::from_secs(120),
+        ..common::policy()
+    }
+}
+
+/// A server that turns read-only for a few seconds while messages are claimed (a failover
+/// or promotion as the client sees it: 25006 on the pooled connection, and new connections
+/// to a server that takes no writes) is waited out like an unreachable one: each message
+/// delivered in the window completes on its first delivery, with one bank call, instead of
+/// spending its deliveries on `retry-later`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_only_window_during_claims_is_waited_out_on_the_first_delivery() {
+    use claims_payments_testkit::bank::FakeBank;
+
+    if !available() || !claims_payments_testkit::postgres::can_start_servers() {
+        return;
+    }
+    const MESSAGES: usize = 4;
+    let server = PgServer::start().unwrap();
+    let admin_url = server.url("postgres");
+    // The longest outage wait: the window must end well inside it on a loaded machine.
+    let store = store_waiting(&admin_url, 60_000).await;
+    let bank = FakeBank::start().await;
+    let consumer = common::bank_consumer_with(
+        store.clone(),
+        &bank,
+        policy_for_outages(),
+        std::time::Duration::from_millis(500),
+    );
+    // A message before the window leaves a connection in the pool, which the window then
+    // meets as a session that turned read-only.
+    let warm = common::message(&common::new_claim(), "10.00");
+    assert_eq!(common::deliver(&consumer, &warm, "m-warm", 1).await, "paid");
+    let session_before = connect(&admin_url).await.unwrap();
+
+    set_read_only(&admin_url, true).await;
+    // What the server does with a session opened before the reload: it is read-only too.
+    let row = session_before
+        .query_one("SHOW transaction_read_only", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, String>(0),
+        "on",
+        "an existing session after the reload"
+    );
+
+    let window_opened = std::time::Instant::now();
+    let mut deliveries = Vec::new();
+    for n in 0..MESSAGES {
+        let consumer = consumer.clone();
+        deliveries.push(tokio::spawn(async move {
+            let claim = common::new_claim();
+            let msg = common::message(&claim, "42.00");
+            let outcome = common::deliver(&consumer, &msg, &format!("m-{n}"), 1).await;
+            (claim, outcome)
+        }));
+    }
+    // The window lasts a few seconds; nothing can be written meanwhile.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let paid: i64 = session_before
+        .query_one("SELECT count(*) FROM payments", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        paid, 1,
+        "only the warm-up message is stored while the server is read-only"
+    );
+    let answered: Vec<usize> = (0..MESSAGES)
+        .filter(|n| deliveries[*n].is_finished())
+        .collect();
+    assert!(
+        answered.is_empty(),
+        "deliveries answered while the server was read-only: {answered:?}"
+    );
+    set_read_only(&admin_url, false).await;
+    let window = window_opened.elapsed();
+
+    for delivery in deliveries {
+        let (claim, outcome) = delivery.await.unwrap();
+        assert_eq!(outcome, "paid", "{claim}: the first delivery completes");
+        let payment = store
+            .payment(ClaimId::parse(&claim).unwrap(), Purpose::Payout)
+            .await
+            .unwrap()
+            .expect("the payment");
+        assert_eq!(payment.record.status, PaymentStatus::Paid, "{claim}");
+    }
+    println!(
+        "{MESSAGES} deliveries during a {window:?} read-only window all paid {:?} after it \
+         opened",
+        window_opened.elapsed()
+    );
+    assert_eq!(
+        bank.effective_payouts(),
+        MESSAGES + 1,
+        "one payout per claim"
+    );
+    assert_eq!(
+        bank.requests().len(),
+        MESSAGES + 1,
+        "one bank call per claim"
+    );
+    drop(server);
+}
+
+/// Forwards every call to the PostgreSQL store, and turns the server read-only for a few
+/// seconds just before the first finalize: the bank has paid, and the write that records
+/// it meets a server that cannot take it.
+struct ReadOnlyAtFinalize {
+    inner: Arc<PostgresStore>,
+    admin_url: String,
+    window: std::time::Duration,
+    started: std::sync::atomic::AtomicBool,
+    /// Set once the window has ended (the server writable again).
+    ended: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the first finalize returned only after the window ended.
+    finalize_outlasted_the_window: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Store for ReadOnlyAtFinalize {
+    async fn claim(
+        &self,
+        inbox: &claims_payments::store::InboxRecord,
+        payment: &claims_payments::store::PaymentRecord,
+    ) -> claims_payments::store::StoreResult<ClaimResult> {
+        self.inner.claim(inbox, payment).await
+    }
+    async fn inbox(
+        &self,
+        key: &claims_payments::store::InboxKey,
+    ) -> claims_payments::store::StoreResult<
+        Option<claims_payments::store::Versioned<claims_payments::store::InboxRecord>>,
+    > {
+        self.inner.inbox(key).await
+    }
+    async fn payment(
+        &self,
+        claim: ClaimId,
+        purpose: Purpose,
+    ) -> claims_payments::store::StoreResult<
+        Option<claims_payments::store::Versioned<claims_payments::store::PaymentRecord>>,
+    > {
+        self.inner.payment(claim, purpose).await
+    }
+    async fn record_handled(
+        &self,
+        inbox: &claims_payments::store::InboxRecord,
+    ) -> claims_payments::store::StoreResult<claims_payments::store::InsertResult> {
+        self.inner.record_handled(inbox).await
+    }
+    async fn replace_inbox(
+        &self,
+        inbox: &claims_payments::store::InboxRecord,
+        expected: &claims_payments::store::Version,
+    ) -> claims_payments::store::StoreResult<claims_payments::store::Version> {
+        self.inner.replace_inbox(inbox, expected).await
+    }
+    async fn finalize(
+        &self,
+        write: claims_payments::store::Finalize<'_>,
+    ) -> claims_payments::store::StoreResult<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let first = !self.started.swap(true, SeqCst);
+        if first {
+            set_read_only(&self.admin_url, true).await;
+            let (url, window, ended) = (self.admin_url.clone(), self.window, self.ended.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(window).await;
+                set_read_only(&url, false).await;
+                ended.store(true, SeqCst);
+            });
+        }
+        let result = self.inner.finalize(write).await;
+        if first {
+            self.finalize_outlasted_the_window
+                .store(self.ended.load(SeqCst), SeqCst);
+        }
+        result
+    }
+    async fn list_payments(
+        &self,
+        limit: usize,
+    ) -> claims_payments::store::StoreResult<Vec<claims_payments::store::PaymentRecord>> {
+        self.inner.list_payments(limit).await
+    }
+    async fn unsettled_payments(
+        &self,
+        limit: usize,
+    ) -> claims_payments::store::StoreResult<
+        Vec<claims_payments::store::Versioned<claims_payments::store::PaymentRecord>>,
+    > {
+        self.inner.unsettled_payments(limit).await
+    }
+    async fn count_payments(
+        &self,
+        status: PaymentStatus,
+        limit: usize,
+    ) -> claims_payments::store::StoreResult<usize> {
+        self.inner.count_payments(status, limit).await
+    }
+    async fn list_inbox(
+        &self,
+        limit: usize,
+    ) -> claims_payments::store::StoreResult<Vec<claims_payments::store::InboxRecord>> {
+        self.inner.list_inbox(limit).await
+    }
+    async fn purge_expired(
+        &self,
+        now: time::OffsetDateTime,
+        batch: usize,
+    ) -> claims_payments::store::StoreResult<u64> {
+        self.inner.purge_expired(now, batch).await
+    }
+}
+
+/// The server turns read-only for a few seconds after the bank paid, as the finalize is
+/// sent: the finalize waits for the server to take writes again and records the payout,
+/// so the message completes on its first delivery with exactly one bank call (a
+/// `retry-later` here would make every redelivery call the bank again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_only_window_during_a_finalize_after_the_bank_paid_completes_with_one_bank_call() {
+    use claims_payments_testkit::bank::FakeBank;
+    use std::sync::atomic::Ordering::SeqCst;
+
+    if !available() || !claims_payments_testkit::postgres::can_start_servers() {
+        return;
+    }
+    let server = PgServer::start().unwrap();
+    let admin_url = server.url("postgres");
+    let inner = store_waiting(&admin_url, 60_000).await;
+    let store = Arc::new(ReadOnlyAtFinalize {
+        inner: inner.clone(),
+        admin_url: admin_url.clone(),
+        window: std::time::Duration::from_secs(3),
+        started: Default::default(),
+        ended: Default::default(),
+        finalize_outlasted_the_window: Default::default(),
+    });
+    let bank = FakeBank::start().await;
+    let consumer = common::bank_consumer_with(
+        store.clone(),
+        &bank,
+        policy_for_outages(),
+        std::time::Duration::from_millis(500),
+    );
+    let claim = common::new_claim();
+    let msg = common::message(&claim, "42.00");
+    let outcome = common::deliver(&consumer, &msg, "m-finalize", 1).await;
+    assert!(
+        store.started.load(SeqCst),
+        "the window was opened at the finalize"
+    );
+    assert_eq!(outcome, "paid", "the first delivery completes");
+    assert!(
+        store.finalize_outlasted_the_window.load(SeqCst),
+        "the finalize was answered while the server was read-only"
+    );
+    let payment = inner
+        .payment(ClaimId::parse(&claim).unwrap(), Purpose::Payout)
+        .await
+        .unwrap()
+        .expect("the payment");
+    assert_eq!(payment.record.status, PaymentStatus::Paid);
+    assert_eq!(bank.requests().len(), 1, "one bank call");
+    assert_eq!(bank.effective_payouts(), 1);
+    drop(server);
+}
+
+/// A statement whose backend is terminated while it runs (57P01 admin_shutdown, as a
+/// failover or a restart cuts sessions): a read is sent again on a new connection and
+/// answers; a write is not sent again (its commit is unknown), the call answers
+/// `Transient` once the server takes connections, and the redelivery decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_terminated_statement_is_read_again_but_a_write_is_not_sent_again() {
+    if !available() {
+        return;
+    }
+    let (db, _, store) = provisioned().await;
+    let (inbox, payment) = records(&common::new_claim(), "m-cut", AttemptId::new());
+    for write in [false, true] {
+        // Both statements prepared on the pooled connection first, so the cut comes while
+        // the statement itself runs (a cut while preparing it is sent again, a write too).
+        let (warm_inbox, warm_payment) = records(&common::new_claim(), "m-warm", AttemptId::new());
+        store.claim(&warm_inbox, &warm_payment).await.unwrap();
+        store.inbox(&warm_inbox.key()).await.unwrap();
+        let admin = connect(&db.url).await.unwrap();
+        // ACCESS EXCLUSIVE: the store's read and its claim both wait behind it.
+        admin
+            .batch_execute("BEGIN; LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        let call = {
+            let (store, inbox, payment) = (store.clone(), inbox.clone(), payment.clone());
+            tokio::spawn(async move {
+                if write {
+                    store.claim(&inbox, &payment).await.map(|_| "claimed")
+                } else {
+                    store.inbox(&inbox.key()).await.map(|_| "read")
+                }
+            })
+        };
+        let watcher = connect(&db.url).await.unwrap();
+        let mut waiting = None;
+        for _ in 0..600 {
+            let rows = watcher
+                .query(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'claims-payments' \
+                     AND wait_event_type = 'Lock' AND datname = current_database()",
+                    &[],
+                )
+                .await
+                .unwrap();
+            if let Some(row) = rows.first() {
+                waiting = Some(row.get::<_, i32>(0));
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let pid = waiting.expect("the store's statement waits on the lock");
+        watcher
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap();
+        admin.batch_execute("ROLLBACK").await.unwrap();
+        let answer = call.await.unwrap();
+        if write {
+            assert!(
+                matches!(&answer, Err(StoreError::Transient(text)) if text.contains("not sent again")),
+                "{answer:?}"
+            );
+            assert!(
+                store.inbox(&inbox.key()).await.unwrap().is_none(),
+                "the claim was cut before it committed, and not sent again"
+            );
+        } else {
+            assert_eq!(answer.unwrap(), "read", "the read is sent again");
+        }
+    }
+}
+
+/// Six `provision` runs at once on a fresh database (several pipelines, or a pipeline and
+/// a person): all succeed, one applies the migrations, the others wait for it and find the
+/// schema up to date.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_provisions_of_a_fresh_database_all_succeed_and_one_migrates() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let settings = PostgresSettings::from_url(&db.url).unwrap();
+    let runs: Vec<_> = (0..6)
+        .map(|_| {
+            let settings = settings.clone();
+            tokio::spawn(async move { provision(&settings).await })
+        })
+        .collect();
+    let mut applied = Vec::new();
+    for run in runs {
+        let report = run
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("a concurrent provision failed: {e:#}"));
+        applied.push(report.applied.clone());
+        if report.applied.is_empty() {
+            assert!(report.to_string().contains("is up to date"), "{report}");
+        }
+    }
+    applied.sort();
+    assert_eq!(
+        applied,
+        [
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec!["V1__initial".to_owned()]
+        ],
+        "exactly one run applied the migrations"
+    );
+    PostgresStore::connect(&settings, Access::Checked)
+        .await
+        .expect("this build's schema");
+}
+
+/// A login role on the shared server (roles are server-wide), with the app's rights in
+/// `db` as docs/deploy.md (4.6, "The app's database role") sets them up: step 2 before
+/// `provision` (run by the administrator, here the superuser that owns the tables), step 3
+/// after it when `provisioned`. Returns the role's URL for `db`.
+async fn app_role(db: &TestDatabase, provisioned: bool) -> String {
+    let role = format!("app_{}", uuid::Uuid::new_v4().simple());
+    let password = format!("pw-{}", uuid::Uuid::new_v4().simple());
+    let admin = connect(&db.url).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN PASSWORD '{password}'; \
+             GRANT CONNECT ON DATABASE {db} TO {role}; \
+             GRANT USAGE ON SCHEMA public TO {role}; \
+             ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public \
+               GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {role}; \
+             ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public \
+               GRANT EXECUTE ON FUNCTIONS TO {role};",
+            db = db.name
+        ))
+        .await
+        .unwrap();
+    if provisioned {
+        provision(&PostgresSettings::from_url(&db.url).unwrap())
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}; \
+                 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {role}; \
+                 REVOKE INSERT, UPDATE, DELETE ON refinery_schema_history FROM {role};"
+            ))
+            .await
+            .unwrap();
+    }
+    let mut url = reqwest::Url::parse(&db.url).unwrap();
+    url.set_username(&role).unwrap();
+    url.set_password(Some(&password)).unwrap();
+    url.to_string()
+}
+
+/// With the documented grants the app's role serves (the schema check reads the history,
+/// a claim writes). Without the `SELECT` on `refinery_schema_history`, start-up is refused
+/// with the server's SQLSTATE and message and the grant that is missing, not "db error",
+/// and without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_grant_on_the_schema_history_names_42501_and_the_grant() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let app_url = app_role(&db, true).await;
+    let settings = PostgresSettings::from_url(&app_url).unwrap();
+    let store = PostgresStore::connect(&settings, Access::Checked)
+        .await
+        .expect("the documented grants let the app's role serve");
+    let (inbox, payment) = records(&common::new_claim(), "m-granted", AttemptId::new());
+    assert!(matches!(
+        store.claim(&inbox, &payment).await.unwrap(),
+        ClaimResult::Claimed { .. }
+    ));
+    drop(store);
+
+    let role = reqwest::Url::parse(&app_url).unwrap().username().to_owned();
+    connect(&db.url)
+        .await
+        .unwrap()
+        .batch_execute(&format!(
+            "REVOKE SELECT ON refinery_schema_history FROM {role}"
+        ))
+        .await
+        .unwrap();
+    let error = format!(
+        "{:#}",
+        PostgresStore::connect(&settings, Access::Checked)
+            .await
+            .err()
+            .expect("the schema check cannot read the history")
+    );
+    for needle in [
+        "SQLSTATE 42501",
+        "permission denied for table refinery_schema_history",
+        "GRANT SELECT ON refinery_schema_history",
+        "docs/deploy.md",
+    ] {
+        assert!(error.contains(needle), "{needle:?} missing from: {error}");
+    }
+    println!("{error}");
+    let password = reqwest::Url::parse(&app_url)
+        .unwrap()
+        .password()
+        .unwrap()
+        .to_owned();
+    assert!(!error.contains(&password), "{error}");
+}
+
+/// `provision` run with the app's role (which may not create tables) on a fresh database:
+/// refinery's error says which step failed and the server's cause, with what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provision_without_create_rights_names_the_servers_refusal() {
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let app_url = app_role(&db, false).await;
+    let error = format!(
+        "{:#}",
+        provision(&PostgresSettings::from_url(&app_url).unwrap())
+            .await
+            .unwrap_err()
+    );
+    for needle in [
+        "error asserting migrations table",
+        "permission denied for schema public",
+        "SQLSTATE 42501",
+        "may create in schema public",
+    ] {
+        assert!(error.contains(needle), "{needle:?} missing from: {error}");
+    }
+    assert!(!error.contains("db error"), "{error}");
+    println!("{error}");
 }

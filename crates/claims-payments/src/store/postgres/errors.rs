@@ -1,16 +1,18 @@
-//! How PostgreSQL's errors become the store's answers: what is retried here, what is
-//! waited for (a server that cannot be reached), what is `Transient` (redelivered) and what
-//! is `Permanent` (an operator's). Descriptions name the server's reason, never a password.
+//! How PostgreSQL's errors become the store's answers: what is retried here, what is an
+//! outage that is waited for (a server that cannot take writes now, [`Outage`]) and whether
+//! its statement may be sent again, what is `Transient` (redelivered) and what is
+//! `Permanent` (an operator's). Descriptions name the SQLSTATE, the server's message and
+//! what to do, never a password.
 
-use tokio_postgres::error::SqlState;
+use tokio_postgres::error::{DbError, SqlState};
 
 use super::pool;
 use crate::store::StoreError;
 use crate::telemetry;
 
-/// Custom SQLSTATEs raised by `claims_payments_finalize`.
+/// The SQLSTATE `claims_payments_finalize` raises when a version does not match (its
+/// other one, CP404 for a missing payment, is `Permanent` like every unknown code).
 const PRECONDITION_FAILED: &str = "CP412";
-const PAYMENT_MISSING: &str = "CP404";
 
 /// What went wrong with one statement, before it is classified.
 pub(super) enum Failure {
@@ -21,6 +23,15 @@ pub(super) enum Failure {
 }
 
 impl Failure {
+    /// For logs: the cause, as an operator reads it.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Failure::Pool(e) => describe_pool_error(e),
+            Failure::Postgres(e) => describe_postgres_error(e),
+            Failure::Timeout(budget) => format!("no answer within {budget:?}"),
+        }
+    }
+
     pub(super) fn into_store_error(self) -> StoreError {
         let error = match self {
             Failure::Pool(e) => pool_error(&e),
@@ -46,6 +57,71 @@ pub(super) fn unreachable(e: &deadpool::managed::PoolError<pool::ConnectError>) 
         PoolError::Timeout(_) => true,
         other => matches!(pool_error(other), StoreError::Transient(_)),
     }
+}
+
+/// What a failed statement says about the server, and about the statement itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outage {
+    /// Not an outage: an answer about this statement (or load), classified as usual.
+    No,
+    /// The server cannot take the statement now, and it certainly did not commit: it was
+    /// refused before it ran, or never sent. Sending it again is safe, a write too.
+    NotRun,
+    /// The connection broke, or the server shut down, while the statement ran: a write may
+    /// have committed.
+    Unknown,
+}
+
+/// Classifies a failed statement. `code`: the server's SQLSTATE, if it answered; `lost`:
+/// without one, whether the connection is gone (closed, an I/O error, no answer within
+/// the statement's budget) rather than a client-side error of ours; `sent`: whether the
+/// statement's Execute was sent (a failure while preparing it means it never ran).
+pub(super) fn outage(code: Option<&SqlState>, lost: bool, sent: bool) -> Outage {
+    let Some(code) = code else {
+        return match (lost, sent) {
+            (false, _) => Outage::No,
+            (true, false) => Outage::NotRun,
+            (true, true) => Outage::Unknown,
+        };
+    };
+    // 25006: a server that is read-only (a standby, a failover or promotion in progress,
+    // storage-full protection) refuses the statement's first write, and the statement's
+    // transaction rolls back. 57P03 and the connect-phase 08s: no session to run it in.
+    if *code == SqlState::READ_ONLY_SQL_TRANSACTION
+        || *code == SqlState::CANNOT_CONNECT_NOW
+        || *code == SqlState::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION
+        || *code == SqlState::SQLSERVER_REJECTED_ESTABLISHMENT_OF_SQLCONNECTION
+    {
+        return Outage::NotRun;
+    }
+    // The backend was terminated, or the connection failed, at a moment we cannot know:
+    // before the statement ran, or after its commit and before the answer.
+    if *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || code.code().starts_with("08")
+    {
+        return if sent {
+            Outage::Unknown
+        } else {
+            Outage::NotRun
+        };
+    }
+    Outage::No
+}
+
+/// Whether a statement's error without a SQLSTATE means that its connection is gone.
+pub(super) fn connection_lost(e: &tokio_postgres::Error) -> bool {
+    if e.code().is_some() {
+        return false;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if cause.downcast_ref::<std::io::Error>().is_some() {
+            return true;
+        }
+        source = cause.source();
+    }
+    e.is_closed()
 }
 
 pub(super) fn is_retryable(e: &tokio_postgres::Error) -> bool {
@@ -75,9 +151,14 @@ pub(super) fn describe_connect_error(e: &pool::ConnectError) -> String {
     }
 }
 
+/// What an operator reads about a PostgreSQL error: for a server's answer its message, its
+/// SQLSTATE, its detail and hint when it has them, and what to do; for a client-side one
+/// (a broken connection, TLS) the chain of causes. tokio-postgres's own `Display` says only
+/// "db error". Neither carries the password: the server never repeats it, and the URI is
+/// never part of the text.
 pub(super) fn describe_postgres_error(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
-        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        Some(db) => describe_db_error(db),
         None => {
             let mut text = e.to_string();
             let mut source = std::error::Error::source(e);
@@ -89,6 +170,135 @@ pub(super) fn describe_postgres_error(e: &tokio_postgres::Error) -> String {
             text
         }
     }
+}
+
+fn describe_db_error(db: &DbError) -> String {
+    let code = db.code();
+    let mut text = format!("{} (SQLSTATE {}", db.message(), code.code());
+    if let Some(name) = condition_name(code) {
+        text.push(' ');
+        text.push_str(name);
+    }
+    text.push(')');
+    if let Some(detail) = db.detail() {
+        text.push_str("; detail: ");
+        text.push_str(detail);
+    }
+    if let Some(hint) = db.hint() {
+        text.push_str("; hint: ");
+        text.push_str(hint);
+    }
+    if let Some(advice) = advice(code, db.message()) {
+        text.push_str(". ");
+        text.push_str(advice);
+    }
+    text
+}
+
+/// A refinery error: its step and, where the database refused it, the server's answer
+/// (refinery wraps the tokio-postgres error, whose `Display` is only "db error").
+pub(super) fn describe_refinery_error(e: &refinery::Error) -> String {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(pg) = cause.downcast_ref::<tokio_postgres::Error>() {
+            return match e.kind() {
+                refinery::error::Kind::Connection(step, _) => {
+                    format!("{step}: {}", describe_postgres_error(pg))
+                }
+                _ => describe_postgres_error(pg),
+            };
+        }
+        source = cause.source();
+    }
+    e.to_string()
+}
+
+/// The names of the conditions an operator meets (PostgreSQL's Appendix A), for the message.
+fn condition_name(code: &SqlState) -> Option<&'static str> {
+    let known = [
+        (SqlState::INSUFFICIENT_PRIVILEGE, "insufficient_privilege"),
+        (SqlState::INVALID_PASSWORD, "invalid_password"),
+        (
+            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+            "invalid_authorization_specification",
+        ),
+        (SqlState::UNDEFINED_DATABASE, "invalid_catalog_name"),
+        (SqlState::UNDEFINED_TABLE, "undefined_table"),
+        (SqlState::UNDEFINED_FUNCTION, "undefined_function"),
+        (SqlState::UNDEFINED_COLUMN, "undefined_column"),
+        (SqlState::INVALID_SCHEMA_NAME, "invalid_schema_name"),
+        (
+            SqlState::READ_ONLY_SQL_TRANSACTION,
+            "read_only_sql_transaction",
+        ),
+        (SqlState::ADMIN_SHUTDOWN, "admin_shutdown"),
+        (SqlState::CRASH_SHUTDOWN, "crash_shutdown"),
+        (SqlState::CANNOT_CONNECT_NOW, "cannot_connect_now"),
+        (SqlState::TOO_MANY_CONNECTIONS, "too_many_connections"),
+        (SqlState::QUERY_CANCELED, "query_canceled"),
+        (SqlState::LOCK_NOT_AVAILABLE, "lock_not_available"),
+        (SqlState::DISK_FULL, "disk_full"),
+        (SqlState::UNIQUE_VIOLATION, "unique_violation"),
+    ];
+    known
+        .iter()
+        .find(|(state, _)| state == code)
+        .map(|(_, name)| *name)
+}
+
+/// What to do about an error that only an operator can fix, or that tells them to wait.
+fn advice(code: &SqlState, message: &str) -> Option<&'static str> {
+    Some(match code {
+        c if *c == SqlState::INSUFFICIENT_PRIVILEGE
+            && message.contains("refinery_schema_history") =>
+        {
+            "The role in PAYMENTS_POSTGRES_URL may not read the schema history: \
+             GRANT SELECT ON refinery_schema_history to it, as docs/deploy.md (4.6, the app's \
+             database role, step 3) shows"
+        }
+        c if *c == SqlState::INSUFFICIENT_PRIVILEGE => {
+            "The role in PAYMENTS_POSTGRES_URL lacks a privilege: give it the grants \
+             docs/deploy.md lists (4.6, the app's database role, steps 2 and 3: CONNECT, USAGE \
+             on schema public, SELECT, INSERT, UPDATE, DELETE on the tables, SELECT on \
+             refinery_schema_history); `claims-payments provision` needs a role that may create \
+             in schema public (the database's owner)"
+        }
+        c if *c == SqlState::INVALID_PASSWORD
+            || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION =>
+        {
+            "The login was refused: check the user and password in PAYMENTS_POSTGRES_URL (with \
+             PAYMENTS_POSTGRES_AUTH=entra: that the user is the identity's role name and the \
+             role exists), and that the server's pg_hba rules admit this client"
+        }
+        c if *c == SqlState::UNDEFINED_DATABASE => {
+            "The database in PAYMENTS_POSTGRES_URL does not exist: create it (docs/deploy.md, \
+             4.6) or correct the name"
+        }
+        c if *c == SqlState::UNDEFINED_TABLE
+            || *c == SqlState::UNDEFINED_FUNCTION
+            || *c == SqlState::UNDEFINED_COLUMN
+            || *c == SqlState::INVALID_SCHEMA_NAME =>
+        {
+            "The claims-payments schema is missing or not this build's: run \
+             `claims-payments provision` of this release with the same settings"
+        }
+        c if *c == SqlState::READ_ONLY_SQL_TRANSACTION => {
+            "The server takes no writes now (a standby, a failover in progress, or storage-full \
+             protection): wait for it to become the primary again, or point \
+             PAYMENTS_POSTGRES_URL at the primary"
+        }
+        c if *c == SqlState::ADMIN_SHUTDOWN
+            || *c == SqlState::CRASH_SHUTDOWN
+            || *c == SqlState::CANNOT_CONNECT_NOW =>
+        {
+            "The server is shutting down, restarting or failing over: try again when it is back"
+        }
+        c if *c == SqlState::TOO_MANY_CONNECTIONS => {
+            "The server has no connection slot left: raise its max_connections or run fewer \
+             instances (each keeps up to 16 connections)"
+        }
+        _ => return None,
+    })
 }
 
 pub(super) fn pool_error(e: &deadpool::managed::PoolError<pool::ConnectError>) -> StoreError {
@@ -115,6 +325,9 @@ pub(super) fn pool_error(e: &deadpool::managed::PoolError<pool::ConnectError>) -
 /// an operator can fix (credentials, a missing schema, our own statements or data).
 pub(super) fn map_postgres_error(e: &tokio_postgres::Error) -> StoreError {
     let text = format!("PostgreSQL: {}", describe_postgres_error(e));
+    if e.code().map(SqlState::code) == Some(PRECONDITION_FAILED) {
+        return StoreError::PreconditionFailed;
+    }
     let Some(code) = e.code() else {
         // No SQLSTATE: the connection broke (I/O error, closed, TLS) or a client-side
         // problem. A broken connection heals with a new one.
@@ -137,11 +350,41 @@ pub(super) fn map_postgres_error(e: &tokio_postgres::Error) -> StoreError {
     }
 }
 
-/// Maps a statement error from the finalize function: its own SQLSTATEs first.
-pub(super) fn map_finalize_error(e: StoreError, raw: Option<&str>) -> StoreError {
-    match raw {
-        Some(PRECONDITION_FAILED) => StoreError::PreconditionFailed,
-        Some(PAYMENT_MISSING) => e,
-        _ => e,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_that_cannot_take_writes_is_an_outage_and_only_a_refusal_is_resent() {
+        use Outage::*;
+        let read_only = SqlState::READ_ONLY_SQL_TRANSACTION;
+        for sent in [false, true] {
+            assert_eq!(outage(Some(&read_only), false, sent), NotRun);
+            assert_eq!(
+                outage(Some(&SqlState::CANNOT_CONNECT_NOW), false, sent),
+                NotRun
+            );
+        }
+        for code in [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CONNECTION_FAILURE,
+            SqlState::CONNECTION_EXCEPTION,
+        ] {
+            assert_eq!(outage(Some(&code), false, true), Unknown, "{code:?}");
+            assert_eq!(outage(Some(&code), false, false), NotRun, "{code:?}");
+        }
+        assert_eq!(outage(None, true, true), Unknown, "lost mid-statement");
+        assert_eq!(outage(None, true, false), NotRun, "lost while preparing");
+        assert_eq!(outage(None, false, true), No, "a client-side error");
+        for code in [
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::QUERY_CANCELED,
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::INSUFFICIENT_PRIVILEGE,
+            SqlState::TOO_MANY_CONNECTIONS,
+        ] {
+            assert_eq!(outage(Some(&code), false, true), No, "{code:?}");
+        }
     }
 }

@@ -18,14 +18,37 @@
 //! 1; reads 1.
 //!
 //! **Errors.** Serialization failures and deadlocks (40001, 40P01) roll the statement back
-//! and are retried here; a read-only server (25006, during a failover), lost or refused
-//! connections, statement timeouts, server shutdowns, too many connections and an
-//! exhausted pool are `Transient`, so the message is abandoned and redelivered. Only a
-//! server that cannot be reached at all (no new connection) is waited for first, up to
-//! `PAYMENTS_POSTGRES_OUTAGE_WAIT_MS` per call: a failover then costs a message a few
-//! deliveries rather than all of them in a burst. Nothing was sent on such a call, so
-//! trying it again is safe for a write too. Authentication, a missing schema and our own
-//! statements' errors are `Permanent` (`errors.rs`). No error carries a password or token.
+//! and are retried here. A statement timeout, too many connections and an exhausted pool
+//! are `Transient` at once, so the message is abandoned and redelivered. Authentication,
+//! a missing schema and our own statements' errors are `Permanent` (`errors.rs`). Every
+//! error names the server's SQLSTATE, message and what to do, never a password or token.
+//!
+//! **Outages.** A server that cannot take writes now is waited for, within
+//! `PAYMENTS_POSTGRES_OUTAGE_WAIT_MS` from the call's start (pauses from 250 ms doubling
+//! to 4 s, each counted in `store.outage_waits` and logged): one that cannot be reached or
+//! refuses new connections (57P03 while starting, the 08 class, a connect timeout), one
+//! that is read-only (25006: a standby, a failover or promotion in progress, storage-full
+//! protection), one shutting down (57P01, 57P02), and a connection lost mid-statement. A
+//! failover then costs a message a few deliveries rather than all of them in a burst. The
+//! connection that met it is dropped, never given back to the pool, and the next one is a
+//! new login to whatever the host name resolves to now (nothing keeps an address); a new
+//! connection must find the server writable (`target_session_attrs=read-write`), so none
+//! to a standby is pooled.
+//!
+//! What is sent again depends on whether the statement can have committed. Each statement
+//! is its own transaction. A 25006 rolls it back; 57P03 and the connect-phase 08 errors
+//! mean there was no session to run it; a connection lost while the statement was being
+//! prepared means it was never sent: such a statement, a write too, is sent again on the
+//! new connection. A connection lost, a 57P01/57P02 or an 08 error after the statement
+//! was sent (or no answer within its budget) leaves the commit unknown: a read is sent
+//! again, but a write is not, since the claim or finalize could then meet its own first
+//! write as another attempt's. For such a write the store waits, within the same
+//! deadline, until a new connection can be made, then answers `Transient`: the
+//! redelivery reads the stored state (the claim recognises its own attempt, the finalize
+//! its versions) from a server that is back, instead of spending itself on one that is
+//! still down. After its first try, every try of a call ends at the deadline, so a call
+//! takes at most the longer of its first try and the outage wait (the start-up check
+//! that the lease outlasts the wait plus the bank's budget stays true).
 
 mod errors;
 pub mod pool;
@@ -41,7 +64,9 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use errors::{describe_pool_error, is_retryable, map_finalize_error, unreachable, Failure};
+use errors::{
+    connection_lost, describe_pool_error, is_retryable, outage, unreachable, Failure, Outage,
+};
 pub(crate) use schema::check_schema;
 pub use schema::{provision, SchemaReport};
 pub use settings::PostgresSettings;
@@ -75,10 +100,9 @@ pub enum Access {
 }
 
 /// What a statement does, which decides whether it may be sent again on a new
-/// connection when its pooled one turns out to be dead (the server restarted since it
-/// was pooled, and the driver had not noticed): a read may; a write is not repeated that
-/// way, since whether it committed is unknown, and the redelivery finds out from the
-/// stored state.
+/// connection when its commit is unknown (the connection was lost or the server shut
+/// down after it was sent): a read may; a write is not, and the redelivery finds out
+/// from the stored state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Effect {
     Reads,
@@ -92,7 +116,7 @@ pub struct PostgresStore {
     outage_wait: Duration,
 }
 
-/// The first pause between connection attempts while the server is unreachable; it
+/// The first pause between tries while the server cannot take the call's statement; it
 /// doubles up to [`OUTAGE_MAX_PAUSE`].
 const OUTAGE_FIRST_PAUSE: Duration = Duration::from_millis(250);
 const OUTAGE_MAX_PAUSE: Duration = Duration::from_secs(4);
@@ -146,96 +170,272 @@ impl PostgresStore {
         telemetry::counters().store_round_trips.inc();
     }
 
-    /// Runs `sql` with `params` on a pooled connection and returns its rows; retries a
-    /// serialization failure or deadlock (the server rolled the statement back), and for
-    /// [`Effect::Reads`] replaces a connection found dead once.
+    /// Runs `sql` with `params` and returns its rows (see [`call`](Self::call)).
     async fn query(
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
         effect: Effect,
     ) -> StoreResult<Vec<Row>> {
-        let mut tries = 0;
-        let mut reconnected = false;
+        match self.call(sql, params, effect, Wants::Rows).await? {
+            Output::Rows(rows) => Ok(rows),
+            Output::Count(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// Runs a write without rows and returns how many rows it changed.
+    async fn execute(&self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> StoreResult<u64> {
+        match self.call(sql, params, Effect::Writes, Wants::Count).await? {
+            Output::Count(n) => Ok(n),
+            Output::Rows(rows) => Ok(rows.len() as u64),
+        }
+    }
+
+    /// Runs `sql` on a pooled connection. Retries a serialization failure or deadlock
+    /// (the server rolled the statement back), and rides out a server that cannot take
+    /// the statement now, until the outage wait has passed since the call began: see the
+    /// module's docs for what is sent again and what is not.
+    async fn call(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        effect: Effect,
+        wants: Wants,
+    ) -> StoreResult<Output> {
+        let mut window = Window::new(self.outage_wait);
+        let mut rolled_back = 0;
         loop {
-            tries += 1;
-            match self.query_once(sql, params).await {
-                Err(Failure::Postgres(e)) if is_retryable(&e) && tries < SERIALIZATION_TRIES => {
-                    tracing::debug!(error = %e, "PostgreSQL rolled a statement back; retrying");
-                    tokio::time::sleep(Duration::from_millis(5 * u64::from(tries))).await;
+            let mut conn = self
+                .connection(&mut window)
+                .await
+                .map_err(Failure::into_store_error)?;
+            let (failure, outage) = match self.send(&mut conn, sql, params, wants, &window).await {
+                Ok(output) => return Ok(output),
+                Err(failed) => failed,
+            };
+            let resend = match outage {
+                Outage::No => {
+                    if let Failure::Postgres(e) = &failure {
+                        if is_retryable(e) && rolled_back + 1 < SERIALIZATION_TRIES {
+                            rolled_back += 1;
+                            tracing::debug!(error = %e, "PostgreSQL rolled a statement back; retrying");
+                            tokio::time::sleep(Duration::from_millis(5 * u64::from(rolled_back)))
+                                .await;
+                            continue;
+                        }
+                    }
+                    return Err(failure.into_store_error());
                 }
-                Err(Failure::Postgres(e))
-                    if effect == Effect::Reads && !reconnected && e.code().is_none() =>
-                {
-                    tracing::debug!(error = %e, "a pooled PostgreSQL connection was lost; reading again");
-                    reconnected = true;
-                }
-                Err(failure) => return Err(failure.into_store_error()),
-                Ok(rows) => return Ok(rows),
+                Outage::NotRun => true,
+                Outage::Unknown => effect == Effect::Reads,
+            };
+            // This connection is to a server that cannot take writes, is broken, or may
+            // still answer (no answer within the budget): it is not given back to the
+            // pool. The next one is a new login, to whatever the host name resolves to now.
+            let _ = deadpool::managed::Object::take(conn);
+            if !resend {
+                return Err(self.after_unknown_write(failure, &mut window).await);
             }
+            window
+                .pause(
+                    &self.target,
+                    failure,
+                    "PostgreSQL cannot take the statement now; trying again",
+                )
+                .await
+                .map_err(Failure::into_store_error)?;
+        }
+    }
+
+    /// A write whose commit is unknown is not sent again: what a lost answer left behind
+    /// is decided in one place, the consumer's redelivery, which reads the stored state
+    /// and recognises its own attempt's writes. The store waits, within the call's window,
+    /// until a new connection can be made, and answers `Transient`, so the redelivery
+    /// meets a server that is back rather than spending itself on one still down.
+    async fn after_unknown_write(&self, failure: Failure, window: &mut Window) -> StoreError {
+        let back = self.connection(window).await.is_ok();
+        let error = failure.into_store_error();
+        match error {
+            StoreError::Transient(text) => StoreError::Transient(format!(
+                "{text}; the write may have committed, so it is not sent again (the \
+                 redelivery reads the stored state){}",
+                if back {
+                    "; the server takes connections again"
+                } else {
+                    "; the server could still not be reached"
+                }
+            )),
+            other => other,
         }
     }
 
     /// A pooled connection. While no new connection can be made (the server is down,
-    /// failing over or refusing), it tries again with growing pauses until the outage
-    /// wait has passed since the call began, so a call takes at most the longer of one
-    /// connection attempt and the outage wait; every other pool error (all connections
-    /// busy, a refused login) is answered at once.
-    async fn connection(&self) -> Result<deadpool::managed::Object<pool::Manager>, Failure> {
-        let started = tokio::time::Instant::now();
-        let deadline = started + self.outage_wait;
-        let mut pause = OUTAGE_FIRST_PAUSE;
-        let mut attempt = self.pool.get().await;
+    /// failing over or refusing), it tries again with the call's growing pauses until the
+    /// outage wait has passed since the call began, so a call takes at most the longer of
+    /// its first try and the outage wait; every other pool error (all connections busy, a
+    /// refused login) is answered at once.
+    async fn connection(
+        &self,
+        window: &mut Window,
+    ) -> Result<deadpool::managed::Object<pool::Manager>, Failure> {
+        let mut attempt = window.bounded(self.pool.get()).await;
         loop {
             let e = match attempt {
-                Ok(conn) => return Ok(conn),
-                Err(e) => e,
+                Ok(Ok(conn)) => return Ok(conn),
+                Ok(Err(e)) => e,
+                Err(last) => return Err(last),
             };
-            if !unreachable(&e) || tokio::time::Instant::now() + pause >= deadline {
+            if !unreachable(&e) {
                 return Err(Failure::Pool(e));
             }
-            telemetry::counters().store_outage_waits.inc();
-            tracing::warn!(
-                database = %self.target,
-                error = %describe_pool_error(&e),
-                waitedMs = started.elapsed().as_millis() as u64,
-                "PostgreSQL cannot be reached; trying again"
-            );
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(OUTAGE_MAX_PAUSE);
-            // A try ends at the deadline: a server (or a proxy in front of it) that takes
-            // connections and never answers must not stretch the wait by a whole
-            // connection timeout per try.
-            attempt = match tokio::time::timeout_at(deadline, self.pool.get()).await {
-                Ok(result) => result,
-                Err(_) => return Err(Failure::Pool(e)),
-            };
+            window
+                .pause(
+                    &self.target,
+                    Failure::Pool(e),
+                    "PostgreSQL cannot be reached; trying again",
+                )
+                .await?;
+            attempt = window.bounded(self.pool.get()).await;
         }
     }
 
-    async fn query_once(
+    /// One try of `sql` on `conn`: the failure, and what it says about the server and the
+    /// statement. After the call's first try, a try ends at the call's deadline.
+    async fn send(
         &self,
+        conn: &mut deadpool::managed::Object<pool::Manager>,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, Failure> {
-        let mut conn = self.connection().await?;
+        wants: Wants,
+        window: &Window,
+    ) -> Result<Output, (Failure, Outage)> {
+        let started = tokio::time::Instant::now();
+        let end = window.end_of_try(started + STATEMENT_BUDGET);
+        let mut sent = false;
         let run = async {
             if !conn.is_prepared(sql) {
                 self.count();
             }
             let statement = conn.statement(sql).await?;
+            sent = true;
             self.count();
-            conn.client.query(&statement, params).await
-        };
-        match tokio::time::timeout(STATEMENT_BUDGET, run).await {
-            Ok(result) => result.map_err(Failure::Postgres),
-            Err(_) => {
-                // The answer may still come; this connection's state is unknown, so it
-                // is not given back to the pool.
-                let _ = deadpool::managed::Object::take(conn);
-                Err(Failure::Timeout(STATEMENT_BUDGET))
+            match wants {
+                Wants::Rows => conn
+                    .client
+                    .query(&statement, params)
+                    .await
+                    .map(Output::Rows),
+                Wants::Count => conn
+                    .client
+                    .execute(&statement, params)
+                    .await
+                    .map(Output::Count),
             }
+        };
+        let result = tokio::time::timeout_at(end, run).await;
+        match result {
+            Ok(Ok(output)) => Ok(output),
+            Ok(Err(e)) => {
+                let lost = connection_lost(&e) || (e.code().is_none() && conn.client.is_closed());
+                let outage = outage(e.code(), lost, sent);
+                Err((Failure::Postgres(e), outage))
+            }
+            // No answer within the budget: a server that vanished without closing the
+            // connection, or a proxy that holds it.
+            Err(_) => Err((Failure::Timeout(end - started), outage(None, true, sent))),
         }
+    }
+}
+
+/// What a statement hands back: its rows, or how many rows it changed.
+enum Output {
+    Rows(Vec<Row>),
+    Count(u64),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Wants {
+    Rows,
+    Count,
+}
+
+/// One store call's time: it may wait for the server until `deadline`, the outage wait
+/// after its start, with pauses that grow from [`OUTAGE_FIRST_PAUSE`] to
+/// [`OUTAGE_MAX_PAUSE`] across all its tries (connecting or sending).
+struct Window {
+    started: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+    pause: Duration,
+    /// Whether the call has paused: every try after a pause ends at the deadline.
+    paused: bool,
+    /// The failure that made the last pause, answered if the next try runs out of time.
+    last: Option<Failure>,
+}
+
+impl Window {
+    fn new(outage_wait: Duration) -> Self {
+        let started = tokio::time::Instant::now();
+        Window {
+            started,
+            deadline: started + outage_wait,
+            pause: OUTAGE_FIRST_PAUSE,
+            paused: false,
+            last: None,
+        }
+    }
+
+    /// Pauses before the next try, counted and logged, if the pause ends before the
+    /// deadline; else hands `failure` back: the call answers it now.
+    async fn pause(
+        &mut self,
+        target: &str,
+        failure: Failure,
+        message: &'static str,
+    ) -> Result<(), Failure> {
+        if tokio::time::Instant::now() + self.pause >= self.deadline {
+            return Err(failure);
+        }
+        telemetry::counters().store_outage_waits.inc();
+        tracing::warn!(
+            database = %target,
+            error = %failure.describe(),
+            waitedMs = self.started.elapsed().as_millis() as u64,
+            "{message}"
+        );
+        self.last = Some(failure);
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(OUTAGE_MAX_PAUSE);
+        self.paused = true;
+        Ok(())
+    }
+
+    /// When a try that would otherwise end at `end` must end.
+    fn end_of_try(&self, end: tokio::time::Instant) -> tokio::time::Instant {
+        if self.paused {
+            end.min(self.deadline)
+        } else {
+            end
+        }
+    }
+
+    /// `attempt`, ended at the deadline once the call has paused: a server (or a proxy in
+    /// front of it) that takes connections and never answers must not stretch the wait by a
+    /// whole connection timeout per try. `Err` is the failure that made the last pause.
+    async fn bounded<T>(
+        &mut self,
+        attempt: impl std::future::Future<Output = T>,
+    ) -> Result<T, Failure> {
+        if !self.paused {
+            return Ok(attempt.await);
+        }
+        let started = self.started;
+        tokio::time::timeout_at(self.deadline, attempt)
+            .await
+            .map_err(|_| {
+                self.last
+                    .take()
+                    .unwrap_or_else(|| Failure::Timeout(started.elapsed()))
+            })
     }
 }
 
@@ -671,22 +871,8 @@ impl Store for PostgresStore {
         params.push(&expected);
         params.extend(p.params());
         params.push(&payment_expected);
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match self.query_once(FINALIZE, &params).await {
-                Ok(_) => return Ok(()),
-                Err(Failure::Postgres(e)) if is_retryable(&e) && tries < SERIALIZATION_TRIES => {}
-                Err(Failure::Postgres(e)) => {
-                    let code = e.code().map(|c| c.code().to_owned());
-                    return Err(map_finalize_error(
-                        Failure::Postgres(e).into_store_error(),
-                        code.as_deref(),
-                    ));
-                }
-                Err(other) => return Err(other.into_store_error()),
-            }
-        }
+        self.query(FINALIZE, &params, Effect::Writes).await?;
+        Ok(())
     }
 
     async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
@@ -737,41 +923,6 @@ impl Store for PostgresStore {
             total += removed;
             if removed < batch as u64 {
                 return Ok(total);
-            }
-        }
-    }
-}
-
-impl PostgresStore {
-    /// Like [`query`](Self::query) for a statement without rows: how many it changed.
-    async fn execute(&self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> StoreResult<u64> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let attempt = async {
-                let mut conn = self.connection().await?;
-                if !conn.is_prepared(sql) {
-                    self.count();
-                }
-                let statement = conn.statement(sql).await.map_err(Failure::Postgres)?;
-                self.count();
-                match tokio::time::timeout(
-                    STATEMENT_BUDGET,
-                    conn.client.execute(&statement, params),
-                )
-                .await
-                {
-                    Ok(result) => result.map_err(Failure::Postgres),
-                    Err(_) => {
-                        let _ = deadpool::managed::Object::take(conn);
-                        Err(Failure::Timeout(STATEMENT_BUDGET))
-                    }
-                }
-            };
-            match attempt.await {
-                Err(Failure::Postgres(e)) if is_retryable(&e) && tries < SERIALIZATION_TRIES => {}
-                Err(failure) => return Err(failure.into_store_error()),
-                Ok(n) => return Ok(n),
             }
         }
     }

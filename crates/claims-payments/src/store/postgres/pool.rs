@@ -31,7 +31,7 @@ pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// A connection retires this long before its token expires.
 pub(crate) const TOKEN_MARGIN: Duration = Duration::from_secs(5 * 60);
 /// Set on every connection: no statement or lock wait holds an invocation for longer.
-const SESSION_SETUP: &str = "SET statement_timeout = '10s'; SET lock_timeout = '5s'; \
+pub(crate) const SESSION_SETUP: &str = "SET statement_timeout = '10s'; SET lock_timeout = '5s'; \
                              SET idle_in_transaction_session_timeout = '30s'";
 
 pub(crate) type Pool = deadpool::managed::Pool<Manager>;
@@ -139,6 +139,9 @@ impl Manager {
             retire_at = retire_at.min(Instant::now() + usable);
             config.password(token.token.secret());
         }
+        // Host names stay names: tokio-postgres resolves them on every connect and nothing
+        // here keeps an address, so after a failover a new connection follows the DNS name
+        // to the new primary.
         let (client, connection) = config.connect(self.tls.clone()).await?;
         let task = tokio::spawn(async move {
             if let Err(e) = connection.await {

@@ -73,7 +73,10 @@ pub(crate) async fn check_schema(client: &mut Client) -> anyhow::Result<()> {
             "the database has no claims-payments schema; run `claims-payments provision` \
              with the same settings first"
         ),
-        Err(e) => anyhow::bail!("cannot read the schema version: {e}"),
+        Err(e) => anyhow::bail!(
+            "cannot read the schema version: {}",
+            super::errors::describe_postgres_error(&e)
+        ),
     };
     let applied: Vec<(u32, String, String)> = rows
         .iter()
@@ -111,7 +114,19 @@ pub(crate) async fn check_schema(client: &mut Client) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The advisory lock that serialises `provision` runs on one database (advisory lock keys
+/// are per database): "claims-p" in ASCII, a key no other tool is likely to take.
+const MIGRATION_LOCK: i64 = 0x636c_6169_6d73_2d70;
+/// How long a `provision` waits for another one to finish migrating.
+const MIGRATION_LOCK_WAIT: &str = "5min";
+
 /// Applies the missing migrations (each in its own transaction) and reports them.
+///
+/// Two runs at once (several instances' pipelines, or a pipeline and a person) would both
+/// create refinery's history table and the schema, and one would fail on the catalog's
+/// unique index. So the migrations run under a session-level advisory lock on the
+/// migrating connection: the second run waits for the first, then finds every migration
+/// applied and reports the schema up to date.
 pub async fn provision(settings: &PostgresSettings) -> anyhow::Result<SchemaReport> {
     let target = settings.describe_target();
     let manager = super::pool::Manager::new(settings)?;
@@ -124,13 +139,61 @@ pub async fn provision(settings: &PostgresSettings) -> anyhow::Result<SchemaRepo
                 super::errors::describe_connect_error(&e)
             )
         })?;
-    let report = embedded::migrations::runner()
+    let describe = |e: tokio_postgres::Error| super::errors::describe_postgres_error(&e);
+    // For the lock's wait only: the session's lock_timeout (5 s) and statement_timeout
+    // (10 s) would cut short the wait for another run's migrations. The migrations then run
+    // under the pool's session settings again.
+    conn.client
+        .batch_execute(&format!(
+            "SET lock_timeout = '{MIGRATION_LOCK_WAIT}'; SET statement_timeout = 0"
+        ))
+        .await
+        .map_err(|e| anyhow::anyhow!("PostgreSQL at {target}: {}", describe(e)))?;
+    conn.client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(|e| {
+            if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                anyhow::anyhow!(
+                    "PostgreSQL at {target}: another `claims-payments provision` has been \
+                     migrating this database for {MIGRATION_LOCK_WAIT}; let it finish (or find \
+                     the session holding advisory lock {MIGRATION_LOCK} in pg_locks), then run \
+                     provision again"
+                )
+            } else {
+                anyhow::anyhow!(
+                    "cannot take the migration lock at {target}: {}",
+                    describe(e)
+                )
+            }
+        })?;
+    conn.client
+        .batch_execute(super::pool::SESSION_SETUP)
+        .await
+        .map_err(|e| anyhow::anyhow!("PostgreSQL at {target}: {}", describe(e)))?;
+    let migrated = embedded::migrations::runner()
         .set_abort_divergent(true)
         .set_abort_missing(true)
         .run_async(&mut conn.client)
         .await
-        .map_err(|e| anyhow::anyhow!("migrating PostgreSQL at {target} failed: {e}"))?;
-    check_schema(&mut conn.client).await?;
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "migrating PostgreSQL at {target} failed: {}",
+                super::errors::describe_refinery_error(&e)
+            )
+        });
+    let checked = match &migrated {
+        Ok(_) => check_schema(&mut conn.client).await,
+        Err(_) => Ok(()),
+    };
+    // The session's end would release it too; unlocking says so, and lets a caller that
+    // kept the connection go on without it.
+    let _ = conn
+        .client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await;
+    let report = migrated?;
+    checked?;
     Ok(SchemaReport {
         target,
         applied: report

@@ -21,7 +21,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use reqwest::Url;
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
 
 use crate::setting::names;
 use crate::setting::{millis, non_blank, ConfigError};
@@ -173,7 +173,12 @@ impl PostgresSettings {
                 MAX_OUTAGE_WAIT_MS,
             )?,
         };
+        // A new connection that reaches a read-only server (a standby, the old primary after
+        // a failover, one mid-promotion) is refused as it is made, so the store waits for
+        // the primary as it waits for an unreachable server, and never pools a connection
+        // that cannot write. One `SHOW transaction_read_only` per new connection.
         config
+            .target_session_attrs(TargetSessionAttrs::ReadWrite)
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_user_timeout(TCP_USER_TIMEOUT)
             .keepalives(true)
@@ -318,6 +323,22 @@ mod tests {
 
     fn url(value: &str) -> Result<PostgresSettings, ConfigError> {
         settings(&[("PAYMENTS_POSTGRES_URL", value)])
+    }
+
+    #[test]
+    fn connections_want_a_writable_server_and_keep_the_host_name() {
+        let remote =
+            url("postgresql://app@pg-claims.postgres.database.azure.com/payments").unwrap();
+        assert_eq!(
+            remote.config.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        // No address is resolved ahead: each connect looks the name up again.
+        assert!(remote.config.get_hostaddrs().is_empty());
+        assert_eq!(
+            remote.config.get_hosts(),
+            [Host::Tcp("pg-claims.postgres.database.azure.com".into())]
+        );
     }
 
     #[test]
