@@ -15,7 +15,10 @@
 //! returns the existing inbox row); a business duplicate 1 (the claim returns the payment)
 //! plus the consumer's `record_handled`; finalize 1 (`claims_payments_finalize`, which
 //! raises, and so rolls everything back, when a version does not match); `replace_inbox`
-//! 1; reads 1.
+//! 1; reads 1. Through a transaction-pooling PgBouncer (`PAYMENTS_POSTGRES_POOLER`,
+//! `pool.rs`) the same counts, each statement one unnamed Parse/Bind/Execute exchange, after
+//! a describe of 3 round trips per statement and process instead of a prepare per
+//! connection.
 //!
 //! **Errors.** Serialization failures and deadlocks (40001, 40P01) roll the statement back
 //! and are retried here; a read-only server (25006, during a failover), lost or refused
@@ -44,7 +47,7 @@ use uuid::Uuid;
 use errors::{describe_pool_error, is_retryable, map_finalize_error, unreachable, Failure};
 pub(crate) use schema::check_schema;
 pub use schema::{provision, SchemaReport};
-pub use settings::PostgresSettings;
+pub use settings::{Pooler, PostgresSettings};
 
 use super::{
     AttemptId, ClaimResult, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
@@ -111,6 +114,19 @@ impl PostgresStore {
                 describe_pool_error(&e)
             )
         })?;
+        if settings.pooler == Pooler::PgBouncerTransaction {
+            pool::check_role_limits(&conn.client)
+                .await
+                .map_err(|e| anyhow::anyhow!("PostgreSQL at {target}: {e:#}"))?;
+            if pool::own_session(&conn.client).await == Some(true) {
+                // Harmless (nothing the store does needs a pooler), but not what was meant.
+                tracing::warn!(
+                    target = %target,
+                    "PAYMENTS_POSTGRES_POOLER=pgbouncer-transaction, but PostgreSQL itself \
+                     answers (no pooler in between); unset it to use prepared statements"
+                );
+            }
+        }
         if access == Access::Checked {
             check_schema(&mut conn.client)
                 .await
@@ -121,6 +137,7 @@ impl PostgresStore {
             target = %target,
             tls = settings.uses_tls(),
             auth = %settings.auth.describe(),
+            pooler = settings.pooler.as_str(),
             "connected to PostgreSQL"
         );
         Ok(PostgresStore {
@@ -220,12 +237,11 @@ impl PostgresStore {
     ) -> Result<Vec<Row>, Failure> {
         let mut conn = self.connection().await?;
         let run = async {
-            if !conn.is_prepared(sql) {
+            for _ in 0..conn.setup_round_trips(sql) {
                 self.count();
             }
-            let statement = conn.statement(sql).await?;
             self.count();
-            conn.client.query(&statement, params).await
+            conn.query(sql, params).await
         };
         match tokio::time::timeout(STATEMENT_BUDGET, run).await {
             Ok(result) => result.map_err(Failure::Postgres),
@@ -750,17 +766,11 @@ impl PostgresStore {
             tries += 1;
             let attempt = async {
                 let mut conn = self.connection().await?;
-                if !conn.is_prepared(sql) {
+                for _ in 0..conn.setup_round_trips(sql) {
                     self.count();
                 }
-                let statement = conn.statement(sql).await.map_err(Failure::Postgres)?;
                 self.count();
-                match tokio::time::timeout(
-                    STATEMENT_BUDGET,
-                    conn.client.execute(&statement, params),
-                )
-                .await
-                {
+                match tokio::time::timeout(STATEMENT_BUDGET, conn.execute(sql, params)).await {
                     Ok(result) => result.map_err(Failure::Postgres),
                     Err(_) => {
                         let _ = deadpool::managed::Object::take(conn);
