@@ -13,6 +13,7 @@
 //! - [`process`]: the one way to start `<exe> serve` and the `cosmos-emulator` binary
 //!   (readiness, kill, stop, exit status, logs), for the tests, the simulator and the
 //!   benchmark;
+//! - [`pgbouncer`]: a real PgBouncer pooling by transaction in front of that server;
 //! - [`postgres`]: a real PostgreSQL server (a throwaway one, or `PAYMENTS_TEST_POSTGRES_URL`)
 //!   and a database per test;
 //! - [`records`]: store records as the consumer writes them, and their later states;
@@ -28,6 +29,7 @@ pub mod fixtures;
 pub mod host;
 pub mod ingestion;
 pub mod otlp;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod process;
 pub mod records;

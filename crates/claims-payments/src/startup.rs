@@ -162,7 +162,9 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
     );
     telemetry::metrics::started();
 
-    let retention_task = tokio::spawn(purge_periodically(store.clone()));
+    // No purge here: the `Purge` timer function (`PURGE_SCHEDULE`) is the retention's one
+    // owner, so the documented schedule decides when rows are deleted, and one run at a
+    // time does it rather than every instance on its own clock.
     let counters_task = tokio::spawn(async {
         let mut tick = tokio::time::interval(Duration::from_secs(60));
         tick.tick().await;
@@ -187,7 +189,7 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
         }
     };
     serve_router(listener, app, stop).await;
-    for task in [retention_task, counters_task, failure_task] {
+    for task in [counters_task, failure_task] {
         task.abort();
     }
     telemetry::log_counters();
@@ -341,22 +343,6 @@ pub(crate) async fn serve_router(
             drainSeconds = SHUTDOWN_DRAIN.as_secs(),
             "in-flight work did not finish within the drain; stopping anyway (it will be redelivered)"
         );
-    }
-}
-
-/// SQLite has no TTL: apply the inbox retention hourly, in small batches.
-async fn purge_periodically(store: DynStore) {
-    let mut tick = tokio::time::interval(Duration::from_secs(3600));
-    loop {
-        tick.tick().await;
-        match store
-            .purge_expired(time::OffsetDateTime::now_utc(), 500)
-            .await
-        {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(removed = n, "purged expired inbox records"),
-            Err(e) => tracing::warn!(error = %e, "inbox purge failed; will retry next hour"),
-        }
     }
 }
 

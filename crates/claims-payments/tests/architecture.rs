@@ -155,3 +155,30 @@ fn the_reference_reader_sees_groups_and_paths() {
     assert_eq!(node_of("config::Settings"), Some("config"));
     assert_eq!(node_of("store::cosmos::settings"), Some("store"));
 }
+
+/// The inbox retention has one owner, the documented one: the `Purge` timer function
+/// (`PURGE_SCHEDULE`), and `claims-payments purge` for an operator on demand. Nothing else
+/// in the product (`serve`'s start-up, a consumer, another function) calls the store's
+/// purge; the stores themselves and their decorators (`store/`) only implement or forward it.
+#[test]
+fn only_the_purge_function_and_the_purge_command_purge() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let mut callers: Vec<String> = files
+        .iter()
+        .filter(|file| !module_path(&src, file).starts_with("store"))
+        .filter(|file| {
+            let code = std::fs::read_to_string(file).expect("readable");
+            let code = code
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap_or(&code)
+                .to_owned();
+            code.contains(".purge_expired(")
+        })
+        .map(|file| module_path(&src, file))
+        .collect();
+    callers.sort();
+    assert_eq!(callers, ["cli", "functions::purge"]);
+}

@@ -165,9 +165,9 @@ async fn serve_logs_its_store_but_never_the_password() {
     assert!(!logs.contains(&secret), "the password leaked: {logs}");
 }
 
-/// The `Purge` timer function on the product's router (in-process: `serve` also purges
-/// once at start, which would race with the call): it applies the retention on
-/// PostgreSQL and answers the host with what it removed.
+/// The `Purge` timer function on the product's router, in-process: it applies the
+/// retention on PostgreSQL (it is the only thing that does: `serve` never purges on its
+/// own) and answers the host with what it removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purge_timer_function_removes_expired_inbox_records() {
     use claims_payments::startup::{run as serve_state, AppState};

@@ -296,3 +296,150 @@ async fn a_failed_wal_sync_stops_the_server_with_an_error() {
     assert!(error.contains("store failed"), "{error}");
     assert!(error.contains("WAL sync failed"), "{error}");
 }
+
+/// Counts the purges that reach the store, and says when the server's background tasks
+/// have started (`serve` watches `failed()` from the last task it spawns).
+struct PurgeCounter {
+    inner: DynStore,
+    purges: std::sync::atomic::AtomicUsize,
+    watched: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl claims_payments::store::Store for PurgeCounter {
+    async fn claim(
+        &self,
+        inbox: &claims_payments::store::InboxRecord,
+        payment: &claims_payments::store::PaymentRecord,
+    ) -> claims_payments::store::StoreResult<claims_payments::store::ClaimResult> {
+        self.inner.claim(inbox, payment).await
+    }
+    async fn inbox(
+        &self,
+        key: &claims_payments::store::InboxKey,
+    ) -> claims_payments::store::StoreResult<
+        Option<claims_payments::store::Versioned<claims_payments::store::InboxRecord>>,
+    > {
+        self.inner.inbox(key).await
+    }
+    async fn payment(
+        &self,
+        claim: claims_payments::message::ClaimId,
+        purpose: claims_payments::message::Purpose,
+    ) -> claims_payments::store::StoreResult<
+        Option<claims_payments::store::Versioned<claims_payments::store::PaymentRecord>>,
+    > {
+        self.inner.payment(claim, purpose).await
+    }
+    async fn record_handled(
+        &self,
+        inbox: &claims_payments::store::InboxRecord,
+    ) -> claims_payments::store::StoreResult<claims_payments::store::InsertResult> {
+        self.inner.record_handled(inbox).await
+    }
+    async fn replace_inbox(
+        &self,
+        inbox: &claims_payments::store::InboxRecord,
+        expected: &claims_payments::store::Version,
+    ) -> claims_payments::store::StoreResult<claims_payments::store::Version> {
+        self.inner.replace_inbox(inbox, expected).await
+    }
+    async fn finalize(
+        &self,
+        write: claims_payments::store::Finalize<'_>,
+    ) -> claims_payments::store::StoreResult<()> {
+        self.inner.finalize(write).await
+    }
+    async fn list_payments(
+        &self,
+        limit: usize,
+    ) -> claims_payments::store::StoreResult<Vec<claims_payments::store::PaymentRecord>> {
+        self.inner.list_payments(limit).await
+    }
+    async fn unsettled_payments(
+        &self,
+        limit: usize,
+    ) -> claims_payments::store::StoreResult<
+        Vec<claims_payments::store::Versioned<claims_payments::store::PaymentRecord>>,
+    > {
+        self.inner.unsettled_payments(limit).await
+    }
+    async fn count_payments(
+        &self,
+        status: claims_payments::store::PaymentStatus,
+        limit: usize,
+    ) -> claims_payments::store::StoreResult<usize> {
+        self.inner.count_payments(status, limit).await
+    }
+    async fn list_inbox(
+        &self,
+        limit: usize,
+    ) -> claims_payments::store::StoreResult<Vec<claims_payments::store::InboxRecord>> {
+        self.inner.list_inbox(limit).await
+    }
+    async fn purge_expired(
+        &self,
+        now: time::OffsetDateTime,
+        batch: usize,
+    ) -> claims_payments::store::StoreResult<u64> {
+        self.purges
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.purge_expired(now, batch).await
+    }
+    async fn failed(&self) -> String {
+        self.watched.notify_one();
+        self.inner.failed().await
+    }
+}
+
+/// The `Purge` timer (`PURGE_SCHEDULE`) is the retention's only owner: `serve` starts no
+/// purge of its own. Once `serve` has spawned its background tasks (the store-failure
+/// watcher is the last it spawns), a timer set after them fires only after every timer
+/// they set before it, and yielding lets every task woken so runs: a purge started with
+/// the server (the hourly one that was here ran its first round at once) would have been
+/// counted. The order of timers is what counts, not how long anything takes; that nothing
+/// else in the product calls the purge (a later first round) is checked from the source
+/// (`tests/architecture.rs`).
+#[tokio::test(flavor = "current_thread")]
+async fn serve_never_purges_on_its_own() {
+    use claims_payments::config::Settings;
+    use claims_payments::seams::Seams;
+    use claims_payments::startup::serve;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.db");
+    let settings = Settings::from_lookup(|name| match name {
+        "PAYMENTS_SQLITE_PATH" => Some(path.to_string_lossy().into_owned()),
+        "FUNCTIONS_CUSTOMHANDLER_PORT" => Some("0".into()),
+        _ => None,
+    })
+    .unwrap();
+    let counter = Arc::new(PurgeCounter {
+        inner: SqliteStore::open(dir.path().join("counted.db")).unwrap(),
+        purges: Default::default(),
+        watched: tokio::sync::Notify::new(),
+    });
+    let served: DynStore = counter.clone();
+    let server = tokio::spawn(serve(
+        settings,
+        Seams {
+            store_layer: Some(Box::new(move |_opened| served)),
+            ..Seams::default()
+        },
+    ));
+    counter.watched.notified().await;
+    // Due after every timer the server's tasks set on their first run.
+    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!server.is_finished(), "serve is running");
+    assert_eq!(
+        counter.purges.load(Ordering::SeqCst),
+        0,
+        "serve purged on its own; only the Purge timer may"
+    );
+    server.abort();
+}

@@ -18,6 +18,8 @@ pub(crate) const PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID: &str =
     "PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID";
 /// How long one store call waits for an unreachable PostgreSQL server (a failover).
 pub const PAYMENTS_POSTGRES_OUTAGE_WAIT_MS: &str = "PAYMENTS_POSTGRES_OUTAGE_WAIT_MS";
+/// `none` (PostgreSQL itself) or `pgbouncer-transaction` (a transaction-pooling PgBouncer).
+pub const PAYMENTS_POSTGRES_POOLER: &str = "PAYMENTS_POSTGRES_POOLER";
 /// The Cosmos DB account endpoint.
 pub const COSMOS_ENDPOINT: &str = "COSMOS_ENDPOINT";
 /// An account key: emulators and dev accounts only.
@@ -85,6 +87,7 @@ pub const PRODUCT: &[&str] = &[
     PAYMENTS_POSTGRES_AUTH,
     PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID,
     PAYMENTS_POSTGRES_OUTAGE_WAIT_MS,
+    PAYMENTS_POSTGRES_POOLER,
     COSMOS_ENDPOINT,
     COSMOS_KEY,
     COSMOS_DATABASE,

@@ -312,6 +312,8 @@ pub(super) fn pool_error(e: &deadpool::managed::PoolError<pool::ConnectError>) -
             _ => StoreError::Transient(text),
         },
         PoolError::Backend(pool::ConnectError::Timeout(_)) => StoreError::Transient(text),
+        // A setting to change (PAYMENTS_POSTGRES_POOLER or the port), not a passing state.
+        PoolError::Backend(pool::ConnectError::Pooled { .. }) => StoreError::Permanent(text),
         // The identity endpoint may be briefly unavailable; a wrong identity is reported
         // at start-up, where the first connection is made.
         PoolError::Backend(pool::ConnectError::Token(_)) => StoreError::Transient(text),

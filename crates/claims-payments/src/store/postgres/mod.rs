@@ -15,7 +15,10 @@
 //! returns the existing inbox row); a business duplicate 1 (the claim returns the payment)
 //! plus the consumer's `record_handled`; finalize 1 (`claims_payments_finalize`, which
 //! raises, and so rolls everything back, when a version does not match); `replace_inbox`
-//! 1; reads 1.
+//! 1; reads 1. Through a transaction-pooling PgBouncer (`PAYMENTS_POSTGRES_POOLER`,
+//! `pool.rs`) the same counts, each statement one unnamed Parse/Bind/Execute exchange, after
+//! a describe of 3 round trips per statement and process instead of a prepare per
+//! connection.
 //!
 //! **Errors.** Serialization failures and deadlocks (40001, 40P01) roll the statement back
 //! and are retried here. A statement timeout, too many connections and an exhausted pool
@@ -69,7 +72,7 @@ use errors::{
 };
 pub(crate) use schema::check_schema;
 pub use schema::{provision, SchemaReport};
-pub use settings::PostgresSettings;
+pub use settings::{Pooler, PostgresSettings};
 
 use super::{
     AttemptId, ClaimResult, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
@@ -135,6 +138,19 @@ impl PostgresStore {
                 describe_pool_error(&e)
             )
         })?;
+        if settings.pooler == Pooler::PgBouncerTransaction {
+            pool::check_role_limits(&conn.client)
+                .await
+                .map_err(|e| anyhow::anyhow!("PostgreSQL at {target}: {e:#}"))?;
+            if pool::own_session(&conn.client).await == Some(true) {
+                // Harmless (nothing the store does needs a pooler), but not what was meant.
+                tracing::warn!(
+                    target = %target,
+                    "PAYMENTS_POSTGRES_POOLER=pgbouncer-transaction, but PostgreSQL itself \
+                     answers (no pooler in between); unset it to use prepared statements"
+                );
+            }
+        }
         if access == Access::Checked {
             check_schema(&mut conn.client)
                 .await
@@ -145,6 +161,7 @@ impl PostgresStore {
             target = %target,
             tls = settings.uses_tls(),
             auth = %settings.auth.describe(),
+            pooler = settings.pooler.as_str(),
             "connected to PostgreSQL"
         );
         Ok(PostgresStore {
@@ -313,23 +330,15 @@ impl PostgresStore {
         let end = window.end_of_try(started + STATEMENT_BUDGET);
         let mut sent = false;
         let run = async {
-            if !conn.is_prepared(sql) {
+            for _ in 0..conn.setup_round_trips(sql) {
                 self.count();
             }
-            let statement = conn.statement(sql).await?;
+            let prepared = conn.prepare(sql, params).await?;
             sent = true;
             self.count();
             match wants {
-                Wants::Rows => conn
-                    .client
-                    .query(&statement, params)
-                    .await
-                    .map(Output::Rows),
-                Wants::Count => conn
-                    .client
-                    .execute(&statement, params)
-                    .await
-                    .map(Output::Count),
+                Wants::Rows => conn.query(&prepared).await.map(Output::Rows),
+                Wants::Count => conn.execute(&prepared).await.map(Output::Count),
             }
         };
         let result = tokio::time::timeout_at(end, run).await;

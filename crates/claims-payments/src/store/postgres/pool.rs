@@ -6,9 +6,29 @@
 //! client wrapper has no place for. A connection past its deadline (or its maximum age, or
 //! closed by the server) is dropped when the pool would hand it out, and a new one logs in
 //! with the credential's current token.
+//!
+//! **Two ways to use a connection** ([`Pooler`]). Straight to PostgreSQL, a connection is
+//! one server session: each statement is prepared once on it (named) and the session's
+//! limits are `SET` when it opens. Through a PgBouncer that pools by transaction, the next
+//! statement may run on another server session, where a named statement of ours is missing
+//! or, worse, another client's of the same name, and a `SET` would change some other
+//! client's session: there every statement goes unnamed (`query_typed`: Parse, Bind and
+//! Execute in one exchange), its parameter types learnt once per process inside a
+//! transaction (which PgBouncer keeps on one server session), and the limits are the
+//! role's own defaults. The store's statements need nothing else from a session: each is
+//! one statement in its own transaction (the claim and the finalize are one function call
+//! each), and no statement reads what an earlier one left on the session.
+//!
+//! **Which one answers.** PostgreSQL's BackendKeyData names the backend process of the
+//! session; a pooler must hand out keys of its own (it routes cancel requests itself). So
+//! on every direct connection the announced process is compared with `pg_backend_pid()`,
+//! and a connection where they differ is refused: without `PAYMENTS_POSTGRES_POOLER` the
+//! store never uses named statements or session settings through a pooler.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use azure_core::credentials::TokenCredential;
@@ -18,10 +38,12 @@ use azure_identity::{
 };
 use deadpool::managed::{Metrics, RecycleError, RecycleResult};
 use time::OffsetDateTime;
-use tokio_postgres::{Client, Statement};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row, SimpleQueryMessage, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::settings::{EntraIdentity, PostgresAuth, PostgresSettings};
+use super::settings::{EntraIdentity, Pooler, PostgresAuth, PostgresSettings};
 
 /// The scope of Azure Database for PostgreSQL's Entra tokens.
 pub(crate) const ENTRA_SCOPE: &str = "https://ossrdbms-aad.database.windows.net/.default";
@@ -30,16 +52,34 @@ pub(crate) const ENTRA_SCOPE: &str = "https://ossrdbms-aad.database.windows.net/
 pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// A connection retires this long before its token expires.
 pub(crate) const TOKEN_MARGIN: Duration = Duration::from_secs(5 * 60);
-/// Set on every connection: no statement or lock wait holds an invocation for longer.
+/// Set on every direct connection: no statement or lock wait holds an invocation for
+/// longer. Through a transaction pooler the same limits are the role's defaults
+/// ([`SESSION_LIMITS`]). The process id is the session's, compared with the one the server
+/// announced (see the module's documentation).
 pub(crate) const SESSION_SETUP: &str = "SET statement_timeout = '10s'; SET lock_timeout = '5s'; \
-                             SET idle_in_transaction_session_timeout = '30s'";
+                             SET idle_in_transaction_session_timeout = '30s'; \
+                             SELECT pg_backend_pid()";
+/// The limits a session must have, with the values set on direct connections: through a
+/// transaction pooler they must be the role's defaults (`ALTER ROLE ... SET`).
+pub(crate) const SESSION_LIMITS: [(&str, &str); 3] = [
+    ("statement_timeout", "10s"),
+    ("lock_timeout", "5s"),
+    ("idle_in_transaction_session_timeout", "30s"),
+];
+
+/// Parameter types of the unnamed statements, learnt once per process (the statements are
+/// this build's constants, the schema is checked at start-up).
+type Signatures = Arc<Mutex<HashMap<&'static str, Arc<[Type]>>>>;
 
 pub(crate) type Pool = deadpool::managed::Pool<Manager>;
 
-/// One pooled connection with its prepared statements.
+/// One pooled connection with its prepared statements (direct), or the parameter types of
+/// its unnamed ones (through a transaction pooler).
 pub struct Connection {
     pub client: Client,
+    pooler: Pooler,
     statements: HashMap<&'static str, Statement>,
+    signatures: Signatures,
     /// When this connection must stop being used (its token's expiry less the margin, or
     /// its maximum age).
     retire_at: Instant,
@@ -53,17 +93,63 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    /// Whether `sql` is prepared on this connection already.
-    pub(crate) fn is_prepared(&self, sql: &'static str) -> bool {
-        self.statements.contains_key(sql)
+    /// Round trips the next run of `sql` costs before its own exchange: direct, 1 for the
+    /// prepare on its first use on this connection; through a transaction pooler, 3 on its
+    /// first use in this process (BEGIN, the describe, COMMIT), then none.
+    pub(crate) fn setup_round_trips(&self, sql: &'static str) -> u64 {
+        match self.pooler {
+            Pooler::None => u64::from(!self.statements.contains_key(sql)),
+            Pooler::PgBouncerTransaction => {
+                if self.signature(sql).is_some() {
+                    0
+                } else {
+                    3
+                }
+            }
+        }
+    }
+
+    /// Gets `sql` ready to run with `params`: direct, its statement (prepared on its first
+    /// use on this connection); through a transaction pooler, the parameters with their
+    /// types (learnt once per process). Nothing of the statement itself has been sent
+    /// when this returns, so a connection lost here never ran it.
+    pub(crate) async fn prepare<'a>(
+        &mut self,
+        sql: &'static str,
+        params: &'a [&'a (dyn ToSql + Sync)],
+    ) -> Result<Prepared<'a>, tokio_postgres::Error> {
+        Ok(match self.pooler {
+            Pooler::None => Prepared::Named(self.statement(sql).await?, params),
+            Pooler::PgBouncerTransaction => Prepared::Unnamed(sql, self.typed(sql, params).await?),
+        })
+    }
+
+    /// Runs a prepared statement and returns its rows: one Bind/Execute exchange (direct),
+    /// or one Parse/Bind/Execute exchange of the unnamed statement.
+    pub(crate) async fn query(
+        &self,
+        prepared: &Prepared<'_>,
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        match prepared {
+            Prepared::Named(statement, params) => self.client.query(statement, params).await,
+            Prepared::Unnamed(sql, typed) => self.client.query_typed(sql, typed).await,
+        }
+    }
+
+    /// Like [`query`](Self::query) for a statement without rows: how many it changed.
+    pub(crate) async fn execute(
+        &self,
+        prepared: &Prepared<'_>,
+    ) -> Result<u64, tokio_postgres::Error> {
+        match prepared {
+            Prepared::Named(statement, params) => self.client.execute(statement, params).await,
+            Prepared::Unnamed(sql, typed) => self.client.execute_typed(sql, typed).await,
+        }
     }
 
     /// The statement for `sql`, prepared once per connection (the first use costs one
     /// extra round trip; every later one is a single Bind/Execute exchange).
-    pub(crate) async fn statement(
-        &mut self,
-        sql: &'static str,
-    ) -> Result<Statement, tokio_postgres::Error> {
+    async fn statement(&mut self, sql: &'static str) -> Result<Statement, tokio_postgres::Error> {
         if let Some(statement) = self.statements.get(sql) {
             return Ok(statement.clone());
         }
@@ -71,6 +157,44 @@ impl Connection {
         self.statements.insert(sql, statement.clone());
         Ok(statement)
     }
+
+    fn signature(&self, sql: &'static str) -> Option<Arc<[Type]>> {
+        let known = self.signatures.lock().unwrap_or_else(|e| e.into_inner());
+        known.get(sql).cloned()
+    }
+
+    /// `params` with the types the server gave `sql`'s parameters. Learnt inside a
+    /// transaction, which a transaction pooler keeps on one server session, so the
+    /// statement it names is described and closed where it was parsed.
+    async fn typed<'a>(
+        &mut self,
+        sql: &'static str,
+        params: &[&'a (dyn ToSql + Sync)],
+    ) -> Result<Vec<(&'a (dyn ToSql + Sync), Type)>, tokio_postgres::Error> {
+        let types = match self.signature(sql) {
+            Some(types) => types,
+            None => {
+                let transaction = self.client.transaction().await?;
+                let statement = transaction.prepare(sql).await?;
+                let types: Arc<[Type]> = statement.params().into();
+                // Closed before the COMMIT, so on the same server session.
+                drop(statement);
+                transaction.commit().await?;
+                let mut known = self.signatures.lock().unwrap_or_else(|e| e.into_inner());
+                known.insert(sql, types.clone());
+                types
+            }
+        };
+        Ok(params.iter().copied().zip(types.iter().cloned()).collect())
+    }
+}
+
+/// A statement ready to run ([`Connection::prepare`]).
+pub(crate) enum Prepared<'a> {
+    /// Prepared on this connection (direct).
+    Named(Statement, &'a [&'a (dyn ToSql + Sync)]),
+    /// The unnamed statement with typed parameters (through a transaction pooler).
+    Unnamed(&'static str, Vec<(&'a (dyn ToSql + Sync), Type)>),
 }
 
 /// Why a connection could not be made.
@@ -83,6 +207,17 @@ pub enum ConnectError {
     Token(String),
     #[error("connecting timed out after {0:?}")]
     Timeout(Duration),
+    /// A connection pooler answered where PostgreSQL itself was expected.
+    #[error(
+        "a connection pooler (PgBouncer or the like) answers at this address, not PostgreSQL \
+         itself (the server announced process {announced}, the session runs in process \
+         {session}); named prepared statements and session settings would be shared with \
+         other clients' sessions. For PgBouncer with pool_mode=transaction (Azure's built-in \
+         one on port 6432) set PAYMENTS_POSTGRES_POOLER=pgbouncer-transaction and give the \
+         role its limits (docs/deploy.md, PostgreSQL); or use the server's own port (5432), \
+         which `provision` always needs"
+    )]
+    Pooled { announced: i32, session: i32 },
 }
 
 /// The login of new connections.
@@ -95,6 +230,8 @@ pub struct Manager {
     config: tokio_postgres::Config,
     tls: MakeRustlsConnect,
     login: Login,
+    pooler: Pooler,
+    signatures: Signatures,
 }
 
 impl Manager {
@@ -107,6 +244,8 @@ impl Manager {
             config: settings.config.clone(),
             tls: tls_connector()?,
             login,
+            pooler: settings.pooler,
+            signatures: Signatures::default(),
         })
     }
 
@@ -120,6 +259,8 @@ impl Manager {
             config: settings.config.clone(),
             tls: tls_connector()?,
             login: Login::Entra(credential),
+            pooler: settings.pooler,
+            signatures: Signatures::default(),
         })
     }
 
@@ -150,11 +291,27 @@ impl Manager {
         });
         let connection = Connection {
             client,
+            pooler: self.pooler,
             statements: HashMap::new(),
+            signatures: self.signatures.clone(),
             retire_at,
             task,
         };
-        connection.client.batch_execute(SESSION_SETUP).await?;
+        if self.pooler == Pooler::None {
+            // One round trip, as the SETs alone were.
+            let answer = connection.client.simple_query(SESSION_SETUP).await?;
+            let session = answer.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0)?.parse::<i32>().ok(),
+                _ => None,
+            });
+            if let (Some(announced), Some(session)) =
+                (announced_process(&connection.client).await, session)
+            {
+                if announced != session {
+                    return Err(ConnectError::Pooled { announced, session });
+                }
+            }
+        }
         Ok(connection)
     }
 }
@@ -227,4 +384,137 @@ pub fn build_with(manager: Manager, size: usize, wait: Duration) -> anyhow::Resu
         .runtime(deadpool::Runtime::Tokio1)
         .build()
         .map_err(|e| anyhow::anyhow!("cannot build the PostgreSQL pool: {e}"))
+}
+
+/// Whether the connection's server session is the one its server announced: `false`
+/// through a pooler, `true` straight to PostgreSQL (or a plain TCP proxy); `None` when it
+/// cannot be told.
+pub(crate) async fn own_session(client: &Client) -> Option<bool> {
+    let row = client
+        .query_typed("SELECT pg_backend_pid()", &[])
+        .await
+        .ok()?;
+    let session: i32 = row.first()?.try_get(0).ok()?;
+    Some(announced_process(client).await? == session)
+}
+
+/// The process id the server announced for this connection (its BackendKeyData).
+/// tokio-postgres keeps it to itself, but writes it into a cancel request: the request is
+/// written into memory here (nothing is sent anywhere) and read back. A TLS connection's
+/// request starts with an SSLRequest, answered "willing" and then carried without TLS.
+async fn announced_process(client: &Client) -> Option<i32> {
+    let (mut ours, theirs) = tokio::io::duplex(64);
+    ours.write_all(b"S").await.ok()?;
+    client
+        .cancel_token()
+        .cancel_query_raw(theirs, InMemory)
+        .await
+        .ok()?;
+    let mut bytes = Vec::new();
+    ours.read_to_end(&mut bytes).await.ok()?;
+    // CancelRequest: length 16, code 80877102, process id, secret key.
+    let request = bytes.get(bytes.len().checked_sub(16)?..)?;
+    if request[..8] != [0, 0, 0, 16, 0x04, 0xd2, 0x16, 0x2e] {
+        return None;
+    }
+    Some(i32::from_be_bytes(request[8..12].try_into().ok()?))
+}
+
+/// The "TLS" of [`announced_process`]'s in-memory cancel request: none.
+struct InMemory;
+
+impl tokio_postgres::tls::TlsConnect<DuplexStream> for InMemory {
+    type Stream = Plain;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<Plain, std::io::Error>>;
+
+    fn connect(self, stream: DuplexStream) -> Self::Future {
+        std::future::ready(Ok(Plain(stream)))
+    }
+}
+
+struct Plain(DuplexStream);
+
+impl tokio_postgres::tls::TlsStream for Plain {
+    fn channel_binding(&self) -> tokio_postgres::tls::ChannelBinding {
+        tokio_postgres::tls::ChannelBinding::none()
+    }
+}
+
+impl AsyncRead for Plain {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Plain {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// Through a transaction pooler: refuses a role without the limits that direct
+/// connections set on their sessions (a statement or a lock wait could hold an invocation,
+/// and a server session, without bound), naming the statements that give them.
+pub(crate) async fn check_role_limits(client: &Client) -> anyhow::Result<()> {
+    let rows = client
+        .query_typed(
+            "SELECT name, setting, quote_ident(current_user) FROM pg_settings \
+             WHERE name = ANY($1)",
+            &[(
+                &SESSION_LIMITS.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+                Type::TEXT_ARRAY,
+            )],
+        )
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot read the session limits: {}",
+                super::errors::describe_postgres_error(&e)
+            )
+        })?;
+    let unset: Vec<&str> = SESSION_LIMITS
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| {
+            !rows.iter().any(|r| {
+                r.try_get::<_, &str>(0).ok() == Some(*name)
+                    && r.try_get::<_, &str>(1).is_ok_and(|v| v != "0")
+            })
+        })
+        .collect();
+    if unset.is_empty() {
+        return Ok(());
+    }
+    let role: String = rows
+        .first()
+        .and_then(|r| r.try_get(2).ok())
+        .unwrap_or_else(|| "<the login role>".into());
+    let fix: Vec<String> = SESSION_LIMITS
+        .iter()
+        .map(|(name, value)| format!("ALTER ROLE {role} SET {name} = '{value}';"))
+        .collect();
+    anyhow::bail!(
+        "PAYMENTS_POSTGRES_POOLER=pgbouncer-transaction: the login role has no {} (0 means \
+         none), and through a transaction pooler the service sets nothing on a session; as \
+         an administrator run {} (then new server sessions have them; docs/deploy.md)",
+        unset.join(", "),
+        fix.join(" ")
+    )
 }

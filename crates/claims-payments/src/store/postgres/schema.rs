@@ -61,8 +61,9 @@ fn expected() -> Vec<(u32, String, String)> {
 /// Refuses a database whose schema is not exactly this build's (read only: nothing is
 /// created, not even refinery's history table).
 pub(crate) async fn check_schema(client: &mut Client) -> anyhow::Result<()> {
+    // Unnamed (one exchange): it also runs through a transaction pooler.
     let rows = match client
-        .query(
+        .query_typed(
             "SELECT version, name, checksum FROM refinery_schema_history ORDER BY version",
             &[],
         )
@@ -129,6 +130,14 @@ const MIGRATION_LOCK_WAIT: &str = "5min";
 /// applied and reports the schema up to date.
 pub async fn provision(settings: &PostgresSettings) -> anyhow::Result<SchemaReport> {
     let target = settings.describe_target();
+    // Migrations run as one session's work (its transactions, its statements); a
+    // transaction pooler would spread them over other clients' sessions.
+    anyhow::ensure!(
+        settings.pooler == super::settings::Pooler::None,
+        "provision needs PostgreSQL itself, not a transaction pooler: run it with the \
+         server's own port (5432) in PAYMENTS_POSTGRES_URL and without \
+         PAYMENTS_POSTGRES_POOLER (serve keeps both)"
+    );
     let manager = super::pool::Manager::new(settings)?;
     let mut conn = deadpool::managed::Manager::create(&manager)
         .await

@@ -5,6 +5,7 @@
 //! | `PAYMENTS_POSTGRES_URL` | libpq URI, `postgresql://user[:password]@host[:port]/dbname[?sslmode=...]`; required with `PAYMENTS_STORE=postgres` |
 //! | `PAYMENTS_POSTGRES_AUTH` | `password` (default: the URI's password) or `entra` (a Microsoft Entra token as the password) |
 //! | `PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID` | with `entra`: the user-assigned managed identity; unset: system-assigned in Azure, developer tools (Azure CLI, azd) locally |
+//! | `PAYMENTS_POSTGRES_POOLER` | what answers at the URI: `none` (default: PostgreSQL itself, checked on every connection) or `pgbouncer-transaction` (PgBouncer pooling by transaction, such as Azure's built-in one on port 6432: no named prepared statements, no session settings; see [`Pooler`]) |
 //! | `PAYMENTS_POSTGRES_OUTAGE_WAIT_MS` | how long one store call keeps trying to connect to a server it cannot reach (a failover, a restart) before answering `retry-later`; default 20000, 0 answers at once, at most 60000; `LEASE_MS` must exceed it plus the bank's budget |
 //!
 //! **TLS.** Required for every host that is not loopback: `sslmode=disable` or `prefer` is
@@ -72,6 +73,32 @@ impl PostgresAuth {
     }
 }
 
+/// What answers at the URI, which decides what a connection may keep between statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooler {
+    /// PostgreSQL itself (or a plain TCP proxy): a connection is one server session, so
+    /// statements are prepared once per connection and the session's limits are set on
+    /// it. Checked on every new connection: one whose server announces a process that is
+    /// not the session's own is refused (see `pool.rs`).
+    None,
+    /// A PgBouncer that pools by transaction (Azure Database for PostgreSQL's built-in one,
+    /// port 6432): consecutive statements of one connection may run on different server
+    /// sessions. Every statement goes unnamed (Parse/Bind/Execute in one exchange), nothing
+    /// is `SET` on a session, and the limits must be the role's defaults (`ALTER ROLE ... SET`,
+    /// checked at start-up). Works on PgBouncer of any version, whatever its
+    /// `max_prepared_statements`, and on PostgreSQL itself.
+    PgBouncerTransaction,
+}
+
+impl Pooler {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Pooler::None => "none",
+            Pooler::PgBouncerTransaction => "pgbouncer-transaction",
+        }
+    }
+}
+
 /// Where and how to reach the database. `Debug` shows no password (tokio-postgres redacts it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PostgresSettings {
@@ -82,6 +109,8 @@ pub struct PostgresSettings {
     pub(crate) pool_size: usize,
     /// How long one store call keeps trying to connect while the server cannot be reached.
     pub(crate) outage_wait: Duration,
+    /// What answers at the URI.
+    pub(crate) pooler: Pooler,
 }
 
 /// Connections per process: an invocation holds one for one statement at a time.
@@ -173,6 +202,18 @@ impl PostgresSettings {
                 MAX_OUTAGE_WAIT_MS,
             )?,
         };
+        let pooler = match get(names::PAYMENTS_POSTGRES_POOLER).as_deref() {
+            None | Some("none") => Pooler::None,
+            Some("pgbouncer-transaction") => Pooler::PgBouncerTransaction,
+            Some(_) => {
+                return Err(ConfigError::new(
+                    names::PAYMENTS_POSTGRES_POOLER,
+                    "is not a pooler; use none (PostgreSQL itself) or pgbouncer-transaction \
+                     (PgBouncer with pool_mode=transaction, such as Azure's built-in one on \
+                     port 6432)",
+                ))
+            }
+        };
         // A new connection that reaches a read-only server (a standby, the old primary after
         // a failover, one mid-promotion) is refused as it is made, so the store waits for
         // the primary as it waits for an unreachable server, and never pools a connection
@@ -188,7 +229,14 @@ impl PostgresSettings {
             auth,
             pool_size: DEFAULT_POOL_SIZE,
             outage_wait,
+            pooler,
         })
+    }
+
+    /// These settings with another [`Pooler`] (tests: one URI through PgBouncer).
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = pooler;
+        self
     }
 
     /// Settings for a test server on loopback (no TLS, password auth).
@@ -358,6 +406,33 @@ mod tests {
             ])
             .unwrap_err();
             assert_eq!(err.setting, "PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_pooler_is_none_unless_pgbouncer_transaction_is_named() {
+        let local = "postgresql://app:pw@127.0.0.1:6432/payments";
+        assert_eq!(url(local).unwrap().pooler, Pooler::None);
+        for (value, pooler) in [
+            ("none", Pooler::None),
+            ("pgbouncer-transaction", Pooler::PgBouncerTransaction),
+        ] {
+            let s = settings(&[
+                ("PAYMENTS_POSTGRES_URL", local),
+                ("PAYMENTS_POSTGRES_POOLER", value),
+            ])
+            .unwrap();
+            assert_eq!(s.pooler, pooler, "{value}");
+            assert_eq!(pooler.as_str(), value);
+        }
+        for bad in ["pgbouncer", "session", "transaction"] {
+            let err = settings(&[
+                ("PAYMENTS_POSTGRES_URL", local),
+                ("PAYMENTS_POSTGRES_POOLER", bad),
+            ])
+            .unwrap_err();
+            assert_eq!(err.setting, "PAYMENTS_POSTGRES_POOLER", "{bad}");
+            assert!(err.problem.contains("pgbouncer-transaction"), "{err}");
         }
     }
 
