@@ -11,7 +11,7 @@ use claims_payments::message::{ClaimId, Purpose};
 use claims_payments::payments_api::{CallerAuth, PaymentsApi};
 use claims_payments::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
 use claims_payments::store::{
-    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord,
+    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 use claims_payments_testkit::fixtures as common;
@@ -109,7 +109,7 @@ impl Store for LosesKeyRecordAnswers {
     async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
         self.inner.finalize(write).await
     }
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
         self.inner.list_payments(limit).await
     }
     async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
@@ -118,7 +118,7 @@ impl Store for LosesKeyRecordAnswers {
     async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
         self.inner.count_payments(status, limit).await
     }
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
         self.inner.list_inbox(limit).await
     }
     async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
@@ -193,7 +193,11 @@ async fn a_lost_answer_to_a_key_records_takeover_still_pays() {
     assert_eq!(first.status, 503, "{first:?}");
     let held = postgres.list_inbox(10).await.unwrap();
     assert_eq!(held.len(), 1, "{held:?}");
-    let until = held[0].lease_until.expect("in progress under the lease");
+    let until = held[0]
+        .as_ref()
+        .unwrap()
+        .lease_until
+        .expect("in progress under the lease");
     // The lease runs out (1 s in the test policy); no takeover before it.
     let left = until - OffsetDateTime::now_utc();
     if left.is_positive() {

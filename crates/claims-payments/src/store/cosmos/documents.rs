@@ -6,7 +6,7 @@
 //! type without them would collide with its siblings in the same claim.
 //!
 //! Reading is strict: a document that does not parse into a valid record is reported as
-//! [`StoreError::Permanent`] naming the field, never a panic. It can only come from a
+//! a [`CorruptRecord`] naming its claim and the field, never a panic. It can only come from a
 //! bug or a hand edit, and retrying will not repair it.
 
 use serde::{Deserialize, Serialize};
@@ -19,8 +19,8 @@ use crate::message::{
     ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
 };
 use crate::store::{
-    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
-    StoreError,
+    AttemptId, CorruptRecord, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord,
+    PaymentStatus,
 };
 
 pub(crate) const INBOX_DOC_TYPE: &str = "inbox";
@@ -99,11 +99,7 @@ pub(crate) fn format_timestamp(t: OffsetDateTime) -> String {
         .unwrap_or_else(|_| utc.unix_timestamp().to_string())
 }
 
-fn parse_timestamp(
-    doc: &str,
-    field: &'static str,
-    value: &str,
-) -> Result<OffsetDateTime, StoreError> {
+fn parse_timestamp(doc: &str, field: &'static str, value: &str) -> Result<OffsetDateTime, Bad> {
     OffsetDateTime::parse(value, &Rfc3339).map_err(|_| {
         corrupt(
             doc,
@@ -113,11 +109,35 @@ fn parse_timestamp(
     })
 }
 
-fn corrupt(doc: &str, field: &'static str, problem: impl std::fmt::Display) -> StoreError {
-    StoreError::Permanent(format!("corrupt {doc} document: {field}: {problem}"))
+/// A field of a document that does not read: which, and why.
+pub(crate) struct Bad {
+    field: &'static str,
+    problem: String,
 }
 
-fn parse_purpose(doc: &str, value: &str) -> Result<Purpose, StoreError> {
+fn corrupt(_doc: &str, field: &'static str, problem: impl std::fmt::Display) -> Bad {
+    Bad {
+        field,
+        problem: problem.to_string(),
+    }
+}
+
+/// A document that does not even have the shape of its type (a field missing or of
+/// another JSON type): its corrupt record, named by the claim (and MessageId) it holds.
+pub(crate) fn unreadable_doc(
+    doc_type: &str,
+    value: &serde_json::Value,
+    e: &serde_json::Error,
+) -> CorruptRecord {
+    let text = |field: &str| value.get(field).and_then(|v| v.as_str()).unwrap_or("?");
+    if doc_type == INBOX_DOC_TYPE {
+        CorruptRecord::inbox(text("claimId"), text("messageId"), "document", e)
+    } else {
+        CorruptRecord::payment(text("claimId"), "document", e)
+    }
+}
+
+fn parse_purpose(doc: &str, value: &str) -> Result<Purpose, Bad> {
     match value {
         "payout" => Ok(Purpose::Payout),
         other => Err(corrupt(
@@ -180,7 +200,13 @@ impl InboxDoc {
     pub(crate) fn into_record(
         self,
         expected: Option<&InboxKey>,
-    ) -> Result<InboxRecord, StoreError> {
+    ) -> Result<InboxRecord, CorruptRecord> {
+        let (claim, message) = (self.claim_id.clone(), self.message_id.clone());
+        self.read(expected)
+            .map_err(|bad| CorruptRecord::inbox(&claim, &message, bad.field, bad.problem))
+    }
+
+    fn read(self, expected: Option<&InboxKey>) -> Result<InboxRecord, Bad> {
         const DOC: &str = "inbox";
         if self.doc_type != INBOX_DOC_TYPE {
             return Err(corrupt(DOC, "docType", format!("is {:?}", self.doc_type)));
@@ -278,7 +304,13 @@ impl PaymentDoc {
     pub(crate) fn into_record(
         self,
         expected_claim: Option<ClaimId>,
-    ) -> Result<PaymentRecord, StoreError> {
+    ) -> Result<PaymentRecord, CorruptRecord> {
+        let claim = self.claim_id.clone();
+        self.read(expected_claim)
+            .map_err(|bad| CorruptRecord::payment(&claim, bad.field, bad.problem))
+    }
+
+    fn read(self, expected_claim: Option<ClaimId>) -> Result<PaymentRecord, Bad> {
         const DOC: &str = "payment";
         if self.doc_type != PAYMENT_DOC_TYPE {
             return Err(corrupt(DOC, "docType", format!("is {:?}", self.doc_type)));
@@ -327,6 +359,7 @@ impl PaymentDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StoreError;
 
     /// Reads a document body as the adapter's typed reads do.
     fn decode<T: serde::de::DeserializeOwned>(kind: &str, body: &[u8]) -> Result<T, StoreError> {
@@ -390,7 +423,7 @@ mod tests {
         assert_eq!(a, "2027-01-15T08:00:00.000000000Z");
         let offset = later.to_offset(UtcOffset::from_hms(2, 0, 0).unwrap());
         assert_eq!(format_timestamp(offset), b);
-        assert_eq!(parse_timestamp("t", "t", &b).unwrap(), later);
+        assert_eq!(parse_timestamp("t", "t", &b).ok(), Some(later));
     }
 
     /// A payment document every field of which is valid, with the optional ones set.
@@ -424,18 +457,15 @@ mod tests {
             ..valid_payment_doc()
         };
         let err = doc.clone().into_record(None).unwrap_err();
-        assert!(
-            matches!(&err, StoreError::Permanent(m) if m.contains("claimId")),
-            "{err}"
+        assert_eq!(
+            (err.column, err.claim_id.as_str()),
+            ("claimId", "not-a-uuid")
         );
         let mut bad_status = doc;
         bad_status.claim_id = ClaimId::random().to_string();
         bad_status.status = "lost".into();
         let err = bad_status.into_record(None).unwrap_err();
-        assert!(
-            matches!(&err, StoreError::Permanent(m) if m.contains("status")),
-            "{err}"
-        );
+        assert_eq!(err.column, "status", "{err}");
         let err = decode::<PaymentDoc>("payment", b"{\"id\": 3}").unwrap_err();
         assert!(matches!(err, StoreError::Permanent(_)));
     }
@@ -493,10 +523,12 @@ mod tests {
         let bad = |edit: fn(&mut PaymentDoc), field: &str| {
             let mut d = doc.clone();
             edit(&mut d);
+            let claim = d.claim_id.clone();
             let err = d.into_record(None).unwrap_err();
-            assert!(
-                matches!(&err, StoreError::Permanent(m) if m.contains(&format!("payment document: {field}"))),
-                "{field}: {err}"
+            assert_eq!(
+                (err.column, err.claim_id.as_str()),
+                (field, claim.as_str()),
+                "{err}"
             );
         };
         bad(|d| d.amount = "1250.1".into(), "amount");
