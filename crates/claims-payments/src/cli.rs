@@ -430,17 +430,12 @@ impl<F> Listing<'_, F> {
             writeln!(out, "{} {}", records.len(), self.counted)?;
         }
         for corrupt in &unreadable {
-            writeln!(
-                err,
-                "unreadable {}: {}",
-                corrupt.record,
-                printable(&corrupt.to_string())
-            )?;
+            writeln!(err, "unreadable {}", printable(&corrupt.to_string()))?;
         }
         if !unreadable.is_empty() {
             writeln!(
                 err,
-                "{} stored row(s) could not be read and are not listed above; repair them (exit code {EXIT_UNREADABLE_ROWS})",
+                "{} stored row(s) could not be read and are not in the listing; repair them (exit code {EXIT_UNREADABLE_ROWS})",
                 unreadable.len()
             )?;
         }

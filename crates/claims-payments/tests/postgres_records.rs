@@ -216,3 +216,42 @@ async fn a_lost_answer_to_a_key_records_takeover_still_pays() {
     assert_eq!(again.body, retry.body);
     assert_eq!(store.list_payments(10).await.unwrap().len(), 1);
 }
+
+/// Issue 31 item 7 on PostgreSQL: payment rows whose amount was edited by hand (SQL) to
+/// `80.5` (EUR) are named by `ledger` with claim and column, the rest is listed, the exit
+/// code is 4, and the consumer answers `store-failure` for those claims without paying
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_payment_row_is_named_and_the_rest_of_the_ledger_is_listed_on_postgres() {
+    if !available() {
+        return;
+    }
+    let (db, store) = provisioned().await;
+    let admin = claims_payments_testkit::postgres::connect(&db.url)
+        .await
+        .unwrap();
+    let admin = &admin;
+    claims_payments_testkit::corrupt_rows::corrupt_payments_are_named_and_never_paid_again(
+        env!("CARGO_BIN_EXE_claims-payments"),
+        &[
+            ("PAYMENTS_STORE", "postgres"),
+            ("PAYMENTS_POSTGRES_URL", &db.url),
+        ],
+        store,
+        |claim| async move {
+            let claim = uuid::Uuid::parse_str(&claim).unwrap();
+            let changed = admin
+                .execute(
+                    "UPDATE payments SET amount = $1 WHERE claim_id = $2",
+                    &[
+                        &claims_payments_testkit::corrupt_rows::NON_CANONICAL_AMOUNT,
+                        &claim,
+                    ],
+                )
+                .await
+                .unwrap();
+            assert_eq!(changed, 1);
+        },
+    )
+    .await;
+}

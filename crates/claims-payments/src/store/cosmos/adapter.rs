@@ -22,7 +22,8 @@ use time::OffsetDateTime;
 
 use super::container::check_properties;
 use super::documents::{
-    inbox_id, payment_id, unreadable_doc, InboxDoc, PaymentDoc, INBOX_DOC_TYPE, PAYMENT_DOC_TYPE,
+    inbox_id, listed_inbox, listed_payment, payment_id, InboxDoc, PaymentDoc, INBOX_DOC_TYPE,
+    PAYMENT_DOC_TYPE,
 };
 use super::errors::{classify, describe, error_charge, is_transient_code, note, record_charge};
 use super::settings::{CosmosAuth, CosmosSettings};
@@ -544,14 +545,7 @@ impl Store for CosmosStore {
         let docs: Vec<serde_json::Value> = self
             .list("list_payments", PAYMENT_DOC_TYPE, "", limit)
             .await?;
-        Ok(docs
-            .into_iter()
-            .map(|value| {
-                serde_json::from_value::<PaymentDoc>(value.clone())
-                    .map_err(|e| unreadable_doc(PAYMENT_DOC_TYPE, &value, &e))?
-                    .into_record(None)
-            })
-            .collect())
+        Ok(docs.into_iter().map(listed_payment).collect())
     }
 
     async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
@@ -613,14 +607,7 @@ impl Store for CosmosStore {
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
         let docs: Vec<serde_json::Value> =
             self.list("list_inbox", INBOX_DOC_TYPE, "", limit).await?;
-        Ok(docs
-            .into_iter()
-            .map(|value| {
-                serde_json::from_value::<InboxDoc>(value.clone())
-                    .map_err(|e| unreadable_doc(INBOX_DOC_TYPE, &value, &e))?
-                    .into_record(None)
-            })
-            .collect())
+        Ok(docs.into_iter().map(listed_inbox).collect())
     }
 
     /// Cosmos DB deletes expired inbox documents itself: each carries `ttl` (the

@@ -19,8 +19,8 @@ use crate::message::{
     ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
 };
 use crate::store::{
-    AttemptId, CorruptRecord, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord,
-    PaymentStatus,
+    AttemptId, CorruptRecord, InboxKey, InboxOutcome, InboxRecord, InboxStatus, Listed,
+    PaymentRecord, PaymentStatus,
 };
 
 pub(crate) const INBOX_DOC_TYPE: &str = "inbox";
@@ -122,9 +122,23 @@ fn corrupt(_doc: &str, field: &'static str, problem: impl std::fmt::Display) -> 
     }
 }
 
+/// One payment document of a listing: the record, or why it does not read.
+pub(crate) fn listed_payment(value: serde_json::Value) -> Listed<PaymentRecord> {
+    serde_json::from_value::<PaymentDoc>(value.clone())
+        .map_err(|e| unreadable_doc(PAYMENT_DOC_TYPE, &value, &e))?
+        .into_record(None)
+}
+
+/// One inbox document of a listing: the record, or why it does not read.
+pub(crate) fn listed_inbox(value: serde_json::Value) -> Listed<InboxRecord> {
+    serde_json::from_value::<InboxDoc>(value.clone())
+        .map_err(|e| unreadable_doc(INBOX_DOC_TYPE, &value, &e))?
+        .into_record(None)
+}
+
 /// A document that does not even have the shape of its type (a field missing or of
 /// another JSON type): its corrupt record, named by the claim (and MessageId) it holds.
-pub(crate) fn unreadable_doc(
+fn unreadable_doc(
     doc_type: &str,
     value: &serde_json::Value,
     e: &serde_json::Error,
@@ -506,6 +520,75 @@ mod tests {
         assert!(
             matches!(&err, StoreError::Permanent(m) if m.contains("unknown outcome")),
             "{err}"
+        );
+    }
+
+    /// Issue 31 item 7 on Cosmos DB: a listed document that does not read is named by
+    /// its claim and field, in its place, and does not stop the listing.
+    #[test]
+    fn a_listed_document_that_does_not_read_names_its_claim_and_field() {
+        let good = valid_payment_doc();
+        let mut edited = serde_json::to_value(valid_payment_doc()).unwrap();
+        edited["amount"] = "80.5".into();
+        let mut shapeless = serde_json::to_value(valid_payment_doc()).unwrap();
+        shapeless.as_object_mut().unwrap().remove("currency");
+        let listed: Vec<_> = [
+            serde_json::to_value(&good).unwrap(),
+            edited.clone(),
+            shapeless.clone(),
+        ]
+        .into_iter()
+        .map(listed_payment)
+        .collect();
+        assert_eq!(
+            listed[0].as_ref().unwrap().claim_id.to_string(),
+            good.claim_id
+        );
+        let corrupt = listed[1].as_ref().unwrap_err();
+        assert_eq!(
+            (corrupt.record, corrupt.claim_id.as_str(), corrupt.column),
+            ("payment", edited["claimId"].as_str().unwrap(), "amount")
+        );
+        assert!(corrupt.reason.contains("80.5"), "{corrupt}");
+        let corrupt = listed[2].as_ref().unwrap_err();
+        assert_eq!(
+            (corrupt.claim_id.as_str(), corrupt.column),
+            (shapeless["claimId"].as_str().unwrap(), "document")
+        );
+        assert!(corrupt.reason.contains("currency"), "{corrupt}");
+
+        let record = InboxRecord {
+            consumer: "payments".into(),
+            claim_id: ClaimId::random(),
+            message_id: MessageId::parse("evt-1").unwrap(),
+            payload_hash: PayloadHash::from_stored("h".into()),
+            status: InboxStatus::Completed,
+            outcome: Some(InboxOutcome::RunReleased),
+            owner: AttemptId::new(),
+            lease_until: None,
+            first_delivery_count: 1,
+            last_delivery_count: 1,
+            created_at: OffsetDateTime::UNIX_EPOCH,
+            updated_at: OffsetDateTime::UNIX_EPOCH,
+            expires_at: OffsetDateTime::UNIX_EPOCH,
+        };
+        let mut inbox = serde_json::to_value(InboxDoc::from_record(&record, 60)).unwrap();
+        assert!(listed_inbox(inbox.clone()).is_ok());
+        inbox["outcome"] = "lost".into();
+        let corrupt = listed_inbox(inbox).unwrap_err();
+        assert_eq!(
+            (
+                corrupt.record,
+                corrupt.claim_id,
+                corrupt.message_id.as_deref(),
+                corrupt.column
+            ),
+            (
+                "inbox",
+                record.claim_id.to_string(),
+                Some("evt-1"),
+                "document"
+            )
         );
     }
 
