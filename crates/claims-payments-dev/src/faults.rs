@@ -10,7 +10,7 @@ use claims_payments::consumer::{Delivery, Outcome};
 use claims_payments::functions::claim_approved::ClaimHandler;
 use claims_payments::message::{ClaimApproved, ClaimId, Purpose};
 use claims_payments::store::{
-    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord,
+    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreResult, Version, Versioned,
 };
 use rand::RngExt;
@@ -62,7 +62,7 @@ impl Store for SlowStore {
         tokio::time::sleep(self.delay).await;
         self.inner.finalize(write).await
     }
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
         self.inner.list_payments(limit).await
     }
     async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
@@ -71,7 +71,7 @@ impl Store for SlowStore {
     async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
         self.inner.count_payments(status, limit).await
     }
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
         self.inner.list_inbox(limit).await
     }
     async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {

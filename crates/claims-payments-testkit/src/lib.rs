@@ -25,6 +25,7 @@
 pub mod bank;
 pub mod chance;
 pub mod conformance;
+pub mod corrupt_rows;
 pub mod fixtures;
 pub mod host;
 pub mod ingestion;

@@ -19,7 +19,7 @@ use crate::config::{Settings, StoreSettings};
 use crate::reconcile::{self, Reconciler};
 use crate::startup;
 use crate::store::sqlite::Access;
-use crate::store::{DynStore, InboxRecord, PaymentRecord};
+use crate::store::{CorruptRecord, DynStore, InboxRecord, Listed, PaymentRecord};
 
 #[derive(clap::Args)]
 pub struct ListArgs {
@@ -64,12 +64,19 @@ fn parse_min_age(text: &str) -> Result<std::time::Duration, String> {
 /// or an invalid setting.
 pub(crate) const EXIT_OPEN_ITEMS: u8 = 3;
 
+/// `ledger`'s and `inbox`'s exit code when some stored rows could not be read (a hand
+/// edit, a bug): each is named on stderr with its claim and column, and every other row
+/// is still listed. 0: every row read; 1: cannot run; 2: usage or an invalid setting.
+pub(crate) const EXIT_UNREADABLE_ROWS: u8 = 4;
+
 /// The commands an operator runs against the configured store.
 #[derive(clap::Subcommand)]
 pub enum OperatorCommand {
-    /// List payments.
+    /// List payments. Exit 0: every row read; 4: some rows could not be read (each named on
+    /// stderr with its claim and column; the others are listed); 1: cannot run; 2: usage or an
+    /// invalid setting.
     Ledger(ListArgs),
-    /// List inbox records (messages seen and how they ended).
+    /// List inbox records (messages seen and how they ended). Exit codes as for ledger.
     Inbox(ListArgs),
     /// Remove inbox records past INBOX_RETENTION_DAYS now (SQLite, PostgreSQL; Cosmos expires them itself).
     Purge,
@@ -86,14 +93,22 @@ pub enum OperatorCommand {
 pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Result<ExitCode> {
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     let stdout = || std::io::stdout().lock();
+    let listed = |unreadable: anyhow::Result<usize>| {
+        unreadable.map(|n| match n {
+            0 => ExitCode::SUCCESS,
+            _ => ExitCode::from(EXIT_UNREADABLE_ROWS),
+        })
+    };
     match command {
         OperatorCommand::Ledger(args) => {
             let store = startup::open_store(settings, Access::ReadOnly).await?;
-            done(ledger(&store, args.json, args.limit, &mut stdout()).await)
+            let mut stderr = std::io::stderr().lock();
+            listed(ledger(&store, args.json, args.limit, &mut stdout(), &mut stderr).await)
         }
         OperatorCommand::Inbox(args) => {
             let store = startup::open_store(settings, Access::ReadOnly).await?;
-            done(inbox(&store, args.json, args.limit, &mut stdout()).await)
+            let mut stderr = std::io::stderr().lock();
+            listed(inbox(&store, args.json, args.limit, &mut stdout(), &mut stderr).await)
         }
         OperatorCommand::Provision => {
             match &settings.store {
@@ -305,12 +320,15 @@ fn print_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> s
     Ok(())
 }
 
+/// Lists payments on `out` and the rows that do not read on `err`; returns how many
+/// did not.
 pub(crate) async fn ledger(
     store: &DynStore,
     json: bool,
     limit: usize,
     out: &mut impl Write,
-) -> anyhow::Result<()> {
+    err: &mut impl Write,
+) -> anyhow::Result<usize> {
     let payments = store.list_payments(limit).await?;
     let listing = Listing {
         header: &[
@@ -335,15 +353,17 @@ pub(crate) async fn ledger(
         },
         counted: "payment(s)",
     };
-    listing.print::<_, LedgerLine>(out, json, &payments)
+    listing.print::<_, LedgerLine>(out, err, json, payments)
 }
 
+/// Lists inbox records as [`ledger`] lists payments.
 pub(crate) async fn inbox(
     store: &DynStore,
     json: bool,
     limit: usize,
     out: &mut impl Write,
-) -> anyhow::Result<()> {
+    err: &mut impl Write,
+) -> anyhow::Result<usize> {
     let records = store.list_inbox(limit).await?;
     let listing = Listing {
         header: &[
@@ -370,11 +390,13 @@ pub(crate) async fn inbox(
         },
         counted: "inbox record(s)",
     };
-    listing.print::<_, InboxLine>(out, json, &records)
+    listing.print::<_, InboxLine>(out, err, json, records)
 }
 
 /// An operator's listing of stored records: one JSON line each with `--json` (`L`, the
-/// record's stable line shape), else a table of `row`s under `header` and a count.
+/// record's stable line shape), else a table of `row`s under `header` and a count. A row
+/// that does not read is named on the error stream (claim, column, why: as stored text,
+/// through [`printable`]), never left out silently and never in the way of the others.
 struct Listing<'a, F> {
     header: &'a [&'a str],
     row: F,
@@ -382,21 +404,42 @@ struct Listing<'a, F> {
 }
 
 impl<F> Listing<'_, F> {
-    fn print<T, L>(&self, out: &mut impl Write, json: bool, records: &[T]) -> anyhow::Result<()>
+    /// Prints `listed`; returns how many rows did not read.
+    fn print<T, L>(
+        &self,
+        out: &mut impl Write,
+        err: &mut impl Write,
+        json: bool,
+        listed: Vec<Listed<T>>,
+    ) -> anyhow::Result<usize>
     where
         F: Fn(&T) -> Vec<String>,
         L: Serialize + for<'r> From<&'r T>,
     {
+        let (records, unreadable): (Vec<_>, Vec<_>) = listed.into_iter().partition(Result::is_ok);
+        let records: Vec<T> = records.into_iter().filter_map(Result::ok).collect();
+        let unreadable: Vec<CorruptRecord> =
+            unreadable.into_iter().filter_map(Result::err).collect();
         if json {
-            for record in records {
+            for record in &records {
                 writeln!(out, "{}", serde_json::to_string(&L::from(record))?)?;
             }
-            return Ok(());
+        } else {
+            let rows: Vec<Vec<String>> = records.iter().map(&self.row).collect();
+            print_table(out, self.header, &rows)?;
+            writeln!(out, "{} {}", records.len(), self.counted)?;
         }
-        let rows: Vec<Vec<String>> = records.iter().map(&self.row).collect();
-        print_table(out, self.header, &rows)?;
-        writeln!(out, "{} {}", records.len(), self.counted)?;
-        Ok(())
+        for corrupt in &unreadable {
+            writeln!(err, "unreadable {}", printable(&corrupt.to_string()))?;
+        }
+        if !unreadable.is_empty() {
+            writeln!(
+                err,
+                "{} stored row(s) could not be read and are not in the listing; repair them (exit code {EXIT_UNREADABLE_ROWS})",
+                unreadable.len()
+            )?;
+        }
+        Ok(unreadable.len())
     }
 }
 
@@ -459,12 +502,16 @@ mod tests {
         for (name, table) in [
             ("ledger", {
                 let mut out = Vec::new();
-                ledger(&store, false, 10, &mut out).await.unwrap();
+                ledger(&store, false, 10, &mut out, &mut Vec::new())
+                    .await
+                    .unwrap();
                 String::from_utf8(out).unwrap()
             }),
             ("inbox", {
                 let mut out = Vec::new();
-                inbox(&store, false, 10, &mut out).await.unwrap();
+                inbox(&store, false, 10, &mut out, &mut Vec::new())
+                    .await
+                    .unwrap();
                 String::from_utf8(out).unwrap()
             }),
         ] {
@@ -476,7 +523,9 @@ mod tests {
 
         // JSON lines were already safe: serde escapes control characters.
         let mut out = Vec::new();
-        ledger(&store, true, 10, &mut out).await.unwrap();
+        ledger(&store, true, 10, &mut out, &mut Vec::new())
+            .await
+            .unwrap();
         let json = String::from_utf8(out).unwrap();
         assert_eq!(json.lines().count(), 1, "{json:?}");
         let line: serde_json::Value = serde_json::from_str(json.trim_end()).unwrap();

@@ -21,6 +21,7 @@ use crate::store::{
     AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, Store, StoreError,
     StoreResult, Version, Versioned,
 };
+use crate::telemetry;
 
 /// How long a lease lasts, and how long its record is kept after its last write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +166,27 @@ pub(crate) fn completed(
     }
 }
 
+/// Whether `found` is the record `written` by this attempt, read back after an ambiguous
+/// answer: our owner (a fresh id per attempt, which no other attempt writes) on a record
+/// in progress with our fingerprint. Later writes of ours under the lease go through
+/// [`Lease`] and its version, never through this test.
+pub(crate) fn own_write(written: &InboxRecord, found: &InboxRecord) -> bool {
+    found.owner == written.owner
+        && found.status == InboxStatus::InProgress
+        && found.payload_hash == written.payload_hash
+}
+
+fn own_write_recognised(record: &InboxRecord, write: &'static str) {
+    telemetry::counters().own_write_recognised.inc();
+    tracing::info!(
+        claimId = %record.claim_id,
+        messageId = %record.message_id,
+        consumer = %record.consumer,
+        write,
+        "own committed write recognised after an ambiguous answer"
+    );
+}
+
 /// A lease this attempt holds: the record as it wrote it, and the version that proves it.
 #[derive(Debug, Clone)]
 pub(crate) struct Lease {
@@ -182,27 +204,72 @@ pub(crate) enum Created {
 
 impl Lease {
     /// Creates `record` if no record of its key exists.
+    ///
+    /// A `Transient` answer may hide a create that committed (the connection dropped
+    /// after the commit, before the reply). The record is read again: if it is ours
+    /// ([`own_write`]), we hold the lease, as the consumer's claim recognises its own
+    /// record; if another attempt's, it is judged as any existing record; if there is
+    /// none, nothing was written and the error stands.
     pub(crate) async fn create(store: &dyn Store, record: InboxRecord) -> StoreResult<Created> {
-        Ok(match store.record_handled(&record).await? {
-            InsertResult::Inserted(version) => Created::Held(Lease { record, version }),
-            InsertResult::AlreadyExists(seen) => Created::Exists(*seen),
-        })
+        let lost = match store.record_handled(&record).await {
+            Ok(InsertResult::Inserted(version)) => {
+                return Ok(Created::Held(Lease { record, version }))
+            }
+            Ok(InsertResult::AlreadyExists(seen)) => return Ok(Created::Exists(*seen)),
+            Err(lost @ StoreError::Transient(_)) => lost,
+            Err(e) => return Err(e),
+        };
+        match store.inbox(&record.key()).await {
+            Ok(Some(seen)) if own_write(&record, &seen.record) => {
+                own_write_recognised(&record, "create");
+                Ok(Created::Held(Lease {
+                    record: seen.record,
+                    version: seen.version,
+                }))
+            }
+            Ok(Some(seen)) => Ok(Created::Exists(seen)),
+            // Nothing was written, or the record cannot be read now: the first answer
+            // is the one to give.
+            Ok(None) | Err(_) => Err(lost),
+        }
     }
 
     /// Writes `taken` over `seen` if nothing changed it since it was read. `None`:
     /// another attempt moved first.
+    ///
+    /// After a `Transient` answer the record is read again, as after a create: a record
+    /// that now carries our owner (and did not before) is our committed write.
     pub(crate) async fn take_over(
         store: &dyn Store,
         seen: &Versioned<InboxRecord>,
         taken: InboxRecord,
     ) -> StoreResult<Option<Lease>> {
-        match store.replace_inbox(&taken, &seen.version).await {
-            Ok(version) => Ok(Some(Lease {
-                record: taken,
-                version,
-            })),
-            Err(StoreError::PreconditionFailed) => Ok(None),
-            Err(e) => Err(e),
+        let lost = match store.replace_inbox(&taken, &seen.version).await {
+            Ok(version) => {
+                return Ok(Some(Lease {
+                    record: taken,
+                    version,
+                }))
+            }
+            Err(StoreError::PreconditionFailed) => return Ok(None),
+            Err(lost @ StoreError::Transient(_)) => lost,
+            Err(e) => return Err(e),
+        };
+        if seen.record.owner == taken.owner {
+            // Our owner was there before the write: the record cannot tell.
+            return Err(lost);
+        }
+        match store.inbox(&taken.key()).await {
+            Ok(Some(now)) if own_write(&taken, &now.record) => {
+                own_write_recognised(&taken, "take-over");
+                Ok(Some(Lease {
+                    record: now.record,
+                    version: now.version,
+                }))
+            }
+            // Changed by someone else: another attempt moved first.
+            Ok(Some(now)) if now.version != seen.version => Ok(None),
+            _ => Err(lost),
         }
     }
 

@@ -187,7 +187,13 @@ async fn run_schedule(messages_n: usize, waves: Vec<Vec<Planned>>) -> Result<(),
     );
 
     let expected: BTreeSet<String> = msgs.iter().map(|(_, m)| m.claim_id.to_string()).collect();
-    let payments = store.list_payments(1000).await.unwrap();
+    let payments: Vec<_> = store
+        .list_payments(1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
     let ledger: BTreeSet<String> = payments.iter().map(|p| p.claim_id.to_string()).collect();
     prop_assert_eq!(&ledger, &expected, "ledger = distinct claims");
     prop_assert_eq!(payments.len(), expected.len());

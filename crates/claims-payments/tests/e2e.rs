@@ -1434,3 +1434,38 @@ async fn the_payments_api_refuses_loose_input() {
     assert_eq!(r.status().as_u16(), 404);
     assert!(r.text().await.unwrap().contains("ClaimApproved"));
 }
+
+/// Issue 31 item 7 on SQLite: payment rows whose amount was edited by hand to `80.5`
+/// (EUR) are named by `ledger` with claim and column, the rest is listed, the exit code is
+/// 4, and the consumer answers `store-failure` for those claims without paying again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_payment_row_is_named_and_the_rest_of_the_ledger_is_listed_on_sqlite() {
+    let (_dir, db) = temp_db();
+    let store: claims_payments::store::DynStore =
+        claims_payments::store::sqlite::SqliteStore::open(&db).unwrap();
+    let path = db.to_string_lossy().into_owned();
+    let edit = db.clone();
+    claims_payments_testkit::corrupt_rows::corrupt_payments_are_named_and_never_paid_again(
+        EXE,
+        &[("PAYMENTS_SQLITE_PATH", &path)],
+        store,
+        |claim| {
+            let edit = edit.clone();
+            async move {
+                let conn = rusqlite::Connection::open(&edit).unwrap();
+                conn.busy_timeout(Duration::from_secs(5)).unwrap();
+                let changed = conn
+                    .execute(
+                        "UPDATE payments SET amount = ?1 WHERE claim_id = ?2",
+                        rusqlite::params![
+                            claims_payments_testkit::corrupt_rows::NON_CANONICAL_AMOUNT,
+                            claim
+                        ],
+                    )
+                    .unwrap();
+                assert_eq!(changed, 1);
+            }
+        },
+    )
+    .await;
+}

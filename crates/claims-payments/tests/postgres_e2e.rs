@@ -223,8 +223,8 @@ async fn the_purge_timer_function_removes_expired_inbox_records() {
         .list_inbox(10)
         .await
         .unwrap()
-        .iter()
-        .map(|r| r.message_id.to_string())
+        .into_iter()
+        .map(|r| r.unwrap().message_id.to_string())
         .collect();
     assert_eq!(left, [live.message_id.to_string()]);
 }

@@ -375,6 +375,7 @@ async fn a_server_crash_mid_run_pays_each_claim_exactly_once_and_leaves_nothing_
         .await
         .unwrap()
         .into_iter()
+        .map(Result::unwrap)
         .filter(|r| r.status == InboxStatus::InProgress)
         .collect();
     assert!(stuck.is_empty(), "left in progress: {stuck:?}");
@@ -426,8 +427,8 @@ async fn the_purge_deletes_expired_records_in_bounded_batches() {
         .list_inbox(100)
         .await
         .unwrap()
-        .iter()
-        .map(|r| r.message_id.to_string())
+        .into_iter()
+        .map(|r| r.unwrap().message_id.to_string())
         .collect();
     assert_eq!(
         left,

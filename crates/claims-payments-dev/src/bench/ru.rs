@@ -47,8 +47,8 @@ use claims_payments::store::cosmos::container::{container_definition, DEFAULT_CO
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id};
 use claims_payments::store::cosmos::CosmosStore;
 use claims_payments::store::{
-    ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
-    Store, StoreError, StoreResult, Version, Versioned,
+    ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
+    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 
 /// RU per indexed term written or removed.
@@ -448,7 +448,7 @@ impl Store for RecordingStore {
         }
     }
 
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
         self.inner.list_payments(limit).await
     }
 
@@ -460,7 +460,7 @@ impl Store for RecordingStore {
         self.inner.count_payments(status, limit).await
     }
 
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
         self.inner.list_inbox(limit).await
     }
 

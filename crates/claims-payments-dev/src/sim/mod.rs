@@ -64,7 +64,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use bank::{FakeBank, FakeBankSettings};
 use claims_payments::setting::names;
-use claims_payments::store::{PaymentRecord, Store};
+use claims_payments::store::{Listed, PaymentRecord, Store};
 use claims_payments_testkit::process::{self as spawn, CosmosEmulator, ServeSpec, TempDir};
 use driver::{DataType, Host, HostSettings, Instances};
 use process::Supervisor;
@@ -524,10 +524,15 @@ impl ReconcileCommand {
 }
 
 /// Converts the store's payment records into the verifier's rows.
-pub fn ledger_rows(records: &[PaymentRecord]) -> anyhow::Result<Vec<LedgerRow>> {
+/// The listed payments as the verifier reads them; a row that does not read fails the
+/// verification, naming it.
+pub fn ledger_rows(records: &[Listed<PaymentRecord>]) -> anyhow::Result<Vec<LedgerRow>> {
     records
         .iter()
         .map(|r| {
+            let r = r
+                .as_ref()
+                .map_err(|corrupt| anyhow::anyhow!("a payment does not read: {corrupt}"))?;
             Ok(LedgerRow {
                 claim_id: r.claim_id.to_string(),
                 // The stored string (scale included), as the verifier always read it.
@@ -600,7 +605,7 @@ impl Ledger {
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot read the payment of claim {id}: {e}"))?;
             if let Some(payment) = read {
-                found.push(payment.record);
+                found.push(Ok(payment.record));
             }
         }
         let missed = found.len();

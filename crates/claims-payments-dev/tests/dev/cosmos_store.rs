@@ -1037,13 +1037,16 @@ mod scenarios {
         }
         expected.sort_by_key(|(at, _, _)| *at);
         let payments = store.list_payments(2).await.unwrap();
-        assert_eq!(payments, vec![expected[0].2.clone(), expected[1].2.clone()]);
+        assert_eq!(
+            payments,
+            vec![Ok(expected[0].2.clone()), Ok(expected[1].2.clone())]
+        );
         let inbox = store.list_inbox(10).await.unwrap();
         assert_eq!(
             inbox,
             expected
                 .iter()
-                .map(|(_, i, _)| i.clone())
+                .map(|(_, i, _)| Ok(i.clone()))
                 .collect::<Vec<_>>()
         );
         assert!(store.list_payments(0).await.unwrap().is_empty());
@@ -1193,8 +1196,8 @@ async fn provision_narrows_an_outdated_indexing_policy_in_place() {
         ClaimResult::PaymentExists(_)
     ));
     // The listings filter on docType and sort on createdAt, both still indexed.
-    assert_eq!(store.list_payments(10).await.unwrap(), vec![payment]);
-    assert_eq!(store.list_inbox(10).await.unwrap(), vec![inbox]);
+    assert_eq!(store.list_payments(10).await.unwrap(), vec![Ok(payment)]);
+    assert_eq!(store.list_inbox(10).await.unwrap(), vec![Ok(inbox)]);
 }
 
 /// Serves a fresh emulator over loopback HTTP in this process; returns its settings.

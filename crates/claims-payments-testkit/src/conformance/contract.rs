@@ -148,13 +148,16 @@ pub async fn listings_are_oldest_first_bounded_and_whole(store: DynStore) {
     }
     expected.sort_by_key(|(at, _, _)| *at);
     let payments = store.list_payments(2).await.unwrap();
-    assert_eq!(payments, vec![expected[0].2.clone(), expected[1].2.clone()]);
+    assert_eq!(
+        payments,
+        vec![Ok(expected[0].2.clone()), Ok(expected[1].2.clone())]
+    );
     let inbox = store.list_inbox(10).await.unwrap();
     assert_eq!(
         inbox,
         expected
             .iter()
-            .map(|(_, i, _)| i.clone())
+            .map(|(_, i, _)| Ok(i.clone()))
             .collect::<Vec<_>>()
     );
     assert!(store.list_payments(0).await.unwrap().is_empty());

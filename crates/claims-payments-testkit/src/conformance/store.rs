@@ -319,8 +319,8 @@ pub async fn listings_return_what_was_stored(store: DynStore) {
         .list_payments(100)
         .await
         .unwrap()
-        .iter()
-        .map(|p| p.claim_id.to_string())
+        .into_iter()
+        .map(|p| p.unwrap().claim_id.to_string())
         .collect();
     listed.sort();
     let mut expected = claims.clone();

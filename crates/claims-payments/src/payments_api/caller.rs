@@ -49,7 +49,9 @@ pub enum CallerAuth {
     AppService,
 }
 
-/// Whose Idempotency-Keys these are. Only hashes of it are stored.
+/// Whose Idempotency-Keys these are. Only hashes of it are stored: the key record's ids
+/// and the tag in a payment's MessageId ([`super::key`]), so a scope string, once used,
+/// must never change for the same caller, and two callers must never share one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Scope(String);
 
@@ -61,6 +63,107 @@ impl Scope {
 
     pub(crate) fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// A signed-in principal's scope: an injective encoding of who signed it in and who
+    /// it is, so two principals never share a scope, whatever their ids contain.
+    ///
+    /// - An Entra principal of App Service Authentication (provider `aad`, tenant and
+    ///   user both GUIDs): `aad:{tid}:{oid}`, as before this encoding, so its key
+    ///   records and payments stay its own. A GUID has a fixed length and no `:`.
+    /// - A Static Web Apps principal whose provider and user id are plain (letters,
+    ///   digits, `-`, `.`, `_`; what the platform sends): `swa:{provider}:{userId}`, as
+    ///   before. Neither part holds a `:`.
+    /// - Every other one: `idp:{platform}:{provider}:{tenant}:{user}`, each part
+    ///   percent-encoded ([`encode_part`]), so no part holds a `:` and the string
+    ///   reads back as exactly one tuple. `idp:` is no other form's start (nor the key
+    ///   holders' `tenant:`), so it can never equal one of them.
+    fn of_principal(who: &Identity<'_>) -> Scope {
+        match who.platform {
+            Platform::AppService
+                if who.provider == ENTRA_PROVIDER && is_guid(who.tenant) && is_guid(who.user) =>
+            {
+                Scope(format!("aad:{}:{}", who.tenant, who.user))
+            }
+            Platform::StaticWebApps
+                if who.tenant.is_empty() && is_plain(who.provider) && is_plain(who.user) =>
+            {
+                Scope(format!("swa:{}:{}", who.provider, who.user))
+            }
+            platform => {
+                let mut scope = format!("idp:{}", platform.as_str());
+                for part in [who.provider, who.tenant, who.user] {
+                    scope.push(':');
+                    encode_part(&mut scope, part);
+                }
+                Scope(scope)
+            }
+        }
+    }
+}
+
+/// The platform that signed a principal in (its header's shape says which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Platform {
+    AppService,
+    StaticWebApps,
+}
+
+impl Platform {
+    fn as_str(self) -> &'static str {
+        match self {
+            Platform::AppService => "appservice",
+            Platform::StaticWebApps => "swa",
+        }
+    }
+}
+
+/// Who a principal is, as its platform names it: the identity provider (App Service's
+/// `auth_typ`, Static Web Apps' `identityProvider`), the tenant (Entra's `tid`; empty
+/// where there is none) and the user id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Identity<'a> {
+    platform: Platform,
+    provider: &'a str,
+    tenant: &'a str,
+    user: &'a str,
+}
+
+/// App Service Authentication's `auth_typ` for Entra ID.
+const ENTRA_PROVIDER: &str = "aad";
+
+/// A GUID in its 36-character hyphenated form (either case), the only form Entra
+/// sends for `tid` and `oid`. Stricter than a UUID parser, which also takes
+/// `urn:uuid:...` and braces.
+fn is_guid(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+/// Letters, digits, `-`, `.`, `_`, at least one: a part that needs no encoding.
+fn is_plain(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+}
+
+/// Percent-encodes `part` onto `out`: letters, digits, `-`, `.`, `_` and `~` stay (RFC
+/// 3986 unreserved), every other UTF-8 byte, `%` and `:` included, becomes `%XX` in
+/// upper case. One spelling per string, so the encoding is injective, and no encoded
+/// part holds a `:`.
+fn encode_part(out: &mut String, part: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for byte in part.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
     }
 }
 
@@ -155,6 +258,10 @@ impl Caller {
 /// App Service Authentication's principal: `{auth_typ, name_typ, role_typ, claims}`.
 #[derive(Deserialize)]
 struct AppServicePrincipal {
+    /// The identity provider (`aad` for Entra ID). The platform always sets it; absent,
+    /// the principal is not taken for an Entra one.
+    #[serde(default)]
+    auth_typ: String,
     #[serde(default)]
     role_typ: Option<String>,
     claims: Vec<PrincipalClaim>,
@@ -243,15 +350,23 @@ fn principal_of(headers: &HeaderMap) -> Result<Principal, UnknownPrincipal> {
             .clone()
             .or_else(|| header_id.map(str::to_owned))
             .ok_or(UnknownPrincipal::NoObjectId)?;
-        (format!("aad:{tid}:{id}"), oid, roles)
+        let scope = Scope::of_principal(&Identity {
+            platform: Platform::AppService,
+            provider: &p.auth_typ,
+            tenant: &tid,
+            user: &id,
+        });
+        (scope, oid, roles)
     } else if is_object_with("userId") {
         let p: StaticWebAppsPrincipal =
             serde_json::from_value(json).map_err(|_| UnknownPrincipal::NotStaticWebApps)?;
-        (
-            format!("swa:{}:{}", p.identity_provider, p.user_id),
-            Some(p.user_id),
-            p.user_roles,
-        )
+        let scope = Scope::of_principal(&Identity {
+            platform: Platform::StaticWebApps,
+            provider: &p.identity_provider,
+            tenant: "",
+            user: &p.user_id,
+        });
+        (scope, Some(p.user_id), p.user_roles)
     } else {
         return Err(UnknownPrincipal::UnknownShape);
     };
@@ -269,7 +384,7 @@ fn principal_of(headers: &HeaderMap) -> Result<Principal, UnknownPrincipal> {
     }
     let has = |role: &str| roles.iter().any(|r| r == role);
     Ok(Principal {
-        scope: Scope(scope),
+        scope,
         may_pay: has(PAY_ROLE),
         may_read_all: has(READ_ROLE),
     })
@@ -334,7 +449,11 @@ mod tests {
             ("x-ms-client-principal-id", "oid-1"),
         ]);
         let c = caller(&h).unwrap();
-        assert_eq!(c.principal_scope().unwrap().as_str(), "aad:t-1:oid-1");
+        // Not GUIDs: not an Entra scope of the old form.
+        assert_eq!(
+            c.principal_scope().unwrap().as_str(),
+            "idp:appservice:aad:t-1:oid-1"
+        );
         assert!(c.authorize(Action::Pay).is_ok());
         assert!(c.reads_only_own());
         // Roles under the principal's own role_typ count as well.
@@ -355,6 +474,131 @@ mod tests {
         let c = caller(&headers(&[("x-ms-client-principal", &p)])).unwrap();
         assert_eq!(c.principal_scope().unwrap().as_str(), "swa:aad:u-1");
         assert!(c.authorize(Action::Pay).is_ok());
+    }
+
+    /// The scope a principal of `who` gets, through the header as the platform sends it.
+    fn scope_of(who: &Identity<'_>) -> String {
+        let principal = match who.platform {
+            Platform::AppService => serde_json::json!({
+                "auth_typ": who.provider,
+                "claims": [
+                    {"typ": "oid", "val": who.user},
+                    {"typ": "tid", "val": who.tenant},
+                ],
+            }),
+            Platform::StaticWebApps => serde_json::json!({
+                "identityProvider": who.provider,
+                "userId": who.user,
+                "userRoles": [],
+            }),
+        };
+        let h = headers(&[("x-ms-client-principal", &b64(&principal.to_string()))]);
+        caller(&h)
+            .unwrap_or_else(|status| panic!("{who:?}: {status}"))
+            .principal_scope()
+            .unwrap()
+            .as_str()
+            .to_owned()
+    }
+
+    const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
+    const OID: &str = "4d1c3b2a-9f8e-4d7c-8b6a-5f4e3d2c1b0a";
+
+    fn app<'a>(provider: &'a str, tenant: &'a str, user: &'a str) -> Identity<'a> {
+        Identity {
+            platform: Platform::AppService,
+            provider,
+            tenant,
+            user,
+        }
+    }
+
+    fn swa(provider: &'static str, user: &'static str) -> Identity<'static> {
+        Identity {
+            platform: Platform::StaticWebApps,
+            provider,
+            tenant: "",
+            user,
+        }
+    }
+
+    /// Issue 31 item 9: the scopes key records and payments were stored under stay
+    /// what they were for Entra principals (and plain Static Web Apps ones).
+    #[test]
+    fn existing_entra_and_static_web_apps_scopes_are_unchanged() {
+        assert_eq!(
+            scope_of(&app("aad", TENANT, OID)),
+            format!("aad:{TENANT}:{OID}")
+        );
+        assert_eq!(
+            scope_of(&swa("aad", "d1f5e2a3b4c5d6e7f8a9b0c1d2e3f4a5")),
+            "swa:aad:d1f5e2a3b4c5d6e7f8a9b0c1d2e3f4a5"
+        );
+        assert_eq!(scope_of(&swa("github", "u-1")), "swa:github:u-1");
+    }
+
+    /// Issue 31 item 9: principals that shared a scope before (the provider left out,
+    /// `:` not escaped) each have their own, and none takes an Entra principal's.
+    #[test]
+    fn crafted_ids_and_other_providers_never_share_a_scope() {
+        let pairs = [
+            // Two App Service providers, one user id.
+            (app("google", "", "123"), app("github", "", "123")),
+            // A `:` moved between tenant and user.
+            (app("aad", "t:a", "b"), app("aad", "t", "a:b")),
+            // Another provider with an Entra principal's tenant and object id.
+            (app("aad", TENANT, OID), app("oidc", TENANT, OID)),
+            // A `:` moved between a Static Web Apps provider and user.
+            (swa("aad:x", "u"), swa("aad", "x:u")),
+            // An id that spells an encoded `:`.
+            (app("aad", "t", "a%3Ab"), app("aad", "t", "a:b")),
+            (swa("aad", "a%3Ab"), swa("aad", "a:b")),
+            // An id that spells another form.
+            (swa("idp", "appservice"), app("", "", "appservice")),
+            // The same ids on two platforms.
+            (app("aad", "", "u-1"), swa("aad", "u-1")),
+        ];
+        for (a, b) in pairs {
+            assert_ne!(scope_of(&a), scope_of(&b), "{a:?} and {b:?}");
+        }
+        // An Entra-looking scope is only ever an Entra principal's.
+        let both = format!("{TENANT}:{OID}");
+        let crafted = app("aad", "", &both);
+        assert!(!scope_of(&crafted).starts_with("aad:"), "{crafted:?}");
+    }
+
+    proptest::proptest! {
+        /// Issue 31 item 9: distinct principals (platform, provider, tenant, user) never
+        /// get one scope. Parts are drawn from an alphabet made of separators, escape
+        /// characters and GUIDs, so near-collisions are frequent.
+        #[test]
+        fn distinct_principals_never_share_a_scope(
+            ids in proptest::collection::vec(
+                (
+                    proptest::bool::ANY,
+                    "(aad|swa|idp|[a:%3A]{0,4})",
+                    "([a:%3A-]{0,4}|72f988bf-86f1-41af-91ab-2d7cd011db47)",
+                    "([a:%3A-]{1,4}|4d1c3b2a-9f8e-4d7c-8b6a-5f4e3d2c1b0a)",
+                ),
+                2..12,
+            )
+        ) {
+            let mut seen: std::collections::HashMap<String, (bool, String, String, String)> =
+                Default::default();
+            for (on_app_service, provider, tenant, user) in ids {
+                let tenant = if on_app_service { tenant } else { String::new() };
+                let who = Identity {
+                    platform: if on_app_service { Platform::AppService } else { Platform::StaticWebApps },
+                    provider: &provider,
+                    tenant: &tenant,
+                    user: &user,
+                };
+                let id = (on_app_service, provider.clone(), tenant.clone(), user.clone());
+                if let Some(other) = seen.insert(scope_of(&who), id.clone()) {
+                    proptest::prop_assert_eq!(other, id);
+                }
+            }
+        }
     }
 
     #[test]

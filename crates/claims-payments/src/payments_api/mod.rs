@@ -42,6 +42,12 @@
 //! runs out: the client's retry takes it over and step 2 resumes where the consumer's
 //! records say (a completed message is answered from its payment record, which gives
 //! the same bytes). A transient failure gives the lease back at once and answers 503.
+//! A transient answer to the key record's create or takeover may hide a write that
+//! committed (the connection dropped after the commit): the record is read again and,
+//! if it carries this request's owner, the request holds the key and carries on
+//! ([`Lease::create`]), as the consumer's claim recognises its own record. Only if that
+//! read fails too is the answer 503, and the key then waits for its lease as after a
+//! crash.
 
 use std::time::Duration;
 

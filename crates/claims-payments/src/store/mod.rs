@@ -370,6 +370,82 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// A stored record that does not read back as what was written: a hand edit or a bug
+/// (an amount `80.5` for EUR, an unknown status). Which record, which column and why,
+/// so a person can find and repair it. A listing reports it in place of the record and
+/// goes on ([`Listed`]); a read of the one record answers [`StoreError::Permanent`] with
+/// the same words, so the consumer stops (needs a person) and never takes the record
+/// for absent. Every part is bounded: stored text is whatever an edit left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorruptRecord {
+    /// `payment` or `inbox`.
+    pub record: &'static str,
+    /// The claim id as stored (it may itself be the corrupt column).
+    pub claim_id: String,
+    /// An inbox record's MessageId as stored; `None` for payments.
+    pub message_id: Option<String>,
+    /// The column (SQLite, PostgreSQL) or document field (Cosmos DB) that does not read.
+    pub column: &'static str,
+    pub reason: String,
+}
+
+/// The most characters of stored text a [`CorruptRecord`] repeats, per part.
+const CORRUPT_TEXT_CHARS: usize = 160;
+
+fn bounded(text: &str) -> String {
+    match text.char_indices().nth(CORRUPT_TEXT_CHARS) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+impl CorruptRecord {
+    pub(crate) fn payment(claim_id: &str, column: &'static str, reason: impl fmt::Display) -> Self {
+        CorruptRecord {
+            record: "payment",
+            claim_id: bounded(claim_id),
+            message_id: None,
+            column,
+            reason: bounded(&reason.to_string()),
+        }
+    }
+
+    pub(crate) fn inbox(
+        claim_id: &str,
+        message_id: &str,
+        column: &'static str,
+        reason: impl fmt::Display,
+    ) -> Self {
+        CorruptRecord {
+            record: "inbox",
+            message_id: Some(bounded(message_id)),
+            ..CorruptRecord::payment(claim_id, column, reason)
+        }
+    }
+}
+
+impl fmt::Display for CorruptRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} of claim {:?}", self.record, self.claim_id)?;
+        if let Some(message) = &self.message_id {
+            write!(f, ", message {message:?}")?;
+        }
+        write!(f, ": {}: {}", self.column, self.reason)
+    }
+}
+
+impl From<CorruptRecord> for StoreError {
+    fn from(c: CorruptRecord) -> Self {
+        StoreError::Permanent(format!(
+            "corrupt {} in the database: {c}; a person must repair the record",
+            c.record
+        ))
+    }
+}
+
+/// One row of a listing: the record, or why it does not read.
+pub type Listed<T> = Result<T, CorruptRecord>;
+
 /// Which inbox record: (consumer, claim, message). The claim is part of the key
 /// because Cosmos partitions by claim; both stores keep the same scope.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -430,8 +506,9 @@ pub trait Store: Send + Sync + 'static {
     /// nothing is written.
     async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()>;
 
-    /// Payments, oldest first, at most `limit`.
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>>;
+    /// Payments, oldest first, at most `limit`. A row that does not read is listed as
+    /// its [`CorruptRecord`], in its place; the rest are still read.
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>>;
 
     /// Payments whose outcome is not final yet (`in_progress`, `needs_reconciliation`),
     /// oldest first, at most `limit`: what `reconcile` examines. `mismatched` payments
@@ -442,8 +519,9 @@ pub trait Store: Send + Sync + 'static {
     /// of what still needs a person).
     async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize>;
 
-    /// Inbox records, oldest first, at most `limit`.
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>>;
+    /// Inbox records, oldest first, at most `limit`; a row that does not read as in
+    /// [`list_payments`](Self::list_payments).
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>>;
 
     /// Remove inbox records whose retention ended before `now`, in batches of at most
     /// `batch` rows. Returns how many were removed. Payments are never purged.

@@ -9,7 +9,7 @@ use time::OffsetDateTime;
 use tracing::Instrument;
 
 use super::{
-    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord,
+    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 use crate::message::{ClaimId, Purpose};
@@ -136,7 +136,7 @@ impl Store for TracedStore {
         .await
     }
 
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
         self.call("list payments", None, self.inner.list_payments(limit))
             .await
     }
@@ -159,7 +159,7 @@ impl Store for TracedStore {
         .await
     }
 
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
         self.call("list inbox", None, self.inner.list_inbox(limit))
             .await
     }

@@ -22,14 +22,15 @@ use time::OffsetDateTime;
 
 use super::container::check_properties;
 use super::documents::{
-    inbox_id, payment_id, InboxDoc, PaymentDoc, INBOX_DOC_TYPE, PAYMENT_DOC_TYPE,
+    inbox_id, listed_inbox, listed_payment, payment_id, InboxDoc, PaymentDoc, INBOX_DOC_TYPE,
+    PAYMENT_DOC_TYPE,
 };
 use super::errors::{classify, describe, error_charge, is_transient_code, note, record_charge};
 use super::settings::{CosmosAuth, CosmosSettings};
 use crate::message::{ClaimId, Purpose};
 use crate::store::{
-    ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
-    Store, StoreError, StoreResult, Version, Versioned,
+    ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
+    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 use crate::telemetry;
 
@@ -540,11 +541,11 @@ impl Store for CosmosStore {
         }
     }
 
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
-        let docs: Vec<PaymentDoc> = self
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
+        let docs: Vec<serde_json::Value> = self
             .list("list_payments", PAYMENT_DOC_TYPE, "", limit)
             .await?;
-        docs.into_iter().map(|d| d.into_record(None)).collect()
+        Ok(docs.into_iter().map(listed_payment).collect())
     }
 
     async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
@@ -603,9 +604,10 @@ impl Store for CosmosStore {
         Ok(docs.len())
     }
 
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
-        let docs: Vec<InboxDoc> = self.list("list_inbox", INBOX_DOC_TYPE, "", limit).await?;
-        docs.into_iter().map(|d| d.into_record(None)).collect()
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
+        let docs: Vec<serde_json::Value> =
+            self.list("list_inbox", INBOX_DOC_TYPE, "", limit).await?;
+        Ok(docs.into_iter().map(listed_inbox).collect())
     }
 
     /// Cosmos DB deletes expired inbox documents itself: each carries `ttl` (the

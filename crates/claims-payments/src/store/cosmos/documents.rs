@@ -6,7 +6,7 @@
 //! type without them would collide with its siblings in the same claim.
 //!
 //! Reading is strict: a document that does not parse into a valid record is reported as
-//! [`StoreError::Permanent`] naming the field, never a panic. It can only come from a
+//! a [`CorruptRecord`] naming its claim and the field, never a panic. It can only come from a
 //! bug or a hand edit, and retrying will not repair it.
 
 use serde::{Deserialize, Serialize};
@@ -19,8 +19,8 @@ use crate::message::{
     ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
 };
 use crate::store::{
-    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
-    StoreError,
+    AttemptId, CorruptRecord, InboxKey, InboxOutcome, InboxRecord, InboxStatus, Listed,
+    PaymentRecord, PaymentStatus,
 };
 
 pub(crate) const INBOX_DOC_TYPE: &str = "inbox";
@@ -99,11 +99,7 @@ pub(crate) fn format_timestamp(t: OffsetDateTime) -> String {
         .unwrap_or_else(|_| utc.unix_timestamp().to_string())
 }
 
-fn parse_timestamp(
-    doc: &str,
-    field: &'static str,
-    value: &str,
-) -> Result<OffsetDateTime, StoreError> {
+fn parse_timestamp(doc: &str, field: &'static str, value: &str) -> Result<OffsetDateTime, Bad> {
     OffsetDateTime::parse(value, &Rfc3339).map_err(|_| {
         corrupt(
             doc,
@@ -113,11 +109,49 @@ fn parse_timestamp(
     })
 }
 
-fn corrupt(doc: &str, field: &'static str, problem: impl std::fmt::Display) -> StoreError {
-    StoreError::Permanent(format!("corrupt {doc} document: {field}: {problem}"))
+/// A field of a document that does not read: which, and why.
+pub(crate) struct Bad {
+    field: &'static str,
+    problem: String,
 }
 
-fn parse_purpose(doc: &str, value: &str) -> Result<Purpose, StoreError> {
+fn corrupt(_doc: &str, field: &'static str, problem: impl std::fmt::Display) -> Bad {
+    Bad {
+        field,
+        problem: problem.to_string(),
+    }
+}
+
+/// One payment document of a listing: the record, or why it does not read.
+pub(crate) fn listed_payment(value: serde_json::Value) -> Listed<PaymentRecord> {
+    serde_json::from_value::<PaymentDoc>(value.clone())
+        .map_err(|e| unreadable_doc(PAYMENT_DOC_TYPE, &value, &e))?
+        .into_record(None)
+}
+
+/// One inbox document of a listing: the record, or why it does not read.
+pub(crate) fn listed_inbox(value: serde_json::Value) -> Listed<InboxRecord> {
+    serde_json::from_value::<InboxDoc>(value.clone())
+        .map_err(|e| unreadable_doc(INBOX_DOC_TYPE, &value, &e))?
+        .into_record(None)
+}
+
+/// A document that does not even have the shape of its type (a field missing or of
+/// another JSON type): its corrupt record, named by the claim (and MessageId) it holds.
+fn unreadable_doc(
+    doc_type: &str,
+    value: &serde_json::Value,
+    e: &serde_json::Error,
+) -> CorruptRecord {
+    let text = |field: &str| value.get(field).and_then(|v| v.as_str()).unwrap_or("?");
+    if doc_type == INBOX_DOC_TYPE {
+        CorruptRecord::inbox(text("claimId"), text("messageId"), "document", e)
+    } else {
+        CorruptRecord::payment(text("claimId"), "document", e)
+    }
+}
+
+fn parse_purpose(doc: &str, value: &str) -> Result<Purpose, Bad> {
     match value {
         "payout" => Ok(Purpose::Payout),
         other => Err(corrupt(
@@ -180,7 +214,13 @@ impl InboxDoc {
     pub(crate) fn into_record(
         self,
         expected: Option<&InboxKey>,
-    ) -> Result<InboxRecord, StoreError> {
+    ) -> Result<InboxRecord, CorruptRecord> {
+        let (claim, message) = (self.claim_id.clone(), self.message_id.clone());
+        self.read(expected)
+            .map_err(|bad| CorruptRecord::inbox(&claim, &message, bad.field, bad.problem))
+    }
+
+    fn read(self, expected: Option<&InboxKey>) -> Result<InboxRecord, Bad> {
         const DOC: &str = "inbox";
         if self.doc_type != INBOX_DOC_TYPE {
             return Err(corrupt(DOC, "docType", format!("is {:?}", self.doc_type)));
@@ -278,7 +318,13 @@ impl PaymentDoc {
     pub(crate) fn into_record(
         self,
         expected_claim: Option<ClaimId>,
-    ) -> Result<PaymentRecord, StoreError> {
+    ) -> Result<PaymentRecord, CorruptRecord> {
+        let claim = self.claim_id.clone();
+        self.read(expected_claim)
+            .map_err(|bad| CorruptRecord::payment(&claim, bad.field, bad.problem))
+    }
+
+    fn read(self, expected_claim: Option<ClaimId>) -> Result<PaymentRecord, Bad> {
         const DOC: &str = "payment";
         if self.doc_type != PAYMENT_DOC_TYPE {
             return Err(corrupt(DOC, "docType", format!("is {:?}", self.doc_type)));
@@ -327,6 +373,7 @@ impl PaymentDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StoreError;
 
     /// Reads a document body as the adapter's typed reads do.
     fn decode<T: serde::de::DeserializeOwned>(kind: &str, body: &[u8]) -> Result<T, StoreError> {
@@ -390,7 +437,7 @@ mod tests {
         assert_eq!(a, "2027-01-15T08:00:00.000000000Z");
         let offset = later.to_offset(UtcOffset::from_hms(2, 0, 0).unwrap());
         assert_eq!(format_timestamp(offset), b);
-        assert_eq!(parse_timestamp("t", "t", &b).unwrap(), later);
+        assert_eq!(parse_timestamp("t", "t", &b).ok(), Some(later));
     }
 
     /// A payment document every field of which is valid, with the optional ones set.
@@ -424,18 +471,15 @@ mod tests {
             ..valid_payment_doc()
         };
         let err = doc.clone().into_record(None).unwrap_err();
-        assert!(
-            matches!(&err, StoreError::Permanent(m) if m.contains("claimId")),
-            "{err}"
+        assert_eq!(
+            (err.column, err.claim_id.as_str()),
+            ("claimId", "not-a-uuid")
         );
         let mut bad_status = doc;
         bad_status.claim_id = ClaimId::random().to_string();
         bad_status.status = "lost".into();
         let err = bad_status.into_record(None).unwrap_err();
-        assert!(
-            matches!(&err, StoreError::Permanent(m) if m.contains("status")),
-            "{err}"
-        );
+        assert_eq!(err.column, "status", "{err}");
         let err = decode::<PaymentDoc>("payment", b"{\"id\": 3}").unwrap_err();
         assert!(matches!(err, StoreError::Permanent(_)));
     }
@@ -479,6 +523,75 @@ mod tests {
         );
     }
 
+    /// Issue 31 item 7 on Cosmos DB: a listed document that does not read is named by
+    /// its claim and field, in its place, and does not stop the listing.
+    #[test]
+    fn a_listed_document_that_does_not_read_names_its_claim_and_field() {
+        let good = valid_payment_doc();
+        let mut edited = serde_json::to_value(valid_payment_doc()).unwrap();
+        edited["amount"] = "80.5".into();
+        let mut shapeless = serde_json::to_value(valid_payment_doc()).unwrap();
+        shapeless.as_object_mut().unwrap().remove("currency");
+        let listed: Vec<_> = [
+            serde_json::to_value(&good).unwrap(),
+            edited.clone(),
+            shapeless.clone(),
+        ]
+        .into_iter()
+        .map(listed_payment)
+        .collect();
+        assert_eq!(
+            listed[0].as_ref().unwrap().claim_id.to_string(),
+            good.claim_id
+        );
+        let corrupt = listed[1].as_ref().unwrap_err();
+        assert_eq!(
+            (corrupt.record, corrupt.claim_id.as_str(), corrupt.column),
+            ("payment", edited["claimId"].as_str().unwrap(), "amount")
+        );
+        assert!(corrupt.reason.contains("80.5"), "{corrupt}");
+        let corrupt = listed[2].as_ref().unwrap_err();
+        assert_eq!(
+            (corrupt.claim_id.as_str(), corrupt.column),
+            (shapeless["claimId"].as_str().unwrap(), "document")
+        );
+        assert!(corrupt.reason.contains("currency"), "{corrupt}");
+
+        let record = InboxRecord {
+            consumer: "payments".into(),
+            claim_id: ClaimId::random(),
+            message_id: MessageId::parse("evt-1").unwrap(),
+            payload_hash: PayloadHash::from_stored("h".into()),
+            status: InboxStatus::Completed,
+            outcome: Some(InboxOutcome::RunReleased),
+            owner: AttemptId::new(),
+            lease_until: None,
+            first_delivery_count: 1,
+            last_delivery_count: 1,
+            created_at: OffsetDateTime::UNIX_EPOCH,
+            updated_at: OffsetDateTime::UNIX_EPOCH,
+            expires_at: OffsetDateTime::UNIX_EPOCH,
+        };
+        let mut inbox = serde_json::to_value(InboxDoc::from_record(&record, 60)).unwrap();
+        assert!(listed_inbox(inbox.clone()).is_ok());
+        inbox["outcome"] = "lost".into();
+        let corrupt = listed_inbox(inbox).unwrap_err();
+        assert_eq!(
+            (
+                corrupt.record,
+                corrupt.claim_id,
+                corrupt.message_id.as_deref(),
+                corrupt.column
+            ),
+            (
+                "inbox",
+                record.claim_id.to_string(),
+                Some("evt-1"),
+                "document"
+            )
+        );
+    }
+
     #[test]
     fn payment_fields_read_as_domain_types_and_write_back_the_same_strings() {
         let doc = valid_payment_doc();
@@ -493,10 +606,12 @@ mod tests {
         let bad = |edit: fn(&mut PaymentDoc), field: &str| {
             let mut d = doc.clone();
             edit(&mut d);
+            let claim = d.claim_id.clone();
             let err = d.into_record(None).unwrap_err();
-            assert!(
-                matches!(&err, StoreError::Permanent(m) if m.contains(&format!("payment document: {field}"))),
-                "{field}: {err}"
+            assert_eq!(
+                (err.column, err.claim_id.as_str()),
+                (field, claim.as_str()),
+                "{err}"
             );
         };
         bad(|d| d.amount = "1250.1".into(), "amount");

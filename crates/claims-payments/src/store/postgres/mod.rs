@@ -75,8 +75,9 @@ pub use schema::{provision, SchemaReport};
 pub use settings::{Pooler, PostgresSettings};
 
 use super::{
-    AttemptId, ClaimResult, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
-    InsertResult, PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
+    AttemptId, ClaimResult, CorruptRecord, Finalize, InboxKey, InboxOutcome, InboxRecord,
+    InboxStatus, InsertResult, Listed, PaymentRecord, PaymentStatus, Store, StoreError,
+    StoreResult, Version, Versioned,
 };
 use crate::message::{
     ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
@@ -654,14 +655,6 @@ fn limit_param(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-fn corrupt(what: &str, value: &str) -> StoreError {
-    StoreError::Permanent(format!("corrupt {what} in the database: {value:?}"))
-}
-
-fn corrupt_payment(e: InvalidMessage) -> StoreError {
-    StoreError::Permanent(format!("corrupt payment in the database: {e}"))
-}
-
 fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, idx: usize) -> StoreResult<T> {
     row.try_get(idx).map_err(|e| {
         StoreError::Permanent(format!(
@@ -670,84 +663,132 @@ fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, idx: usize) -> S
     })
 }
 
-fn message_id(bytes: Vec<u8>) -> StoreResult<MessageId> {
+/// A stored MessageId (bytea: a MessageId may hold NUL); `Err` is why it is not one.
+fn message_id(bytes: Vec<u8>) -> Result<MessageId, String> {
     let text = String::from_utf8(bytes)
-        .map_err(|e| corrupt("message id", &String::from_utf8_lossy(e.as_bytes())))?;
-    MessageId::parse(&text).map_err(|_| corrupt("message id", &text))
+        .map_err(|e| format!("{:?} is not UTF-8", String::from_utf8_lossy(e.as_bytes())))?;
+    MessageId::parse(&text).map_err(|e| e.to_string())
 }
 
+/// Reads a row in two steps: a column of another type than the schema's is an error
+/// of the whole statement (`Err`: the schema is not this build's), a value that does
+/// not parse is this row's ([`CorruptRecord`], the inner result), so a listing can go on.
+type RowRead<T> = StoreResult<Result<T, CorruptRecord>>;
+
 /// The inbox record in `row` starting at column `at` (INBOX_COLUMNS' order).
-fn inbox_from_row(row: &Row, at: usize) -> StoreResult<Versioned<InboxRecord>> {
+fn inbox_from_row(row: &Row, at: usize) -> RowRead<Versioned<InboxRecord>> {
     let claim: Uuid = get(row, at + 1)?;
+    let message: Vec<u8> = get(row, at + 2)?;
     let status: String = get(row, at + 4)?;
     let outcome: Option<String> = get(row, at + 5)?;
     let owner: Uuid = get(row, at + 6)?;
     let first: i32 = get(row, at + 8)?;
     let last: i32 = get(row, at + 9)?;
     let version = version_at(row, at + 13)?;
-    let record = InboxRecord {
-        consumer: get(row, at)?,
-        claim_id: ClaimId::parse(&claim.to_string())
-            .map_err(|_| corrupt("claim id", &claim.to_string()))?,
-        message_id: message_id(get(row, at + 2)?)?,
-        payload_hash: PayloadHash::from_stored(get(row, at + 3)?),
-        status: InboxStatus::parse(&status).ok_or_else(|| corrupt("inbox status", &status))?,
-        outcome: outcome
-            .as_deref()
-            .map(|o| InboxOutcome::parse(o).map_err(|_| corrupt("inbox outcome", o)))
-            .transpose()?,
-        owner: serde_json::from_value::<AttemptId>(serde_json::Value::String(owner.to_string()))
-            .map_err(|_| corrupt("owner", &owner.to_string()))?,
-        lease_until: get(row, at + 7)?,
-        first_delivery_count: u32::try_from(first).unwrap_or(0),
-        last_delivery_count: u32::try_from(last).unwrap_or(0),
-        created_at: get(row, at + 10)?,
-        updated_at: get(row, at + 11)?,
-        expires_at: get(row, at + 12)?,
+    let (consumer, payload_hash, lease_until, created_at, updated_at, expires_at) = (
+        get(row, at)?,
+        get(row, at + 3)?,
+        get(row, at + 7)?,
+        get(row, at + 10)?,
+        get(row, at + 11)?,
+        get(row, at + 12)?,
+    );
+    let shown = String::from_utf8_lossy(&message).into_owned();
+    let corrupt = |column: &'static str, reason: String| {
+        CorruptRecord::inbox(&claim.to_string(), &shown, column, reason)
     };
-    Ok(Versioned { record, version })
+    let read = || -> Result<InboxRecord, CorruptRecord> {
+        Ok(InboxRecord {
+            consumer,
+            claim_id: ClaimId::parse(&claim.to_string())
+                .map_err(|e| corrupt("claim_id", e.to_string()))?,
+            message_id: message_id(message.clone()).map_err(|e| corrupt("message_id", e))?,
+            payload_hash: PayloadHash::from_stored(payload_hash),
+            status: InboxStatus::parse(&status)
+                .ok_or_else(|| corrupt("status", format!("unknown status {status:?}")))?,
+            outcome: outcome
+                .as_deref()
+                .map(|o| InboxOutcome::parse(o).map_err(|e| corrupt("outcome", e)))
+                .transpose()?,
+            owner: serde_json::from_value::<AttemptId>(serde_json::Value::String(
+                owner.to_string(),
+            ))
+            .map_err(|_| corrupt("owner", format!("{owner} is not an attempt id")))?,
+            lease_until,
+            first_delivery_count: u32::try_from(first).unwrap_or(0),
+            last_delivery_count: u32::try_from(last).unwrap_or(0),
+            created_at,
+            updated_at,
+            expires_at,
+        })
+    };
+    Ok(read().map(|record| Versioned { record, version }))
 }
 
 /// The payment record in `row` starting at column `at` (PAYMENT_COLUMNS' order).
-fn payment_from_row(row: &Row, at: usize) -> StoreResult<Versioned<PaymentRecord>> {
+fn payment_from_row(row: &Row, at: usize) -> RowRead<Versioned<PaymentRecord>> {
     let claim: Uuid = get(row, at)?;
     let purpose: String = get(row, at + 1)?;
     let tenant: Option<String> = get(row, at + 2)?;
     let amount: String = get(row, at + 3)?;
     let currency: String = get(row, at + 4)?;
     let payee: Option<String> = get(row, at + 5)?;
+    let message: Vec<u8> = get(row, at + 7)?;
     let status: String = get(row, at + 10)?;
     let version = version_at(row, at + 15)?;
-    let purpose = match purpose.as_str() {
-        "payout" => Purpose::Payout,
-        other => return Err(corrupt("purpose", other)),
+    let (payload_hash, idempotency_key, payout_request, bank_payment_id, status_reason) = (
+        get(row, at + 6)?,
+        get(row, at + 8)?,
+        get(row, at + 9)?,
+        get(row, at + 11)?,
+        get(row, at + 12)?,
+    );
+    let (created_at, updated_at) = (get(row, at + 13)?, get(row, at + 14)?);
+    let corrupt = |column: &'static str, reason: String| {
+        CorruptRecord::payment(&claim.to_string(), column, reason)
     };
-    let record = PaymentRecord {
-        claim_id: ClaimId::parse(&claim.to_string())
-            .map_err(|_| corrupt("claim id", &claim.to_string()))?,
-        purpose,
-        tenant_id: tenant
-            .as_deref()
-            .map(TenantId::from_stored)
-            .transpose()
-            .map_err(corrupt_payment)?,
-        money: Money::from_stored(&amount, &currency).map_err(corrupt_payment)?,
-        payee: payee
-            .as_deref()
-            .map(PayeeRef::from_stored)
-            .transpose()
-            .map_err(corrupt_payment)?,
-        payload_hash: PayloadHash::from_stored(get(row, at + 6)?),
-        message_id: message_id(get(row, at + 7)?)?,
-        idempotency_key: IdempotencyKey::from_stored(get(row, at + 8)?),
-        payout_request: get(row, at + 9)?,
-        status: PaymentStatus::parse(&status).ok_or_else(|| corrupt("payment status", &status))?,
-        bank_payment_id: get(row, at + 11)?,
-        status_reason: get(row, at + 12)?,
-        created_at: get(row, at + 13)?,
-        updated_at: get(row, at + 14)?,
+    // A domain type's refusal names its field, which is the column's name here.
+    let refused = |e: InvalidMessage| {
+        let column = if e.field == "tenantId" {
+            "tenant_id"
+        } else {
+            e.field
+        };
+        corrupt(column, e.problem)
     };
-    Ok(Versioned { record, version })
+    let read = || -> Result<PaymentRecord, CorruptRecord> {
+        let purpose = match purpose.as_str() {
+            "payout" => Purpose::Payout,
+            other => return Err(corrupt("purpose", format!("unknown purpose {other:?}"))),
+        };
+        Ok(PaymentRecord {
+            claim_id: ClaimId::parse(&claim.to_string())
+                .map_err(|e| corrupt("claim_id", e.to_string()))?,
+            purpose,
+            tenant_id: tenant
+                .as_deref()
+                .map(TenantId::from_stored)
+                .transpose()
+                .map_err(refused)?,
+            money: Money::from_stored(&amount, &currency).map_err(refused)?,
+            payee: payee
+                .as_deref()
+                .map(PayeeRef::from_stored)
+                .transpose()
+                .map_err(refused)?,
+            payload_hash: PayloadHash::from_stored(payload_hash),
+            message_id: message_id(message.clone()).map_err(|e| corrupt("message_id", e))?,
+            idempotency_key: IdempotencyKey::from_stored(idempotency_key),
+            payout_request,
+            status: PaymentStatus::parse(&status)
+                .ok_or_else(|| corrupt("status", format!("unknown status {status:?}")))?,
+            bank_payment_id,
+            status_reason,
+            created_at,
+            updated_at,
+        })
+    };
+    Ok(read().map(|record| Versioned { record, version }))
 }
 
 /// The row version in column `idx` (a `bigint` the statements bump on every write).
@@ -769,12 +810,17 @@ impl PostgresStore {
         &self,
         sql: &'static str,
         limit: usize,
-    ) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
+    ) -> StoreResult<Vec<Listed<Versioned<PaymentRecord>>>> {
         let rows = self
             .query(sql, &[&limit_param(limit)], Effect::Reads)
             .await?;
         rows.iter().map(|r| payment_from_row(r, 0)).collect()
     }
+}
+
+/// A row read for one record: its corrupt value is the call's `Permanent` error.
+fn one<T>(read: RowRead<T>) -> StoreResult<T> {
+    read?.map_err(StoreError::from)
 }
 
 #[async_trait]
@@ -797,8 +843,8 @@ impl Store for PostgresStore {
             "claimed" => Ok(ClaimResult::Claimed {
                 inbox_version: Version("1".into()),
             }),
-            "inbox" => Ok(ClaimResult::InboxExists(inbox_from_row(row, 1)?)),
-            "payment" => Ok(ClaimResult::PaymentExists(payment_from_row(row, 15)?)),
+            "inbox" => Ok(ClaimResult::InboxExists(one(inbox_from_row(row, 1))?)),
+            "payment" => Ok(ClaimResult::PaymentExists(one(payment_from_row(row, 15))?)),
             // A purge or a concurrent refusal removed the row between the conflict and
             // the read; the redelivery sees a settled state.
             "vanished" => Err(StoreError::Transient(
@@ -820,7 +866,7 @@ impl Store for PostgresStore {
                 Effect::Reads,
             )
             .await?;
-        rows.first().map(|r| inbox_from_row(r, 0)).transpose()
+        rows.first().map(|r| one(inbox_from_row(r, 0))).transpose()
     }
 
     async fn payment(
@@ -835,7 +881,9 @@ impl Store for PostgresStore {
                 Effect::Reads,
             )
             .await?;
-        rows.first().map(|r| payment_from_row(r, 0)).transpose()
+        rows.first()
+            .map(|r| one(payment_from_row(r, 0)))
+            .transpose()
     }
 
     async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
@@ -884,17 +932,21 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
         Ok(self
             .list_payment_rows(LIST_PAYMENTS, limit)
             .await?
             .into_iter()
-            .map(|v| v.record)
+            .map(|row| row.map(|v| v.record))
             .collect())
     }
 
     async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
-        self.list_payment_rows(UNSETTLED_PAYMENTS, limit).await
+        self.list_payment_rows(UNSETTLED_PAYMENTS, limit)
+            .await?
+            .into_iter()
+            .map(|row| row.map_err(StoreError::from))
+            .collect()
     }
 
     async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
@@ -912,12 +964,12 @@ impl Store for PostgresStore {
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
         let rows = self
             .query(LIST_INBOX, &[&limit_param(limit)], Effect::Reads)
             .await?;
         rows.iter()
-            .map(|r| inbox_from_row(r, 0).map(|v| v.record))
+            .map(|r| Ok(inbox_from_row(r, 0)?.map(|v| v.record)))
             .collect()
     }
 

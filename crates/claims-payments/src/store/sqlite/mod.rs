@@ -43,8 +43,9 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
-    ClaimResult, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult,
-    PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
+    ClaimResult, CorruptRecord, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
+    InsertResult, Listed, PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version,
+    Versioned,
 };
 use crate::message::{
     ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
@@ -546,17 +547,17 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<PaymentRecord>> {
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
         self.read(move |c| {
-            list(
+            Ok(list(
                 c,
                 &format!("SELECT {PAYMENT_COLUMNS} FROM payments ORDER BY created_at_ms, claim_id LIMIT ?1"),
                 limit,
-                PaymentRow::from_row,
+                |r| Ok(PaymentRow::from_row(r).map_err(|e| unreadable_row(r, PAYMENT_COLUMNS, &e))),
             )?
             .into_iter()
-            .map(|row| row.into_record().map(|v| v.record))
-            .collect()
+            .map(|row| row.and_then(|row| row.into_record().map(|v| v.record)))
+            .collect())
         })
         .await
     }
@@ -574,7 +575,7 @@ impl Store for SqliteStore {
                 PaymentRow::from_row,
             )?
             .into_iter()
-            .map(PaymentRow::into_record)
+            .map(|row| row.into_record().map_err(StoreError::from))
             .collect()
         })
         .await
@@ -594,19 +595,19 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<InboxRecord>> {
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
         self.read(move |c| {
-            list(
+            Ok(list(
                 c,
                 &format!(
                     "SELECT {INBOX_COLUMNS} FROM inbox ORDER BY created_at_ms, message_id LIMIT ?1"
                 ),
                 limit,
-                InboxRow::from_row,
+                |r| Ok(InboxRow::from_row(r).map_err(|e| unreadable_row(r, INBOX_COLUMNS, &e))),
             )?
             .into_iter()
-            .map(|row| row.into_record().map(|v| v.record))
-            .collect()
+            .map(|row| row.and_then(|row| row.into_record().map(|v| v.record)))
+            .collect())
         })
         .await
     }

@@ -26,18 +26,10 @@ pub(super) fn to_ms(t: OffsetDateTime) -> i64 {
     (t.unix_timestamp_nanos() / 1_000_000) as i64
 }
 
-pub(super) fn from_ms(ms: i64) -> StoreResult<OffsetDateTime> {
+/// A stored millisecond timestamp; `Err` is why it is not one.
+pub(super) fn from_ms(ms: i64) -> Result<OffsetDateTime, String> {
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .map_err(|e| StoreError::Permanent(format!("corrupt timestamp {ms}: {e}")))
-}
-
-/// A stored payment field that does not parse as the domain type it was written from.
-pub(super) fn corrupt_payment(e: InvalidMessage) -> StoreError {
-    StoreError::Permanent(format!("corrupt payment in the database: {e}"))
-}
-
-pub(super) fn corrupt(what: &str, value: &str) -> StoreError {
-    StoreError::Permanent(format!("corrupt {what} in the database: {value:?}"))
+        .map_err(|e| format!("{ms} is not a timestamp: {e}"))
 }
 
 pub(super) const INBOX_COLUMNS: &str =
@@ -88,29 +80,38 @@ impl InboxRow {
         })
     }
 
-    pub(super) fn into_record(self) -> StoreResult<Versioned<InboxRecord>> {
+    pub(super) fn into_record(self) -> Result<Versioned<InboxRecord>, CorruptRecord> {
+        let claim = self.claim_id.clone();
+        let message = self.message_id.clone();
+        let corrupt = |column: &'static str, reason: String| {
+            CorruptRecord::inbox(&claim, &message, column, reason)
+        };
+        let time = |column: &'static str, ms: i64| from_ms(ms).map_err(|e| corrupt(column, e));
         let record = InboxRecord {
             claim_id: ClaimId::parse(&self.claim_id)
-                .map_err(|_| corrupt("claim id", &self.claim_id))?,
+                .map_err(|e| corrupt("claim_id", e.to_string()))?,
             message_id: MessageId::parse(&self.message_id)
-                .map_err(|_| corrupt("message id", &self.message_id))?,
+                .map_err(|e| corrupt("message_id", e.to_string()))?,
             consumer: self.consumer,
             payload_hash: PayloadHash::from_stored(self.payload_hash),
             status: InboxStatus::parse(&self.status)
-                .ok_or_else(|| corrupt("inbox status", &self.status))?,
+                .ok_or_else(|| corrupt("status", format!("unknown status {:?}", self.status)))?,
             outcome: self
                 .outcome
                 .as_deref()
-                .map(|o| InboxOutcome::parse(o).map_err(|_| corrupt("inbox outcome", o)))
+                .map(|o| InboxOutcome::parse(o).map_err(|e| corrupt("outcome", e)))
                 .transpose()?,
             owner: serde_json::from_value(serde_json::Value::String(self.owner.clone()))
-                .map_err(|_| corrupt("owner", &self.owner))?,
-            lease_until: self.lease_until_ms.map(from_ms).transpose()?,
+                .map_err(|_| corrupt("owner", format!("{:?} is not an attempt id", self.owner)))?,
+            lease_until: self
+                .lease_until_ms
+                .map(|ms| time("lease_until_ms", ms))
+                .transpose()?,
             first_delivery_count: u32::try_from(self.first_delivery_count).unwrap_or(u32::MAX),
             last_delivery_count: u32::try_from(self.last_delivery_count).unwrap_or(u32::MAX),
-            created_at: from_ms(self.created_at_ms)?,
-            updated_at: from_ms(self.updated_at_ms)?,
-            expires_at: from_ms(self.expires_at_ms)?,
+            created_at: time("created_at_ms", self.created_at_ms)?,
+            updated_at: time("updated_at_ms", self.updated_at_ms)?,
+            expires_at: time("expires_at_ms", self.expires_at_ms)?,
         };
         Ok(Versioned {
             record,
@@ -160,44 +161,87 @@ impl PaymentRow {
         })
     }
 
-    pub(super) fn into_record(self) -> StoreResult<Versioned<PaymentRecord>> {
+    pub(super) fn into_record(self) -> Result<Versioned<PaymentRecord>, CorruptRecord> {
+        let claim = self.claim_id.clone();
+        let corrupt =
+            |column: &'static str, reason: String| CorruptRecord::payment(&claim, column, reason);
+        // A domain type's refusal names its field, which is the column's name here.
+        let refused = |e: InvalidMessage| corrupt(column_of(e.field), e.problem);
+        let time = |column: &'static str, ms: i64| from_ms(ms).map_err(|e| corrupt(column, e));
         let purpose = match self.purpose.as_str() {
             "payout" => Purpose::Payout,
-            other => return Err(corrupt("purpose", other)),
+            other => return Err(corrupt("purpose", format!("unknown purpose {other:?}"))),
         };
         let record = PaymentRecord {
             claim_id: ClaimId::parse(&self.claim_id)
-                .map_err(|_| corrupt("claim id", &self.claim_id))?,
+                .map_err(|e| corrupt("claim_id", e.to_string()))?,
             purpose,
             tenant_id: self
                 .tenant_id
                 .as_deref()
                 .map(TenantId::from_stored)
                 .transpose()
-                .map_err(corrupt_payment)?,
-            money: Money::from_stored(&self.amount, &self.currency).map_err(corrupt_payment)?,
+                .map_err(refused)?,
+            money: Money::from_stored(&self.amount, &self.currency).map_err(refused)?,
             payee: self
                 .payee
                 .as_deref()
                 .map(PayeeRef::from_stored)
                 .transpose()
-                .map_err(corrupt_payment)?,
+                .map_err(refused)?,
             payload_hash: PayloadHash::from_stored(self.payload_hash),
             message_id: MessageId::parse(&self.message_id)
-                .map_err(|_| corrupt("message id", &self.message_id))?,
+                .map_err(|e| corrupt("message_id", e.to_string()))?,
             idempotency_key: IdempotencyKey::from_stored(self.idempotency_key),
             payout_request: self.payout_request,
             status: PaymentStatus::parse(&self.status)
-                .ok_or_else(|| corrupt("payment status", &self.status))?,
+                .ok_or_else(|| corrupt("status", format!("unknown status {:?}", self.status)))?,
             bank_payment_id: self.bank_payment_id,
             status_reason: self.status_reason,
-            created_at: from_ms(self.created_at_ms)?,
-            updated_at: from_ms(self.updated_at_ms)?,
+            created_at: time("created_at_ms", self.created_at_ms)?,
+            updated_at: time("updated_at_ms", self.updated_at_ms)?,
         };
         Ok(Versioned {
             record,
             version: Version(self.version.to_string()),
         })
+    }
+}
+
+/// The payment column a domain type's field is stored in.
+fn column_of(field: &'static str) -> &'static str {
+    match field {
+        "tenantId" => "tenant_id",
+        other => other,
+    }
+}
+
+/// A row whose cells do not even have their column's type (a hand edit that stored a
+/// text in a number column): its corrupt record, named by the claim id (and MessageId)
+/// as stored and the column rusqlite names. `columns`: [`INBOX_COLUMNS`] or
+/// [`PAYMENT_COLUMNS`], the order the row was selected in.
+pub(super) fn unreadable_row(
+    row: &Row<'_>,
+    columns: &'static str,
+    e: &rusqlite::Error,
+) -> CorruptRecord {
+    let text = |i: usize| match row.get_ref(i) {
+        Ok(rusqlite::types::ValueRef::Text(t)) => String::from_utf8_lossy(t).into_owned(),
+        _ => "?".into(),
+    };
+    let index = match e {
+        rusqlite::Error::InvalidColumnType(i, ..)
+        | rusqlite::Error::FromSqlConversionFailure(i, ..) => Some(*i),
+        _ => None,
+    };
+    let column = index
+        .and_then(|i| columns.split(',').nth(i))
+        .map(str::trim)
+        .unwrap_or("?");
+    if columns == INBOX_COLUMNS {
+        CorruptRecord::inbox(&text(1), &text(2), column, e)
+    } else {
+        CorruptRecord::payment(&text(0), column, e)
     }
 }
 
@@ -216,7 +260,7 @@ pub(super) fn read_inbox(
         .optional()
     })
     .map_err(map_sqlite_error)?
-    .map(InboxRow::into_record)
+    .map(|row| row.into_record().map_err(StoreError::from))
     .transpose()
 }
 
@@ -236,7 +280,7 @@ pub(super) fn read_payment(
         .optional()
     })
     .map_err(map_sqlite_error)?
-    .map(PaymentRow::into_record)
+    .map(|row| row.into_record().map_err(StoreError::from))
     .transpose()
 }
 
