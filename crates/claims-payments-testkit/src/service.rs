@@ -84,13 +84,30 @@ impl Handler {
         env: &[(&str, &str)],
         uid: Option<u32>,
     ) -> Result<Handler, (std::process::ExitStatus, String)> {
+        Handler::try_start_at(exe, env, uid, None)
+    }
+
+    /// Starts `exe serve` with `env` on `port`, as the Functions host restarts a handler
+    /// on the port it picked once; panics if it exits.
+    pub fn restart_on(exe: &str, env: &[(&str, &str)], port: u16) -> Handler {
+        Handler::try_start_at(exe, env, None, Some(port)).unwrap_or_else(|(status, stderr)| {
+            panic!("serve exited with {status} before it was ready: {stderr}")
+        })
+    }
+
+    fn try_start_at(
+        exe: &str,
+        env: &[(&str, &str)],
+        uid: Option<u32>,
+        port: Option<u16>,
+    ) -> Result<Handler, (std::process::ExitStatus, String)> {
         use std::io::Read;
         use std::os::unix::process::CommandExt;
         let spec = ServeSpec::new(exe)
             .env("LOG_FORMAT", "json")
             .env("RUST_LIB_BACKTRACE", "0")
             .envs(env.iter().copied());
-        let port = free_port().expect("a free loopback port");
+        let port = port.unwrap_or_else(|| free_port().expect("a free loopback port"));
         let (mut cmd, _) = spec.command(port).expect("the serve command");
         cmd.stderr(Stdio::piped());
         if let Some(uid) = uid {

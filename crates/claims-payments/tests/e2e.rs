@@ -1469,3 +1469,81 @@ async fn a_corrupt_payment_row_is_named_and_the_rest_of_the_ledger_is_listed_on_
     )
     .await;
 }
+
+/// A `serve` on `port` over `db`, its JSON log in `log`, its restart state in `state_dir`
+/// (TMPDIR), ready.
+fn serve_at(db: &Path, port: u16, state_dir: &Path, log: &Path) -> std::process::Child {
+    let file = std::fs::File::create(log).unwrap();
+    let mut cmd = Command::new(EXE);
+    for key in claims_payments_testkit::process::controlled_env() {
+        cmd.env_remove(key);
+    }
+    let mut child = cmd
+        .arg("serve")
+        .env("PAYMENTS_SQLITE_PATH", db)
+        .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
+        .env("TMPDIR", state_dir)
+        .env("LOG_FORMAT", "json")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .unwrap();
+    // A bound for a broken start, not a speed check.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !claims_payments_testkit::process::probe_blocking(port) {
+        assert!(child.try_wait().unwrap().is_none(), "serve exited");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve did not become ready"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+/// The host restarts a handler that died on the same port. The first restart after a
+/// crash answers at once (and ends the dead process's registration); a second crash
+/// within a minute is a crash loop, and the next start holds back before it answers (the
+/// host holds the invocations meanwhile, at no delivery's cost); a clean stop ends the
+/// loop, and the start after it holds nothing.
+#[test]
+fn a_crash_loop_holds_the_next_start_back_and_a_clean_stop_ends_it() {
+    let (dir, db) = temp_db();
+    let port = free_port().unwrap();
+    let log = |n: u32| dir.path().join(format!("serve-{n}.log"));
+    let read = |n: u32| std::fs::read_to_string(log(n)).unwrap();
+    let kill = |mut child: std::process::Child| {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    };
+    kill(serve_at(&db, port, dir.path(), &log(1)));
+    let second = serve_at(&db, port, dir.path(), &log(2));
+    assert!(read(2).contains("did not stop cleanly"), "{}", read(2));
+    assert!(
+        !read(2).contains("holding back"),
+        "one crash is no loop: {}",
+        read(2)
+    );
+    kill(second);
+    let third = serve_at(&db, port, dir.path(), &log(3));
+    assert!(
+        read(3).contains("holding back before answering") && read(3).contains("\"holdMs\":250"),
+        "the second crash within a minute holds the start back: {}",
+        read(3)
+    );
+    // SIGTERM: a clean stop.
+    unsafe {
+        libc::kill(third.id() as i32, libc::SIGTERM);
+    }
+    let status = { third }.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let fourth = serve_at(&db, port, dir.path(), &log(4));
+    assert!(
+        !read(4).contains("holding back") && !read(4).contains("did not stop cleanly"),
+        "{}",
+        read(4)
+    );
+    kill(fourth);
+}

@@ -369,3 +369,130 @@ async fn serve_and_ledger_name_a_missing_grant_on_the_schema_history() {
         );
     }
 }
+
+/// Two instances on one database, as the function app scales out. Instance A dies
+/// mid-payout; the host restarts it on its port, and the new process ends the dead
+/// one's registration before it answers. A copy of the message that proves nothing about
+/// the dead attempt (a producer re-send: a new broker message, DeliveryCount 1) then
+/// reaches instance B, which takes the payout over at once because the lease's process
+/// has ended. Without the registration it would meet a live lease (120 s), wait
+/// `INFLIGHT_WAIT_MS` and answer retry-later, delivery after delivery: what dead-lettered
+/// messages in `simulate --instances 4`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instance_takes_over_at_once_from_a_process_that_died_mid_payout() {
+    use claims_payments_testkit::bank::{BankFault, FakeBank};
+    use claims_payments_testkit::service::invoke;
+    use claims_payments_testkit::wait::wait_until;
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let mut env = env_for(&db);
+    assert!(run(&["provision"], &env).status.success());
+    let bank = FakeBank::start().await;
+    // The first request stays at the bank (which pays it later) while A dies.
+    bank.script([BankFault::Slow(Duration::from_secs(3))]);
+    env.extend([
+        ("BANK_API_URL", bank.url()),
+        // The deployed lease; a short in-flight wait so that a wait ends quickly.
+        ("LEASE_MS", "120000".to_owned()),
+        ("INFLIGHT_WAIT_MS", "1000".to_owned()),
+        ("MAX_DELIVERY_COUNT", "200".to_owned()),
+    ]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let client = reqwest::Client::new();
+    let body = claim_body(&claims_payments_testkit::fixtures::new_claim(), "615.20");
+    let a = Handler::start_on(EXE, &env);
+    let b = Handler::start_on(EXE, &env);
+    let first = tokio::spawn({
+        let (client, envelope, url) = (
+            client.clone(),
+            host_envelope(&body, "evt-resent", 1),
+            a.url("/ClaimApproved"),
+        );
+        async move { client.post(url).json(&envelope).send().await }
+    });
+    wait_until(
+        Duration::from_secs(30),
+        "the payout request reached the bank",
+        || !bank.requests().is_empty(),
+    )
+    .await;
+    let port = a.port;
+    a.kill();
+    assert!(
+        first.await.unwrap().is_err(),
+        "the killed handler never answers"
+    );
+    let a = Handler::restart_on(EXE, &env, port);
+
+    let (status, answer) = invoke(&client, &b, &host_envelope(&body, "evt-resent", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, outcome(&answer)),
+        (200, "paid"),
+        "the other instance takes over from the dead attempt: {answer}"
+    );
+    drop((a, b));
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+/// The same for `POST /api/payments`: the request that held the Idempotency-Key died with
+/// its process; once the host restarted that process, the client's retry, answered by the
+/// other instance, takes the key over and pays instead of getting 409 `request-in-flight`
+/// until the dead request's lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_on_another_instance_takes_over_a_key_a_dead_process_held() {
+    use claims_payments_testkit::bank::{BankFault, FakeBank};
+    use claims_payments_testkit::wait::wait_until;
+    if !available() {
+        return;
+    }
+    let db = TestDatabase::create().await;
+    let mut env = env_for(&db);
+    assert!(run(&["provision"], &env).status.success());
+    let bank = FakeBank::start().await;
+    bank.script([BankFault::Slow(Duration::from_secs(3))]);
+    env.extend([
+        ("BANK_API_URL", bank.url()),
+        ("LEASE_MS", "120000".to_owned()),
+    ]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let client = reqwest::Client::new();
+    let body = claim_body(&claims_payments_testkit::fixtures::new_claim(), "88.10");
+    let post = |handler: &Handler| {
+        client
+            .post(handler.url("/api/payments"))
+            .header("content-type", "application/json")
+            .header("Idempotency-Key", "k-instances")
+            .body(body.clone())
+            .send()
+    };
+    let a = Handler::start_on(EXE, &env);
+    let b = Handler::start_on(EXE, &env);
+    let first = tokio::spawn(post(&a));
+    wait_until(
+        Duration::from_secs(30),
+        "the payout request reached the bank",
+        || !bank.requests().is_empty(),
+    )
+    .await;
+    let port = a.port;
+    a.kill();
+    assert!(
+        first.await.unwrap().is_err(),
+        "the killed handler never answers"
+    );
+    let a = Handler::restart_on(EXE, &env, port);
+
+    let answer = post(&b).await.unwrap();
+    let status = answer.status().as_u16();
+    let text = answer.text().await.unwrap();
+    assert!(
+        matches!(status, 200 | 201),
+        "the retry takes over from the dead request: {status} {text}"
+    );
+    drop((a, b));
+    assert_eq!(bank.effective_payouts(), 1);
+}

@@ -157,9 +157,9 @@ async fn concurrent_claims_duplicates_finalizes_and_reads_through_pgbouncer_pay_
     let payments = store.list_payments(100).await.unwrap();
     assert_eq!(payments.len(), claims.len());
     assert!(
-        payments
-            .iter()
-            .all(|p| p.status == claims_payments::store::PaymentStatus::Paid),
+        payments.iter().all(|p| p
+            .as_ref()
+            .is_ok_and(|p| p.status == claims_payments::store::PaymentStatus::Paid)),
         "{payments:?}"
     );
     assert_eq!(

@@ -750,7 +750,9 @@ impl Store for ReadOnlyAtFinalize {
     async fn list_payments(
         &self,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<Vec<claims_payments::store::PaymentRecord>> {
+    ) -> claims_payments::store::StoreResult<
+        Vec<claims_payments::store::Listed<claims_payments::store::PaymentRecord>>,
+    > {
         self.inner.list_payments(limit).await
     }
     async fn unsettled_payments(
@@ -771,7 +773,9 @@ impl Store for ReadOnlyAtFinalize {
     async fn list_inbox(
         &self,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<Vec<claims_payments::store::InboxRecord>> {
+    ) -> claims_payments::store::StoreResult<
+        Vec<claims_payments::store::Listed<claims_payments::store::InboxRecord>>,
+    > {
         self.inner.list_inbox(limit).await
     }
     async fn purge_expired(

@@ -353,7 +353,9 @@ impl claims_payments::store::Store for PurgeCounter {
     async fn list_payments(
         &self,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<Vec<claims_payments::store::PaymentRecord>> {
+    ) -> claims_payments::store::StoreResult<
+        Vec<claims_payments::store::Listed<claims_payments::store::PaymentRecord>>,
+    > {
         self.inner.list_payments(limit).await
     }
     async fn unsettled_payments(
@@ -374,7 +376,9 @@ impl claims_payments::store::Store for PurgeCounter {
     async fn list_inbox(
         &self,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<Vec<claims_payments::store::InboxRecord>> {
+    ) -> claims_payments::store::StoreResult<
+        Vec<claims_payments::store::Listed<claims_payments::store::InboxRecord>>,
+    > {
         self.inner.list_inbox(limit).await
     }
     async fn purge_expired(

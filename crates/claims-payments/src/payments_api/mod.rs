@@ -206,14 +206,21 @@ impl PaymentsApi {
     ) -> Answer {
         let fingerprint = msg.payload_hash();
         let store = self.consumer.store().as_ref();
-        let (answer, outcome) =
-            match record::open(store, &identity, &fingerprint, self.terms()).await {
-                Ok(Begin::Answer(answer, label)) => (answer, label),
-                Ok(Begin::Proceed(lease)) => {
-                    self.process(&caller, &scope, &msg, &identity, lease).await
-                }
-                Err(e) => self.store_failed(e),
-            };
+        let (answer, outcome) = match record::open(
+            store,
+            self.consumer.owners(),
+            &identity,
+            &fingerprint,
+            self.terms(),
+        )
+        .await
+        {
+            Ok(Begin::Answer(answer, label)) => (answer, label),
+            Ok(Begin::Proceed(lease)) => {
+                self.process(&caller, &scope, &msg, &identity, lease).await
+            }
+            Err(e) => self.store_failed(e),
+        };
         tracing::info!(
             trigger = "http",
             claimId = %msg.claim_id,

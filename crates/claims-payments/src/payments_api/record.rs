@@ -7,6 +7,7 @@ use time::OffsetDateTime;
 
 use super::answer::{Answer, Problem};
 use super::key::KeyIdentity;
+use crate::idempotency::liveness::Owners;
 use crate::idempotency::{self, Created, Holder, Lease, Terms};
 use crate::message::PayloadHash;
 use crate::store::{
@@ -41,6 +42,7 @@ pub(super) fn next_action(
     record: &InboxRecord,
     fingerprint: &PayloadHash,
     me: AttemptId,
+    owner_gone: bool,
     now: OffsetDateTime,
 ) -> NextAction {
     if record.expires_at <= now {
@@ -57,7 +59,7 @@ pub(super) fn next_action(
         }
     }
     // A client's retry is not a broker delivery: only the lease decides (count 0).
-    match idempotency::holder(record, me, 0, false, now) {
+    match idempotency::holder(record, me, 0, owner_gone, now) {
         Holder::Live(until) => {
             NextAction::InFlight(((until - now).whole_seconds().max(1) as u64).min(5))
         }
@@ -68,6 +70,7 @@ pub(super) fn next_action(
 /// Step 1: the key record, created or taken over, or the answer it already gives.
 pub(super) async fn open(
     store: &dyn Store,
+    owners: &Owners,
     identity: &KeyIdentity,
     fingerprint: &PayloadHash,
     terms: Terms,
@@ -80,7 +83,13 @@ pub(super) async fn open(
         Created::Exists(seen) => seen,
     };
     let record = &seen.record;
-    let taken = match next_action(record, fingerprint, me, now) {
+    let mut action = next_action(record, fingerprint, me, false, now);
+    if matches!(action, NextAction::InFlight(_)) && owners.check(record.owner).await {
+        // The request that holds it ran in a process that has ended: nobody is working
+        // on it, so this retry takes it over instead of waiting out the lease.
+        action = next_action(record, fingerprint, me, true, now);
+    }
+    let taken = match action {
         NextAction::Reused => {
             telemetry::counters().http_key_mismatches.inc();
             let answer = Problem::KeyReused.answer(
@@ -187,14 +196,25 @@ mod tests {
         let (mine, other) = (hash("1.00"), hash("2.00"));
         let me = AttemptId::new();
         let held = key_record(&mine, now);
-        assert_eq!(next_action(&held, &other, me, now), NextAction::Reused);
-        assert_eq!(next_action(&held, &mine, me, now), NextAction::InFlight(5));
+        assert_eq!(
+            next_action(&held, &other, me, false, now),
+            NextAction::Reused
+        );
+        assert_eq!(
+            next_action(&held, &mine, me, false, now),
+            NextAction::InFlight(5)
+        );
+        // Held by a request of a process that has ended: taken over at once.
+        assert_eq!(
+            next_action(&held, &mine, me, true, now),
+            NextAction::TakeOver { expired: false }
+        );
         let lapsed = InboxRecord {
             lease_until: Some(now - time::Duration::seconds(1)),
             ..held.clone()
         };
         assert_eq!(
-            next_action(&lapsed, &mine, me, now),
+            next_action(&lapsed, &mine, me, false, now),
             NextAction::TakeOver { expired: false }
         );
         let expired = InboxRecord {
@@ -203,7 +223,7 @@ mod tests {
         };
         // An expired key is a new key, whatever body it was used with.
         assert_eq!(
-            next_action(&expired, &other, me, now),
+            next_action(&expired, &other, me, false, now),
             NextAction::TakeOver { expired: true }
         );
         let answer = Problem::ClaimAlreadyPaid.answer("x");
@@ -216,7 +236,7 @@ mod tests {
             ..held
         };
         assert_eq!(
-            next_action(&done, &mine, me, now),
+            next_action(&done, &mine, me, false, now),
             NextAction::Replay(answer)
         );
     }

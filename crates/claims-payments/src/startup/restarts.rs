@@ -104,10 +104,16 @@ fn judge(found: Option<&State>, now: OffsetDateTime) -> (Start, Vec<i64>) {
     }
     let keep_from = crashes.len().saturating_sub(CRASHES_KEPT);
     let crashes = crashes.split_off(keep_from);
+    // Only a start after a crash holds: a clean stop in between ended the loop.
+    let hold = if crashed.is_some() {
+        hold_for(crashes.len())
+    } else {
+        Duration::ZERO
+    };
     let start = Start {
         crashed,
         recent_crashes: crashes.len(),
-        hold: hold_for(crashes.len()),
+        hold,
     };
     (start, crashes)
 }
@@ -231,9 +237,10 @@ mod tests {
         let (start, _) = judge(Some(&state(false, old)), now);
         assert_eq!(start.recent_crashes, 1);
         // A clean stop after crashes keeps their times; only a crash adds one.
-        let (start, crashes) = judge(Some(&state(true, vec![now_ms - 5])), now);
-        assert_eq!((start.crashed, start.recent_crashes), (None, 1));
-        assert_eq!(crashes, vec![now_ms - 5]);
+        let (start, crashes) = judge(Some(&state(true, vec![now_ms - 9, now_ms - 5])), now);
+        assert_eq!((start.crashed, start.recent_crashes), (None, 2));
+        assert_eq!(start.hold, Duration::ZERO, "a clean stop ended the loop");
+        assert_eq!(crashes, vec![now_ms - 9, now_ms - 5]);
     }
 
     #[test]
