@@ -76,7 +76,8 @@ pub enum OperatorCommand {
     /// stderr with its claim and column; the others are listed); 1: cannot run; 2: usage or an
     /// invalid setting.
     Ledger(ListArgs),
-    /// List inbox records (messages seen and how they ended). Exit codes as for ledger.
+    /// List inbox records (messages seen and how they ended; process registrations are left
+    /// out). Exit codes as for ledger.
     Inbox(ListArgs),
     /// Remove inbox records past INBOX_RETENTION_DAYS now (SQLite, PostgreSQL; Cosmos expires them itself).
     Purge,
@@ -364,7 +365,11 @@ pub(crate) async fn inbox(
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> anyhow::Result<usize> {
-    let records = store.list_inbox(limit).await?;
+    let mut records = store.list_inbox(limit).await?;
+    // Process registrations share the table but are no message's record.
+    records.retain(
+        |r| !matches!(r, Ok(record) if record.consumer == crate::idempotency::liveness::CONSUMER),
+    );
     let listing = Listing {
         header: &[
             "MESSAGE",

@@ -284,6 +284,21 @@ async fn a_failed_wal_sync_stops_the_server_with_an_error() {
         },
     ));
 
+    // Once the server has registered its process (its last write before it serves), the
+    // next sync fails: the claim's.
+    // A bound for a broken start, not a speed check.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !store
+        .list_inbox(10)
+        .await
+        .is_ok_and(|rows| rows.iter().flatten().any(|r| r.consumer == "process"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve never registered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     gate.fail_next();
     let (inbox, payment) = records(&common::new_claim(), "m-1", AttemptId::new());
     assert!(store.claim(&inbox, &payment).await.is_err());

@@ -19,9 +19,9 @@
 //! (the bank request carries the same Idempotency-Key, and the old attempt's final write
 //! is conditional on a version it no longer holds), and a lease waited out only delays.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
@@ -42,6 +42,9 @@ pub(crate) const TTL: Duration = Duration::from_secs(30);
 pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// Ended processes remembered, so a waiter reads each one's registration once.
 const GONE_REMEMBERED: usize = 4096;
+/// How long a registration found live is taken as live without reading it again: a
+/// waiter re-reads the record it waits for every 20 to 500 ms, and need not double that.
+const ALIVE_FOR: Duration = Duration::from_secs(1);
 
 /// The key of `boot`'s registration.
 fn key(boot: Boot) -> StoreResult<InboxKey> {
@@ -86,6 +89,8 @@ impl GoneOwners {
 pub(crate) struct Owners {
     store: DynStore,
     gone: GoneOwners,
+    /// Processes found live, and when.
+    alive: Mutex<HashMap<Boot, Instant>>,
 }
 
 impl Owners {
@@ -93,6 +98,22 @@ impl Owners {
         Owners {
             store,
             gone: GoneOwners::default(),
+            alive: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn seen_alive_lately(&self, boot: Boot) -> bool {
+        self.alive
+            .lock()
+            .is_ok_and(|alive| alive.get(&boot).is_some_and(|at| at.elapsed() < ALIVE_FOR))
+    }
+
+    fn saw_alive(&self, boot: Boot) {
+        if let Ok(mut alive) = self.alive.lock() {
+            if alive.len() >= GONE_REMEMBERED {
+                alive.clear();
+            }
+            alive.insert(boot, Instant::now());
         }
     }
 
@@ -114,6 +135,9 @@ impl Owners {
         if self.gone.contains(owner) {
             return true;
         }
+        if self.seen_alive_lately(boot) {
+            return false;
+        }
         let registration = match key(boot) {
             Ok(key) => self.store.inbox(&key).await,
             Err(e) => Err(e),
@@ -130,6 +154,8 @@ impl Owners {
         if ended {
             telemetry::counters().owners_found_gone.inc();
             self.gone.insert(boot);
+        } else {
+            self.saw_alive(boot);
         }
         ended
     }
