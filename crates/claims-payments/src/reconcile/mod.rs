@@ -285,9 +285,18 @@ impl Reconciler {
             let key = self.inbox_key(&payment.record);
             let inbox = store.inbox(&key).await?;
             let p = &payment.record;
+            // A live lease of a process that has ended holds nothing (one read, only then).
+            let owner_gone = match &inbox {
+                Some(i) if i.record.lease_alive(now) => {
+                    self.consumer.owners().check(i.record.owner).await
+                }
+                _ => false,
+            };
             if p.status == PaymentStatus::NeedsReconciliation {
                 summary.needs_reconciliation_before += 1;
-            } else if let Some(why) = not_orphaned(p, inbox.as_ref(), now, options.min_age) {
+            } else if let Some(why) =
+                not_orphaned(p, inbox.as_ref(), owner_gone, now, options.min_age)
+            {
                 summary.add(line(p, Settlement::Waiting, p.status, why));
                 continue;
             } else {
@@ -695,21 +704,26 @@ fn line(p: &PaymentRecord, result: Settlement, after: PaymentStatus, detail: Str
 
 /// Why an `in_progress` payment is not orphaned yet (`None`: it is). Orphaned: its
 /// message's lease ran out longer ago than `min_age` (or its inbox record is gone and
-/// the payment was last touched that long ago). An age past the calendar's end is
-/// simply never reached.
+/// the payment was last touched that long ago; or the lease's process has ended,
+/// `owner_gone`, and the record was last written that long ago). An age past the
+/// calendar's end is simply never reached.
 fn not_orphaned(
     p: &PaymentRecord,
     inbox: Option<&Versioned<InboxRecord>>,
+    owner_gone: bool,
     now: OffsetDateTime,
     min_age: Duration,
 ) -> Option<String> {
     if let Some(i) = inbox.filter(|i| i.record.lease_alive(now)) {
-        return Some(format!(
-            "a delivery holds the message until {}",
-            i.record.lease_until.unwrap_or(now)
-        ));
+        if !owner_gone {
+            return Some(format!(
+                "a delivery holds the message until {}",
+                i.record.lease_until.unwrap_or(now)
+            ));
+        }
     }
     let idle_since = match inbox {
+        Some(i) if owner_gone => i.record.updated_at,
         Some(i) if i.record.status == InboxStatus::InProgress => {
             i.record.lease_until.unwrap_or(i.record.updated_at)
         }

@@ -107,9 +107,16 @@ fn an_age_past_the_calendar_is_never_reached_and_never_panics() {
     let p = ledger(1);
     let now = OffsetDateTime::now_utc();
     for age in [MAX_MIN_AGE, Duration::from_secs(u64::MAX), Duration::MAX] {
-        assert!(not_orphaned(&p, None, now, age).is_some(), "{age:?}");
+        assert!(not_orphaned(&p, None, false, now, age).is_some(), "{age:?}");
     }
-    assert!(not_orphaned(&p, None, now + Duration::from_secs(1), Duration::ZERO).is_none());
+    assert!(not_orphaned(
+        &p,
+        None,
+        false,
+        now + Duration::from_secs(1),
+        Duration::ZERO
+    )
+    .is_none());
 }
 
 /// The bank's "nothing under this reference" rules out an earlier payout only if that
@@ -129,4 +136,41 @@ fn only_a_stored_request_with_the_reference_is_sent_again() {
     );
     p.payout_request = Some(body.clone());
     assert_eq!(payable_request(&p), Ok(body.as_str()));
+}
+
+#[test]
+fn a_live_lease_of_a_process_that_ended_does_not_hold_a_payout_back() {
+    use crate::idempotency::{new_record, Terms};
+    use crate::store::{AttemptId, Version};
+    let p = ledger(1);
+    let now = OffsetDateTime::now_utc();
+    let key = InboxKey {
+        consumer: "payments".into(),
+        claim_id: p.claim_id,
+        message_id: p.message_id.clone(),
+    };
+    let terms = Terms {
+        lease: Duration::from_secs(120),
+        retention: Duration::from_secs(3600),
+    };
+    let written = now - time::Duration::seconds(10);
+    let record = new_record(
+        &key,
+        &p.payload_hash,
+        AttemptId::new(),
+        1,
+        terms,
+        written,
+        None,
+    );
+    let seen = Versioned {
+        record,
+        version: Version("1".into()),
+    };
+    assert!(not_orphaned(&p, Some(&seen), false, now, Duration::ZERO).is_some());
+    assert!(not_orphaned(&p, Some(&seen), true, now, Duration::ZERO).is_none());
+    // The minimum age counts from the dead attempt's last write.
+    let age = Duration::from_secs(60);
+    assert!(not_orphaned(&p, Some(&seen), true, now, age).is_some());
+    assert!(not_orphaned(&p, Some(&seen), true, now + age, age).is_none());
 }

@@ -53,6 +53,7 @@
 //! takes at most the longer of its first try and the outage wait (the start-up check
 //! that the lease outlasts the wait plus the bank's budget stays true).
 
+mod describe;
 mod errors;
 pub mod pool;
 mod schema;

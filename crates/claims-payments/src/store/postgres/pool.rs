@@ -486,7 +486,7 @@ pub(crate) async fn check_role_limits(client: &Client) -> anyhow::Result<()> {
         .map_err(|e| {
             anyhow::anyhow!(
                 "cannot read the session limits: {}",
-                super::errors::describe_postgres_error(&e)
+                super::describe::describe_postgres_error(&e)
             )
         })?;
     let unset: Vec<&str> = SESSION_LIMITS

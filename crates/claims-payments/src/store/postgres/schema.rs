@@ -76,7 +76,7 @@ pub(crate) async fn check_schema(client: &mut Client) -> anyhow::Result<()> {
         ),
         Err(e) => anyhow::bail!(
             "cannot read the schema version: {}",
-            super::errors::describe_postgres_error(&e)
+            super::describe::describe_postgres_error(&e)
         ),
     };
     let applied: Vec<(u32, String, String)> = rows
@@ -148,7 +148,7 @@ pub async fn provision(settings: &PostgresSettings) -> anyhow::Result<SchemaRepo
                 super::errors::describe_connect_error(&e)
             )
         })?;
-    let describe = |e: tokio_postgres::Error| super::errors::describe_postgres_error(&e);
+    let describe = |e: tokio_postgres::Error| super::describe::describe_postgres_error(&e);
     // For the lock's wait only: the session's lock_timeout (5 s) and statement_timeout
     // (10 s) would cut short the wait for another run's migrations. The migrations then run
     // under the pool's session settings again.
@@ -188,7 +188,7 @@ pub async fn provision(settings: &PostgresSettings) -> anyhow::Result<SchemaRepo
         .map_err(|e| {
             anyhow::anyhow!(
                 "migrating PostgreSQL at {target} failed: {}",
-                super::errors::describe_refinery_error(&e)
+                super::describe::describe_refinery_error(&e)
             )
         });
     let checked = match &migrated {
