@@ -131,12 +131,24 @@ fn read(path: &Path) -> Option<State> {
     serde_json::from_slice(&text).ok()
 }
 
-/// Writes `state` whole: to a sibling file first, then renamed over, so a crash mid-write
-/// leaves the old file or the new one, never half of one.
+/// Writes `state` whole: to a new sibling file first, then renamed over, so a crash
+/// mid-write leaves the old file or the new one, never half of one. The sibling is created
+/// exclusively under a name of this boot's, so a file or link planted in a shared
+/// temporary directory is never written through.
 fn write(path: &Path, state: &State) -> std::io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec(state).unwrap_or_default())?;
-    std::fs::rename(&tmp, path)
+    use std::io::Write;
+    let tmp = path.with_extension(format!("{}.tmp", Boot::random()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)?;
+    let written = file
+        .write_all(&serde_json::to_vec(state).unwrap_or_default())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// This process's record of its start, to be marked clean when it stops.
