@@ -204,6 +204,14 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
             done(purge(&store, &mut stdout()).await)
         }
         OperatorCommand::DeadLetters(command) => {
+            // The audit lines (discard's warning) go to stderr; stdout is the report.
+            let logs = tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_max_level(tracing::Level::WARN);
+            let _ = match settings.log_format {
+                crate::telemetry::LogFormat::Json => logs.json().flatten_event(true).try_init(),
+                crate::telemetry::LogFormat::Text => logs.try_init(),
+            };
             let store = startup::open_store(settings, Access::ReadOnly).await?;
             let broker = dead_letters_broker()?;
             dead_letters_command(command, broker.as_ref(), &store, settings, &mut stdout()).await

@@ -171,7 +171,9 @@ async fn examine(
     let reason_property = |name: &str| letter.property(name).map(|v| bounded(&v, 200));
     let facts = Facts {
         body,
-        enqueued_at: letter.enqueued_at,
+        // EnqueuedTimeUtc comes in whole seconds (RFC 1123): the broker may have seen the
+        // MessageId up to a second later than it says.
+        enqueued_at: letter.enqueued_at.map(|t| t + Duration::from_secs(1)),
         dead_letter_reason: reason_property("DeadLetterReason"),
         payment,
         inbox,
@@ -348,6 +350,7 @@ pub async fn resubmit(
         let mut lines = Vec::new();
         let mut next: Option<OffsetDateTime> = None;
         let mut open = false;
+        let mut unselected = false;
         for mut e in examined {
             let named = e
                 .line
@@ -360,6 +363,7 @@ pub async fn resubmit(
                 .is_some_and(|v| v == e.line.verdict.name() || (v == "inside-window" && matches!(e.line.verdict, Verdict::InsideWindow { .. })));
             let selected = named || selection.all || by_verdict;
             let handled = if !selected {
+                unselected = true;
                 let _ = broker.unlock(&e.letter).await;
                 lines.push(e.line);
                 continue;
@@ -411,7 +415,8 @@ pub async fn resubmit(
                 tokio::time::sleep(left + Duration::from_millis(1)).await;
             }
             waiting => {
-                let needs = open || waiting.is_some();
+                // Anything still in the dead-letter queue is left for a person.
+                let needs = open || unselected || waiting.is_some();
                 let mut all = done;
                 all.extend(lines);
                 let summary = Summary::of(&all, needs);

@@ -41,6 +41,8 @@ pub struct PaymentFact {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Facts {
     pub body: Body,
+    /// The latest time the broker may have accepted the MessageId (the dead letter's
+    /// enqueued time, rounded up to what the broker's precision allows).
     pub enqueued_at: Option<OffsetDateTime>,
     pub dead_letter_reason: Option<String>,
     /// The claim's payment (`Absent` when the body is invalid: nothing to look up).
