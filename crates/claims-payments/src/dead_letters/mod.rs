@@ -345,6 +345,9 @@ pub async fn resubmit(
 ) -> Result<(Vec<Line>, Summary), BusError> {
     let principal = broker.principal().await;
     let mut done: Vec<Line> = Vec::new();
+    // MessageIds this run sent, and when: a second dead letter with the same MessageId
+    // (a producer's re-send) is inside the window from that send on.
+    let mut sent: BTreeMap<String, OffsetDateTime> = BTreeMap::new();
     loop {
         let examined = lock_all(broker, store, options).await?;
         let mut lines = Vec::new();
@@ -362,6 +365,21 @@ pub async fn resubmit(
                 .as_deref()
                 .is_some_and(|v| v == e.line.verdict.name() || (v == "inside-window" && matches!(e.line.verdict, Verdict::InsideWindow { .. })));
             let selected = named || selection.all || by_verdict;
+            if let Some(at) = e.line.message_id.as_ref().and_then(|id| sent.get(id)) {
+                let until = *at + options.window;
+                if OffsetDateTime::now_utc() < until {
+                    e.line.verdict = match e.line.verdict.sendable() {
+                        Some(then) => Verdict::InsideWindow { until, then },
+                        None => e.line.verdict,
+                    };
+                    if matches!(e.line.verdict, Verdict::InsideWindow { .. }) {
+                        e.line.reason = format!(
+                            "inside the duplicate-detection window until {}: this run sent a copy with the same MessageId",
+                            rfc3339(until)
+                        );
+                    }
+                }
+            }
             let handled = if !selected {
                 unselected = true;
                 let _ = broker.unlock(&e.letter).await;
@@ -387,7 +405,13 @@ pub async fn resubmit(
                         let _ = broker.unlock(&e.letter).await;
                         Handled::Done("would send (dry run)".into())
                     }
-                    _ => send_then_delete(broker, &e, &principal).await,
+                    _ => {
+                        let handled = send_then_delete(broker, &e, &principal).await;
+                        if let (Some(id), Handled::Done(_) | Handled::Open(_)) = (&e.line.message_id, &handled) {
+                            sent.insert(id.clone(), OffsetDateTime::now_utc());
+                        }
+                        handled
+                    }
                 }
             };
             match handled {
