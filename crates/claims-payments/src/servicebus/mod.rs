@@ -25,8 +25,9 @@
 //! - application properties travel as HTTP headers: names and values are kept as the
 //!   broker sent them (the REST encoding, JSON-quoted strings), byte for byte through
 //!   the headers, which AMQP would keep typed;
-//! - the Service Bus emulator serves messaging on AMQP only (its HTTP port is the
-//!   management API), so this adapter cannot be run against it.
+//! - the Service Bus emulator documents AMQP as its messaging protocol (its HTTP port is
+//!   the management API), so this adapter is not run against it: tests use the testkit's
+//!   stand-in.
 
 pub mod rest;
 
