@@ -391,3 +391,32 @@ async fn the_command_line_prints_verdicts_and_exits_as_documented() {
     let out = run(&["dead-letters", "list"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// Two dead letters with one MessageId (a producer's re-send, both dead-lettered): the
+/// run sends the first and holds the second for a window from that send, since the
+/// broker would drop it; `--wait` then sends it.
+#[tokio::test]
+async fn a_second_dead_letter_of_a_message_id_just_sent_waits_for_the_window() {
+    let window = Duration::from_millis(300);
+    let w = world(window).await;
+    let claim = new_claim();
+    let old = two_hours_ago();
+    w.bus.dead_letter("m-1", &body(&claim, "20.00"), 10, "MaxDeliveryCountExceeded", "", old, &[]);
+    w.bus.dead_letter("m-1", &body(&claim, "20.00"), 10, "MaxDeliveryCountExceeded", "", old, &[]);
+    let b = broker(&w, Duration::from_secs(10));
+    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, false).await.unwrap();
+    assert!(summary.needs_a_person);
+    assert_eq!(w.bus.log(), vec![Logged::Sent("m-1".into()), Logged::Deleted("m-1".into())]);
+    assert!(lines.iter().any(|l| matches!(l.verdict, Verdict::InsideWindow { .. })), "{lines:?}");
+    assert_eq!(w.bus.dead_letters().len(), 1);
+
+    let w = world(window).await;
+    w.bus.dead_letter("m-1", &body(&claim, "20.00"), 10, "MaxDeliveryCountExceeded", "", old, &[]);
+    w.bus.dead_letter("m-1", &body(&claim, "20.00"), 10, "MaxDeliveryCountExceeded", "", old, &[]);
+    let b = broker(&w, Duration::from_secs(10));
+    let (_, summary) = dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, true).await.unwrap();
+    assert!(!summary.needs_a_person);
+    assert!(!w.bus.log().iter().any(|l| matches!(l, Logged::DroppedDuplicate(_))), "{:?}", w.bus.log());
+    assert!(w.bus.dead_letters().is_empty());
+    assert_eq!(w.bus.active().len(), 2);
+}
