@@ -188,7 +188,11 @@ impl ServiceBus {
             ("DeadLetterReason".to_owned(), quoted(reason)),
             ("DeadLetterErrorDescription".to_owned(), quoted(description)),
         ];
-        props.extend(properties.iter().map(|(n, v)| (n.to_string(), v.to_string())));
+        props.extend(
+            properties
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string())),
+        );
         inner.dead.push(Message {
             sequence_number,
             message_id: message_id.to_owned(),
@@ -199,13 +203,20 @@ impl ServiceBus {
             enqueued_at,
             lock: None,
         });
-        let seen = inner.seen.entry(message_id.to_owned()).or_insert(enqueued_at);
+        let seen = inner
+            .seen
+            .entry(message_id.to_owned())
+            .or_insert(enqueued_at);
         *seen = (*seen).max(enqueued_at);
     }
 
     /// The next call of `op` meets `fault`.
     pub fn fail_next(&self, op: Op, fault: Fault) {
-        locked(&self.inner).faults.entry(op).or_default().push_back(fault);
+        locked(&self.inner)
+            .faults
+            .entry(op)
+            .or_default()
+            .push_back(fault);
     }
 
     /// The messages on the queue (sent and kept).
@@ -235,7 +246,13 @@ fn fault(inner: &mut Inner, op: Op) -> Option<Fault> {
 
 fn status(code: u16, reason: &str) -> Response {
     let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (code, format!("<Error><Code>{}</Code><Detail>{reason}</Detail></Error>", code.as_u16()))
+    (
+        code,
+        format!(
+            "<Error><Code>{}</Code><Detail>{reason}</Detail></Error>",
+            code.as_u16()
+        ),
+    )
         .into_response()
 }
 

@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 
 use crate::config::{Settings, StoreSettings};
 use crate::dead_letters::{self, Line, Summary};
-use crate::servicebus::Broker;
 use crate::reconcile::{self, Reconciler};
+use crate::servicebus::Broker;
 use crate::startup;
 use crate::store::sqlite::Access;
 use crate::store::{CorruptRecord, DynStore, InboxRecord, Listed, PaymentRecord};
@@ -254,12 +254,20 @@ fn dead_letters_broker() -> anyhow::Result<Box<dyn Broker>> {
     let queue = get(names::CLAIM_APPROVED_QUEUE).unwrap_or_else(|| "claim-approved".into());
     let timeout = match get(names::SERVICEBUS_TIMEOUT_MS) {
         Some(ms) => std::time::Duration::from_millis(ms.parse().map_err(|_| {
-            anyhow::anyhow!("{} must be a number of milliseconds", names::SERVICEBUS_TIMEOUT_MS)
+            anyhow::anyhow!(
+                "{} must be a number of milliseconds",
+                names::SERVICEBUS_TIMEOUT_MS
+            )
         })?),
         None => std::time::Duration::from_secs(30),
     };
     if let Some(endpoint) = get(names::SERVICEBUS_ENDPOINT) {
-        return Ok(Box::new(RestBroker::new(&endpoint, &queue, Auth::LoopbackWithoutToken, timeout)?));
+        return Ok(Box::new(RestBroker::new(
+            &endpoint,
+            &queue,
+            Auth::LoopbackWithoutToken,
+            timeout,
+        )?));
     }
     let namespace = get(names::SERVICE_BUS_NAMESPACE).ok_or_else(|| {
         anyhow::anyhow!(
@@ -274,8 +282,9 @@ fn dead_letters_broker() -> anyhow::Result<Box<dyn Broker>> {
                     .map(azure_identity::UserAssignedId::ClientId),
                 ..Default::default()
             };
-            azure_identity::ManagedIdentityCredential::new(Some(options))
-                .map_err(|e| anyhow::anyhow!("cannot create the managed identity credential: {e}"))?
+            azure_identity::ManagedIdentityCredential::new(Some(options)).map_err(|e| {
+                anyhow::anyhow!("cannot create the managed identity credential: {e}")
+            })?
         } else {
             azure_identity::DeveloperToolsCredential::new(None)
                 .map_err(|e| anyhow::anyhow!("cannot create the developer tools credential: {e}"))?
@@ -294,7 +303,9 @@ fn duplicate_window() -> anyhow::Result<std::time::Duration> {
     use crate::setting::names::SERVICEBUS_DUPLICATE_WINDOW_MS as NAME;
     match std::env::var(NAME).ok().filter(|v| !v.trim().is_empty()) {
         Some(ms) => Ok(std::time::Duration::from_millis(
-            ms.trim().parse().map_err(|_| anyhow::anyhow!("{NAME} must be a number of milliseconds"))?,
+            ms.trim()
+                .parse()
+                .map_err(|_| anyhow::anyhow!("{NAME} must be a number of milliseconds"))?,
         )),
         None => Ok(std::time::Duration::from_secs(3600)),
     }
@@ -350,9 +361,20 @@ pub async fn dead_letters_command(
             if args.reason.trim().is_empty() {
                 anyhow::bail!("--reason must say why the dead letter is dropped");
             }
-            match dead_letters::discard(broker, store, &options(&args.list)?, &args.message_id, &args.reason).await? {
+            match dead_letters::discard(
+                broker,
+                store,
+                &options(&args.list)?,
+                &args.message_id,
+                &args.reason,
+            )
+            .await?
+            {
                 Some(line) => {
-                    let ok = line.action.as_deref().is_some_and(|a| a.starts_with("discarded"));
+                    let ok = line
+                        .action
+                        .as_deref()
+                        .is_some_and(|a| a.starts_with("discarded"));
                     let summary = dead_letters::Summary::default();
                     print_dead_letters(std::slice::from_ref(&line), &summary, args.list.json, out)?;
                     if ok {
@@ -372,15 +394,25 @@ pub async fn dead_letters_command(
 }
 
 /// Prints `lines` as a table (or JSON lines) and the summary.
-pub fn print_dead_letters(lines: &[Line], summary: &Summary, json: bool, out: &mut impl Write) -> std::io::Result<()> {
+pub fn print_dead_letters(
+    lines: &[Line],
+    summary: &Summary,
+    json: bool,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     if json {
         for l in lines {
-            writeln!(out, "{}", serde_json::to_string(l).map_err(std::io::Error::other)?)?;
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string(l).map_err(std::io::Error::other)?
+            )?;
         }
         writeln!(
             out,
             "{}",
-            serde_json::to_string(&serde_json::json!({ "summary": summary })).map_err(std::io::Error::other)?
+            serde_json::to_string(&serde_json::json!({ "summary": summary }))
+                .map_err(std::io::Error::other)?
         )?;
         return Ok(());
     }
@@ -408,18 +440,28 @@ pub fn print_dead_letters(lines: &[Line], summary: &Summary, json: bool, out: &m
         }
     }
     let counts = |m: &BTreeMap<String, usize>| {
-        m.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", ")
+        m.iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     writeln!(
         out,
         "{} dead letter(s): {}{}{}",
         lines.len(),
         counts(&summary.verdicts),
-        if summary.actions.is_empty() { String::new() } else { format!("; {}", counts(&summary.actions)) },
-        if summary.needs_a_person { "; something needs a person" } else { "" }
+        if summary.actions.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", counts(&summary.actions))
+        },
+        if summary.needs_a_person {
+            "; something needs a person"
+        } else {
+            ""
+        }
     )
 }
-
 
 /// Renders the report for people: one line per payment, then the summary.
 fn render_reconcile(summary: &reconcile::Summary) -> String {

@@ -35,7 +35,13 @@ async fn world(window: Duration) -> World {
 }
 
 fn broker(w: &World, timeout: Duration) -> RestBroker {
-    RestBroker::new(&w.bus.endpoint(), QUEUE, Auth::LoopbackWithoutToken, timeout).unwrap()
+    RestBroker::new(
+        &w.bus.endpoint(),
+        QUEUE,
+        Auth::LoopbackWithoutToken,
+        timeout,
+    )
+    .unwrap()
 }
 
 fn options(window: Duration) -> Options {
@@ -68,8 +74,13 @@ async fn drain_into_consumer(w: &World) -> Vec<(String, &'static str)> {
     let consumer = ledger_consumer(w.store.clone());
     let mut out = Vec::new();
     for m in w.bus.take_active() {
-        let msg = claims_payments::message::ClaimApproved::parse(std::str::from_utf8(&m.body).unwrap()).unwrap();
-        out.push((m.message_id.clone(), deliver(&consumer, &msg, &m.message_id, 1).await));
+        let msg =
+            claims_payments::message::ClaimApproved::parse(std::str::from_utf8(&m.body).unwrap())
+                .unwrap();
+        out.push((
+            m.message_id.clone(),
+            deliver(&consumer, &msg, &m.message_id, 1).await,
+        ));
     }
     out
 }
@@ -81,20 +92,79 @@ async fn list_shows_verdicts_beside_the_store_and_removes_nothing() {
     let w = world(HOUR).await;
     let consumer = ledger_consumer(w.store.clone());
     let (paid, unpaid, conflicting) = (new_claim(), new_claim(), new_claim());
-    assert_eq!(deliver(&consumer, &message(&paid, "10.00"), "m-paid-first", 1).await, "recorded");
-    assert_eq!(deliver(&consumer, &message(&conflicting, "10.00"), "m-c-first", 1).await, "recorded");
+    assert_eq!(
+        deliver(&consumer, &message(&paid, "10.00"), "m-paid-first", 1).await,
+        "recorded"
+    );
+    assert_eq!(
+        deliver(&consumer, &message(&conflicting, "10.00"), "m-c-first", 1).await,
+        "recorded"
+    );
     let t = two_hours_ago();
-    w.bus.dead_letter("m-paid", &body(&paid, "10.00"), 10, "MaxDeliveryCountExceeded", "after 10 deliveries", t, &[]);
-    w.bus.dead_letter("m-unpaid", &body(&unpaid, "20.00"), 10, "MaxDeliveryCountExceeded", "after 10 deliveries", t, &[]);
-    w.bus.dead_letter("m-conflict", &body(&conflicting, "99.00"), 10, "MaxDeliveryCountExceeded", "", t, &[]);
-    w.bus.dead_letter("m-invalid", b"{\"claimId\":42}", 10, "MaxDeliveryCountExceeded", "", t, &[]);
-    w.bus.dead_letter("m-huge", &vec![b'x'; 300 * 1024], 10, "MaxDeliveryCountExceeded", "", t, &[]);
-    w.bus.dead_letter("m-binary", &[0xff, 0xfe, 0x00], 10, "MaxDeliveryCountExceeded", "", t, &[]);
+    w.bus.dead_letter(
+        "m-paid",
+        &body(&paid, "10.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "after 10 deliveries",
+        t,
+        &[],
+    );
+    w.bus.dead_letter(
+        "m-unpaid",
+        &body(&unpaid, "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "after 10 deliveries",
+        t,
+        &[],
+    );
+    w.bus.dead_letter(
+        "m-conflict",
+        &body(&conflicting, "99.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        t,
+        &[],
+    );
+    w.bus.dead_letter(
+        "m-invalid",
+        b"{\"claimId\":42}",
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        t,
+        &[],
+    );
+    w.bus.dead_letter(
+        "m-huge",
+        &vec![b'x'; 300 * 1024],
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        t,
+        &[],
+    );
+    w.bus.dead_letter(
+        "m-binary",
+        &[0xff, 0xfe, 0x00],
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        t,
+        &[],
+    );
 
     let b = broker(&w, Duration::from_secs(10));
-    let (lines, summary) = dead_letters::list(&b, &w.store, &options(HOUR)).await.unwrap();
+    let (lines, summary) = dead_letters::list(&b, &w.store, &options(HOUR))
+        .await
+        .unwrap();
     let verdict = |id: &str| {
-        let l = lines.iter().find(|l| l.message_id.as_deref() == Some(id)).unwrap();
+        let l = lines
+            .iter()
+            .find(|l| l.message_id.as_deref() == Some(id))
+            .unwrap();
         (l.verdict, l.reason.clone(), l.payment_status.clone())
     };
     assert_eq!(verdict("m-paid").0, Verdict::AlreadyPaid);
@@ -106,20 +176,39 @@ async fn list_shows_verdicts_beside_the_store_and_removes_nothing() {
     for bad in ["m-invalid", "m-huge", "m-binary"] {
         let (v, reason, _) = verdict(bad);
         assert_eq!(v, Verdict::Permanent, "{bad}");
-        assert!(reason.len() < 400, "{bad}: a bounded reason, got {} bytes", reason.len());
+        assert!(
+            reason.len() < 400,
+            "{bad}: a bounded reason, got {} bytes",
+            reason.len()
+        );
     }
-    let unpaid_line = lines.iter().find(|l| l.message_id.as_deref() == Some("m-unpaid")).unwrap();
-    assert_eq!(unpaid_line.delivery_count, 10, "the broker's count minus our own lock");
+    let unpaid_line = lines
+        .iter()
+        .find(|l| l.message_id.as_deref() == Some("m-unpaid"))
+        .unwrap();
+    assert_eq!(
+        unpaid_line.delivery_count, 10,
+        "the broker's count minus our own lock"
+    );
     assert_eq!(unpaid_line.amount.as_deref(), Some("20.00"));
-    assert_eq!(unpaid_line.dead_letter_error_description.as_deref(), Some("after 10 deliveries"));
+    assert_eq!(
+        unpaid_line.dead_letter_error_description.as_deref(),
+        Some("after 10 deliveries")
+    );
     assert!(summary.needs_a_person);
     assert_eq!(summary.verdicts["permanent"], 4);
 
     // Nothing removed, everything unlocked: a second listing sees all six again.
     assert_eq!(w.bus.dead_letters().len(), 6);
-    let (again, _) = dead_letters::list(&b, &w.store, &options(HOUR)).await.unwrap();
+    let (again, _) = dead_letters::list(&b, &w.store, &options(HOUR))
+        .await
+        .unwrap();
     assert_eq!(again.len(), 6);
-    assert!(w.bus.log().is_empty(), "list sent or deleted something: {:?}", w.bus.log());
+    assert!(
+        w.bus.log().is_empty(),
+        "list sent or deleted something: {:?}",
+        w.bus.log()
+    );
 }
 
 /// Send before delete: every removal of a dead letter comes after the send of its copy
@@ -131,25 +220,59 @@ async fn resubmit_sends_a_faithful_copy_before_it_removes_the_dead_letter() {
     let w = world(HOUR).await;
     let consumer = ledger_consumer(w.store.clone());
     let (paid, unpaid) = (new_claim(), new_claim());
-    assert_eq!(deliver(&consumer, &message(&paid, "10.00"), "m-paid", 1).await, "recorded");
+    assert_eq!(
+        deliver(&consumer, &message(&paid, "10.00"), "m-paid", 1).await,
+        "recorded"
+    );
     let t = two_hours_ago();
-    w.bus.dead_letter("m-paid", &body(&paid, "10.00"), 10, "MaxDeliveryCountExceeded", "", t, &[]);
-    w.bus.dead_letter("m-unpaid", &body(&unpaid, "20.00"), 10, "MaxDeliveryCountExceeded", "", t, &[("x-producer", "\"claims-core é\"")]);
+    w.bus.dead_letter(
+        "m-paid",
+        &body(&paid, "10.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        t,
+        &[],
+    );
+    w.bus.dead_letter(
+        "m-unpaid",
+        &body(&unpaid, "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        t,
+        &[("x-producer", "\"claims-core é\"")],
+    );
 
     let b = broker(&w, Duration::from_secs(10));
-    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false).await.unwrap();
+    let (lines, summary) =
+        dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false)
+            .await
+            .unwrap();
     assert!(!summary.needs_a_person, "{lines:?}");
     assert!(w.bus.dead_letters().is_empty());
     let log = w.bus.log();
     for id in ["m-paid", "m-unpaid"] {
         let sent = log.iter().position(|l| *l == Logged::Sent(id.into()));
         let deleted = log.iter().position(|l| *l == Logged::Deleted(id.into()));
-        assert!(matches!((sent, deleted), (Some(s), Some(d)) if s < d), "{id}: {log:?}");
+        assert!(
+            matches!((sent, deleted), (Some(s), Some(d)) if s < d),
+            "{id}: {log:?}"
+        );
     }
-    let copy = w.bus.active().into_iter().find(|m| m.message_id == "m-unpaid").unwrap();
+    let copy = w
+        .bus
+        .active()
+        .into_iter()
+        .find(|m| m.message_id == "m-unpaid")
+        .unwrap();
     assert_eq!(copy.body, body(&unpaid, "20.00"));
     assert_eq!(copy.content_type.as_deref(), Some("application/json"));
-    assert_eq!(copy.property("x-producer"), Some("\"claims-core é\""), "byte for byte");
+    assert_eq!(
+        copy.property("x-producer"),
+        Some("\"claims-core é\""),
+        "byte for byte"
+    );
     assert_eq!(copy.property("DeadLetterReason"), None);
     let record: serde_json::Value = serde_json::from_str(
         &serde_json::from_str::<String>(copy.property(REDRIVE_PROPERTY).unwrap()).unwrap(),
@@ -161,7 +284,13 @@ async fn resubmit_sends_a_faithful_copy_before_it_removes_the_dead_letter() {
 
     let mut outcomes = drain_into_consumer(&w).await;
     outcomes.sort();
-    assert_eq!(outcomes, vec![("m-paid".into(), "duplicate"), ("m-unpaid".into(), "recorded")]);
+    assert_eq!(
+        outcomes,
+        vec![
+            ("m-paid".into(), "duplicate"),
+            ("m-unpaid".into(), "recorded")
+        ]
+    );
 }
 
 /// A send the broker refuses (503) leaves the dead letter where it is: with the delete
@@ -169,15 +298,30 @@ async fn resubmit_sends_a_faithful_copy_before_it_removes_the_dead_letter() {
 #[tokio::test]
 async fn a_refused_send_keeps_the_dead_letter() {
     let w = world(HOUR).await;
-    w.bus.dead_letter("m-1", &body(&new_claim(), "20.00"), 10, "MaxDeliveryCountExceeded", "", two_hours_ago(), &[]);
-    w.bus.fail_next(Op::Send, Fault::Status(503, "server busy".into()));
+    w.bus.dead_letter(
+        "m-1",
+        &body(&new_claim(), "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
+    w.bus
+        .fail_next(Op::Send, Fault::Status(503, "server busy".into()));
     let b = broker(&w, Duration::from_secs(10));
-    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false).await.unwrap();
+    let (lines, summary) =
+        dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false)
+            .await
+            .unwrap();
     assert_eq!(w.bus.dead_letters().len(), 1, "{:?}", w.bus.log());
     assert!(w.bus.active().is_empty());
     assert!(summary.needs_a_person);
     let action = lines[0].action.as_deref().unwrap();
-    assert!(action.starts_with("not sent") && action.contains("server busy"), "{action}");
+    assert!(
+        action.starts_with("not sent") && action.contains("server busy"),
+        "{action}"
+    );
 }
 
 /// The window rule: inside the duplicate-detection window nothing is sent (the broker
@@ -187,23 +331,46 @@ async fn a_refused_send_keeps_the_dead_letter() {
 async fn inside_the_window_nothing_is_sent_and_the_time_it_can_be_is_shown() {
     let w = world(HOUR).await;
     let enqueued = OffsetDateTime::now_utc() - Duration::from_secs(600);
-    w.bus.dead_letter("m-1", &body(&new_claim(), "20.00"), 10, "MaxDeliveryCountExceeded", "", enqueued, &[]);
+    w.bus.dead_letter(
+        "m-1",
+        &body(&new_claim(), "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        enqueued,
+        &[],
+    );
     let b = broker(&w, Duration::from_secs(10));
     let named = Selection {
         message_ids: vec!["m-1".into()],
         ..Selection::default()
     };
     for selection in [all(), named] {
-        let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &selection, false, false).await.unwrap();
-        assert!(w.bus.log().is_empty(), "sent inside the window: {:?}", w.bus.log());
+        let (lines, summary) =
+            dead_letters::resubmit(&b, &w.store, &options(HOUR), &selection, false, false)
+                .await
+                .unwrap();
+        assert!(
+            w.bus.log().is_empty(),
+            "sent inside the window: {:?}",
+            w.bus.log()
+        );
         assert_eq!(w.bus.dead_letters().len(), 1);
         assert!(summary.needs_a_person);
         // EnqueuedTimeUtc has whole seconds: the window ends at most a second later.
         let until = enqueued.replace_nanosecond(0).unwrap() + Duration::from_secs(1) + HOUR;
         let action = lines[0].action.as_deref().unwrap();
-        assert!(action.contains("inside the duplicate-detection window"), "{action}");
-        assert!(matches!(lines[0].verdict, Verdict::InsideWindow { until: u, .. } if u == until), "{lines:?}");
-        let shown = until.format(&time::format_description::well_known::Rfc3339).unwrap();
+        assert!(
+            action.contains("inside the duplicate-detection window"),
+            "{action}"
+        );
+        assert!(
+            matches!(lines[0].verdict, Verdict::InsideWindow { until: u, .. } if u == until),
+            "{lines:?}"
+        );
+        let shown = until
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap();
         assert!(action.contains(&shown), "{action} should name {shown}");
     }
 }
@@ -213,11 +380,24 @@ async fn inside_the_window_nothing_is_sent_and_the_time_it_can_be_is_shown() {
 async fn wait_sends_once_the_window_is_over() {
     let window = Duration::from_millis(300);
     let w = world(window).await;
-    w.bus.dead_letter("m-1", &body(&new_claim(), "20.00"), 10, "MaxDeliveryCountExceeded", "", OffsetDateTime::now_utc(), &[]);
+    w.bus.dead_letter(
+        "m-1",
+        &body(&new_claim(), "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        OffsetDateTime::now_utc(),
+        &[],
+    );
     let b = broker(&w, Duration::from_secs(10));
-    let (_, summary) = dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, true).await.unwrap();
+    let (_, summary) = dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, true)
+        .await
+        .unwrap();
     assert!(!summary.needs_a_person);
-    assert_eq!(w.bus.log(), vec![Logged::Sent("m-1".into()), Logged::Deleted("m-1".into())]);
+    assert_eq!(
+        w.bus.log(),
+        vec![Logged::Sent("m-1".into()), Logged::Deleted("m-1".into())]
+    );
 }
 
 /// Permanent verdicts are refused by --all and --verdict, and sent only when named.
@@ -226,35 +406,80 @@ async fn permanent_verdicts_are_refused_unless_named() {
     let w = world(HOUR).await;
     let consumer = ledger_consumer(w.store.clone());
     let claim = new_claim();
-    assert_eq!(deliver(&consumer, &message(&claim, "10.00"), "m-first", 1).await, "recorded");
-    w.bus.dead_letter("m-conflict", &body(&claim, "99.00"), 10, "MaxDeliveryCountExceeded", "", two_hours_ago(), &[]);
+    assert_eq!(
+        deliver(&consumer, &message(&claim, "10.00"), "m-first", 1).await,
+        "recorded"
+    );
+    w.bus.dead_letter(
+        "m-conflict",
+        &body(&claim, "99.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
     let b = broker(&w, Duration::from_secs(10));
     let by_verdict = Selection {
         verdict: Some("resubmit".into()),
         ..Selection::default()
     };
     for selection in [all(), by_verdict] {
-        let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &selection, false, false).await.unwrap();
-        assert!(w.bus.log().is_empty(), "a permanent verdict was sent: {:?}", w.bus.log());
+        let (lines, summary) =
+            dead_letters::resubmit(&b, &w.store, &options(HOUR), &selection, false, false)
+                .await
+                .unwrap();
+        assert!(
+            w.bus.log().is_empty(),
+            "a permanent verdict was sent: {:?}",
+            w.bus.log()
+        );
         assert!(summary.needs_a_person);
-        assert!(lines[0].action.as_deref().is_none_or(|a| a.starts_with("refused")), "{lines:?}");
+        assert!(
+            lines[0]
+                .action
+                .as_deref()
+                .is_none_or(|a| a.starts_with("refused")),
+            "{lines:?}"
+        );
     }
     let named = Selection {
         message_ids: vec!["m-conflict".into()],
         ..Selection::default()
     };
-    dead_letters::resubmit(&b, &w.store, &options(HOUR), &named, false, false).await.unwrap();
-    assert_eq!(w.bus.log(), vec![Logged::Sent("m-conflict".into()), Logged::Deleted("m-conflict".into())]);
+    dead_letters::resubmit(&b, &w.store, &options(HOUR), &named, false, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        w.bus.log(),
+        vec![
+            Logged::Sent("m-conflict".into()),
+            Logged::Deleted("m-conflict".into())
+        ]
+    );
     // The consumer refuses it again, as the verdict said.
-    assert_eq!(drain_into_consumer(&w).await, vec![("m-conflict".into(), "conflict")]);
+    assert_eq!(
+        drain_into_consumer(&w).await,
+        vec![("m-conflict".into(), "conflict")]
+    );
 }
 
 #[tokio::test]
 async fn a_dry_run_sends_and_removes_nothing() {
     let w = world(HOUR).await;
-    w.bus.dead_letter("m-1", &body(&new_claim(), "20.00"), 10, "MaxDeliveryCountExceeded", "", two_hours_ago(), &[]);
+    w.bus.dead_letter(
+        "m-1",
+        &body(&new_claim(), "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
     let b = broker(&w, Duration::from_secs(10));
-    let (lines, _) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), true, false).await.unwrap();
+    let (lines, _) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), true, false)
+        .await
+        .unwrap();
     assert_eq!(lines[0].action.as_deref(), Some("would send (dry run)"));
     assert!(w.bus.log().is_empty());
     assert_eq!(w.bus.dead_letters().len(), 1);
@@ -265,17 +490,40 @@ async fn a_dry_run_sends_and_removes_nothing() {
 #[tokio::test]
 async fn a_lock_lost_after_the_send_leaves_a_duplicate_never_a_loss() {
     let w = world(HOUR).await;
-    w.bus.dead_letter("m-1", &body(&new_claim(), "20.00"), 10, "MaxDeliveryCountExceeded", "", two_hours_ago(), &[]);
+    w.bus.dead_letter(
+        "m-1",
+        &body(&new_claim(), "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
     w.bus.fail_next(Op::Delete, Fault::LockLost);
     let b = broker(&w, Duration::from_secs(10));
-    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false).await.unwrap();
+    let (lines, summary) =
+        dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false)
+            .await
+            .unwrap();
     assert!(summary.needs_a_person);
-    assert!(lines[0].action.as_deref().unwrap().contains("the dead letter is kept"), "{lines:?}");
+    assert!(
+        lines[0]
+            .action
+            .as_deref()
+            .unwrap()
+            .contains("the dead letter is kept"),
+        "{lines:?}"
+    );
     assert_eq!(w.bus.active().len(), 1);
     assert_eq!(w.bus.dead_letters().len(), 1);
-    assert_eq!(drain_into_consumer(&w).await, vec![("m-1".into(), "recorded")]);
+    assert_eq!(
+        drain_into_consumer(&w).await,
+        vec![("m-1".into(), "recorded")]
+    );
     // The next run sees it paid.
-    let (lines, _) = dead_letters::list(&b, &w.store, &options(HOUR)).await.unwrap();
+    let (lines, _) = dead_letters::list(&b, &w.store, &options(HOUR))
+        .await
+        .unwrap();
     assert_eq!(lines[0].verdict, Verdict::AlreadyPaid);
 }
 
@@ -284,12 +532,27 @@ async fn a_lock_lost_after_the_send_leaves_a_duplicate_never_a_loss() {
 #[tokio::test]
 async fn a_send_that_times_out_after_it_was_accepted_keeps_the_dead_letter() {
     let w = world(HOUR).await;
-    w.bus.dead_letter("m-1", &body(&new_claim(), "20.00"), 10, "MaxDeliveryCountExceeded", "", two_hours_ago(), &[]);
-    w.bus.fail_next(Op::Send, Fault::AcceptThenHang(Duration::from_secs(5)));
+    w.bus.dead_letter(
+        "m-1",
+        &body(&new_claim(), "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
+    w.bus
+        .fail_next(Op::Send, Fault::AcceptThenHang(Duration::from_secs(5)));
     let b = broker(&w, Duration::from_millis(300));
-    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false).await.unwrap();
+    let (lines, summary) =
+        dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false)
+            .await
+            .unwrap();
     assert!(summary.needs_a_person);
-    assert!(lines[0].action.as_deref().unwrap().starts_with("unsure"), "{lines:?}");
+    assert!(
+        lines[0].action.as_deref().unwrap().starts_with("unsure"),
+        "{lines:?}"
+    );
     assert_eq!(w.bus.dead_letters().len(), 1);
     assert_eq!(w.bus.active().len(), 1);
 }
@@ -299,20 +562,38 @@ async fn a_send_that_times_out_after_it_was_accepted_keeps_the_dead_letter() {
 #[tokio::test]
 async fn throttling_and_401_403_name_the_reason() {
     let w = world(HOUR).await;
-    w.bus.dead_letter("m-1", &body(&new_claim(), "20.00"), 10, "MaxDeliveryCountExceeded", "", two_hours_ago(), &[]);
+    w.bus.dead_letter(
+        "m-1",
+        &body(&new_claim(), "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
     let b = broker(&w, Duration::from_secs(10));
     for (status, reason, kind) in [
         (429, "too many requests", BusErrorKind::Throttled),
         (401, "ExpiredToken", BusErrorKind::Unauthorized),
-        (403, "Unauthorized access. 'Listen' claim(s) are required", BusErrorKind::Forbidden),
+        (
+            403,
+            "Unauthorized access. 'Listen' claim(s) are required",
+            BusErrorKind::Forbidden,
+        ),
     ] {
-        w.bus.fail_next(Op::Lock, Fault::Status(status, reason.into()));
-        let err = dead_letters::list(&b, &w.store, &options(HOUR)).await.unwrap_err();
+        w.bus
+            .fail_next(Op::Lock, Fault::Status(status, reason.into()));
+        let err = dead_letters::list(&b, &w.store, &options(HOUR))
+            .await
+            .unwrap_err();
         assert_eq!(err.kind, kind);
         let text = err.to_string();
         assert!(text.contains(reason), "{text}");
         if status == 403 {
-            assert!(text.contains("Data Receiver") && text.contains("Data Sender"), "{text}");
+            assert!(
+                text.contains("Data Receiver") && text.contains("Data Sender"),
+                "{text}"
+            );
         }
     }
     assert_eq!(w.bus.dead_letters().len(), 1);
@@ -323,17 +604,39 @@ async fn throttling_and_401_403_name_the_reason() {
 async fn discard_removes_the_named_dead_letter_only() {
     let w = world(HOUR).await;
     for id in ["m-1", "m-2"] {
-        w.bus.dead_letter(id, &body(&new_claim(), "20.00"), 10, "MaxDeliveryCountExceeded", "", two_hours_ago(), &[]);
+        w.bus.dead_letter(
+            id,
+            &body(&new_claim(), "20.00"),
+            10,
+            "MaxDeliveryCountExceeded",
+            "",
+            two_hours_ago(),
+            &[],
+        );
     }
     let b = broker(&w, Duration::from_secs(10));
-    let line = dead_letters::discard(&b, &w.store, &options(HOUR), "m-1", "corrected message published as m-9")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(line.action.as_deref(), Some("discarded: corrected message published as m-9"));
+    let line = dead_letters::discard(
+        &b,
+        &w.store,
+        &options(HOUR),
+        "m-1",
+        "corrected message published as m-9",
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        line.action.as_deref(),
+        Some("discarded: corrected message published as m-9")
+    );
     assert_eq!(w.bus.log(), vec![Logged::Deleted("m-1".into())]);
     assert_eq!(w.bus.dead_letters().len(), 1);
-    assert!(dead_letters::discard(&b, &w.store, &options(HOUR), "m-404", "x").await.unwrap().is_none());
+    assert!(
+        dead_letters::discard(&b, &w.store, &options(HOUR), "m-404", "x")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 /// The product binary: `dead-letters list` prints the table and exits 3, `--json` gives
@@ -343,7 +646,15 @@ async fn discard_removes_the_named_dead_letter_only() {
 async fn the_command_line_prints_verdicts_and_exits_as_documented() {
     let w = world(HOUR).await;
     let db = w._dir.path().join("p.db");
-    w.bus.dead_letter("m-1", &body(&new_claim(), "20.00"), 10, "MaxDeliveryCountExceeded", "", two_hours_ago(), &[]);
+    w.bus.dead_letter(
+        "m-1",
+        &body(&new_claim(), "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
     let run = |args: &[&str]| {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_claims-payments"));
         for name in claims_payments::setting::names::PRODUCT {
@@ -359,13 +670,24 @@ async fn the_command_line_prints_verdicts_and_exits_as_documented() {
     };
     let out = run(&["dead-letters", "list"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(3), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("m-1") && stdout.contains("resubmit: nothing was paid"), "{stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("m-1") && stdout.contains("resubmit: nothing was paid"),
+        "{stdout}"
+    );
     assert!(stdout.contains("1 dead letter(s): 1 resubmit"), "{stdout}");
 
     let out = run(&["dead-letters", "list", "--json"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 2, "{stdout}");
     assert_eq!(lines[0]["verdict"], "resubmit");
     // The REST API has no peek without a lock: the first listing's lock counted as a
@@ -380,7 +702,15 @@ async fn the_command_line_prints_verdicts_and_exits_as_documented() {
     let out = run(&["dead-letters", "resubmit"]).await;
     assert_eq!(out.status.code(), Some(2), "a selection is required");
 
-    let out = run(&["dead-letters", "discard", "--message-id", "m-1", "--reason", "published again as m-2"]).await;
+    let out = run(&[
+        "dead-letters",
+        "discard",
+        "--message-id",
+        "m-1",
+        "--reason",
+        "published again as m-2",
+    ])
+    .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let warning: serde_json::Value = serde_json::from_str(stderr.lines().next().unwrap()).unwrap();
@@ -389,7 +719,12 @@ async fn the_command_line_prints_verdicts_and_exits_as_documented() {
     assert_eq!(warning["reason"], "published again as m-2");
 
     let out = run(&["dead-letters", "list"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 /// Two dead letters with one MessageId (a producer's re-send, both dead-lettered): the
@@ -401,22 +736,74 @@ async fn a_second_dead_letter_of_a_message_id_just_sent_waits_for_the_window() {
     let w = world(window).await;
     let claim = new_claim();
     let old = two_hours_ago();
-    w.bus.dead_letter("m-1", &body(&claim, "20.00"), 10, "MaxDeliveryCountExceeded", "", old, &[]);
-    w.bus.dead_letter("m-1", &body(&claim, "20.00"), 10, "MaxDeliveryCountExceeded", "", old, &[]);
+    w.bus.dead_letter(
+        "m-1",
+        &body(&claim, "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        old,
+        &[],
+    );
+    w.bus.dead_letter(
+        "m-1",
+        &body(&claim, "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        old,
+        &[],
+    );
     let b = broker(&w, Duration::from_secs(10));
-    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, false).await.unwrap();
+    let (lines, summary) =
+        dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, false)
+            .await
+            .unwrap();
     assert!(summary.needs_a_person);
-    assert_eq!(w.bus.log(), vec![Logged::Sent("m-1".into()), Logged::Deleted("m-1".into())]);
-    assert!(lines.iter().any(|l| matches!(l.verdict, Verdict::InsideWindow { .. })), "{lines:?}");
+    assert_eq!(
+        w.bus.log(),
+        vec![Logged::Sent("m-1".into()), Logged::Deleted("m-1".into())]
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| matches!(l.verdict, Verdict::InsideWindow { .. })),
+        "{lines:?}"
+    );
     assert_eq!(w.bus.dead_letters().len(), 1);
 
     let w = world(window).await;
-    w.bus.dead_letter("m-1", &body(&claim, "20.00"), 10, "MaxDeliveryCountExceeded", "", old, &[]);
-    w.bus.dead_letter("m-1", &body(&claim, "20.00"), 10, "MaxDeliveryCountExceeded", "", old, &[]);
+    w.bus.dead_letter(
+        "m-1",
+        &body(&claim, "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        old,
+        &[],
+    );
+    w.bus.dead_letter(
+        "m-1",
+        &body(&claim, "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        old,
+        &[],
+    );
     let b = broker(&w, Duration::from_secs(10));
-    let (_, summary) = dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, true).await.unwrap();
+    let (_, summary) = dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, true)
+        .await
+        .unwrap();
     assert!(!summary.needs_a_person);
-    assert!(!w.bus.log().iter().any(|l| matches!(l, Logged::DroppedDuplicate(_))), "{:?}", w.bus.log());
+    assert!(
+        !w.bus
+            .log()
+            .iter()
+            .any(|l| matches!(l, Logged::DroppedDuplicate(_))),
+        "{:?}",
+        w.bus.log()
+    );
     assert!(w.bus.dead_letters().is_empty());
     assert_eq!(w.bus.active().len(), 2);
 }

@@ -1306,7 +1306,8 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         exe: exe.clone(),
         env: reconcile_env.clone(),
     };
-    let tool = redrive_and_stop(&host, &queue, &progress, &supervisors, &operator, deadline).await?;
+    let tool =
+        redrive_and_stop(&host, &queue, &progress, &supervisors, &operator, deadline).await?;
     let _ = stop_during.send(true);
     let runs_during = match during {
         Some(task) => task.await.unwrap_or_default(),

@@ -436,9 +436,11 @@ impl Queue {
             .iter()
             .enumerate()
             .filter_map(|(i, e)| match &e.settled {
-                Some(Settled::DeadLettered { last, delivery_count, .. })
-                    if !e.redriven || e.orphaned =>
-                {
+                Some(Settled::DeadLettered {
+                    last,
+                    delivery_count,
+                    ..
+                }) if !e.redriven || e.orphaned => {
                     Some((i, e.message.clone(), *delivery_count, last.clone()))
                 }
                 _ => None,

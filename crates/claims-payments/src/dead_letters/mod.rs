@@ -139,12 +139,18 @@ async fn examine(
                 crate::servicebus::MAX_BODY_BYTES
             ));
         }
-        let text = std::str::from_utf8(&letter.body).map_err(|_| "the body is not UTF-8".to_owned())?;
+        let text =
+            std::str::from_utf8(&letter.body).map_err(|_| "the body is not UTF-8".to_owned())?;
         let claim = ClaimApproved::parse(text).map_err(|e| format!("not a ClaimApproved: {e}"))?;
         Ok((id, claim))
     })();
     let (body, payment, inbox, claim) = match parsed {
-        Err(why) => (Body::Invalid(bounded(&why, 200)), Known::Absent, Known::Absent, None),
+        Err(why) => (
+            Body::Invalid(bounded(&why, 200)),
+            Known::Absent,
+            Known::Absent,
+            None,
+        ),
         Ok((id, claim)) => {
             let payment = match store.payment(claim.claim_id, Purpose::Payout).await {
                 Ok(None) => Known::Absent,
@@ -165,7 +171,12 @@ async fn examine(
                 Ok(Some(r)) => Known::Present(r.record.outcome),
                 Err(e) => Known::Unreadable(bounded(&e.to_string(), 200)),
             };
-            (Body::ClaimApproved(claim.payload_hash()), payment, inbox, Some(claim))
+            (
+                Body::ClaimApproved(claim.payload_hash()),
+                payment,
+                inbox,
+                Some(claim),
+            )
         }
     };
     let reason_property = |name: &str| letter.property(name).map(|v| bounded(&v, 200));
@@ -269,7 +280,12 @@ enum Handled {
 
 /// The copy of a dead letter: same MessageId, body, content type and application
 /// properties, plus [`REDRIVE_PROPERTY`].
-fn copy_of(letter: &DeadLetter, line: &Line, principal: &str, now: OffsetDateTime) -> Option<Outgoing> {
+fn copy_of(
+    letter: &DeadLetter,
+    line: &Line,
+    principal: &str,
+    now: OffsetDateTime,
+) -> Option<Outgoing> {
     let message_id = letter.message_id.clone()?;
     let mut properties: Vec<Property> = letter
         .properties
@@ -284,7 +300,13 @@ fn copy_of(letter: &DeadLetter, line: &Line, principal: &str, now: OffsetDateTim
         .collect();
     let ascii = |s: &str| -> String {
         s.chars()
-            .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' })
+            .map(|c| {
+                if c.is_ascii_graphic() || c == ' ' {
+                    c
+                } else {
+                    '?'
+                }
+            })
             .collect()
     };
     let record = serde_json::json!({
@@ -360,10 +382,11 @@ pub async fn resubmit(
                 .message_id
                 .as_ref()
                 .is_some_and(|id| selection.message_ids.iter().any(|m| m == id));
-            let by_verdict = selection
-                .verdict
-                .as_deref()
-                .is_some_and(|v| v == e.line.verdict.name() || (v == "inside-window" && matches!(e.line.verdict, Verdict::InsideWindow { .. })));
+            let by_verdict = selection.verdict.as_deref().is_some_and(|v| {
+                v == e.line.verdict.name()
+                    || (v == "inside-window"
+                        && matches!(e.line.verdict, Verdict::InsideWindow { .. }))
+            });
             let selected = named || selection.all || by_verdict;
             if let Some(at) = e.line.message_id.as_ref().and_then(|id| sent.get(id)) {
                 let until = *at + options.window;
@@ -407,7 +430,9 @@ pub async fn resubmit(
                     }
                     _ => {
                         let handled = send_then_delete(broker, &e, &principal).await;
-                        if let (Some(id), Handled::Done(_) | Handled::Open(_)) = (&e.line.message_id, &handled) {
+                        if let (Some(id), Handled::Done(_) | Handled::Open(_)) =
+                            (&e.line.message_id, &handled)
+                        {
                             sent.insert(id.clone(), OffsetDateTime::now_utc());
                         }
                         handled
@@ -490,5 +515,7 @@ pub async fn discard(
 
 /// The claim id in a line, for callers that map verdicts back (the simulator).
 pub fn claim_of(line: &Line) -> Option<ClaimId> {
-    line.claim_id.as_deref().and_then(|c| ClaimId::parse(c).ok())
+    line.claim_id
+        .as_deref()
+        .and_then(|c| ClaimId::parse(c).ok())
 }

@@ -157,7 +157,10 @@ fn base_verdict(facts: &Facts) -> Judgement {
     };
     let inbox = match &facts.inbox {
         Known::Unreadable(why) => {
-            return judged(Verdict::Unknown, format!("the store could not be read: {why}"))
+            return judged(
+                Verdict::Unknown,
+                format!("the store could not be read: {why}"),
+            )
         }
         Known::Present(outcome) => outcome.as_ref().and_then(InboxOutcome::kind),
         Known::Absent => None,
@@ -170,7 +173,10 @@ fn base_verdict(facts: &Facts) -> Judgement {
     }
     let payment = match &facts.payment {
         Known::Unreadable(why) => {
-            return judged(Verdict::Unknown, format!("the store could not be read: {why}"))
+            return judged(
+                Verdict::Unknown,
+                format!("the store could not be read: {why}"),
+            )
         }
         Known::Absent => {
             let cause = facts
@@ -256,7 +262,11 @@ mod tests {
     fn nothing_paid_is_resubmit_with_the_broker_reason() {
         let j = judge(&facts(Known::Absent, Known::Absent), NOW, HOUR);
         assert_eq!(j.verdict, Verdict::Resubmit);
-        assert!(j.reason.contains("MaxDeliveryCountExceeded"), "{}", j.reason);
+        assert!(
+            j.reason.contains("MaxDeliveryCountExceeded"),
+            "{}",
+            j.reason
+        );
     }
 
     #[test]
@@ -287,11 +297,19 @@ mod tests {
         assert_eq!(j.verdict, Verdict::Permanent);
         assert!(j.reason.contains("amount: is missing"));
 
-        let other_content = judge(&facts(paid(PaymentStatus::Paid, "b"), Known::Absent), NOW, HOUR);
+        let other_content = judge(
+            &facts(paid(PaymentStatus::Paid, "b"), Known::Absent),
+            NOW,
+            HOUR,
+        );
         assert_eq!(other_content.verdict, Verdict::Permanent);
         assert!(other_content.reason.contains("conflicting content"));
 
-        let rejected = judge(&facts(paid(PaymentStatus::Rejected, "a"), Known::Absent), NOW, HOUR);
+        let rejected = judge(
+            &facts(paid(PaymentStatus::Rejected, "a"), Known::Absent),
+            NOW,
+            HOUR,
+        );
         assert_eq!(rejected.verdict, Verdict::Permanent);
 
         for kind in [OutcomeKind::Conflict, OutcomeKind::InvalidMessage] {

@@ -67,12 +67,7 @@ struct BrokerProperties {
 
 impl RestBroker {
     /// `endpoint`: `https://{namespace}.servicebus.windows.net` or a loopback `http` URL.
-    pub fn new(
-        endpoint: &str,
-        queue: &str,
-        auth: Auth,
-        timeout: Duration,
-    ) -> anyhow::Result<Self> {
+    pub fn new(endpoint: &str, queue: &str, auth: Auth, timeout: Duration) -> anyhow::Result<Self> {
         let mut base = reqwest::Url::parse(endpoint)
             .map_err(|e| anyhow::anyhow!("the Service Bus endpoint {endpoint:?}: {e}"))?;
         let loopback = matches!(base.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
@@ -256,7 +251,10 @@ fn token_principal(token: &str) -> Option<String> {
 #[async_trait]
 impl Broker for RestBroker {
     async fn lock_next_dead_letter(&self) -> Result<Option<DeadLetter>, BusError> {
-        let url = self.url(&format!("{}/$DeadLetterQueue/messages/head?timeout=1", self.queue))?;
+        let url = self.url(&format!(
+            "{}/$DeadLetterQueue/messages/head?timeout=1",
+            self.queue
+        ))?;
         let response = self
             .request(reqwest::Method::POST, url)
             .await?
@@ -305,16 +303,21 @@ impl Broker for RestBroker {
         let mut headers = HeaderMap::new();
         let broker = serde_json::json!({ "MessageId": message.message_id.0 }).to_string();
         let value = |v: &str| {
-            HeaderValue::from_str(v)
-                .map_err(|_| BusError::new(BusErrorKind::Other, "a property value is not a header value"))
+            HeaderValue::from_str(v).map_err(|_| {
+                BusError::new(
+                    BusErrorKind::Other,
+                    "a property value is not a header value",
+                )
+            })
         };
         headers.insert("BrokerProperties", value(&broker)?);
         if let Some(content_type) = &message.content_type {
             headers.insert(reqwest::header::CONTENT_TYPE, value(content_type)?);
         }
         for p in &message.properties {
-            let name = HeaderName::from_bytes(p.name.as_bytes())
-                .map_err(|_| BusError::new(BusErrorKind::Other, "a property name is not a header name"))?;
+            let name = HeaderName::from_bytes(p.name.as_bytes()).map_err(|_| {
+                BusError::new(BusErrorKind::Other, "a property name is not a header name")
+            })?;
             headers.insert(name, value(&p.value)?);
         }
         let response = self
@@ -333,7 +336,9 @@ impl Broker for RestBroker {
 
     async fn principal(&self) -> String {
         match self.token().await {
-            Ok(Some(token)) => token_principal(&token).unwrap_or_else(|| "unknown principal".into()),
+            Ok(Some(token)) => {
+                token_principal(&token).unwrap_or_else(|| "unknown principal".into())
+            }
             Ok(None) => "unauthenticated (loopback)".into(),
             Err(_) => "unknown principal".into(),
         }
@@ -361,6 +366,8 @@ mod tests {
         assert!(RestBroker::new("http://127.0.0.1:1", "q", Auth::LoopbackWithoutToken, t).is_ok());
         assert!(RestBroker::new("http://sb.example", "q", Auth::LoopbackWithoutToken, t).is_err());
         assert!(RestBroker::new("https://sb.example", "q", Auth::LoopbackWithoutToken, t).is_err());
-        assert!(RestBroker::new("http://127.0.0.1:1", "a/b", Auth::LoopbackWithoutToken, t).is_err());
+        assert!(
+            RestBroker::new("http://127.0.0.1:1", "a/b", Auth::LoopbackWithoutToken, t).is_err()
+        );
     }
 }

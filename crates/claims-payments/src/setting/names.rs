@@ -79,7 +79,8 @@ pub const SERVICEBUS_DUPLICATE_WINDOW_MS: &str = "SERVICEBUS_DUPLICATE_WINDOW_MS
 /// `dead-letters`: per Service Bus request.
 pub(crate) const SERVICEBUS_TIMEOUT_MS: &str = "SERVICEBUS_TIMEOUT_MS";
 /// `dead-letters`: the user-assigned managed identity (in a pipeline) for Service Bus.
-pub(crate) const SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID: &str = "SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID";
+pub(crate) const SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID: &str =
+    "SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID";
 /// `json` or `text`.
 pub const LOG_FORMAT: &str = "LOG_FORMAT";
 /// Dev only: `consumer`, `naive` or `noop`.
