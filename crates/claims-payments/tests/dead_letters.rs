@@ -807,3 +807,52 @@ async fn a_second_dead_letter_of_a_message_id_just_sent_waits_for_the_window() {
     assert!(w.bus.dead_letters().is_empty());
     assert_eq!(w.bus.active().len(), 2);
 }
+
+/// Lock expiry: with locks that expire at once, the broker hands the first dead letter
+/// out again and a listing stops there instead of showing it twice (no endless loop),
+/// and a resubmit whose lock expired
+/// before the delete keeps the dead letter beside the sent copy: a duplicate, never a
+/// loss.
+#[tokio::test]
+async fn an_expired_lock_is_seen_once_and_its_delete_keeps_the_dead_letter() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: DynStore = SqliteStore::open(dir.path().join("p.db")).unwrap();
+    let w = World {
+        bus: ServiceBus::start(QUEUE, HOUR, Duration::ZERO).await,
+        store,
+        _dir: dir,
+    };
+    for id in ["m-1", "m-2"] {
+        w.bus.dead_letter(
+            id,
+            &body(&new_claim(), "20.00"),
+            10,
+            "MaxDeliveryCountExceeded",
+            "",
+            two_hours_ago(),
+            &[],
+        );
+    }
+    let b = broker(&w, Duration::from_secs(10));
+    let (lines, _) = dead_letters::list(&b, &w.store, &options(HOUR))
+        .await
+        .unwrap();
+    assert_eq!(
+        lines.len(),
+        1,
+        "the first dead letter came back at once: {lines:?}"
+    );
+    let (lines, summary) =
+        dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false)
+            .await
+            .unwrap();
+    assert!(summary.needs_a_person);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.action.as_deref().is_some_and(|a| a.contains("lock lost"))),
+        "{lines:?}"
+    );
+    assert_eq!(w.bus.active().len(), lines.len());
+    assert_eq!(w.bus.dead_letters().len(), 2);
+}

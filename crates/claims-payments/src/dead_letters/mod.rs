@@ -229,9 +229,20 @@ async fn lock_all(
     store: &DynStore,
     options: &Options,
 ) -> Result<Vec<Examined>, BusError> {
-    let mut examined = Vec::new();
+    let mut examined: Vec<Examined> = Vec::new();
     while examined.len() < options.limit {
         match broker.lock_next_dead_letter().await {
+            // A lock of ours expired (lockDuration) and the broker handed the same dead
+            // letter out again: every one has been seen.
+            Ok(Some(letter))
+                if letter.sequence_number.is_some()
+                    && examined
+                        .iter()
+                        .any(|e| e.letter.sequence_number == letter.sequence_number) =>
+            {
+                let _ = broker.unlock(&letter).await;
+                break;
+            }
             Ok(Some(letter)) => {
                 examined.push(examine(letter, store, options, OffsetDateTime::now_utc()).await)
             }
