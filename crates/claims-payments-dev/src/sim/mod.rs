@@ -1113,33 +1113,40 @@ async fn resubmit_through_the_command(
             &[],
         );
     }
-    let mut cmd = tokio::process::Command::new(&command.exe);
-    cmd.args(["dead-letters", "resubmit", "--all", "--wait", "--json"]);
-    for name in spawn::controlled_env() {
-        cmd.env_remove(name);
-    }
-    cmd.envs(command.env.iter().map(|(k, v)| (k, v)))
-        .env(names::SERVICEBUS_ENDPOINT, bus.endpoint())
-        .env(names::CLAIM_APPROVED_QUEUE, SIM_QUEUE)
-        .env(
-            names::SERVICEBUS_DUPLICATE_WINDOW_MS,
-            SIM_DUPLICATE_WINDOW.as_millis().to_string(),
-        )
-        .env(names::LOG_FORMAT, "text")
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true);
-    let out = cmd
-        .output()
-        .await
-        .context("cannot run claims-payments dead-letters resubmit")?;
-    // Exit 3 says that something is left for a person; the JSON lines say what.
-    if !matches!(out.status.code(), Some(0 | 3)) {
-        bail!(
-            "dead-letters resubmit exited {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let run = |args: &[&str]| {
+        let mut cmd = tokio::process::Command::new(&command.exe);
+        cmd.arg("dead-letters").args(args);
+        for name in spawn::controlled_env() {
+            cmd.env_remove(name);
+        }
+        cmd.envs(command.env.iter().map(|(k, v)| (k, v)))
+            .env(names::SERVICEBUS_ENDPOINT, bus.endpoint())
+            .env(names::CLAIM_APPROVED_QUEUE, SIM_QUEUE)
+            .env(
+                names::SERVICEBUS_DUPLICATE_WINDOW_MS,
+                SIM_DUPLICATE_WINDOW.as_millis().to_string(),
+            )
+            .env(names::LOG_FORMAT, "json")
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true);
+        let what = format!("dead-letters {}", args.join(" "));
+        async move {
+            let out = cmd
+                .output()
+                .await
+                .with_context(|| format!("cannot run claims-payments {what}"))?;
+            // Exit 3 says that something is left for a person; the JSON lines say what.
+            if !matches!(out.status.code(), Some(0 | 3)) {
+                bail!(
+                    "{what} exited {}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            Ok::<_, anyhow::Error>(out)
+        }
+    };
+    let out = run(&["resubmit", "--all", "--wait", "--json"]).await?;
     let mut verdicts = report::ToolVerdicts::default();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let value: serde_json::Value = serde_json::from_str(line)
@@ -1169,7 +1176,32 @@ async fn resubmit_through_the_command(
             verdicts.resent.push(*entry);
         }
     }
-    verdicts.left_in_dlq = bus.dead_letters().len();
+    // A person drops one permanent dead letter (the producer's correction stands in for
+    // it): discard writes its warning line, then removes it; list shows what is left.
+    let permanent = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["verdict"] == "permanent")
+        .and_then(|v| v["messageId"].as_str().map(str::to_owned));
+    if let Some(id) = permanent {
+        let out = run(&[
+            "discard",
+            "--message-id",
+            &id,
+            "--reason",
+            "simulate: a person dropped a permanent dead letter",
+        ])
+        .await?;
+        let audited = String::from_utf8_lossy(&out.stderr).contains("dead letter discarded");
+        if out.status.success() && audited {
+            verdicts.discarded = 1;
+        }
+    }
+    let listed = run(&["list", "--json"]).await?;
+    verdicts.left_in_dlq = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter(|l| !l.starts_with("{\"summary\""))
+        .count();
     Ok(verdicts)
 }
 

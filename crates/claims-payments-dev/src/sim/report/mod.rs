@@ -283,7 +283,9 @@ pub struct ToolVerdicts {
     pub verdict_of: BTreeMap<String, String>,
     /// The queue entries whose dead letter it sent again.
     pub resent: Vec<usize>,
-    /// Dead letters still in the stand-in's dead-letter queue afterwards.
+    /// Discarded by `dead-letters discard` (one permanent one, its warning line written).
+    pub discarded: usize,
+    /// Dead letters `dead-letters list` shows afterwards.
     pub left_in_dlq: usize,
 }
 
@@ -297,6 +299,7 @@ pub struct DeadLetterToolReport {
     /// `verdict -> outcome` for every re-sent message: its label when it completed
     /// (`paid`, `recorded`, `duplicate`, ...) or `dead-lettered again`.
     pub after: BTreeMap<String, usize>,
+    pub discarded: usize,
     pub left_in_dlq: usize,
 }
 
@@ -319,6 +322,7 @@ pub fn dead_letter_tool(tool: &ToolVerdicts, entries: &[EntryView]) -> DeadLette
         verdicts: tool.by_verdict.clone(),
         not_sent: tool.not_sent.clone(),
         after,
+        discarded: tool.discarded,
         left_in_dlq: tool.left_in_dlq,
     }
 }

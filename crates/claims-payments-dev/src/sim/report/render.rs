@@ -88,10 +88,11 @@ impl Report {
             let none = |s: String| if s.is_empty() { "none".to_owned() } else { s };
             let _ = writeln!(
                 o,
-                "dlq tool   dead-letters resubmit --all --wait: verdicts {}; not sent {}; after the re-drive {}; {} left in the dead-letter queue",
+                "dlq tool   dead-letters resubmit --all --wait: verdicts {}; not sent {}; after the re-drive {}; discard {}; list: {} left in the dead-letter queue",
                 none(counts(&t.verdicts)),
                 none(counts(&t.not_sent)),
                 none(counts(&t.after)),
+                t.discarded,
                 t.left_in_dlq
             );
         }
