@@ -542,8 +542,8 @@ async fn a_send_that_times_out_after_it_was_accepted_keeps_the_dead_letter() {
         &[],
     );
     w.bus
-        .fail_next(Op::Send, Fault::AcceptThenHang(Duration::from_secs(5)));
-    let b = broker(&w, Duration::from_millis(300));
+        .fail_next(Op::Send, Fault::AcceptThenHang(Duration::from_secs(120)));
+    let b = broker(&w, Duration::from_secs(3));
     let (lines, summary) =
         dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false)
             .await
