@@ -81,6 +81,11 @@ param planZoneRedundant bool = false
 ])
 param storeKind string = 'cosmos'
 
+@description('Object id of the operators\' Entra group (every profile): Azure Service Bus Data Receiver and Data Sender on the queue, for `claims-payments dead-letters` (docs/deploy.md §8.4).')
+@minLength(36)
+@maxLength(36)
+param operatorsGroupObjectId string
+
 @description('storeKind postgres: object id of the server\'s Microsoft Entra administrator, a group of operators (recommended). It creates the app identity\'s database role once and runs claims-payments provision (docs/deploy.md, 4.6).')
 param postgresAdminObjectId string = ''
 
@@ -565,6 +570,7 @@ module rbac 'modules/rbac.bicep' = {
     cosmosDatabaseName: useCosmos ? cosmos.outputs.databaseName : ''
     appInsightsName: monitoring.outputs.appInsightsName
     keyVaultName: keyVault.outputs.name
+    operatorsGroupObjectId: operatorsGroupObjectId
   }
 }
 

@@ -657,6 +657,27 @@ PY
 expect_red "self-test: a database created before the Entra administrator (owned by azuresu) is reported" "created after the Entra administrator" postgres_database_first
 
 echo "== (c) Cosmos container contract"
+# The operators' dead-letter tool: Data Receiver and Data Sender on the queue for the
+# operators' group, in every profile (docs/deploy.md §8.4).
+for profile in "${PROFILES[@]}"; do
+  check "operators (${PARAM_FILE[$profile]}): the operators' group has Azure Service Bus Data Receiver and Data Sender on the queue (dead-letters)" \
+    "$PY" scripts/check_profile.py operators "${PARAM_FILE[$profile]}"
+done
+no_sender_grant() {
+  local dir="$WORK/infra-no-sender"
+  rm -rf "$dir"; cp -r infra "$dir"
+  "$PY" - "$dir/modules/rbac.bicep" <<'PY'
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+s, n = re.subn(r"\nresource operatorsSender .*?\n}\n", "\n", s, flags=re.S)
+assert n == 1, "the sender grant was not found"
+open(p, "w").write(s)
+PY
+  "$PY" scripts/check_profile.py --infra "$dir" operators "${PARAM_FILE[private]}"
+}
+expect_red "self-test: a profile whose operators' group cannot send (no Data Sender) is reported" "no Azure Service Bus Data Sender" no_sender_grant
+
 check "infra container resource equals infra/cosmos-container.json" "$PY" scripts/check_container_definition.py
 broken_container() {
   sed "s#'/claimId'#'/policyId'#" infra/modules/cosmos.bicep >"$WORK/cosmos-broken.bicep"

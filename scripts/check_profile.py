@@ -641,12 +641,58 @@ def cmd_nsg(d):
     return errors
 
 
+OPERATOR_ROLES = {
+    "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": "Azure Service Bus Data Receiver",
+    "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Azure Service Bus Data Sender",
+}
+
+
+def cmd_operators(d):
+    """The operators' group gets Data Receiver and Data Sender on the queue (dead-letters)."""
+    errors = []
+    if not d.values.get("operatorsGroupObjectId"):
+        errors.append("operatorsGroupObjectId must be set (a literal object id or readEnvironmentVariable('OPERATORS_GROUP_OBJECT_ID') without a default)")
+    rbac = module_of(d, "modules/rbac.bicep")
+    if rbac is None:
+        return errors + ["modules/rbac.bicep is not deployed"]
+    name, parsed, scope, raw = rbac
+    if str(raw.get("operatorsGroupObjectId")) != "operatorsGroupObjectId":
+        errors.append(f"module {name}: operatorsGroupObjectId is not main.bicep's parameter of that name")
+    granted = {}
+    for m, r, res, sc in d.resources():
+        if m != name or res["type"] != "Microsoft.Authorization/roleAssignments":
+            continue
+        props = body(res)["properties"]
+        if str(props.get("principalId")) != "operatorsGroupObjectId":
+            continue
+        role = dotted(props.get("roleDefinitionId"))
+        found = next((rid for rid in OPERATOR_ROLES if rid in role or any(
+            str(v) in role and parsed.get("variables", {}).get(str(v), {}).get("value") == rid
+            for v in parsed.get("variables", {}))), None)
+        try:
+            ptype = sc.eval(props.get("principalType"))
+        except Unknown:
+            ptype = None
+        if ptype != "Group":
+            errors.append(f"{name}/{r}: principalType is {ptype!r}, must be 'Group'")
+        if str(body(res).get("scope")) != "queue":
+            errors.append(f"{name}/{r}: scope is {body(res).get('scope')!s}, must be the queue")
+        if found:
+            granted[found] = r
+    for rid, role in OPERATOR_ROLES.items():
+        if rid not in granted:
+            errors.append(f"the operators' group has no {role} ({rid}) on the queue")
+    if not errors:
+        print("operators' group: " + ", ".join(f"{OPERATOR_ROLES[k]} ({v})" for k, v in sorted(granted.items())) + " on the queue")
+    return errors
+
+
 def main():
     args = sys.argv[1:]
     infra = "infra"
     if args[:1] == ["--infra"]:
         infra, args = args[1], args[2:]
-    if len(args) != 2 or args[0] not in ("deployed", "landingzone", "private", "everywhere", "nsg", "store"):
+    if len(args) != 2 or args[0] not in ("deployed", "landingzone", "private", "everywhere", "nsg", "store", "operators"):
         sys.exit(__doc__)
     d = Deployment(infra, args[1])
     errors = globals()[f"cmd_{args[0]}"](d)

@@ -36,11 +36,17 @@ param appInsightsName string
 @description('Key Vault that holds the bank credential.')
 param keyVaultName string
 
+@description('Object id of the operators\' Entra group: runs `claims-payments dead-letters` (docs/deploy.md §8.4), so it gets Azure Service Bus Data Receiver (peek-lock and delete on the queue\'s dead-letter sub-queue) and Data Sender (resubmit) on this one queue.')
+@minLength(36)
+@maxLength(36)
+param operatorsGroupObjectId string
+
 // Built-in role definition ids (identical in every tenant).
 var storageBlobDataOwner = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
 var storageQueueDataContributor = '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
 var storageTableDataContributor = '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
 var serviceBusDataReceiver = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+var serviceBusDataSender = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
 var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb'
 // Cosmos DB Built-in Data Contributor (data plane: items and metadata reads, no control plane).
 var cosmosDataContributor = '00000000-0000-0000-0000-000000000002'
@@ -150,5 +156,29 @@ resource kvSecretsUser 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
     principalId: principalId
     principalType: 'ServicePrincipal'
+  }
+}
+
+// The operators' dead-letter tool (`claims-payments dead-letters`, docs/deploy.md §8.4):
+// receive on the queue (its dead-letter sub-queue is part of it: peek-lock, unlock,
+// delete) and send to it (resubmit), on this one queue and nothing else. Data Owner
+// is not needed: the tool manages nothing.
+resource operatorsReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(queue.id, operatorsGroupObjectId, serviceBusDataReceiver)
+  scope: queue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver)
+    principalId: operatorsGroupObjectId
+    principalType: 'Group'
+  }
+}
+
+resource operatorsSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(queue.id, operatorsGroupObjectId, serviceBusDataSender)
+  scope: queue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataSender)
+    principalId: operatorsGroupObjectId
+    principalType: 'Group'
   }
 }

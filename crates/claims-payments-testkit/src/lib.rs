@@ -19,6 +19,8 @@
 //! - [`records`]: store records as the consumer writes them, and their later states;
 //! - [`service`]: the real binary as a blocking child process, host envelopes, store
 //!   backends;
+//! - [`servicebus`]: a local Service Bus stand-in (REST subset: send with duplicate
+//!   detection, dead-letter peek-lock, unlock, delete; faults);
 //! - [`sync_gate`]: a SQLite sync hook that holds or fails WAL syncs;
 //! - [`wait`]: bounded waits for a condition, instead of sleeps.
 
@@ -35,5 +37,6 @@ pub mod postgres;
 pub mod process;
 pub mod records;
 pub mod service;
+pub mod servicebus;
 pub mod sync_gate;
 pub mod wait;

@@ -1,4 +1,5 @@
-//! The operator commands: `ledger`, `inbox`, `purge`, `provision`, `reconcile`, shared by
+//! The operator commands: `ledger`, `inbox`, `purge`, `provision`, `reconcile`,
+//! `dead-letters`, shared by
 //! the product binary and `claims-payments-dev` (which the simulator runs them through).
 //!
 //! Output is a table for people, or one JSON object per line (`--json`) for scripts.
@@ -15,8 +16,12 @@ use time::OffsetDateTime;
 
 use std::process::ExitCode;
 
+use std::collections::BTreeMap;
+
 use crate::config::{Settings, StoreSettings};
+use crate::dead_letters::{self, Line, Summary};
 use crate::reconcile::{self, Reconciler};
+use crate::servicebus::Broker;
 use crate::startup;
 use crate::store::sqlite::Access;
 use crate::store::{CorruptRecord, DynStore, InboxRecord, Listed, PaymentRecord};
@@ -69,6 +74,68 @@ pub(crate) const EXIT_OPEN_ITEMS: u8 = 3;
 /// is still listed. 0: every row read; 1: cannot run; 2: usage or an invalid setting.
 pub(crate) const EXIT_UNREADABLE_ROWS: u8 = 4;
 
+/// `dead-letters`: the queue's dead-letter sub-queue, judged against the store.
+#[derive(clap::Subcommand)]
+pub enum DeadLettersCommand {
+    /// Show every dead letter (peeked under a lock and unlocked: nothing is removed) with
+    /// what the store knows and a verdict. Exit 0: none; 3: some need a person; 1: cannot
+    /// run (401/403 named); 2: usage.
+    List(DeadLettersListArgs),
+    /// Send copies (same MessageId, body, content type, properties, plus a re-drive record)
+    /// and remove each dead letter only after its send was accepted. Inside the
+    /// duplicate-detection window nothing is sent (--wait waits for it); permanent,
+    /// unknown and needs-reconciliation verdicts only when named with --message-id.
+    /// Exit 0: all selected sent and removed; 3: something left for a person; 1; 2.
+    Resubmit(DeadLettersResubmitArgs),
+    /// Remove one dead letter a person decided to drop, after a warning log line with its
+    /// identity, the reason and who. Exit 0: removed; 1: not found or cannot run.
+    Discard(DeadLettersDiscardArgs),
+}
+
+#[derive(clap::Args)]
+pub struct DeadLettersListArgs {
+    /// One JSON object per dead letter, then the summary.
+    #[arg(long)]
+    json: bool,
+    /// At most this many dead letters are locked and examined.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).multiple(true).args(["message_id", "verdict", "all"])))]
+pub struct DeadLettersResubmitArgs {
+    #[command(flatten)]
+    list: DeadLettersListArgs,
+    /// A dead letter to send (repeatable); named, it is sent whatever its verdict, except
+    /// inside the duplicate-detection window.
+    #[arg(long = "message-id")]
+    message_id: Vec<String>,
+    /// Every dead letter with this verdict (resubmit or already-paid).
+    #[arg(long, value_parser = ["resubmit", "already-paid"])]
+    verdict: Option<String>,
+    /// Every dead letter whose verdict is resubmit or already-paid.
+    #[arg(long)]
+    all: bool,
+    /// Say what would be sent; send and remove nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Wait for the duplicate-detection window of the ones inside it, then send them.
+    #[arg(long)]
+    wait: bool,
+}
+
+#[derive(clap::Args)]
+pub struct DeadLettersDiscardArgs {
+    #[command(flatten)]
+    list: DeadLettersListArgs,
+    #[arg(long = "message-id")]
+    message_id: String,
+    /// Why it is dropped (a corrected message was published instead, ...).
+    #[arg(long)]
+    reason: String,
+}
+
 /// The commands an operator runs against the configured store.
 #[derive(clap::Subcommand)]
 pub enum OperatorCommand {
@@ -88,6 +155,9 @@ pub enum OperatorCommand {
     /// Exit 0: nothing open; 3: something still open (unknown, mismatched, not examined),
     /// --dry-run included; 1: cannot run; 2: usage or an invalid setting.
     Reconcile(ReconcileArgs),
+    /// The queue's dead letters: list, resubmit, discard (docs/deploy.md §8.4).
+    #[command(subcommand)]
+    DeadLetters(DeadLettersCommand),
 }
 
 /// Runs one operator command with `settings`; the exit code says how it ended.
@@ -133,6 +203,19 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
             let store = startup::open_store(settings, Access::Existing).await?;
             done(purge(&store, &mut stdout()).await)
         }
+        OperatorCommand::DeadLetters(command) => {
+            // The audit lines (discard's warning) go to stderr; stdout is the report.
+            let logs = tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_max_level(tracing::Level::WARN);
+            let _ = match settings.log_format {
+                crate::telemetry::LogFormat::Json => logs.json().flatten_event(true).try_init(),
+                crate::telemetry::LogFormat::Text => logs.try_init(),
+            };
+            let store = startup::open_store(settings, Access::ReadOnly).await?;
+            let broker = dead_letters_broker()?;
+            dead_letters_command(command, broker.as_ref(), &store, settings, &mut stdout()).await
+        }
         OperatorCommand::Reconcile(args) => {
             if settings.bank.is_none() {
                 anyhow::bail!("BANK_API_URL is not set: there is no bank to reconcile with");
@@ -159,6 +242,225 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
             })
         }
     }
+}
+
+/// The Service Bus adapter from the environment: SERVICEBUS_ENDPOINT (a loopback
+/// stand-in, no token) or the app's namespace setting with an Entra credential (a managed
+/// identity when one is there, else the developer's `az login`).
+fn dead_letters_broker() -> anyhow::Result<Box<dyn Broker>> {
+    use crate::servicebus::rest::{Auth, RestBroker};
+    use crate::setting::names;
+    let get = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let queue = get(names::CLAIM_APPROVED_QUEUE).unwrap_or_else(|| "claim-approved".into());
+    let timeout = match get(names::SERVICEBUS_TIMEOUT_MS) {
+        Some(ms) => std::time::Duration::from_millis(ms.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "{} must be a number of milliseconds",
+                names::SERVICEBUS_TIMEOUT_MS
+            )
+        })?),
+        None => std::time::Duration::from_secs(30),
+    };
+    if let Some(endpoint) = get(names::SERVICEBUS_ENDPOINT) {
+        return Ok(Box::new(RestBroker::new(
+            &endpoint,
+            &queue,
+            Auth::LoopbackWithoutToken,
+            timeout,
+        )?));
+    }
+    let namespace = get(names::SERVICE_BUS_NAMESPACE).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} is not set: the Service Bus namespace, as in the app's settings ({{name}}.servicebus.windows.net)",
+            names::SERVICE_BUS_NAMESPACE
+        )
+    })?;
+    let credential: std::sync::Arc<dyn azure_core::credentials::TokenCredential> =
+        if get(names::IDENTITY_ENDPOINT).is_some() || get(names::MSI_ENDPOINT).is_some() {
+            let options = azure_identity::ManagedIdentityCredentialOptions {
+                user_assigned_id: get(names::SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID)
+                    .map(azure_identity::UserAssignedId::ClientId),
+                ..Default::default()
+            };
+            azure_identity::ManagedIdentityCredential::new(Some(options)).map_err(|e| {
+                anyhow::anyhow!("cannot create the managed identity credential: {e}")
+            })?
+        } else {
+            azure_identity::DeveloperToolsCredential::new(None)
+                .map_err(|e| anyhow::anyhow!("cannot create the developer tools credential: {e}"))?
+        };
+    Ok(Box::new(RestBroker::new(
+        &format!("https://{namespace}"),
+        &queue,
+        Auth::Entra(credential),
+        timeout,
+    )?))
+}
+
+/// The duplicate-detection window the verdicts use: SERVICEBUS_DUPLICATE_WINDOW_MS, by
+/// default the Bicep's PT1H.
+fn duplicate_window() -> anyhow::Result<std::time::Duration> {
+    use crate::setting::names::SERVICEBUS_DUPLICATE_WINDOW_MS as NAME;
+    match std::env::var(NAME).ok().filter(|v| !v.trim().is_empty()) {
+        Some(ms) => Ok(std::time::Duration::from_millis(
+            ms.trim()
+                .parse()
+                .map_err(|_| anyhow::anyhow!("{NAME} must be a number of milliseconds"))?,
+        )),
+        None => Ok(std::time::Duration::from_secs(3600)),
+    }
+}
+
+/// Runs one `dead-letters` subcommand against `broker` and `store`; the output goes to `out`.
+pub async fn dead_letters_command(
+    command: DeadLettersCommand,
+    broker: &dyn Broker,
+    store: &DynStore,
+    settings: &Settings,
+    out: &mut impl Write,
+) -> anyhow::Result<ExitCode> {
+    let options = |list: &DeadLettersListArgs| -> anyhow::Result<dead_letters::Options> {
+        Ok(dead_letters::Options {
+            consumer: settings.consumer_name.clone(),
+            window: duplicate_window()?,
+            limit: list.limit.max(1),
+        })
+    };
+    let code = |summary: &dead_letters::Summary| {
+        if summary.needs_a_person {
+            ExitCode::from(dead_letters::EXIT_NEEDS_A_PERSON)
+        } else {
+            ExitCode::SUCCESS
+        }
+    };
+    match command {
+        DeadLettersCommand::List(args) => {
+            let (lines, summary) = dead_letters::list(broker, store, &options(&args)?).await?;
+            print_dead_letters(&lines, &summary, args.json, out)?;
+            Ok(code(&summary))
+        }
+        DeadLettersCommand::Resubmit(args) => {
+            let selection = dead_letters::Selection {
+                message_ids: args.message_id.clone(),
+                verdict: args.verdict.clone(),
+                all: args.all,
+            };
+            let (lines, summary) = dead_letters::resubmit(
+                broker,
+                store,
+                &options(&args.list)?,
+                &selection,
+                args.dry_run,
+                args.wait,
+            )
+            .await?;
+            print_dead_letters(&lines, &summary, args.list.json, out)?;
+            Ok(code(&summary))
+        }
+        DeadLettersCommand::Discard(args) => {
+            if args.reason.trim().is_empty() {
+                anyhow::bail!("--reason must say why the dead letter is dropped");
+            }
+            match dead_letters::discard(
+                broker,
+                store,
+                &options(&args.list)?,
+                &args.message_id,
+                &args.reason,
+            )
+            .await?
+            {
+                Some(line) => {
+                    let ok = line
+                        .action
+                        .as_deref()
+                        .is_some_and(|a| a.starts_with("discarded"));
+                    let summary = dead_letters::Summary::default();
+                    print_dead_letters(std::slice::from_ref(&line), &summary, args.list.json, out)?;
+                    if ok {
+                        Ok(ExitCode::SUCCESS)
+                    } else {
+                        Ok(ExitCode::FAILURE)
+                    }
+                }
+                None => anyhow::bail!(
+                    "no dead letter has MessageId {:?} (among the first {})",
+                    printable(&args.message_id),
+                    args.list.limit
+                ),
+            }
+        }
+    }
+}
+
+/// Prints `lines` as a table (or JSON lines) and the summary.
+pub fn print_dead_letters(
+    lines: &[Line],
+    summary: &Summary,
+    json: bool,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    if json {
+        for l in lines {
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string(l).map_err(std::io::Error::other)?
+            )?;
+        }
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&serde_json::json!({ "summary": summary }))
+                .map_err(std::io::Error::other)?
+        )?;
+        return Ok(());
+    }
+    let dash = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    for l in lines {
+        writeln!(
+            out,
+            "{}  claim {}  tenant {}  {} {}  deliveries {}  {} / {}  enqueued {}  dead-lettered {}  payment {}  inbox {}",
+            printable(&dash(&l.message_id)),
+            dash(&l.claim_id),
+            printable(&dash(&l.tenant)),
+            dash(&l.amount),
+            dash(&l.currency),
+            l.delivery_count,
+            printable(&dash(&l.dead_letter_reason)),
+            printable(&dash(&l.dead_letter_error_description)),
+            dash(&l.enqueued_at),
+            dash(&l.dead_lettered_at),
+            dash(&l.payment_status),
+            printable(&dash(&l.inbox_outcome)),
+        )?;
+        writeln!(out, "    {}: {}", l.verdict.name(), printable(&l.reason))?;
+        if let Some(a) = &l.action {
+            writeln!(out, "    -> {}", printable(a))?;
+        }
+    }
+    let counts = |m: &BTreeMap<String, usize>| {
+        m.iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    writeln!(
+        out,
+        "{} dead letter(s): {}{}{}",
+        lines.len(),
+        counts(&summary.verdicts),
+        if summary.actions.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", counts(&summary.actions))
+        },
+        if summary.needs_a_person {
+            "; something needs a person"
+        } else {
+            ""
+        }
+    )
 }
 
 /// Renders the report for people: one line per payment, then the summary.

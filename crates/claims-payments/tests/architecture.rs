@@ -16,13 +16,13 @@ const LAYERS: &[&[&str]] = &[
     // Logs, counters, metrics and spans: used everywhere, knows only the vocabulary.
     &["telemetry"],
     // The ports and adapters: the host's protocol, the store, the bank.
-    &["host", "store", "bank"],
+    &["host", "store", "bank", "servicebus"],
     // What routes share; the lease on inbox records.
     &["http", "idempotency"],
     // The state machine that turns deliveries into one payment.
     &["consumer"],
     // The other ways in: HTTP clients with an Idempotency-Key, reconciliation.
-    &["payments_api", "reconcile"],
+    &["payments_api", "reconcile", "dead_letters"],
     // One module per function of the app, and the router.
     &["functions"],
     // Settings from the environment, composed from each module's own; the development

@@ -429,6 +429,12 @@ impl SimulateArgs {
     }
 }
 
+/// How the operator's commands run: the executable and the run's store environment.
+struct OperatorEnv {
+    exe: PathBuf,
+    env: Vec<(String, String)>,
+}
+
 /// `claims-payments reconcile --json`, run as an operator would: a separate process on
 /// the same ledger, while `serve` runs and after it stopped.
 #[derive(Debug, Clone)]
@@ -1046,28 +1052,157 @@ fn start_host(
     )
 }
 
-/// The operator re-drives the dead-letter queue once; then the host and every
-/// instance stop.
+/// The operator re-drives the dead-letter queue once, through `dead-letters resubmit
+/// --all --wait` against the testkit's Service Bus stand-in holding the run's dead
+/// letters; then the host and every instance stop. Returns the command's verdicts (the
+/// outcomes after the re-drive are read from the queue afterwards, see
+/// [`report::dead_letter_tool`]).
 async fn redrive_and_stop(
     host: &Arc<Host>,
     queue: &Queue,
     progress: &ProgressBar,
     supervisors: &[Arc<Supervisor>],
+    command: &OperatorEnv,
     deadline: Instant,
-) -> anyhow::Result<()> {
-    // The operator re-drives the dead-letter queue once.
-    let redriven = queue.redrive_dead_letters();
-    if redriven > 0 {
-        progress.inc_length(redriven as u64);
-        progress.set_message("(dead-letter re-drive)");
-        host.run_until_settled(deadline).await?;
-    }
+) -> anyhow::Result<Option<report::ToolVerdicts>> {
+    let dead = queue.dead_letters();
+    let verdicts = if dead.is_empty() {
+        None
+    } else {
+        progress.set_message("(dead-letter re-drive through dead-letters resubmit)");
+        let verdicts = resubmit_through_the_command(queue, &dead, command).await?;
+        let resent = verdicts.resent.len();
+        if resent > 0 {
+            progress.inc_length(resent as u64);
+            host.run_until_settled(deadline).await?;
+        }
+        Some(verdicts)
+    };
     host.stop();
     progress.finish_and_clear();
     for supervisor in supervisors {
         supervisor.stop().await;
     }
-    Ok(())
+    Ok(verdicts)
+}
+
+/// The queue's duplicate-detection window in the simulation: the run's dead letters are
+/// older than it, except a producer's re-sends of one MessageId, which `--wait` sends
+/// one window apart.
+const SIM_DUPLICATE_WINDOW: Duration = Duration::from_millis(200);
+const SIM_QUEUE: &str = "claim-approved";
+
+/// Puts `dead` into a Service Bus stand-in's dead-letter queue, runs `dead-letters
+/// resubmit --all --wait --json` (a separate process, with the run's store) against it,
+/// and sends what reached the stand-in's queue to the simulated queue.
+async fn resubmit_through_the_command(
+    queue: &Queue,
+    dead: &[(usize, queue::Message, u32, queue::Failure)],
+    command: &OperatorEnv,
+) -> anyhow::Result<report::ToolVerdicts> {
+    use claims_payments_testkit::servicebus::ServiceBus;
+    let bus = ServiceBus::start(SIM_QUEUE, SIM_DUPLICATE_WINDOW, Duration::from_secs(60)).await;
+    for (_, m, delivery_count, last) in dead {
+        bus.dead_letter(
+            &m.message_id,
+            &m.body,
+            *delivery_count,
+            "MaxDeliveryCountExceeded",
+            &last.kind,
+            m.enqueued_at,
+            &[],
+        );
+    }
+    let run = |args: &[&str]| {
+        let mut cmd = tokio::process::Command::new(&command.exe);
+        cmd.arg("dead-letters").args(args);
+        for name in spawn::controlled_env() {
+            cmd.env_remove(name);
+        }
+        cmd.envs(command.env.iter().map(|(k, v)| (k, v)))
+            .env(names::SERVICEBUS_ENDPOINT, bus.endpoint())
+            .env(names::CLAIM_APPROVED_QUEUE, SIM_QUEUE)
+            .env(
+                names::SERVICEBUS_DUPLICATE_WINDOW_MS,
+                SIM_DUPLICATE_WINDOW.as_millis().to_string(),
+            )
+            .env(names::LOG_FORMAT, "json")
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true);
+        let what = format!("dead-letters {}", args.join(" "));
+        async move {
+            let out = cmd
+                .output()
+                .await
+                .with_context(|| format!("cannot run claims-payments {what}"))?;
+            // Exit 3 says that something is left for a person; the JSON lines say what.
+            if !matches!(out.status.code(), Some(0 | 3)) {
+                bail!(
+                    "{what} exited {}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            Ok::<_, anyhow::Error>(out)
+        }
+    };
+    let out = run(&["resubmit", "--all", "--wait", "--json"]).await?;
+    let mut verdicts = report::ToolVerdicts::default();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let value: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("dead-letters resubmit printed {line:?}"))?;
+        if value.get("summary").is_some() {
+            continue;
+        }
+        let verdict = value["verdict"].as_str().unwrap_or("?").to_owned();
+        let action = value["action"].as_str().unwrap_or("").to_owned();
+        *verdicts.by_verdict.entry(verdict.clone()).or_default() += 1;
+        if !action.starts_with("sent") {
+            *verdicts.not_sent.entry(verdict).or_default() += 1;
+        } else if let Some(id) = value["messageId"].as_str() {
+            verdicts.verdict_of.insert(id.to_owned(), verdict);
+        }
+    }
+    // What the command sent, in the order the stand-in accepted it, goes to the queue
+    // the host delivers from: each to the dead letter it copies (MessageId and body).
+    let mut unsent: Vec<&(usize, queue::Message, u32, queue::Failure)> = dead.iter().collect();
+    for m in bus.take_active() {
+        if let Some(at) = unsent
+            .iter()
+            .position(|(_, d, _, _)| *d.message_id == *m.message_id && *d.body == *m.body)
+        {
+            let (entry, ..) = unsent.remove(at);
+            queue.resend_dead_letter(*entry, &m.body);
+            verdicts.resent.push(*entry);
+        }
+    }
+    // A person drops one permanent dead letter (the producer's correction stands in for
+    // it): discard writes its warning line, then removes it; list shows what is left.
+    let permanent = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["verdict"] == "permanent")
+        .and_then(|v| v["messageId"].as_str().map(str::to_owned));
+    if let Some(id) = permanent {
+        let out = run(&[
+            "discard",
+            "--message-id",
+            &id,
+            "--reason",
+            "simulate: a person dropped a permanent dead letter",
+        ])
+        .await?;
+        let audited = String::from_utf8_lossy(&out.stderr).contains("dead letter discarded");
+        if out.status.success() && audited {
+            verdicts.discarded = 1;
+        }
+    }
+    let listed = run(&["list", "--json"]).await?;
+    verdicts.left_in_dlq = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter(|l| !l.starts_with("{\"summary\""))
+        .count();
+    Ok(verdicts)
 }
 
 /// The executable the handler instances and `reconcile` run.
@@ -1199,7 +1334,12 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         None => Vec::new(),
     };
     let http = join_http_clients(http, deadline, opts.timeout_secs).await?;
-    redrive_and_stop(&host, &queue, &progress, &supervisors, deadline).await?;
+    let operator = OperatorEnv {
+        exe: exe.clone(),
+        env: reconcile_env.clone(),
+    };
+    let tool =
+        redrive_and_stop(&host, &queue, &progress, &supervisors, &operator, deadline).await?;
     let _ = stop_during.send(true);
     let runs_during = match during {
         Some(task) => task.await.unwrap_or_default(),
@@ -1254,6 +1394,7 @@ async fn run_with_progress(opts: SimulateOptions, show_progress: bool) -> anyhow
         faults: opts.faults(),
         producer: report::producer_summary(&plan),
         broker: report::broker_summary(&entries, opts.max_delivery_count),
+        dead_letter_tool: tool.map(|t| report::dead_letter_tool(&t, &entries)),
         payments: ledger_rows.len(),
         ledger_unlisted,
         bank: bank_ledger.as_ref().map(report::bank_summary),

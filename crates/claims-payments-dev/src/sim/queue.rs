@@ -8,7 +8,9 @@
 //!   (Service Bus applies no back-off); once DeliveryCount reached MaxDeliveryCount the
 //!   broker moves it to the dead-letter queue instead, with the reason.
 //! - A re-drive sends every dead-lettered message again as a new message (same
-//!   MessageId and body, DeliveryCount from zero), like an operator resubmitting the DLQ.
+//!   MessageId and body, DeliveryCount from zero), like an operator resubmitting the DLQ;
+//!   `simulate` re-drives through `dead-letters resubmit` instead ([`Queue::dead_letters`],
+//!   [`Queue::resend_dead_letter`]: what the command sent, and only that).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -421,6 +423,43 @@ impl Queue {
             self.send(message.copy, &message.message_id, &message.body, true);
         }
         to_send.len()
+    }
+
+    /// The dead letters an operator would see (dead-lettered and not re-driven yet, the
+    /// orphaned ones included: the tool's verdict on them is "needs reconciliation
+    /// first" while their payout is open): entry index, message, DeliveryCount and the
+    /// last failure. Nothing is marked: [`Queue::resend_dead_letter`] does that for what
+    /// is sent again.
+    pub fn dead_letters(&self) -> Vec<(usize, Message, u32, Failure)> {
+        self.lock()
+            .entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| match &e.settled {
+                Some(Settled::DeadLettered {
+                    last,
+                    delivery_count,
+                    ..
+                }) if !e.redriven || e.orphaned => {
+                    Some((i, e.message.clone(), *delivery_count, last.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Sends dead letter `entry` again as the operator's tool resubmitted it (a new
+    /// message, same copy, MessageId and `body`) and marks it re-driven.
+    pub fn resend_dead_letter(&self, entry: usize, body: &[u8]) {
+        let (copy, message_id) = {
+            let mut inner = self.lock();
+            let Some(e) = inner.entries.get_mut(entry) else {
+                return;
+            };
+            e.redriven = true;
+            (e.message.copy, e.message.message_id.clone())
+        };
+        self.send(copy, &message_id, body, true);
     }
 
     pub fn entries(&self) -> Vec<EntryView> {

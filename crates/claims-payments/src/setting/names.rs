@@ -68,6 +68,19 @@ pub(crate) const RECONCILE_MIN_AGE_MS: &str = "RECONCILE_MIN_AGE_MS";
 pub(crate) const HTTP_AUTH: &str = "HTTP_AUTH";
 /// How long an HTTP Idempotency-Key is remembered.
 pub(crate) const IDEMPOTENCY_KEY_RETENTION_HOURS: &str = "IDEMPOTENCY_KEY_RETENTION_HOURS";
+/// The Service Bus namespace (`{name}.servicebus.windows.net`), the app's own setting.
+pub const SERVICE_BUS_NAMESPACE: &str = "ServiceBusConnection__fullyQualifiedNamespace";
+/// The queue the trigger reads, the app's own setting.
+pub const CLAIM_APPROVED_QUEUE: &str = "CLAIM_APPROVED_QUEUE";
+/// `dead-letters`: another Service Bus endpoint (a loopback stand-in), instead of the namespace.
+pub const SERVICEBUS_ENDPOINT: &str = "SERVICEBUS_ENDPOINT";
+/// `dead-letters`: the queue's duplicateDetectionHistoryTimeWindow, in milliseconds.
+pub const SERVICEBUS_DUPLICATE_WINDOW_MS: &str = "SERVICEBUS_DUPLICATE_WINDOW_MS";
+/// `dead-letters`: per Service Bus request.
+pub(crate) const SERVICEBUS_TIMEOUT_MS: &str = "SERVICEBUS_TIMEOUT_MS";
+/// `dead-letters`: the user-assigned managed identity (in a pipeline) for Service Bus.
+pub(crate) const SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID: &str =
+    "SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID";
 /// `json` or `text`.
 pub const LOG_FORMAT: &str = "LOG_FORMAT";
 /// Dev only: `consumer`, `naive` or `noop`.
@@ -113,4 +126,10 @@ pub const PRODUCT: &[&str] = &[
     HTTP_AUTH,
     IDEMPOTENCY_KEY_RETENTION_HOURS,
     LOG_FORMAT,
+    SERVICE_BUS_NAMESPACE,
+    CLAIM_APPROVED_QUEUE,
+    SERVICEBUS_ENDPOINT,
+    SERVICEBUS_DUPLICATE_WINDOW_MS,
+    SERVICEBUS_TIMEOUT_MS,
+    SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
 ];

@@ -272,6 +272,61 @@ pub fn broker_summary(entries: &[EntryView], max_delivery_count: u32) -> BrokerS
     s
 }
 
+/// What `dead-letters resubmit --all --wait` said and did in the re-drive.
+#[derive(Debug, Clone, Default)]
+pub struct ToolVerdicts {
+    /// Every dead letter by the command's verdict.
+    pub by_verdict: BTreeMap<String, usize>,
+    /// Those it did not send (refused, waiting, a failed send), by verdict.
+    pub not_sent: BTreeMap<String, usize>,
+    /// The verdict of each MessageId it sent.
+    pub verdict_of: BTreeMap<String, String>,
+    /// The queue entries whose dead letter it sent again.
+    pub resent: Vec<usize>,
+    /// Discarded by `dead-letters discard` (one permanent one, its warning line written).
+    pub discarded: usize,
+    /// Dead letters `dead-letters list` shows afterwards.
+    pub left_in_dlq: usize,
+}
+
+/// The command's verdicts beside what happened after the re-drive.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterToolReport {
+    pub verdicts: BTreeMap<String, usize>,
+    /// Not sent, by verdict (permanent ones refused, ...).
+    pub not_sent: BTreeMap<String, usize>,
+    /// `verdict -> outcome` for every re-sent message: its label when it completed
+    /// (`paid`, `recorded`, `duplicate`, ...) or `dead-lettered again`.
+    pub after: BTreeMap<String, usize>,
+    pub discarded: usize,
+    pub left_in_dlq: usize,
+}
+
+/// Joins the command's verdicts to the re-sent messages' settlements.
+pub fn dead_letter_tool(tool: &ToolVerdicts, entries: &[EntryView]) -> DeadLetterToolReport {
+    let mut after = BTreeMap::new();
+    for e in entries.iter().filter(|e| e.message.redrive) {
+        let verdict = tool
+            .verdict_of
+            .get(&*e.message.message_id)
+            .map_or("?", String::as_str);
+        let outcome = match &e.settled {
+            Some(Settled::Completed { label, .. }) => label.clone(),
+            Some(Settled::DeadLettered { .. }) => "dead-lettered again".to_owned(),
+            None => "unsettled".to_owned(),
+        };
+        *after.entry(format!("{verdict} -> {outcome}")).or_default() += 1;
+    }
+    DeadLetterToolReport {
+        verdicts: tool.by_verdict.clone(),
+        not_sent: tool.not_sent.clone(),
+        after,
+        discarded: tool.discarded,
+        left_in_dlq: tool.left_in_dlq,
+    }
+}
+
 /// What reconciling with the bank did: the unsettled payments before the end phase
 /// and after it, and what every run settled.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -341,6 +396,8 @@ pub struct Report {
     pub producer: ProducerSummary,
     pub host: HostStats,
     pub broker: BrokerSummary,
+    /// The re-drive through `dead-letters resubmit` (none when nothing was dead-lettered).
+    pub dead_letter_tool: Option<DeadLetterToolReport>,
     pub processes: ProcessSummary,
     /// `sqlite`, `cosmos` (the `cosmos-emulator` binary) or `postgres`.
     pub store: String,

@@ -1,5 +1,6 @@
 //! The report as text: the compact human-readable form `simulate` prints.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::super::bank::BankAnswer;
@@ -77,6 +78,24 @@ impl Report {
             "dlq        {} dead-lettered, re-driven {}: {} recovered, {} dead-lettered for good",
             b.dead_lettered_first_pass, b.redriven, b.recovered_by_redrive, b.dead_lettered_final
         );
+        if let Some(t) = &self.dead_letter_tool {
+            let counts = |m: &BTreeMap<String, usize>| {
+                m.iter()
+                    .map(|(k, v)| format!("{v} {k}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let none = |s: String| if s.is_empty() { "none".to_owned() } else { s };
+            let _ = writeln!(
+                o,
+                "dlq tool   dead-letters resubmit --all --wait: verdicts {}; not sent {}; after the re-drive {}; discard {}; list: {} left in the dead-letter queue",
+                none(counts(&t.verdicts)),
+                none(counts(&t.not_sent)),
+                none(counts(&t.after)),
+                t.discarded,
+                t.left_in_dlq
+            );
+        }
     }
 
     /// The dead letters by cause, the handler processes, store restarts and answers.

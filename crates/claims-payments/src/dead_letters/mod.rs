@@ -1,0 +1,532 @@
+//! The operator's dead-letter tool, `claims-payments dead-letters list | resubmit |
+//! discard`: what each dead letter is, what the store knows about its claim and
+//! message, a [`verdict`] on it, and a safe re-drive.
+//!
+//! Safety rules, each tested (tests/dead_letters.rs):
+//! - a copy is sent first and the dead letter removed **only after the broker accepted
+//!   the send**: a crash or a lost lock between the two leaves a duplicate (recognised
+//!   by the consumer), never a loss;
+//! - a dead letter inside the duplicate-detection window is not sent (the broker would
+//!   drop it silently); `--wait` waits for the window to end;
+//! - permanent (and unknown, needs-reconciliation) verdicts are refused unless the
+//!   message is named with `--message-id`.
+//!
+//! The broker is reached through [`Broker`]; the store through [`Store`] reads only.
+
+pub mod verdict;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use crate::message::{ClaimApproved, ClaimId, MessageId, Purpose};
+use crate::servicebus::{bounded, Broker, BusError, DeadLetter, Outgoing, Property};
+use crate::store::{DynStore, InboxKey};
+use verdict::{Body, Facts, Judgement, Known, PaymentFact, Verdict};
+
+/// The custom property a re-drive adds to the copy: when, by whom, the original
+/// DeliveryCount and reason (a JSON object).
+pub const REDRIVE_PROPERTY: &str = "ClaimsPaymentsRedrive";
+/// The properties the broker adds when it dead-letters a message; not copied.
+const DEAD_LETTER_PROPERTIES: &[&str] = &["DeadLetterReason", "DeadLetterErrorDescription"];
+
+/// `dead-letters`' exit code when something needs a person (a dead letter listed, one
+/// refused, waiting or kept); as `reconcile`'s.
+pub const EXIT_NEEDS_A_PERSON: u8 = 3;
+
+/// What every subcommand needs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The consumer name of the inbox keys (CONSUMER_NAME).
+    pub consumer: String,
+    /// The queue's duplicate-detection window (SERVICEBUS_DUPLICATE_WINDOW_MS).
+    pub window: Duration,
+    /// At most this many dead letters are locked and examined at once.
+    pub limit: usize,
+}
+
+/// Which dead letters `resubmit` sends.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Named explicitly: sent whatever the verdict, except inside the window.
+    pub message_ids: Vec<String>,
+    /// Every dead letter with this verdict name (only sendable ones are sent).
+    pub verdict: Option<String>,
+    /// Every sendable dead letter.
+    pub all: bool,
+}
+
+/// One dead letter, examined: the broker's facts, the store's, the verdict.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Line {
+    pub message_id: Option<String>,
+    pub claim_id: Option<String>,
+    pub tenant: Option<String>,
+    pub amount: Option<String>,
+    pub currency: Option<String>,
+    /// The broker's DeliveryCount minus the tool's own lock.
+    pub delivery_count: u32,
+    pub dead_letter_reason: Option<String>,
+    pub dead_letter_error_description: Option<String>,
+    pub enqueued_at: Option<String>,
+    /// Not given by the REST API: always null.
+    pub dead_lettered_at: Option<String>,
+    pub payment_status: Option<String>,
+    pub inbox_outcome: Option<String>,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    pub reason: String,
+    /// What `resubmit` or `discard` did (absent for `list`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+}
+
+/// The counts printed after the lines.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Summary {
+    pub verdicts: BTreeMap<String, usize>,
+    pub actions: BTreeMap<String, usize>,
+    /// Whether anything is left for a person.
+    pub needs_a_person: bool,
+}
+
+impl Summary {
+    fn of(lines: &[Line], needs_a_person: bool) -> Self {
+        let mut s = Summary {
+            needs_a_person,
+            ..Summary::default()
+        };
+        for l in lines {
+            *s.verdicts.entry(l.verdict.name().to_owned()).or_default() += 1;
+            if let Some(action) = &l.action {
+                let word = action.split([':', ' ']).next().unwrap_or(action).to_owned();
+                *s.actions.entry(word).or_default() += 1;
+            }
+        }
+        s
+    }
+}
+
+struct Examined {
+    letter: DeadLetter,
+    line: Line,
+}
+
+fn rfc3339(t: OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_else(|_| t.to_string())
+}
+
+/// Parses the body and asks the store; never fails: what cannot be read is a fact.
+async fn examine(
+    letter: DeadLetter,
+    store: &DynStore,
+    options: &Options,
+    now: OffsetDateTime,
+) -> Examined {
+    let parsed: Result<(MessageId, ClaimApproved), String> = (|| {
+        let id = letter
+            .message_id
+            .as_ref()
+            .ok_or_else(|| "the broker gave no MessageId".to_owned())?;
+        let id = MessageId::parse(&id.0).map_err(|e| format!("MessageId: {e}"))?;
+        if letter.body_truncated {
+            return Err(format!(
+                "the body is larger than {} bytes",
+                crate::servicebus::MAX_BODY_BYTES
+            ));
+        }
+        let text =
+            std::str::from_utf8(&letter.body).map_err(|_| "the body is not UTF-8".to_owned())?;
+        let claim = ClaimApproved::parse(text).map_err(|e| format!("not a ClaimApproved: {e}"))?;
+        Ok((id, claim))
+    })();
+    let (body, payment, inbox, claim) = match parsed {
+        Err(why) => (
+            Body::Invalid(bounded(&why, 200)),
+            Known::Absent,
+            Known::Absent,
+            None,
+        ),
+        Ok((id, claim)) => {
+            let payment = match store.payment(claim.claim_id, Purpose::Payout).await {
+                Ok(None) => Known::Absent,
+                Ok(Some(p)) => Known::Present(PaymentFact {
+                    status: p.record.status,
+                    payload_hash: p.record.payload_hash,
+                    status_reason: p.record.status_reason,
+                }),
+                Err(e) => Known::Unreadable(bounded(&e.to_string(), 200)),
+            };
+            let key = InboxKey {
+                consumer: options.consumer.clone(),
+                claim_id: claim.claim_id,
+                message_id: id,
+            };
+            let inbox = match store.inbox(&key).await {
+                Ok(None) => Known::Absent,
+                Ok(Some(r)) => Known::Present(r.record.outcome),
+                Err(e) => Known::Unreadable(bounded(&e.to_string(), 200)),
+            };
+            (
+                Body::ClaimApproved(claim.payload_hash()),
+                payment,
+                inbox,
+                Some(claim),
+            )
+        }
+    };
+    let reason_property = |name: &str| letter.property(name).map(|v| bounded(&v, 200));
+    let facts = Facts {
+        body,
+        // EnqueuedTimeUtc comes in whole seconds (RFC 1123): the broker may have seen the
+        // MessageId up to a second later than it says.
+        enqueued_at: letter.enqueued_at.map(|t| t + Duration::from_secs(1)),
+        dead_letter_reason: reason_property("DeadLetterReason"),
+        payment,
+        inbox,
+    };
+    let Judgement { verdict, reason } = verdict::judge(&facts, now, options.window);
+    let line = Line {
+        message_id: letter.message_id.as_ref().map(|m| bounded(&m.0, 128)),
+        claim_id: claim.as_ref().map(|c| c.claim_id.to_string()),
+        tenant: claim
+            .as_ref()
+            .and_then(|c| c.tenant.as_ref().map(|t| t.as_str().to_owned())),
+        amount: claim.as_ref().map(|c| c.money.amount_string()),
+        currency: claim.as_ref().map(|c| c.money.currency().code().to_owned()),
+        delivery_count: letter.delivery_count.saturating_sub(1),
+        dead_letter_reason: facts.dead_letter_reason.clone(),
+        dead_letter_error_description: reason_property("DeadLetterErrorDescription"),
+        enqueued_at: letter.enqueued_at.map(rfc3339),
+        dead_lettered_at: None,
+        payment_status: match &facts.payment {
+            Known::Present(p) => Some(p.status.as_str().to_owned()),
+            Known::Absent => None,
+            Known::Unreadable(_) => Some("unreadable".into()),
+        },
+        inbox_outcome: match &facts.inbox {
+            Known::Present(Some(o)) => Some(bounded(o.as_str(), 64)),
+            Known::Present(None) => Some("in progress".into()),
+            Known::Absent => None,
+            Known::Unreadable(_) => Some("unreadable".into()),
+        },
+        verdict,
+        reason,
+        action: None,
+    };
+    Examined { letter, line }
+}
+
+/// Locks and examines up to `options.limit` dead letters. A broker error before the
+/// first one is the command's error (401, 403 with the reason); after it, the ones
+/// locked so far are unlocked first.
+async fn lock_all(
+    broker: &dyn Broker,
+    store: &DynStore,
+    options: &Options,
+) -> Result<Vec<Examined>, BusError> {
+    let mut examined: Vec<Examined> = Vec::new();
+    while examined.len() < options.limit {
+        match broker.lock_next_dead_letter().await {
+            // A lock of ours expired (lockDuration) and the broker handed the same dead
+            // letter out again: every one has been seen.
+            Ok(Some(letter))
+                if letter.sequence_number.is_some()
+                    && examined
+                        .iter()
+                        .any(|e| e.letter.sequence_number == letter.sequence_number) =>
+            {
+                let _ = broker.unlock(&letter).await;
+                break;
+            }
+            Ok(Some(letter)) => {
+                examined.push(examine(letter, store, options, OffsetDateTime::now_utc()).await)
+            }
+            Ok(None) => break,
+            Err(e) => {
+                unlock_all(broker, &examined).await;
+                return Err(e);
+            }
+        }
+    }
+    Ok(examined)
+}
+
+async fn unlock_all(broker: &dyn Broker, examined: &[Examined]) {
+    for e in examined {
+        if let Err(err) = broker.unlock(&e.letter).await {
+            // The lock then expires by itself (lockDuration): nothing is lost.
+            tracing::warn!(error = %err, "cannot unlock a dead letter; its lock will expire");
+        }
+    }
+}
+
+/// `dead-letters list`: every dead letter (up to the limit) with its verdict; nothing is
+/// removed. Returns the lines and the summary.
+pub async fn list(
+    broker: &dyn Broker,
+    store: &DynStore,
+    options: &Options,
+) -> Result<(Vec<Line>, Summary), BusError> {
+    let examined = lock_all(broker, store, options).await?;
+    unlock_all(broker, &examined).await;
+    let lines: Vec<Line> = examined.into_iter().map(|e| e.line).collect();
+    let needs = !lines.is_empty();
+    let summary = Summary::of(&lines, needs);
+    Ok((lines, summary))
+}
+
+/// What happened to one dead letter in a resubmit round.
+enum Handled {
+    Done(String),
+    /// Left for a person.
+    Open(String),
+    /// Inside the window, to be tried again at this time (`--wait`).
+    Waiting(OffsetDateTime, String),
+}
+
+/// The copy of a dead letter: same MessageId, body, content type and application
+/// properties, plus [`REDRIVE_PROPERTY`].
+fn copy_of(
+    letter: &DeadLetter,
+    line: &Line,
+    principal: &str,
+    now: OffsetDateTime,
+) -> Option<Outgoing> {
+    let message_id = letter.message_id.clone()?;
+    let mut properties: Vec<Property> = letter
+        .properties
+        .iter()
+        .filter(|p| {
+            !DEAD_LETTER_PROPERTIES
+                .iter()
+                .chain([REDRIVE_PROPERTY].iter())
+                .any(|n| p.name.eq_ignore_ascii_case(n))
+        })
+        .cloned()
+        .collect();
+    let ascii = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_graphic() || c == ' ' {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .collect()
+    };
+    let record = serde_json::json!({
+        "at": rfc3339(now),
+        "by": ascii(principal),
+        "originalDeliveryCount": line.delivery_count,
+        "originalReason": line.dead_letter_reason.as_deref().map(ascii),
+    })
+    .to_string();
+    properties.push(Property {
+        name: REDRIVE_PROPERTY.to_owned(),
+        value: serde_json::Value::String(record).to_string(),
+    });
+    Some(Outgoing {
+        message_id,
+        content_type: letter.content_type.clone(),
+        properties,
+        body: letter.body.clone(),
+    })
+}
+
+/// Sends the copy, and removes the dead letter only once the send was accepted.
+async fn send_then_delete(broker: &dyn Broker, e: &Examined, principal: &str) -> Handled {
+    let Some(copy) = copy_of(&e.letter, &e.line, principal, OffsetDateTime::now_utc()) else {
+        let _ = broker.unlock(&e.letter).await;
+        return Handled::Open("not sent: no MessageId".into());
+    };
+    match broker.send(&copy).await {
+        Ok(()) => match broker.delete(&e.letter).await {
+            Ok(()) => Handled::Done("sent: the dead letter was removed".into()),
+            Err(err) => Handled::Open(format!(
+                "sent: but the dead letter is kept ({err}); the copy is a duplicate the consumer recognises: run list again and discard it"
+            )),
+        },
+        Err(err) => {
+            let _ = broker.unlock(&e.letter).await;
+            let what = match err.kind {
+                crate::servicebus::BusErrorKind::Timeout => {
+                    "unsure: the send timed out and may have been accepted; the dead letter is kept (a second send is a duplicate, safe)"
+                }
+                _ => "not sent: the dead letter is kept",
+            };
+            Handled::Open(format!("{what} ({err})"))
+        }
+    }
+}
+
+/// `dead-letters resubmit`: sends the selected dead letters again (see the module's
+/// rules), waits for the window with `wait`. Returns the lines of the last round and
+/// the summary.
+pub async fn resubmit(
+    broker: &dyn Broker,
+    store: &DynStore,
+    options: &Options,
+    selection: &Selection,
+    dry_run: bool,
+    wait: bool,
+) -> Result<(Vec<Line>, Summary), BusError> {
+    let principal = broker.principal().await;
+    let mut done: Vec<Line> = Vec::new();
+    // MessageIds this run sent, and when: a second dead letter with the same MessageId
+    // (a producer's re-send) is inside the window from that send on.
+    let mut sent: BTreeMap<String, OffsetDateTime> = BTreeMap::new();
+    loop {
+        let examined = lock_all(broker, store, options).await?;
+        let mut lines = Vec::new();
+        let mut next: Option<OffsetDateTime> = None;
+        let mut open = false;
+        let mut unselected = false;
+        for mut e in examined {
+            let named = e
+                .line
+                .message_id
+                .as_ref()
+                .is_some_and(|id| selection.message_ids.iter().any(|m| m == id));
+            let by_verdict = selection.verdict.as_deref().is_some_and(|v| {
+                v == e.line.verdict.name()
+                    || (v == "inside-window"
+                        && matches!(e.line.verdict, Verdict::InsideWindow { .. }))
+            });
+            let selected = named || selection.all || by_verdict;
+            if let Some(at) = e.line.message_id.as_ref().and_then(|id| sent.get(id)) {
+                let until = *at + options.window;
+                if OffsetDateTime::now_utc() < until {
+                    e.line.verdict = match e.line.verdict.sendable() {
+                        Some(then) => Verdict::InsideWindow { until, then },
+                        None => e.line.verdict,
+                    };
+                    if matches!(e.line.verdict, Verdict::InsideWindow { .. }) {
+                        e.line.reason = format!(
+                            "inside the duplicate-detection window until {}: this run sent a copy with the same MessageId",
+                            rfc3339(until)
+                        );
+                    }
+                }
+            }
+            let handled = if !selected {
+                unselected = true;
+                let _ = broker.unlock(&e.letter).await;
+                lines.push(e.line);
+                continue;
+            } else {
+                match e.line.verdict {
+                    Verdict::InsideWindow { until, .. } => {
+                        let _ = broker.unlock(&e.letter).await;
+                        Handled::Waiting(
+                            until,
+                            format!("not sent: inside the duplicate-detection window; it can be sent from {}", rfc3339(until)),
+                        )
+                    }
+                    v if v.sendable().is_none() && !named => {
+                        let _ = broker.unlock(&e.letter).await;
+                        Handled::Open(format!(
+                            "refused: the verdict is {}; name it with --message-id to send it anyway",
+                            v.name()
+                        ))
+                    }
+                    _ if dry_run => {
+                        let _ = broker.unlock(&e.letter).await;
+                        Handled::Done("would send (dry run)".into())
+                    }
+                    _ => {
+                        let handled = send_then_delete(broker, &e, &principal).await;
+                        if let (Some(id), Handled::Done(_) | Handled::Open(_)) =
+                            (&e.line.message_id, &handled)
+                        {
+                            sent.insert(id.clone(), OffsetDateTime::now_utc());
+                        }
+                        handled
+                    }
+                }
+            };
+            match handled {
+                Handled::Done(a) => {
+                    e.line.action = Some(a);
+                    done.push(e.line);
+                }
+                Handled::Open(a) => {
+                    open = true;
+                    e.line.action = Some(a);
+                    lines.push(e.line);
+                }
+                Handled::Waiting(until, a) => {
+                    next = Some(next.map_or(until, |n| n.min(until)));
+                    e.line.action = Some(a);
+                    lines.push(e.line);
+                }
+            }
+        }
+        match next {
+            Some(until) if wait && !dry_run => {
+                let left = until - OffsetDateTime::now_utc();
+                let left: Duration = left.try_into().unwrap_or(Duration::ZERO);
+                tracing::info!(until = %rfc3339(until), "waiting for the duplicate-detection window");
+                tokio::time::sleep(left + Duration::from_millis(1)).await;
+            }
+            waiting => {
+                // Anything still in the dead-letter queue is left for a person.
+                let needs = open || unselected || waiting.is_some();
+                let mut all = done;
+                all.extend(lines);
+                let summary = Summary::of(&all, needs);
+                return Ok((all, summary));
+            }
+        }
+    }
+}
+
+/// `dead-letters discard`: removes one dead letter a person decided to drop, after
+/// writing the decision where an auditor finds it: a warning log line (the telemetry's
+/// exporter when configured, else stderr) with its identity, the reason and who.
+/// Returns its line, or `None` when no dead letter has that MessageId.
+pub async fn discard(
+    broker: &dyn Broker,
+    store: &DynStore,
+    options: &Options,
+    message_id: &str,
+    reason: &str,
+) -> Result<Option<Line>, BusError> {
+    let principal = broker.principal().await;
+    let examined = lock_all(broker, store, options).await?;
+    let mut found = None;
+    for mut e in examined {
+        if found.is_none() && e.line.message_id.as_deref() == Some(message_id) {
+            let reason = bounded(reason, 500);
+            tracing::warn!(
+                message_id = %message_id,
+                claim_id = e.line.claim_id.as_deref().unwrap_or("-"),
+                tenant = e.line.tenant.as_deref().unwrap_or("-"),
+                verdict = e.line.verdict.name(),
+                by = %principal,
+                reason = %reason,
+                "dead letter discarded by an operator"
+            );
+            e.line.action = Some(match broker.delete(&e.letter).await {
+                Ok(()) => format!("discarded: {reason}"),
+                Err(err) => format!("not discarded ({err})"),
+            });
+            found = Some(e.line);
+        } else {
+            let _ = broker.unlock(&e.letter).await;
+        }
+    }
+    Ok(found)
+}
+
+/// The claim id in a line, for callers that map verdicts back (the simulator).
+pub fn claim_of(line: &Line) -> Option<ClaimId> {
+    line.claim_id
+        .as_deref()
+        .and_then(|c| ClaimId::parse(c).ok())
+}

@@ -1,0 +1,365 @@
+//! The verdict on one dead letter: a pure function of what the broker says about it,
+//! what the store knows about its claim and message, the time, and the queue's
+//! duplicate-detection window. No I/O: every rule is tested here.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use crate::message::{OutcomeKind, PayloadHash};
+use crate::store::{InboxOutcome, PaymentStatus};
+
+/// What a dead letter's body turned out to be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    /// A valid ClaimApproved; its payload hash.
+    ClaimApproved(PayloadHash),
+    /// Not a ClaimApproved (not UTF-8, not JSON, a field wrong), too large, or no
+    /// MessageId: why, bounded.
+    Invalid(String),
+}
+
+/// One fact the store was asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Known<T> {
+    Absent,
+    Present(T),
+    /// The store could not answer (unreachable, a corrupt record): why.
+    Unreadable(String),
+}
+
+/// The claim's payment, as far as the verdict needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PaymentFact {
+    pub status: PaymentStatus,
+    pub payload_hash: PayloadHash,
+    pub status_reason: Option<String>,
+}
+
+/// Everything the verdict is decided on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Facts {
+    pub body: Body,
+    /// The latest time the broker may have accepted the MessageId (the dead letter's
+    /// enqueued time, rounded up to what the broker's precision allows).
+    pub enqueued_at: Option<OffsetDateTime>,
+    pub dead_letter_reason: Option<String>,
+    /// The claim's payment (`Absent` when the body is invalid: nothing to look up).
+    pub payment: Known<PaymentFact>,
+    /// This message's inbox record's outcome (`Present(None)`: in progress).
+    pub inbox: Known<Option<InboxOutcome>>,
+}
+
+/// What sending the copy would lead to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sendable {
+    /// Nothing was paid: the consumer pays it.
+    Resubmit,
+    /// The claim is paid (or recorded): the copy completes as a duplicate.
+    AlreadyPaid,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", rename_all = "kebab-case")]
+pub enum Verdict {
+    Resubmit,
+    AlreadyPaid,
+    /// A payout whose outcome is open (in progress, needs reconciliation, mismatched):
+    /// settle it first.
+    NeedsReconciliation,
+    /// Invalid payload or conflicting content: resubmitting cannot help.
+    Permanent,
+    /// The store could not be read: nothing can be said.
+    Unknown,
+    /// The broker still remembers the MessageId and would drop a copy silently.
+    InsideWindow {
+        #[serde(with = "time::serde::rfc3339")]
+        until: OffsetDateTime,
+        then: Sendable,
+    },
+}
+
+impl Verdict {
+    /// The short name printed in the table and used by `--verdict`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Verdict::Resubmit => "resubmit",
+            Verdict::AlreadyPaid => "already-paid",
+            Verdict::NeedsReconciliation => "needs-reconciliation",
+            Verdict::Permanent => "permanent",
+            Verdict::Unknown => "unknown",
+            Verdict::InsideWindow { .. } => "inside-window",
+        }
+    }
+
+    /// Whether `resubmit --all` (or `--verdict` of its name) may send it without it being
+    /// named: only what the consumer will pay once or recognise as paid.
+    pub fn sendable(&self) -> Option<Sendable> {
+        match self {
+            Verdict::Resubmit => Some(Sendable::Resubmit),
+            Verdict::AlreadyPaid => Some(Sendable::AlreadyPaid),
+            _ => None,
+        }
+    }
+}
+
+/// A verdict and why, in words for the operator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    pub verdict: Verdict,
+    pub reason: String,
+}
+
+fn judged(verdict: Verdict, reason: impl Into<String>) -> Judgement {
+    Judgement {
+        verdict,
+        reason: reason.into(),
+    }
+}
+
+/// The verdict on one dead letter at `now`, with the queue's duplicate-detection
+/// `window` (the broker drops a copy whose MessageId it saw less than `window` ago).
+pub fn judge(facts: &Facts, now: OffsetDateTime, window: Duration) -> Judgement {
+    let base = base_verdict(facts);
+    let Some(then) = base.verdict.sendable() else {
+        return base;
+    };
+    // The window counts from the last time the broker saw the MessageId; the dead letter's
+    // enqueued time is the latest the tool can know. Without it, assume it was just now.
+    let seen = facts.enqueued_at.unwrap_or(now);
+    let until = seen + window;
+    if now < until {
+        return judged(
+            Verdict::InsideWindow { until, then },
+            format!(
+                "inside the duplicate-detection window until {}: a copy sent now would be dropped by the broker; then: {}",
+                until
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap_or_default(),
+                base.reason
+            ),
+        );
+    }
+    base
+}
+
+fn base_verdict(facts: &Facts) -> Judgement {
+    let hash = match &facts.body {
+        Body::Invalid(why) => {
+            return judged(
+                Verdict::Permanent,
+                format!("permanent: invalid payload ({why}); resubmitting cannot help"),
+            )
+        }
+        Body::ClaimApproved(hash) => hash,
+    };
+    let inbox = match &facts.inbox {
+        Known::Unreadable(why) => {
+            return judged(
+                Verdict::Unknown,
+                format!("the store could not be read: {why}"),
+            )
+        }
+        Known::Present(outcome) => outcome.as_ref().and_then(InboxOutcome::kind),
+        Known::Absent => None,
+    };
+    if let Some(kind @ (OutcomeKind::Conflict | OutcomeKind::InvalidMessage)) = inbox {
+        return judged(
+            Verdict::Permanent,
+            format!("permanent: the consumer answered {kind} for this message; resubmitting cannot help"),
+        );
+    }
+    let payment = match &facts.payment {
+        Known::Unreadable(why) => {
+            return judged(
+                Verdict::Unknown,
+                format!("the store could not be read: {why}"),
+            )
+        }
+        Known::Absent => {
+            let cause = facts
+                .dead_letter_reason
+                .as_deref()
+                .unwrap_or("no DeadLetterReason");
+            return judged(
+                Verdict::Resubmit,
+                format!("resubmit: nothing was paid for the claim and the cause was transient ({cause})"),
+            );
+        }
+        Known::Present(payment) => payment,
+    };
+    if &payment.payload_hash != hash {
+        return judged(
+            Verdict::Permanent,
+            "permanent: conflicting content, the claim's payment was made for another amount, currency, tenant or payee; resubmitting cannot help",
+        );
+    }
+    let why = payment
+        .status_reason
+        .as_deref()
+        .map(|r| format!(": {}", crate::servicebus::bounded(r, 160)))
+        .unwrap_or_default();
+    match payment.status {
+        PaymentStatus::Paid | PaymentStatus::Recorded => judged(
+            Verdict::AlreadyPaid,
+            format!(
+                "already {}: resubmitting completes as a duplicate",
+                payment.status.as_str()
+            ),
+        ),
+        PaymentStatus::Rejected => judged(
+            Verdict::Permanent,
+            format!("permanent: the bank rejected the payout for good{why}"),
+        ),
+        PaymentStatus::InProgress | PaymentStatus::NeedsReconciliation => judged(
+            Verdict::NeedsReconciliation,
+            format!(
+                "needs reconciliation first: the payout is {}{why}; run `claims-payments reconcile`",
+                payment.status.as_str()
+            ),
+        ),
+        PaymentStatus::Mismatched => judged(
+            Verdict::NeedsReconciliation,
+            format!("needs a person first: the bank's record contradicts the ledger (mismatched){why}"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const NOW: OffsetDateTime = datetime!(2026-12-04 12:00 UTC);
+
+    fn hash(s: &str) -> PayloadHash {
+        PayloadHash::from_stored(format!("sha256:{s}"))
+    }
+
+    fn facts(payment: Known<PaymentFact>, inbox: Known<Option<InboxOutcome>>) -> Facts {
+        Facts {
+            body: Body::ClaimApproved(hash("a")),
+            enqueued_at: Some(NOW - 2 * HOUR),
+            dead_letter_reason: Some("MaxDeliveryCountExceeded".into()),
+            payment,
+            inbox,
+        }
+    }
+
+    fn paid(status: PaymentStatus, h: &str) -> Known<PaymentFact> {
+        Known::Present(PaymentFact {
+            status,
+            payload_hash: hash(h),
+            status_reason: Some("why".into()),
+        })
+    }
+
+    #[test]
+    fn nothing_paid_is_resubmit_with_the_broker_reason() {
+        let j = judge(&facts(Known::Absent, Known::Absent), NOW, HOUR);
+        assert_eq!(j.verdict, Verdict::Resubmit);
+        assert!(
+            j.reason.contains("MaxDeliveryCountExceeded"),
+            "{}",
+            j.reason
+        );
+    }
+
+    #[test]
+    fn a_paid_or_recorded_claim_is_already_paid() {
+        for status in [PaymentStatus::Paid, PaymentStatus::Recorded] {
+            let j = judge(&facts(paid(status, "a"), Known::Absent), NOW, HOUR);
+            assert_eq!(j.verdict, Verdict::AlreadyPaid, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn open_payouts_need_reconciliation_first() {
+        for status in [
+            PaymentStatus::InProgress,
+            PaymentStatus::NeedsReconciliation,
+            PaymentStatus::Mismatched,
+        ] {
+            let j = judge(&facts(paid(status, "a"), Known::Absent), NOW, HOUR);
+            assert_eq!(j.verdict, Verdict::NeedsReconciliation, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn invalid_bodies_conflicts_and_rejections_are_permanent() {
+        let mut invalid = facts(Known::Absent, Known::Absent);
+        invalid.body = Body::Invalid("amount: is missing".into());
+        let j = judge(&invalid, NOW, HOUR);
+        assert_eq!(j.verdict, Verdict::Permanent);
+        assert!(j.reason.contains("amount: is missing"));
+
+        let other_content = judge(
+            &facts(paid(PaymentStatus::Paid, "b"), Known::Absent),
+            NOW,
+            HOUR,
+        );
+        assert_eq!(other_content.verdict, Verdict::Permanent);
+        assert!(other_content.reason.contains("conflicting content"));
+
+        let rejected = judge(
+            &facts(paid(PaymentStatus::Rejected, "a"), Known::Absent),
+            NOW,
+            HOUR,
+        );
+        assert_eq!(rejected.verdict, Verdict::Permanent);
+
+        for kind in [OutcomeKind::Conflict, OutcomeKind::InvalidMessage] {
+            let j = judge(
+                &facts(Known::Absent, Known::Present(Some(kind.into()))),
+                NOW,
+                HOUR,
+            );
+            assert_eq!(j.verdict, Verdict::Permanent, "{kind}");
+        }
+    }
+
+    #[test]
+    fn an_unreadable_store_is_unknown() {
+        for f in [
+            facts(Known::Unreadable("down".into()), Known::Absent),
+            facts(Known::Absent, Known::Unreadable("down".into())),
+        ] {
+            let j = judge(&f, NOW, HOUR);
+            assert_eq!(j.verdict, Verdict::Unknown);
+            assert!(j.reason.contains("down"));
+        }
+    }
+
+    /// The window rule: a sendable dead letter enqueued less than a window ago waits
+    /// until enqueued + window; at that instant it may be sent; an unknown enqueued time
+    /// waits a whole window; permanent verdicts are not turned into waits.
+    #[test]
+    fn the_duplicate_detection_window_holds_sendable_verdicts_back() {
+        let mut f = facts(Known::Absent, Known::Absent);
+        f.enqueued_at = Some(NOW - Duration::from_secs(600));
+        let j = judge(&f, NOW, HOUR);
+        assert_eq!(
+            j.verdict,
+            Verdict::InsideWindow {
+                until: NOW + Duration::from_secs(3000),
+                then: Sendable::Resubmit
+            }
+        );
+        assert_eq!(
+            judge(&f, NOW + Duration::from_secs(3000), HOUR).verdict,
+            Verdict::Resubmit
+        );
+        f.enqueued_at = None;
+        assert!(matches!(
+            judge(&f, NOW, HOUR).verdict,
+            Verdict::InsideWindow { until, .. } if until == NOW + HOUR
+        ));
+        f.enqueued_at = Some(NOW);
+        f.body = Body::Invalid("x".into());
+        assert_eq!(judge(&f, NOW, HOUR).verdict, Verdict::Permanent);
+    }
+}

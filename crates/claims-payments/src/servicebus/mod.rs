@@ -1,0 +1,176 @@
+//! The queue's side of the operator's dead-letter tool: what `dead-letters` needs from
+//! Service Bus, behind [`Broker`], a small trait of our own, and its one adapter,
+//! [`rest::RestBroker`], over the Service Bus REST runtime API.
+//!
+//! Why REST and not AMQP 1.0 (docs/deploy.md §8.4 says the same for operators):
+//! - the official Rust crate (`azure_messaging_servicebus` on AMQP) is not published,
+//!   and the one AMQP crate that reads a dead-letter queue (`azservicebus`) pins
+//!   `azure_identity` 0.25, a second credential stack beside ours (1.0);
+//! - the REST subset needed here is small, documented and plain HTTP: peek-lock
+//!   (`POST {queue}/$DeadLetterQueue/messages/head?timeout=`), unlock (`PUT`) and delete
+//!   (`DELETE .../messages/{messageId}/{lockToken}`), send (`POST {queue}/messages` with
+//!   `BrokerProperties`, custom properties as headers), Entra tokens for
+//!   `https://servicebus.azure.net/.default`; it is testable against a local stand-in
+//!   (the testkit's `servicebus`) without Docker.
+//!
+//! What REST cannot do, and what that costs here:
+//! - **no peek without a lock**: the runtime API has peek-lock and receive-and-delete
+//!   only, so `list` locks each dead letter in turn and unlocks it at the end. A lock is
+//!   invisible to nobody but another DLQ reader, but it raises the dead letter's
+//!   DeliveryCount by one per listing: the count shown is the one the broker reports
+//!   minus our own lock; and at most `--limit` messages are locked at once (a lock lasts
+//!   the queue's lockDuration, PT1M here; no renewal is needed for batches that size);
+//! - no sequence-number access and no dead-lettering time in `BrokerProperties`: the
+//!   listing shows the enqueued time; the dead-lettering time is "-";
+//! - application properties travel as HTTP headers: names and values are kept as the
+//!   broker sent them (the REST encoding, JSON-quoted strings), byte for byte through
+//!   the headers, which AMQP would keep typed;
+//! - the Service Bus emulator documents AMQP as its messaging protocol (its HTTP port is
+//!   the management API), so this adapter is not run against it: tests use the testkit's
+//!   stand-in.
+
+pub mod rest;
+
+use std::fmt;
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+
+/// The most body bytes the tool keeps of one dead letter: a ClaimApproved is far
+/// below it; anything bigger is shown as too large (and never resubmitted).
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// The broker's lock on one dead letter, from a peek-lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockToken(pub String);
+
+/// The broker's MessageId of a dead letter, as sent (any text up to 128 characters,
+/// or absent when the broker's properties do not carry it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BrokerMessageId(pub String);
+
+/// One application (custom) property, as the broker sent it: the header name and its
+/// raw value (REST encodes strings as JSON strings, `"text"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Property {
+    pub name: String,
+    pub value: String,
+}
+
+/// A dead letter as a peek-lock returned it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    pub message_id: Option<BrokerMessageId>,
+    pub sequence_number: Option<i64>,
+    pub lock: LockToken,
+    /// Where the broker said the locked message is (`Location`): unlock and delete go there.
+    pub location: String,
+    /// As the broker reports it, our own lock included.
+    pub delivery_count: u32,
+    pub enqueued_at: Option<OffsetDateTime>,
+    pub content_type: Option<String>,
+    pub properties: Vec<Property>,
+    /// At most [`MAX_BODY_BYTES`].
+    pub body: Vec<u8>,
+    /// The body was longer than [`MAX_BODY_BYTES`] and is cut.
+    pub body_truncated: bool,
+}
+
+impl DeadLetter {
+    /// A custom property's value, the JSON quotes of a string taken off.
+    pub fn property(&self, name: &str) -> Option<String> {
+        self.properties
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(name))
+            .map(|p| unquote(&p.value))
+    }
+}
+
+/// A REST property value as text: a JSON string's content, anything else as it is.
+pub fn unquote(value: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => value.to_owned(),
+    }
+}
+
+/// A message to send: MessageId, body, content type and the custom properties.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outgoing {
+    pub message_id: BrokerMessageId,
+    pub content_type: Option<String>,
+    pub properties: Vec<Property>,
+    pub body: Vec<u8>,
+}
+
+/// What went wrong talking to the broker, by what an operator does about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BusErrorKind {
+    /// 401: no or a bad token.
+    Unauthorized,
+    /// 403: the identity lacks the role (Data Receiver on the queue, Data Sender).
+    Forbidden,
+    /// 429 or 503 with throttling: try again later.
+    Throttled,
+    /// 404/410 on a lock: the lock expired or the message is gone.
+    LockLost,
+    /// No answer in time: a send may or may not have been accepted.
+    Timeout,
+    /// Anything else (connection, 5xx, an answer that does not read).
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct BusError {
+    pub kind: BusErrorKind,
+    /// Bounded, and never a token.
+    pub detail: String,
+}
+
+impl fmt::Display for BusError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            BusErrorKind::Unauthorized => "not authenticated (401)",
+            BusErrorKind::Forbidden => {
+                "not authorised (403): the identity needs Azure Service Bus Data Receiver and Data Sender on the queue"
+            }
+            BusErrorKind::Throttled => "throttled",
+            BusErrorKind::LockLost => "lock lost",
+            BusErrorKind::Timeout => "timed out",
+            BusErrorKind::Other => "failed",
+        };
+        write!(f, "Service Bus {what}: {}", self.detail)
+    }
+}
+
+impl BusError {
+    pub fn new(kind: BusErrorKind, detail: impl Into<String>) -> Self {
+        BusError {
+            kind,
+            detail: bounded(&detail.into(), 300),
+        }
+    }
+}
+
+/// At most `chars` characters of `text`.
+pub fn bounded(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+/// The queue operations the dead-letter tool uses.
+#[async_trait]
+pub trait Broker: Send + Sync {
+    /// Peek-locks the next unlocked dead letter; `None` when there is none.
+    async fn lock_next_dead_letter(&self) -> Result<Option<DeadLetter>, BusError>;
+    /// Gives a lock back: the dead letter stays, for the next reader.
+    async fn unlock(&self, letter: &DeadLetter) -> Result<(), BusError>;
+    /// Removes a locked dead letter.
+    async fn delete(&self, letter: &DeadLetter) -> Result<(), BusError>;
+    /// Sends `message` to the queue; `Ok` once the broker accepted it.
+    async fn send(&self, message: &Outgoing) -> Result<(), BusError>;
+    /// Who acts, as far as the credential says (for the re-drive record).
+    async fn principal(&self) -> String;
+}

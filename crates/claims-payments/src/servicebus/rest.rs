@@ -1,0 +1,373 @@
+//! [`Broker`] over the Service Bus REST runtime API (see the module above for why REST):
+//! peek-lock on `{queue}/$DeadLetterQueue/messages/head`, unlock and delete at the
+//! `Location` the broker gave, send to `{queue}/messages`. Tokens are Entra ID tokens
+//! for [`SCOPE`]; a loopback endpoint (the testkit's stand-in) may go without one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use azure_core::credentials::TokenCredential;
+use base64::Engine;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::StatusCode;
+use serde::Deserialize;
+use time::OffsetDateTime;
+
+use super::{
+    bounded, Broker, BrokerMessageId, BusError, BusErrorKind, DeadLetter, LockToken, Outgoing,
+    Property, MAX_BODY_BYTES,
+};
+
+/// The Entra scope of every Service Bus namespace.
+pub const SCOPE: &str = "https://servicebus.azure.net/.default";
+
+/// Headers that are the protocol's, not application properties.
+const PROTOCOL_HEADERS: &[&str] = &[
+    "brokerproperties",
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "location",
+    "date",
+    "server",
+    "transfer-encoding",
+    "connection",
+    "strict-transport-security",
+    "keep-alive",
+    "authorization",
+];
+
+/// How the adapter authenticates.
+pub enum Auth {
+    /// Entra ID tokens (the operator's `az login`, a managed identity).
+    Entra(Arc<dyn TokenCredential>),
+    /// No token: a loopback endpoint only (the stand-in).
+    LoopbackWithoutToken,
+}
+
+pub struct RestBroker {
+    http: reqwest::Client,
+    /// `https://{namespace}/` (or the stand-in's loopback URL), with a trailing slash.
+    base: reqwest::Url,
+    queue: String,
+    auth: Auth,
+}
+
+/// `BrokerProperties` as the broker sends it; only what the tool reads.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct BrokerProperties {
+    message_id: Option<String>,
+    lock_token: Option<String>,
+    delivery_count: Option<u32>,
+    sequence_number: Option<i64>,
+    enqueued_time_utc: Option<String>,
+}
+
+impl RestBroker {
+    /// `endpoint`: `https://{namespace}.servicebus.windows.net` or a loopback `http` URL.
+    pub fn new(endpoint: &str, queue: &str, auth: Auth, timeout: Duration) -> anyhow::Result<Self> {
+        let mut base = reqwest::Url::parse(endpoint)
+            .map_err(|e| anyhow::anyhow!("the Service Bus endpoint {endpoint:?}: {e}"))?;
+        let loopback = matches!(base.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
+        if base.scheme() != "https" && !loopback {
+            anyhow::bail!("the Service Bus endpoint must be https (http only on loopback)");
+        }
+        if matches!(auth, Auth::LoopbackWithoutToken) && !loopback {
+            anyhow::bail!("a Service Bus endpoint that is not loopback needs an Entra credential");
+        }
+        if queue.is_empty() || queue.contains(['/', '?', '#']) {
+            anyhow::bail!("the queue name {queue:?} is not a queue name");
+        }
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| anyhow::anyhow!("cannot build the HTTP client: {e}"))?;
+        Ok(RestBroker {
+            http,
+            base,
+            queue: queue.to_owned(),
+            auth,
+        })
+    }
+
+    fn url(&self, path: &str) -> Result<reqwest::Url, BusError> {
+        self.base
+            .join(path)
+            .map_err(|e| BusError::new(BusErrorKind::Other, format!("bad URL {path:?}: {e}")))
+    }
+
+    /// The lock's URL, from the broker's `Location`: only on the endpoint's own origin,
+    /// so a token is never sent elsewhere.
+    fn lock_url(&self, letter: &DeadLetter) -> Result<reqwest::Url, BusError> {
+        let url = self.url(&letter.location)?;
+        if url.origin() != self.base.origin() {
+            return Err(BusError::new(
+                BusErrorKind::Other,
+                "the broker's Location is on another origin",
+            ));
+        }
+        Ok(url)
+    }
+
+    async fn token(&self) -> Result<Option<String>, BusError> {
+        match &self.auth {
+            Auth::LoopbackWithoutToken => Ok(None),
+            Auth::Entra(credential) => credential
+                .get_token(&[SCOPE], None)
+                .await
+                .map(|t| Some(t.token.secret().to_owned()))
+                // The error names the credential's problem, never a token.
+                .map_err(|e| {
+                    BusError::new(
+                        BusErrorKind::Unauthorized,
+                        format!("no Entra token for {SCOPE}: {e}"),
+                    )
+                }),
+        }
+    }
+
+    async fn request(
+        &self,
+        method: reqwest::Method,
+        url: reqwest::Url,
+    ) -> Result<reqwest::RequestBuilder, BusError> {
+        let mut request = self.http.request(method, url);
+        if let Some(token) = self.token().await? {
+            request = request.bearer_auth(token);
+        }
+        Ok(request)
+    }
+
+    /// The error for a refused answer: the status and the broker's reason, bounded.
+    async fn refused(response: reqwest::Response, lock: bool) -> BusError {
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let kind = match status {
+            StatusCode::UNAUTHORIZED => BusErrorKind::Unauthorized,
+            StatusCode::FORBIDDEN => BusErrorKind::Forbidden,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                BusErrorKind::Throttled
+            }
+            StatusCode::NOT_FOUND | StatusCode::GONE if lock => BusErrorKind::LockLost,
+            _ => BusErrorKind::Other,
+        };
+        BusError::new(kind, format!("{status}: {}", bounded(text.trim(), 200)))
+    }
+}
+
+fn transport(e: reqwest::Error) -> BusError {
+    if e.is_timeout() {
+        BusError::new(BusErrorKind::Timeout, e.to_string())
+    } else {
+        BusError::new(BusErrorKind::Other, e.to_string())
+    }
+}
+
+/// Reads a peek-lock answer (201): `BrokerProperties`, `Location`, the custom
+/// properties and the body, at most [`MAX_BODY_BYTES`] of it.
+async fn dead_letter(response: reqwest::Response) -> Result<DeadLetter, BusError> {
+    let headers = response.headers().clone();
+    let broker: BrokerProperties = headers
+        .get("BrokerProperties")
+        .and_then(|v| v.to_str().ok())
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| BusError::new(BusErrorKind::Other, format!("BrokerProperties: {e}")))?
+        .ok_or_else(|| BusError::new(BusErrorKind::Other, "no BrokerProperties header"))?;
+    let lock = broker
+        .lock_token
+        .ok_or_else(|| BusError::new(BusErrorKind::Other, "BrokerProperties has no LockToken"))?;
+    let location = headers
+        .get("Location")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| BusError::new(BusErrorKind::Other, "no Location header"))?;
+    let properties = headers
+        .iter()
+        .filter(|(name, _)| !PROTOCOL_HEADERS.contains(&name.as_str()))
+        .map(|(name, value)| Property {
+            name: name.as_str().to_owned(),
+            value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+        })
+        .collect();
+    let content_type = headers
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let (body, body_truncated) = bounded_body(response).await?;
+    Ok(DeadLetter {
+        message_id: broker.message_id.map(BrokerMessageId),
+        sequence_number: broker.sequence_number,
+        lock: LockToken(lock),
+        location,
+        delivery_count: broker.delivery_count.unwrap_or(0),
+        enqueued_at: broker
+            .enqueued_time_utc
+            .as_deref()
+            .and_then(|t| httpdate::parse_http_date(t).ok())
+            .map(OffsetDateTime::from),
+        content_type,
+        properties,
+        body,
+        body_truncated,
+    })
+}
+
+/// The body, read chunk by chunk and cut at [`MAX_BODY_BYTES`]: a huge body is never
+/// held whole.
+async fn bounded_body(mut response: reqwest::Response) -> Result<(Vec<u8>, bool), BusError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(transport)? {
+        let room = MAX_BODY_BYTES - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
+}
+
+/// Who a JWT names (`upn`, `unique_name`, `appid`, `oid`), read without checking it:
+/// it is only written into the re-drive record.
+fn token_principal(token: &str) -> Option<String> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    ["upn", "unique_name", "preferred_username", "appid", "oid"]
+        .iter()
+        .find_map(|k| claims.get(k).and_then(|v| v.as_str()))
+        .map(|s| bounded(s, 128))
+}
+
+#[async_trait]
+impl Broker for RestBroker {
+    async fn lock_next_dead_letter(&self) -> Result<Option<DeadLetter>, BusError> {
+        let url = self.url(&format!(
+            "{}/$DeadLetterQueue/messages/head?timeout=1",
+            self.queue
+        ))?;
+        let response = self
+            .request(reqwest::Method::POST, url)
+            .await?
+            .header(reqwest::header::CONTENT_LENGTH, "0")
+            .send()
+            .await
+            .map_err(transport)?;
+        match response.status() {
+            StatusCode::CREATED => dead_letter(response).await.map(Some),
+            StatusCode::NO_CONTENT => Ok(None),
+            _ => Err(Self::refused(response, false).await),
+        }
+    }
+
+    async fn unlock(&self, letter: &DeadLetter) -> Result<(), BusError> {
+        let url = self.lock_url(letter)?;
+        let response = self
+            .request(reqwest::Method::PUT, url)
+            .await?
+            .header(reqwest::header::CONTENT_LENGTH, "0")
+            .send()
+            .await
+            .map_err(transport)?;
+        match response.status() {
+            StatusCode::OK => Ok(()),
+            _ => Err(Self::refused(response, true).await),
+        }
+    }
+
+    async fn delete(&self, letter: &DeadLetter) -> Result<(), BusError> {
+        let url = self.lock_url(letter)?;
+        let response = self
+            .request(reqwest::Method::DELETE, url)
+            .await?
+            .send()
+            .await
+            .map_err(transport)?;
+        match response.status() {
+            StatusCode::OK => Ok(()),
+            _ => Err(Self::refused(response, true).await),
+        }
+    }
+
+    async fn send(&self, message: &Outgoing) -> Result<(), BusError> {
+        let url = self.url(&format!("{}/messages", self.queue))?;
+        let mut headers = HeaderMap::new();
+        let broker = serde_json::json!({ "MessageId": message.message_id.0 }).to_string();
+        let value = |v: &str| {
+            HeaderValue::from_str(v).map_err(|_| {
+                BusError::new(
+                    BusErrorKind::Other,
+                    "a property value is not a header value",
+                )
+            })
+        };
+        headers.insert("BrokerProperties", value(&broker)?);
+        if let Some(content_type) = &message.content_type {
+            headers.insert(reqwest::header::CONTENT_TYPE, value(content_type)?);
+        }
+        for p in &message.properties {
+            let name = HeaderName::from_bytes(p.name.as_bytes()).map_err(|_| {
+                BusError::new(BusErrorKind::Other, "a property name is not a header name")
+            })?;
+            headers.insert(name, value(&p.value)?);
+        }
+        let response = self
+            .request(reqwest::Method::POST, url)
+            .await?
+            .headers(headers)
+            .body(message.body.clone())
+            .send()
+            .await
+            .map_err(transport)?;
+        match response.status() {
+            StatusCode::CREATED => Ok(()),
+            _ => Err(Self::refused(response, false).await),
+        }
+    }
+
+    async fn principal(&self) -> String {
+        match self.token().await {
+            Ok(Some(token)) => {
+                token_principal(&token).unwrap_or_else(|| "unknown principal".into())
+            }
+            Ok(None) => "unauthenticated (loopback)".into(),
+            Err(_) => "unknown principal".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_principal_comes_from_the_token_claims_and_a_bad_token_names_none() {
+        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(br#"{"oid":"o-1","upn":"ops@example.com"}"#);
+        assert_eq!(
+            token_principal(&format!("h.{payload}.s")).as_deref(),
+            Some("ops@example.com")
+        );
+        assert_eq!(token_principal("not a token"), None);
+    }
+
+    #[test]
+    fn only_loopback_may_go_without_https_or_a_token() {
+        let t = Duration::from_secs(1);
+        assert!(RestBroker::new("http://127.0.0.1:1", "q", Auth::LoopbackWithoutToken, t).is_ok());
+        assert!(RestBroker::new("http://sb.example", "q", Auth::LoopbackWithoutToken, t).is_err());
+        assert!(RestBroker::new("https://sb.example", "q", Auth::LoopbackWithoutToken, t).is_err());
+        assert!(
+            RestBroker::new("http://127.0.0.1:1", "a/b", Auth::LoopbackWithoutToken, t).is_err()
+        );
+    }
+}
