@@ -382,7 +382,6 @@ async fn serve_and_ledger_name_a_missing_grant_on_the_schema_history() {
 async fn another_instance_takes_over_at_once_from_a_process_that_died_mid_payout() {
     use claims_payments_testkit::bank::{BankFault, FakeBank};
     use claims_payments_testkit::service::invoke;
-    use claims_payments_testkit::wait::wait_until;
     if !available() {
         return;
     }
@@ -412,19 +411,7 @@ async fn another_instance_takes_over_at_once_from_a_process_that_died_mid_payout
         );
         async move { client.post(url).json(&envelope).send().await }
     });
-    wait_until(
-        Duration::from_secs(30),
-        "the payout request reached the bank",
-        || !bank.requests().is_empty(),
-    )
-    .await;
-    let port = a.port;
-    a.kill();
-    assert!(
-        first.await.unwrap().is_err(),
-        "the killed handler never answers"
-    );
-    let a = Handler::restart_on(EXE, &env, port);
+    let a = die_mid_payout_and_restart(a, first, &bank, &env).await;
 
     let (status, answer) = invoke(&client, &b, &host_envelope(&body, "evt-resent", 1))
         .await
@@ -445,7 +432,6 @@ async fn another_instance_takes_over_at_once_from_a_process_that_died_mid_payout
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_on_another_instance_takes_over_a_key_a_dead_process_held() {
     use claims_payments_testkit::bank::{BankFault, FakeBank};
-    use claims_payments_testkit::wait::wait_until;
     if !available() {
         return;
     }
@@ -472,7 +458,28 @@ async fn a_retry_on_another_instance_takes_over_a_key_a_dead_process_held() {
     let a = Handler::start_on(EXE, &env);
     let b = Handler::start_on(EXE, &env);
     let first = tokio::spawn(post(&a));
-    wait_until(
+    let a = die_mid_payout_and_restart(a, first, &bank, &env).await;
+
+    let answer = post(&b).await.unwrap();
+    let status = answer.status().as_u16();
+    let text = answer.text().await.unwrap();
+    assert!(
+        matches!(status, 200 | 201),
+        "the retry takes over from the dead request: {status} {text}"
+    );
+    drop((a, b));
+    assert_eq!(bank.effective_payouts(), 1);
+}
+
+/// Waits until `first` (a request to `a`) reached the bank, kills `a` (SIGKILL, the request
+/// never answered) and restarts it on its port, as the Functions host does.
+async fn die_mid_payout_and_restart<T: std::fmt::Debug>(
+    a: Handler,
+    first: tokio::task::JoinHandle<Result<T, reqwest::Error>>,
+    bank: &claims_payments_testkit::bank::FakeBank,
+    env: &[(&str, &str)],
+) -> Handler {
+    claims_payments_testkit::wait::wait_until(
         Duration::from_secs(30),
         "the payout request reached the bank",
         || !bank.requests().is_empty(),
@@ -484,15 +491,5 @@ async fn a_retry_on_another_instance_takes_over_a_key_a_dead_process_held() {
         first.await.unwrap().is_err(),
         "the killed handler never answers"
     );
-    let a = Handler::restart_on(EXE, &env, port);
-
-    let answer = post(&b).await.unwrap();
-    let status = answer.status().as_u16();
-    let text = answer.text().await.unwrap();
-    assert!(
-        matches!(status, 200 | 201),
-        "the retry takes over from the dead request: {status} {text}"
-    );
-    drop((a, b));
-    assert_eq!(bank.effective_payouts(), 1);
+    Handler::restart_on(EXE, env, port)
 }

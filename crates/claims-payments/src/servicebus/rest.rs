@@ -104,6 +104,26 @@ impl RestBroker {
 
     /// The lock's URL, from the broker's `Location`: only on the endpoint's own origin,
     /// so a token is never sent elsewhere.
+    /// Unlocks (PUT) or deletes (DELETE) a locked dead letter by its lock token.
+    async fn settle_lock(
+        &self,
+        method: reqwest::Method,
+        letter: &DeadLetter,
+    ) -> Result<(), BusError> {
+        let url = self.lock_url(letter)?;
+        let response = self
+            .request(method, url)
+            .await?
+            .header(reqwest::header::CONTENT_LENGTH, "0")
+            .send()
+            .await
+            .map_err(transport)?;
+        match response.status() {
+            StatusCode::OK => Ok(()),
+            _ => Err(Self::refused(response, true).await),
+        }
+    }
+
     fn lock_url(&self, letter: &DeadLetter) -> Result<reqwest::Url, BusError> {
         let url = self.url(&letter.location)?;
         if url.origin() != self.base.origin() {
@@ -270,32 +290,11 @@ impl Broker for RestBroker {
     }
 
     async fn unlock(&self, letter: &DeadLetter) -> Result<(), BusError> {
-        let url = self.lock_url(letter)?;
-        let response = self
-            .request(reqwest::Method::PUT, url)
-            .await?
-            .header(reqwest::header::CONTENT_LENGTH, "0")
-            .send()
-            .await
-            .map_err(transport)?;
-        match response.status() {
-            StatusCode::OK => Ok(()),
-            _ => Err(Self::refused(response, true).await),
-        }
+        self.settle_lock(reqwest::Method::PUT, letter).await
     }
 
     async fn delete(&self, letter: &DeadLetter) -> Result<(), BusError> {
-        let url = self.lock_url(letter)?;
-        let response = self
-            .request(reqwest::Method::DELETE, url)
-            .await?
-            .send()
-            .await
-            .map_err(transport)?;
-        match response.status() {
-            StatusCode::OK => Ok(()),
-            _ => Err(Self::refused(response, true).await),
-        }
+        self.settle_lock(reqwest::Method::DELETE, letter).await
     }
 
     async fn send(&self, message: &Outgoing) -> Result<(), BusError> {

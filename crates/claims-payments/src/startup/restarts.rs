@@ -272,6 +272,23 @@ mod tests {
     }
 
     #[test]
+    fn a_link_planted_at_the_state_file_is_replaced_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        let path = dir.path().join("state.json");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        let state = state(false, vec![1]);
+        write(&path, &state).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        assert!(!std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(read(&path), Some(state));
+    }
+
+    #[test]
     fn the_file_is_named_by_consumer_and_port_with_safe_characters() {
         let path = state_file("Claims Handler/..", "sqlite:/data/payments.db", 7071);
         let name = path.file_name().unwrap().to_str().unwrap().to_owned();
