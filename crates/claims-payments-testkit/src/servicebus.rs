@@ -386,7 +386,10 @@ async fn peek_lock(
             headers.insert(n, v);
         }
     };
-    put("BrokerProperties", &broker.to_string());
+    put(
+        "BrokerProperties",
+        &claims_payments::servicebus::header_json(&broker),
+    );
     put("Location", &format!("{base}/{}/{token}", m.sequence_number));
     if let Some(ct) = &m.content_type {
         put("Content-Type", ct);

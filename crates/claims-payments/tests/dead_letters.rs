@@ -856,3 +856,31 @@ async fn an_expired_lock_is_seen_once_and_its_delete_keeps_the_dead_letter() {
     assert_eq!(w.bus.active().len(), lines.len());
     assert_eq!(w.bus.dead_letters().len(), 2);
 }
+
+/// A MessageId may be any string (the simulator sends `zahlung ä 695 ✓`): its
+/// `BrokerProperties` travel as ASCII JSON both ways, so such a dead letter is listed and
+/// resubmitted under the very same MessageId instead of failing the whole run.
+#[tokio::test]
+async fn a_message_id_beyond_ascii_is_listed_and_resubmitted_as_it_was() {
+    let w = world(HOUR).await;
+    let claim = new_claim();
+    let id = "zahlung ä 695 ✓";
+    w.bus.dead_letter(
+        id,
+        &body(&claim, "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
+    let b = broker(&w, Duration::from_secs(10));
+    let (lines, _) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false)
+        .await
+        .unwrap();
+    assert!(w.bus.dead_letters().is_empty(), "{lines:?}");
+    assert_eq!(
+        drain_into_consumer(&w).await,
+        vec![(id.to_owned(), "recorded")]
+    );
+}

@@ -152,6 +152,25 @@ impl BusError {
     }
 }
 
+/// `value` as JSON text in ASCII only (every other character as a `\u` escape, UTF-16
+/// surrogate pairs beyond the BMP), so it fits an HTTP header (`BrokerProperties`) whatever
+/// the MessageId holds: a header value is visible ASCII, and a MessageId may be any string.
+pub fn header_json(value: &serde_json::Value) -> String {
+    let text = value.to_string();
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii() && !c.is_ascii_control() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
+}
+
 /// At most `chars` characters of `text`.
 pub fn bounded(text: &str, chars: usize) -> String {
     match text.char_indices().nth(chars) {
@@ -173,4 +192,27 @@ pub trait Broker: Send + Sync {
     async fn send(&self, message: &Outgoing) -> Result<(), BusError>;
     /// Who acts, as far as the credential says (for the re-drive record).
     async fn principal(&self) -> String;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_properties_fit_a_header_whatever_the_message_id_holds() {
+        for id in [
+            "zahlung ä 695 ✓",
+            "emoji 💸",
+            "tab\there",
+            "plain-1",
+            "quote\"and\\",
+        ] {
+            let json = header_json(&serde_json::json!({ "MessageId": id }));
+            // What the reading side does with the header: visible ASCII only.
+            let header = reqwest::header::HeaderValue::from_str(&json).unwrap();
+            assert_eq!(header.to_str().ok(), Some(json.as_str()), "{id:?}");
+            let read: serde_json::Value = serde_json::from_str(&json).unwrap();
+            assert_eq!(read["MessageId"], id);
+        }
+    }
 }

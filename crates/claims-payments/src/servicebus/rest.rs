@@ -300,7 +300,7 @@ impl Broker for RestBroker {
     async fn send(&self, message: &Outgoing) -> Result<(), BusError> {
         let url = self.url(&format!("{}/messages", self.queue))?;
         let mut headers = HeaderMap::new();
-        let broker = serde_json::json!({ "MessageId": message.message_id.0 }).to_string();
+        let broker = super::header_json(&serde_json::json!({ "MessageId": message.message_id.0 }));
         let value = |v: &str| {
             HeaderValue::from_str(v).map_err(|_| {
                 BusError::new(
