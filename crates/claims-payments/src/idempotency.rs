@@ -284,15 +284,15 @@ impl Lease {
         self,
         store: &dyn Store,
         outcome: InboxOutcome,
+        now: OffsetDateTime,
     ) -> StoreResult<Lease> {
-        let done = completed(&self.record, outcome, OffsetDateTime::now_utc());
+        let done = completed(&self.record, outcome, now);
         self.write(store, done).await
     }
 
     /// Ends the lease now, so the next attempt may take over at once instead of waiting
     /// it out. Best effort: if the write fails, the lease simply runs out.
-    pub(crate) async fn release(&self, store: &dyn Store) {
-        let now = OffsetDateTime::now_utc();
+    pub(crate) async fn release(&self, store: &dyn Store, now: OffsetDateTime) {
         let released = InboxRecord {
             lease_until: Some(now),
             updated_at: now,

@@ -14,6 +14,8 @@
 //! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB, PostgreSQL);
 //! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget, lookups);
 //! - [`reconcile`]: settles unknown and orphaned payouts by asking the bank;
+//! - [`ambient`]: the wall clock, randomness and process identity (the simulator's
+//!   seam: production reads the system);
 //! - [`setting`]: setting names and the one settings error, below every reader;
 //! - [`config`]: settings from the environment, composed from each module's parser;
 //! - [`seams`]: every hook the development crate uses (crashes, a held sync, a store
@@ -29,6 +31,7 @@
 // `cargo doc --document-private-items`: they link to private items freely.
 #![allow(rustdoc::private_intra_doc_links)]
 
+pub mod ambient;
 pub mod bank;
 pub mod cli;
 pub mod config;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use axum::Router;
 
 pub use crate::consumer::crash::{CrashHook, Step};
+pub use crate::idempotency::liveness::Registered;
 use crate::consumer::Consumer;
 use crate::functions::claim_approved::ClaimHandler;
 use crate::functions::AppState;

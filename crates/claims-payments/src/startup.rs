@@ -16,6 +16,7 @@ use anyhow::Context;
 use axum::Router;
 use tokio::net::TcpListener;
 
+use crate::ambient::Ambient;
 use crate::bank::BankClient;
 use crate::config::{Settings, StoreSettings};
 use crate::consumer::{Consumer, Policy};
@@ -49,7 +50,7 @@ pub async fn open_store(settings: &Settings, access: Access) -> anyhow::Result<D
                 let ended = store
                     .end_leases_of_earlier_processes(
                         &[&settings.consumer_name, crate::payments_api::KEY_CONSUMER],
-                        time::OffsetDateTime::now_utc(),
+                        Ambient::system().now(),
                     )
                     .await
                     .map_err(|e| {
@@ -140,10 +141,10 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
         address.port(),
     );
     let (start, restarts) = restarts::begin(store.as_ref(), state_file).await;
-    let registration = liveness::register(store.as_ref(), settings.inbox_retention)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot register this process in the store: {e}"))?;
-    let registration_task = keep_registered(store.clone(), registration);
+    let registration_task =
+        liveness::Registered::register(store.clone(), settings.inbox_retention, Ambient::system())
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot register this process in the store: {e}"))?;
     if !start.hold.is_zero() {
         tracing::warn!(
             recentCrashes = start.recent_crashes,
@@ -202,52 +203,6 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
     restarts.stopped_cleanly();
     tracing::info!("drained in-flight invocations; stopping");
     Ok(())
-}
-
-/// The task that renews this process's registration every [`liveness::RENEW_EVERY`],
-/// until [`Registered::end`] ends it.
-struct Registered {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-fn keep_registered(store: DynStore, mut registration: liveness::Registration) -> Registered {
-    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(liveness::RENEW_EVERY);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = &mut stopped => {
-                    registration.end(store.as_ref()).await;
-                    return;
-                }
-            }
-            match registration.renew(store.as_ref()).await {
-                Ok(()) => {}
-                Err(crate::store::StoreError::PreconditionFailed) => {
-                    // Someone ended it: other processes may now take our leases over.
-                    // Safe (the final writes are conditional), so carry on serving.
-                    tracing::error!("this process's registration was ended by another; its leases may be taken over");
-                    return;
-                }
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    "cannot renew this process's registration; trying again"
-                ),
-            }
-        }
-    });
-    Registered { stop, task }
-}
-
-impl Registered {
-    /// Ends the registration (bounded: a store that does not answer lets it run out).
-    async fn end(self) {
-        let _ = self.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
-    }
 }
 
 /// Serves `state` with the product's router on `listener` until `shutdown` resolves:

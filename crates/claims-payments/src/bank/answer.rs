@@ -3,30 +3,6 @@
 
 use super::*;
 
-pub(super) enum ReadFailure {
-    TooLarge,
-    Transport(reqwest::Error),
-}
-
-/// Reads at most [`MAX_ANSWER_BYTES`] of an answer, chunk by chunk: a hostile or broken
-/// bank cannot make us buffer more than that.
-pub(super) async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, ReadFailure> {
-    if response
-        .content_length()
-        .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
-    {
-        return Err(ReadFailure::TooLarge);
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(ReadFailure::Transport)? {
-        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(ReadFailure::TooLarge);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
 /// Reads one answer of the bank. Pure, and total: no status, header or body can make
 /// it panic (a property test feeds it arbitrary ones).
 pub(super) fn read_answer(

@@ -20,17 +20,18 @@
 //! request's headers must not carry `BANK_API_KEY` into a reason, a log line or an
 //! answer to a client.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rand::RngExt;
-use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
-use reqwest::{StatusCode, Url};
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::StatusCode;
 use rust_decimal::Decimal;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
+use crate::ambient::Ambient;
 use crate::message::IdempotencyKey;
 use crate::telemetry;
 
@@ -38,9 +39,11 @@ mod answer;
 mod settings;
 #[cfg(test)]
 mod tests;
+pub mod transport;
 
-use answer::{read_answer, read_bounded, read_lookup, ReadFailure};
+use answer::{read_answer, read_lookup};
 pub use settings::BankSettings;
+use transport::{BankAnswer, BankCall, BankTransport, BodyFailure, HttpTransport, TransportFailure};
 pub(crate) use settings::DEFAULT_KEY_WINDOW;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -92,8 +95,8 @@ impl SendWindow {
         }
     }
 
-    fn key_window_open(&self) -> bool {
-        OffsetDateTime::now_utc() < self.last_send
+    fn key_window_open(&self, now: OffsetDateTime) -> bool {
+        now < self.last_send
     }
 }
 
@@ -162,11 +165,12 @@ struct LookupEntry {
 
 #[derive(Clone)]
 pub struct BankClient {
-    http: reqwest::Client,
-    payments_url: Url,
+    transport: Arc<dyn BankTransport>,
     timeout: Duration,
     /// The credential's value, only to refuse any bank text that carries it back.
     secret: Option<SecretString>,
+    /// The clock of the key window and Retry-After dates, and the backoff's jitter.
+    ambient: Ambient,
 }
 
 /// What one request taught us.
@@ -181,35 +185,27 @@ enum Answer {
 }
 
 impl BankClient {
+    /// The bank over HTTPS, on the system's clock.
     pub fn new(settings: &BankSettings) -> anyhow::Result<Self> {
-        let mut payments_url = settings.url.clone();
-        payments_url
-            .path_segments_mut()
-            .map_err(|_| anyhow::anyhow!("BANK_API_URL cannot be a base URL"))?
-            .pop_if_empty()
-            .push("payments");
-        let mut headers = HeaderMap::new();
-        if let Some(key) = &settings.api_key {
-            let mut value = HeaderValue::try_from(format!("Bearer {}", key.expose_secret()))
-                .map_err(|_| {
-                    anyhow::anyhow!("BANK_API_KEY holds characters a header cannot carry")
-                })?;
-            value.set_sensitive(true);
-            headers.insert(AUTHORIZATION, value);
-        }
-        let http = reqwest::Client::builder()
-            .default_headers(headers)
-            .connect_timeout(settings.timeout.min(Duration::from_secs(5)))
-            .pool_idle_timeout(Duration::from_secs(30))
-            // A redirect of a payout is a misconfigured URL or proxy; never follow it.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
-        Ok(BankClient {
-            http,
-            payments_url,
+        Ok(Self::with_transport(
+            settings,
+            Arc::new(HttpTransport::new(settings)?),
+            Ambient::system(),
+        ))
+    }
+
+    /// The client on another transport and clock (the deterministic simulator's bank).
+    pub fn with_transport(
+        settings: &BankSettings,
+        transport: Arc<dyn BankTransport>,
+        ambient: Ambient,
+    ) -> Self {
+        BankClient {
+            transport,
             timeout: settings.timeout,
             secret: settings.api_key.clone(),
-        })
+            ambient,
+        }
     }
 
     /// Sends the payout until the bank gives a definite answer or the window closes.
@@ -222,7 +218,7 @@ impl BankClient {
         loop {
             // Checked before every request, not once: a retry must not leave after the
             // bank may have forgotten the key.
-            if !window.key_window_open() {
+            if !window.key_window_open(self.ambient.now()) {
                 return PayoutOutcome::KeyWindowClosed {
                     attempts,
                     last_error,
@@ -253,8 +249,7 @@ impl BankClient {
                 .budget_deadline
                 .saturating_duration_since(Instant::now());
             // Full jitter keeps many instances retrying after one outage from arriving together.
-            let jittered =
-                Duration::from_millis(rand::rng().random_range(0..=backoff.as_millis() as u64));
+            let jittered = Duration::from_millis(self.ambient.upto(backoff.as_millis() as u64));
             let wait = after.map_or(jittered, |a| a.max(jittered));
             if wait >= remaining {
                 return PayoutOutcome::GaveUp {
@@ -279,42 +274,37 @@ impl BankClient {
     /// One request; the caller decides when to ask again.
     pub(crate) async fn lookup(&self, reference: &IdempotencyKey) -> Lookup {
         telemetry::counters().bank_lookups.inc();
-        let mut url = self.payments_url.clone();
-        url.query_pairs_mut()
-            .append_pair("reference", reference.as_str());
-        let response =
-            telemetry::trace::bank_call("lookup", self.http.get(url).timeout(self.timeout)).await;
-        let response = match response {
-            Ok(r) => r,
+        let answer = match self.transport.send(BankCall::Lookup { reference }).await {
+            Ok(answer) => answer,
             Err(e) => {
                 return Lookup::Unknown {
-                    reason: format!("lookup {}", self.transport_failure(&e)),
+                    reason: format!("lookup {}", self.transport_failure(e)),
                 }
             }
         };
-        let status = response.status();
-        match read_bounded(response).await {
+        let status = answer.status;
+        match answer.body {
             Ok(body) => read_lookup(status, &body, reference, self.secret()),
-            Err(ReadFailure::TooLarge) => Lookup::Unknown {
+            Err(BodyFailure::TooLarge) => Lookup::Unknown {
                 reason: format!(
                     "lookup answered {status} with more than {MAX_ANSWER_BYTES} bytes, more than any answer the contract allows"
                 ),
             },
-            Err(ReadFailure::Transport(e)) => Lookup::Unknown {
-                reason: format!("lookup {}", self.transport_failure(&e)),
+            Err(BodyFailure::Transport(e)) => Lookup::Unknown {
+                reason: format!("lookup {}", self.transport_failure(e)),
             },
         }
     }
 
     /// "timed out after N ms" or "failed: connection error", without the URL or any
     /// text of the peer's.
-    fn transport_failure(&self, e: &reqwest::Error) -> String {
-        if e.is_timeout() {
-            format!("timed out after {} ms", self.timeout.as_millis())
-        } else if e.is_body() || e.is_decode() {
-            "failed: the answer was cut off".into()
-        } else {
-            "failed: connection error".into()
+    fn transport_failure(&self, e: TransportFailure) -> String {
+        match e {
+            TransportFailure::TimedOut => {
+                format!("timed out after {} ms", self.timeout.as_millis())
+            }
+            TransportFailure::CutOff => "failed: the answer was cut off".into(),
+            TransportFailure::Connection => "failed: connection error".into(),
         }
     }
 
@@ -323,33 +313,27 @@ impl BankClient {
     }
 
     async fn attempt(&self, key: &IdempotencyKey, body: &str) -> Answer {
-        let request = self
-            .http
-            .post(self.payments_url.clone())
-            .timeout(self.timeout)
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header("Idempotency-Key", key.as_str())
-            .body(body.to_owned());
-        // A dependency span carrying traceparent to the bank (only when telemetry is on).
-        let response = telemetry::trace::bank_call("payout", request).await;
-        let response = match response {
-            Ok(r) => r,
+        let answer = match self.transport.send(BankCall::Payout { key, body }).await {
+            Ok(answer) => answer,
             // Without the URL: an operator's URL may still carry something private.
             Err(e) => {
                 return Answer::Retry {
-                    error: self.transport_failure(&e),
+                    error: self.transport_failure(e),
                     after: None,
                 }
             }
         };
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = match read_bounded(response).await {
+        let BankAnswer {
+            status,
+            headers,
+            body,
+        } = answer;
+        let body = match body {
             Ok(body) => body,
             // An error's body is only read for its code; a success needs its id: ask
             // again (a replay of the key answers with the same id).
-            Err(ReadFailure::TooLarge) if !status.is_success() => Vec::new(),
-            Err(ReadFailure::TooLarge) => {
+            Err(BodyFailure::TooLarge) if !status.is_success() => Vec::new(),
+            Err(BodyFailure::TooLarge) => {
                 return Answer::Retry {
                     error: format!(
                         "bank answered {status} with more than {MAX_ANSWER_BYTES} bytes"
@@ -357,13 +341,19 @@ impl BankClient {
                     after: None,
                 }
             }
-            Err(ReadFailure::Transport(e)) => {
+            Err(BodyFailure::Transport(e)) => {
                 return Answer::Retry {
-                    error: self.transport_failure(&e),
+                    error: self.transport_failure(e),
                     after: None,
                 }
             }
         };
-        read_answer(status, &headers, &body, SystemTime::now(), self.secret())
+        read_answer(
+            status,
+            &headers,
+            &body,
+            self.ambient.system_time(),
+            self.secret(),
+        )
     }
 }

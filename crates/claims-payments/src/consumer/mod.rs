@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
+use crate::ambient::Ambient;
 use crate::bank::{BankClient, PayoutOutcome, SendWindow};
 use crate::idempotency::liveness::Owners;
 use crate::idempotency::{self, Lease, Terms};
@@ -137,22 +138,41 @@ pub struct Consumer {
     completed: Arc<CompletedCache>,
     /// Whether the processes behind live leases are still running.
     owners: Arc<Owners>,
-}
-
-fn now() -> OffsetDateTime {
-    OffsetDateTime::now_utc()
+    /// The clock, the attempts' randomness and this process's boot.
+    ambient: Ambient,
 }
 
 impl Consumer {
+    /// The consumer of this process, on the system's clock.
     pub fn new(store: DynStore, bank: Option<BankClient>, policy: Policy) -> Self {
+        Self::with_ambient(store, bank, policy, Ambient::system())
+    }
+
+    /// The consumer of the process `ambient` names (the simulator's instances).
+    pub fn with_ambient(
+        store: DynStore,
+        bank: Option<BankClient>,
+        policy: Policy,
+        ambient: Ambient,
+    ) -> Self {
         Consumer {
-            owners: Arc::new(Owners::new(store.clone())),
+            owners: Arc::new(Owners::new(store.clone(), ambient.clone())),
             store,
             bank,
             policy,
             crash_hook: None,
             completed: Arc::new(completed_cache(COMPLETED_CACHE_ENTRIES)),
+            ambient,
         }
+    }
+
+    /// The clock and randomness of this process (the HTTP API and reconcile read them).
+    pub fn ambient(&self) -> &Ambient {
+        &self.ambient
+    }
+
+    fn now(&self) -> OffsetDateTime {
+        self.ambient.now()
     }
 
     /// Simulated crashes for tests: the attempt stops dead at the chosen steps.
@@ -213,7 +233,7 @@ impl Consumer {
         let attempt = Attempt {
             msg,
             delivery,
-            id: AttemptId::new(),
+            id: self.ambient.attempt_id(),
             hash: hash.clone(),
             key: key.clone(),
             payment_seen: note_payment.then(Default::default),
@@ -265,7 +285,7 @@ impl Consumer {
                 reason: "payee: is missing, and payouts are enabled (BANK_API_URL is set)".into(),
             });
         }
-        let now = now();
+        let now = self.now();
         let inbox = self.new_inbox(attempt, now);
         let payment = self.new_payment(attempt, now);
         let start = match self.store.claim(&inbox, &payment).await? {
@@ -382,7 +402,7 @@ impl Consumer {
         mut wait: BoundedWait,
     ) -> Advance {
         Ok(
-            match decide(a, Observed::Inbox(&seen.record), &self.policy, now()) {
+            match decide(a, Observed::Inbox(&seen.record), &self.policy, self.now()) {
                 NextAction::AnswerFromPayment => {
                     telemetry::counters().own_write_recognised.inc();
                     let payment = self.store.payment(a.msg.claim_id, Purpose::Payout).await?;
@@ -390,7 +410,7 @@ impl Consumer {
                         a.saw(&p.record);
                     }
                     let seen = Observed::OwnCompleted(payment.as_ref().map(|p| &p.record));
-                    return finished(decide(a, seen, &self.policy, now())).map(Progress::Done);
+                    return finished(decide(a, seen, &self.policy, self.now())).map(Progress::Done);
                 }
                 NextAction::Resume => {
                     telemetry::counters().own_write_recognised.inc();
@@ -431,7 +451,7 @@ impl Consumer {
         wait: BoundedWait,
     ) -> Advance {
         Ok(
-            match decide(a, Observed::Payment(&payment), &self.policy, now()) {
+            match decide(a, Observed::Payment(&payment), &self.policy, self.now()) {
                 NextAction::FinishBusinessDuplicate { inbox, outcome } => {
                     match self.store.record_handled(&inbox).await? {
                         InsertResult::Inserted(_) => Progress::Done(outcome),
@@ -453,7 +473,7 @@ impl Consumer {
                 NextAction::InspectPayoutOwner { owner } => {
                     let owner = self.store.inbox(&owner).await?;
                     let seen = Observed::PayoutOwner(owner.as_ref().map(|o| &o.record));
-                    match (decide(a, seen, &self.policy, now()), owner) {
+                    match (decide(a, seen, &self.policy, self.now()), owner) {
                         (NextAction::AdoptOrphanedPayout { record }, Some(owner)) => {
                             let reason = if a.gone.contains(owner.record.owner) {
                                 TakeOverReason::OwnerGone
@@ -528,7 +548,7 @@ impl Consumer {
             inbox: &inbox,
             payment: payment.as_ref().map(|p| &p.record),
         };
-        match (decide(a, seen, &self.policy, now()), payment) {
+        match (decide(a, seen, &self.policy, self.now()), payment) {
             (NextAction::PayOut, Some(payment)) => Ok(Progress::Next(State::Payout(
                 inbox,
                 version,
@@ -638,7 +658,7 @@ impl Consumer {
                 ));
             }
         };
-        let now = now();
+        let now = self.now();
         let final_payment = PaymentRecord {
             status,
             bank_payment_id,
@@ -683,7 +703,7 @@ impl Consumer {
             record: inbox.clone(),
             version: version.clone(),
         };
-        lease.release(self.store.as_ref()).await;
+        lease.release(self.store.as_ref(), self.now()).await;
     }
 
     /// Writes `taken` over `seen` if its version still holds. `None`: another attempt

@@ -36,7 +36,7 @@ pub(crate) async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> 
             "the store expires inbox records by itself (Cosmos DB ttl)".into(),
         );
     }
-    let now = time::OffsetDateTime::now_utc();
+    let now = state.consumer.ambient().now();
     match tokio::time::timeout(RUN_BUDGET, store.purge_expired(now, BATCH)).await {
         Ok(Ok(removed)) => {
             tracing::info!(trigger = "timer", removed, "purge finished");

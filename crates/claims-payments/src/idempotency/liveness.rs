@@ -21,11 +21,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use time::OffsetDateTime;
+use tokio::time::Instant;
 
 use super::{Created, Lease, Terms};
+use crate::ambient::Ambient;
 use crate::message::{ClaimId, MessageId, PayloadHash};
 use crate::store::{
     AttemptId, Boot, DynStore, InboxKey, InboxRecord, Store, StoreError, StoreResult,
@@ -61,22 +63,37 @@ fn key(boot: Boot) -> StoreResult<InboxKey> {
 
 /// The processes known to have ended: what the pure decisions read
 /// ([`super::holder`]'s `owner_gone`). Filled by [`Owners::check`].
-#[derive(Debug, Default)]
-pub(crate) struct GoneOwners(Mutex<HashSet<Boot>>);
+#[derive(Debug)]
+pub(crate) struct GoneOwners {
+    /// This process, never gone.
+    me: Boot,
+    gone: Mutex<HashSet<Boot>>,
+}
+
+impl Default for GoneOwners {
+    fn default() -> Self {
+        GoneOwners::of(Boot::current())
+    }
+}
 
 impl GoneOwners {
+    fn of(me: Boot) -> Self {
+        GoneOwners {
+            me,
+            gone: Mutex::default(),
+        }
+    }
+
     /// Whether `owner`'s process is known to have ended. Never true for this process.
     pub(crate) fn contains(&self, owner: AttemptId) -> bool {
         match owner.boot() {
-            Some(boot) if boot != Boot::current() => {
-                self.0.lock().is_ok_and(|gone| gone.contains(&boot))
-            }
+            Some(boot) if boot != self.me => self.gone.lock().is_ok_and(|gone| gone.contains(&boot)),
             _ => false,
         }
     }
 
     pub(crate) fn insert(&self, boot: Boot) {
-        if let Ok(mut gone) = self.0.lock() {
+        if let Ok(mut gone) = self.gone.lock() {
             if gone.len() >= GONE_REMEMBERED {
                 gone.clear();
             }
@@ -88,16 +105,18 @@ impl GoneOwners {
 /// Whether the owners of leases are still running, as far as their registrations tell.
 pub(crate) struct Owners {
     store: DynStore,
+    ambient: Ambient,
     gone: GoneOwners,
     /// Processes found live, and when.
     alive: Mutex<HashMap<Boot, Instant>>,
 }
 
 impl Owners {
-    pub(crate) fn new(store: DynStore) -> Self {
+    pub(crate) fn new(store: DynStore, ambient: Ambient) -> Self {
         Owners {
             store,
-            gone: GoneOwners::default(),
+            gone: GoneOwners::of(ambient.boot()),
+            ambient,
             alive: Mutex::new(HashMap::new()),
         }
     }
@@ -129,7 +148,7 @@ impl Owners {
         let Some(boot) = owner.boot() else {
             return false;
         };
-        if boot == Boot::current() {
+        if boot == self.ambient.boot() {
             return false;
         }
         if self.gone.contains(owner) {
@@ -143,7 +162,7 @@ impl Owners {
             Err(e) => Err(e),
         };
         let ended = match registration {
-            Ok(Some(seen)) => !seen.record.lease_alive(OffsetDateTime::now_utc()),
+            Ok(Some(seen)) => !seen.record.lease_alive(self.ambient.now()),
             // Never registered (an operator command, a test) or long purged: unknown.
             Ok(None) => false,
             Err(e) => {
@@ -169,15 +188,19 @@ pub(crate) struct Registration {
 
 /// Registers this process's boot, leased for [`TTL`]; its records are kept for
 /// `retention` after the last renewal, like any inbox record.
-pub(crate) async fn register(store: &dyn Store, retention: Duration) -> StoreResult<Registration> {
-    let boot = Boot::current();
+pub(crate) async fn register(
+    store: &dyn Store,
+    retention: Duration,
+    ambient: &Ambient,
+) -> StoreResult<Registration> {
+    let boot = ambient.boot();
     let terms = Terms {
         lease: TTL,
         retention,
     };
-    let now = OffsetDateTime::now_utc();
+    let now = ambient.now();
     let hash = PayloadHash::from_stored(CONSUMER.into());
-    let record = super::new_record(&key(boot)?, &hash, AttemptId::new(), 0, terms, now, None);
+    let record = super::new_record(&key(boot)?, &hash, ambient.attempt_id(), 0, terms, now, None);
     let lease = match Lease::create(store, record).await? {
         Created::Held(lease) => lease,
         // Our own create, re-sent after an ambiguous answer: ours to renew.
@@ -207,25 +230,100 @@ fn renewed(record: &InboxRecord, terms: Terms, now: OffsetDateTime) -> InboxReco
 impl Registration {
     /// Extends the registration by [`TTL`] from now. `PreconditionFailed`: someone ended
     /// it (this process then counts as ended; its leases may be taken over, safely).
-    pub(crate) async fn renew(&mut self, store: &dyn Store) -> StoreResult<()> {
-        let record = renewed(&self.lease.record, self.terms, OffsetDateTime::now_utc());
+    pub(crate) async fn renew(&mut self, store: &dyn Store, now: OffsetDateTime) -> StoreResult<()> {
+        let record = renewed(&self.lease.record, self.terms, now);
         self.lease = self.lease.clone().write(store, record).await?;
         Ok(())
     }
 
     /// Ends the registration (a clean stop): this process's leases are over at once.
-    pub(crate) async fn end(self, store: &dyn Store) {
-        self.lease.release(store).await;
+    pub(crate) async fn end(self, store: &dyn Store, now: OffsetDateTime) {
+        self.lease.release(store, now).await;
+    }
+}
+
+/// The task that renews this process's registration every [`RENEW_EVERY`],
+/// until [`Registered::end`] ends it.
+/// Dropped without [`Registered::end`] (the process dies), the renewals stop and the
+/// registration runs out.
+pub struct Registered {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Registered {
+    /// Registers the process `ambient` names and renews its registration until
+    /// [`Registered::end`] (`serve`, and each of the simulator's instances).
+    pub async fn register(
+        store: DynStore,
+        retention: Duration,
+        ambient: Ambient,
+    ) -> StoreResult<Registered> {
+        let registration = register(store.as_ref(), retention, &ambient).await?;
+        Ok(Self::keep(store, registration, ambient))
+    }
+
+    fn keep(store: DynStore, mut registration: Registration, ambient: Ambient) -> Registered {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(RENEW_EVERY);
+        tick.tick().await;
+        loop {
+            // Biased: a stop that is due wins over a renewal that is due, every time.
+            tokio::select! {
+                biased;
+                _ = &mut stopped => {
+                    registration.end(store.as_ref(), ambient.now()).await;
+                    return;
+                }
+                _ = tick.tick() => {}
+            }
+            match registration.renew(store.as_ref(), ambient.now()).await {
+                Ok(()) => {}
+                Err(StoreError::PreconditionFailed) => {
+                    // Someone ended it: other processes may now take our leases over.
+                    // Safe (the final writes are conditional), so carry on serving.
+                    tracing::error!("this process's registration was ended by another; its leases may be taken over");
+                    return;
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "cannot renew this process's registration; trying again"
+                ),
+            }
+        }
+    });
+    Registered {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Ends the registration (bounded: a store that does not answer lets it run out).
+    pub async fn end(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.task).await;
     }
 }
 
 /// Ends the registration of `boot`, a process known to have ended (the previous process
 /// on this port, which did not stop cleanly). Whether there was a live one to end.
-pub(crate) async fn end_registration_of(store: &dyn Store, boot: Boot) -> StoreResult<bool> {
+pub(crate) async fn end_registration_of(
+    store: &dyn Store,
+    boot: Boot,
+    now: OffsetDateTime,
+) -> StoreResult<bool> {
     let Some(seen) = store.inbox(&key(boot)?).await? else {
         return Ok(false);
     };
-    let now = OffsetDateTime::now_utc();
     if !seen.record.lease_alive(now) {
         return Ok(false);
     }

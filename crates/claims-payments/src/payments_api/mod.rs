@@ -212,6 +212,7 @@ impl PaymentsApi {
             &identity,
             &fingerprint,
             self.terms(),
+            self.consumer.ambient(),
         )
         .await
         {
@@ -309,7 +310,7 @@ impl PaymentsApi {
             (_, None) => match store.payment(msg.claim_id, Purpose::Payout).await {
                 Ok(p) => p.map(|p| p.record),
                 Err(e) => {
-                    lease.release(store).await;
+                    lease.release(store, self.consumer.ambient().now()).await;
                     return self.store_failed(e);
                 }
             },
@@ -327,7 +328,8 @@ impl PaymentsApi {
                 label = OutcomeKind::Conflict.as_str();
             }
         }
-        record::close(store, lease, &answer, &identity.key).await;
+        let now = self.consumer.ambient().now();
+        record::close(store, lease, &answer, &identity.key, now).await;
         (answer, label)
     }
 }

@@ -7,6 +7,7 @@ use time::OffsetDateTime;
 
 use super::answer::{Answer, Problem};
 use super::key::KeyIdentity;
+use crate::ambient::Ambient;
 use crate::idempotency::liveness::Owners;
 use crate::idempotency::{self, Created, Holder, Lease, Terms};
 use crate::message::PayloadHash;
@@ -74,9 +75,10 @@ pub(super) async fn open(
     identity: &KeyIdentity,
     fingerprint: &PayloadHash,
     terms: Terms,
+    ambient: &Ambient,
 ) -> Result<Begin, StoreError> {
-    let now = OffsetDateTime::now_utc();
-    let me = AttemptId::new();
+    let now = ambient.now();
+    let me = ambient.attempt_id();
     let fresh = idempotency::new_record(&identity.key, fingerprint, me, 1, terms, now, None);
     let seen = match Lease::create(store, fresh.clone()).await? {
         Created::Held(lease) => return Ok(Begin::Proceed(lease)),
@@ -123,16 +125,21 @@ pub(super) async fn open(
 
 /// Step 3: keeps the answer under the key, or gives the key back when the answer is not
 /// final (5xx: the retry resumes) or refuses the request itself (400: never stored).
-pub(super) async fn close(store: &dyn Store, lease: Lease, answer: &Answer, key: &InboxKey) {
+pub(super) async fn close(
+    store: &dyn Store,
+    lease: Lease,
+    answer: &Answer,
+    key: &InboxKey,
+    now: OffsetDateTime,
+) {
     if answer.status == 503 || answer.status == 500 {
-        lease.release(store).await;
+        lease.release(store, now).await;
         return;
     }
     if answer.status == 400 {
         // The draft: the client must correct the request, and the corrected one is then
         // processed. Marked expired, the key reads as never seen to [`open`]; nothing was
         // paid under it (the consumer refused the body before its claim step).
-        let now = OffsetDateTime::now_utc();
         let forgotten = InboxRecord {
             lease_until: None,
             expires_at: now,
@@ -146,7 +153,7 @@ pub(super) async fn close(store: &dyn Store, lease: Lease, answer: &Answer, key:
         return;
     };
     if let Err(e) = lease
-        .complete(store, InboxOutcome::HttpAnswer(stored))
+        .complete(store, InboxOutcome::HttpAnswer(stored), now)
         .await
     {
         // The answer is still right: a retry recomputes it from the records.

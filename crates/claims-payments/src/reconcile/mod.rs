@@ -260,16 +260,16 @@ impl Reconciler {
     pub fn new(consumer: Consumer) -> Option<Self> {
         let bank = consumer.bank()?.clone();
         Some(Reconciler {
+            me: consumer.ambient().attempt_id(),
             consumer,
             bank,
-            me: AttemptId::new(),
         })
     }
 
     pub async fn run(&self, options: Options) -> Result<Summary, StoreError> {
         let store = self.consumer.store();
-        let now = OffsetDateTime::now_utc();
-        let deadline = options.budget.map(|b| std::time::Instant::now() + b);
+        let now = self.consumer.ambient().now();
+        let deadline = options.budget.map(|b| tokio::time::Instant::now() + b);
         let mut summary = Summary {
             dry_run: options.dry_run,
             ..Summary::default()
@@ -278,7 +278,7 @@ impl Reconciler {
         summary.more_beyond_limit = listed.len() >= MAX_PER_RUN;
         let total = listed.len();
         for (n, payment) in listed.into_iter().enumerate() {
-            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 summary.not_reached = total - n;
                 break;
             }
@@ -415,7 +415,7 @@ impl Reconciler {
                 decision.evidence,
             ));
         }
-        let now = OffsetDateTime::now_utc();
+        let now = self.consumer.ambient().now();
         let how = match decision.result {
             Settlement::PaidByLookup => "paid by lookup",
             Settlement::PaidNow => "paid now",
@@ -470,7 +470,7 @@ impl Reconciler {
     ) -> Result<Option<Held>, StoreError> {
         let store = self.consumer.store().as_ref();
         let policy = self.consumer.policy();
-        let now = OffsetDateTime::now_utc();
+        let now = self.consumer.ambient().now();
         match inbox {
             Some(seen) => {
                 // Not a broker delivery: the lease decides (count 0), unless its
@@ -520,7 +520,7 @@ impl Reconciler {
         let released = match &held.found {
             Some(found) => found.clone(),
             None => InboxRecord {
-                lease_until: Some(OffsetDateTime::now_utc().min(record.created_at)),
+                lease_until: Some(self.consumer.ambient().now().min(record.created_at)),
                 ..record.clone()
             },
         };
@@ -548,7 +548,7 @@ impl Reconciler {
         // this request starts a new key window.
         let window = SendWindow::new(
             policy.retry_budget,
-            OffsetDateTime::now_utc(),
+            self.consumer.ambient().now(),
             policy.bank_key_window,
         );
         match self.bank.pay(&p.idempotency_key, body, window).await {
@@ -803,8 +803,8 @@ impl RunLease {
             claim_id,
             message_id: message_id.clone(),
         };
-        let now = OffsetDateTime::now_utc();
-        let me = AttemptId::new();
+        let now = consumer.ambient().now();
+        let me = consumer.ambient().attempt_id();
         let terms = Terms {
             lease: length,
             retention: consumer.policy().inbox_retention,
@@ -833,7 +833,11 @@ impl RunLease {
     pub(crate) async fn release(self, consumer: &Consumer) {
         if let Err(e) = self
             .0
-            .complete(consumer.store().as_ref(), InboxOutcome::RunReleased)
+            .complete(
+                consumer.store().as_ref(),
+                InboxOutcome::RunReleased,
+                consumer.ambient().now(),
+            )
             .await
         {
             tracing::warn!(error = %e, "could not release the reconcile run lease; it will expire");

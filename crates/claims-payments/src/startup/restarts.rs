@@ -163,7 +163,7 @@ pub(crate) struct Restarts {
 pub(crate) async fn begin(store: &dyn Store, path: PathBuf) -> (Start, Restarts) {
     let (start, crashes_ms) = judge(read(&path).as_ref(), OffsetDateTime::now_utc());
     if let Some(boot) = start.crashed {
-        match liveness::end_registration_of(store, boot).await {
+        match liveness::end_registration_of(store, boot, OffsetDateTime::now_utc()).await {
             Ok(true) => tracing::info!(
                 previousBoot = %boot,
                 recentCrashes = start.recent_crashes,

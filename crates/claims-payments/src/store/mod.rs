@@ -22,108 +22,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use uuid::Uuid;
 
 use crate::message::OutcomeKind;
 use crate::message::{
     ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
 };
 
-/// Identifies one processing attempt (one invocation). Written into the inbox record
-/// it creates or takes over, so the attempt can recognise its own committed write
-/// when the SDK re-sends a batch after an ambiguous timeout.
-///
-/// It also names the process that runs the attempt: a UUID of version 8 whose first six
-/// bytes are the process's [`Boot`] and the rest random. A waiter that meets a live lease
-/// can then ask whether the process behind it is still alive (`idempotency::liveness`)
-/// instead of waiting the lease out. Owners written by older builds (version 4) name no
-/// boot; only their lease decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct AttemptId(Uuid);
-
-impl AttemptId {
-    /// A new attempt of this process.
-    pub fn new() -> Self {
-        Self::of(Boot::current())
-    }
-
-    /// A new attempt of the process `boot` (tests play other processes with it).
-    pub fn of(boot: Boot) -> Self {
-        let mut bytes = *Uuid::new_v4().as_bytes();
-        bytes[..BOOT_BYTES].copy_from_slice(&boot.0);
-        AttemptId(Uuid::new_v8(bytes))
-    }
-
-    /// The process that runs this attempt; `None` for an owner that names none.
-    pub fn boot(&self) -> Option<Boot> {
-        if self.0.get_version_num() != 8 {
-            return None;
-        }
-        let mut boot = [0; BOOT_BYTES];
-        boot.copy_from_slice(&self.0.as_bytes()[..BOOT_BYTES]);
-        Some(Boot(boot))
-    }
-}
-
-impl Default for AttemptId {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Display for AttemptId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-const BOOT_BYTES: usize = 6;
-
-/// One start of a process: 48 random bits drawn when the process first asks for them,
-/// the same for every attempt it runs. Displayed as 12 lowercase hex digits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Boot([u8; BOOT_BYTES]);
-
-impl Boot {
-    /// This process's boot.
-    pub fn current() -> Boot {
-        static CURRENT: std::sync::OnceLock<Boot> = std::sync::OnceLock::new();
-        *CURRENT.get_or_init(Boot::random)
-    }
-
-    /// Another, random boot (tests play other processes with it).
-    pub fn random() -> Boot {
-        let mut boot = [0; BOOT_BYTES];
-        boot.copy_from_slice(&Uuid::new_v4().as_bytes()[..BOOT_BYTES]);
-        Boot(boot)
-    }
-
-    /// Reads the 12 hex digits [`fmt::Display`] writes.
-    pub fn parse(s: &str) -> Option<Boot> {
-        if s.len() != 2 * BOOT_BYTES || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        let mut boot = [0; BOOT_BYTES];
-        for (i, byte) in boot.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-        }
-        Some(Boot(boot))
-    }
-
-    /// A UUID that names this boot alone (the key of its registration).
-    pub(crate) fn as_uuid(&self) -> Uuid {
-        let mut bytes = [0; 16];
-        bytes[..BOOT_BYTES].copy_from_slice(&self.0);
-        Uuid::new_v8(bytes)
-    }
-}
-
-impl fmt::Display for Boot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
-    }
-}
+pub use crate::ambient::{AttemptId, Boot};
 
 /// An opaque concurrency token: a Cosmos ETag, or a SQLite row version.
 /// Conditional writes succeed only if the record still carries it.
@@ -553,7 +458,7 @@ mod tests {
         assert_eq!(AttemptId::new().boot(), Some(Boot::current()));
         assert_eq!(AttemptId::of(other).boot(), Some(other));
         assert_ne!(AttemptId::of(other), AttemptId::of(other));
-        assert_eq!(AttemptId(Uuid::new_v4()).boot(), None);
+        assert_eq!(AttemptId(uuid::Uuid::new_v4()).boot(), None);
         assert_eq!(Boot::parse(&other.to_string()), Some(other));
         for bad in [
             "",
