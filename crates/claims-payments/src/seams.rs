@@ -8,7 +8,13 @@ use std::sync::Arc;
 use axum::Router;
 
 pub use crate::consumer::crash::{CrashHook, Step};
-pub use crate::idempotency::liveness::Registered;
+pub use crate::idempotency::liveness::{end_registration_of, Registered};
+
+/// The product's router over `state`, for serving in-process (the deterministic
+/// simulator sends it requests without sockets).
+pub fn router(state: Arc<AppState>) -> Router {
+    crate::functions::router(state)
+}
 use crate::consumer::Consumer;
 use crate::functions::claim_approved::ClaimHandler;
 use crate::functions::AppState;

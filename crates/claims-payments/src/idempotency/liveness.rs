@@ -316,7 +316,7 @@ impl Registered {
 
 /// Ends the registration of `boot`, a process known to have ended (the previous process
 /// on this port, which did not stop cleanly). Whether there was a live one to end.
-pub(crate) async fn end_registration_of(
+pub async fn end_registration_of(
     store: &dyn Store,
     boot: Boot,
     now: OffsetDateTime,
