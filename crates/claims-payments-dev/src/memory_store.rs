@@ -356,7 +356,8 @@ impl Store for MemoryStore {
             }
         };
         // Both conditions hold: write both.
-        state.replace_inbox(inbox, inbox_version);
+        let replaced = state.replace_inbox(inbox, inbox_version);
+        debug_assert!(replaced.is_some(), "the inbox version was checked above");
         let State {
             payments,
             unsettled,
