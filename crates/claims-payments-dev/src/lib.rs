@@ -9,6 +9,8 @@
 //!   HTTP (the `cosmos-emulator` binary, the Cosmos tests, simulate and bench on Cosmos);
 //! - [`faults`]: a slow store and a crash after commit, as a store decorator and a
 //!   handler decorator;
+//! - [`memory_store`]: an in-memory store with the SQLite adapter's semantics, for a
+//!   deterministic simulator;
 //! - [`sim`]: `simulate`, at-least-once delivery with faults against real `serve`
 //!   processes, and the verdict;
 //! - [`bench`]: `bench`, throughput, latency, CPU, round trips and request units.
@@ -18,4 +20,5 @@ pub mod bench;
 pub mod dev_serve;
 pub mod emulator;
 pub mod faults;
+pub mod memory_store;
 pub mod sim;
