@@ -13,11 +13,14 @@
 //!   deterministic simulator;
 //! - [`sim`]: `simulate`, at-least-once delivery with faults against real `serve`
 //!   processes, and the verdict;
+//! - [`dst`]: `dst`, the deterministic simulation of the real service: one thread,
+//!   virtual time, faults at every edge, replayable from a seed;
 //! - [`bench`]: `bench`, throughput, latency, CPU, round trips and request units.
 
 pub mod baselines;
 pub mod bench;
 pub mod dev_serve;
+pub mod dst;
 pub mod emulator;
 pub mod faults;
 pub mod memory_store;

@@ -24,6 +24,8 @@ struct Cli {
 enum Command {
     /// Simulate at-least-once delivery with faults against `serve` and verify that every claim is paid exactly once (exit 1 if not).
     Simulate(Box<sim::SimulateArgs>),
+    /// Deterministic simulation of the service's own code: seeds of crashes, redeliveries and lost answers in virtual time (exit 1 if an invariant fails; --seed S replays).
+    Dst(claims_payments_dev::dst::DstArgs),
     /// Measure `serve` on the full HTTP path: throughput, latency, round trips, start-up, memory.
     Bench(bench::BenchArgs),
     /// Run the sandbox bank alone (payouts, lookups, /_control/fail-next, /_control/payouts) until interrupted.
@@ -43,6 +45,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Simulate(args) => sim::main(*args).await,
         Command::Bench(args) => bench::main(args).await,
+        // Each seed runs on a current-thread runtime of its own, outside this one.
+        Command::Dst(args) => tokio::task::spawn_blocking(move || claims_payments_dev::dst::main(args)).await?,
         Command::SandboxBank { port } => {
             let bank = FakeBank::start_on(FakeBankSettings::default(), port).await?;
             println!("BANK_API_URL={}", bank.url());

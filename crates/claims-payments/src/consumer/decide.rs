@@ -39,6 +39,16 @@ impl Attempt<'_> {
         }
     }
 
+    /// Forgets the payment noted so far: another attempt wrote it since, so the caller
+    /// must read what the store holds (found by the deterministic simulator, seed 126: a
+    /// lost finalize answered a retried HTTP request with the payment still `in_progress`
+    /// while the store held it `paid`).
+    pub(crate) fn lost_sight_of_payment(&self) {
+        if let Some(Ok(mut seen)) = self.payment_seen.as_ref().map(|m| m.lock()) {
+            *seen = None;
+        }
+    }
+
     /// Who holds `record`, as this attempt sees it (the takeover rule:
     /// [`idempotency::holder`]).
     pub(crate) fn sees(&self, record: &InboxRecord, now: OffsetDateTime) -> Holder {

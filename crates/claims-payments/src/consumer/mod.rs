@@ -690,6 +690,7 @@ impl Consumer {
                 // Our lease was taken over; the new owner pays under the same key and
                 // finishes. Judge the message by what is stored now.
                 tracing::warn!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, "lease lost before finalize; deferring to the new owner");
+                a.lost_sight_of_payment();
                 let seen = self.reread_inbox(a).await?;
                 Ok(Progress::Next(State::Seen(seen, self.attempt_wait())))
             }

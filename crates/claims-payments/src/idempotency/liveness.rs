@@ -232,8 +232,35 @@ impl Registration {
     /// it (this process then counts as ended; its leases may be taken over, safely).
     pub(crate) async fn renew(&mut self, store: &dyn Store, now: OffsetDateTime) -> StoreResult<()> {
         let record = renewed(&self.lease.record, self.terms, now);
-        self.lease = self.lease.clone().write(store, record).await?;
-        Ok(())
+        match self.lease.clone().write(store, record.clone()).await {
+            Ok(lease) => {
+                self.lease = lease;
+                Ok(())
+            }
+            // An earlier renewal may have committed with its answer lost: the record then
+            // holds a lease later than the last one we know of, which only we extend (an
+            // end writes the moment it ends it). Found by the deterministic simulator
+            // (seed 126): this process took its own lost renewal for an end, stopped
+            // renewing, and every process took its live leases over from then on.
+            Err(StoreError::PreconditionFailed) => {
+                let seen = store.inbox(&self.lease.record.key()).await?;
+                match seen {
+                    Some(seen)
+                        if seen.record.owner == self.lease.record.owner
+                            && seen.record.lease_until > self.lease.record.lease_until =>
+                    {
+                        let ours = Lease {
+                            record: seen.record,
+                            version: seen.version,
+                        };
+                        self.lease = ours.write(store, record).await?;
+                        Ok(())
+                    }
+                    _ => Err(StoreError::PreconditionFailed),
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Ends the registration (a clean stop): this process's leases are over at once.

@@ -1,0 +1,224 @@
+//! `claims-payments-dev dst`: a deterministic simulation of the real service.
+//!
+//! One thread, virtual time (tokio's current-thread runtime with paused time), every
+//! choice drawn from one seed. The product's own code runs: the router and its
+//! `/ClaimApproved`, `/api/payments`, `/Reconcile` and `/Purge` functions, the consumer,
+//! leases and takeovers, liveness, reconciliation, purge, and the bank client above its
+//! transport. Only the edges are simulated, each in its own module:
+//! - [`world`]: the seeded generator, each instance's skewed wall clock, the trace;
+//! - [`faults`] and [`chaos`]: which fault kinds a run injects, and how often;
+//! - [`store`]: the in-memory model (`crate::memory_store`) behind the store's faults;
+//! - [`bank`]: the bank behind the product's `BankTransport`, holding the ground truth;
+//! - [`broker`]: Service Bus and the Functions host (peek-lock, DeliveryCount,
+//!   dead-lettering, duplicate detection), instances that crash and restart, the HTTP
+//!   clients and the timers;
+//! - [`check`]: the invariants, during and at the end of every run.
+//!
+//! A run prints its seed, and `--seed S` replays it: same build, same seed, same trace
+//! hash (a test checks it).
+
+pub mod bank;
+pub mod broker;
+pub mod chaos;
+pub mod check;
+pub mod faults;
+pub mod store;
+pub mod world;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant as WallInstant};
+
+use clap::Args;
+
+pub use broker::RunResult;
+use faults::FaultPlan;
+
+/// The fixed seeds `cargo test` runs on every change (a seed that found a defect joins).
+pub const CI_SEEDS: std::ops::Range<u64> = 1..41;
+
+#[derive(Debug, Clone, Args)]
+pub struct DstArgs {
+    /// How many seeds to run, from --seed on (or from a random one).
+    #[arg(long, default_value_t = 100)]
+    pub seeds: u64,
+    /// The first seed (replays it with --seeds 1).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Messages the producer publishes per run.
+    #[arg(long, default_value_t = 200)]
+    pub messages: usize,
+    /// HTTP payment intents per run.
+    #[arg(long, default_value_t = 20)]
+    pub http_intents: usize,
+    /// Instances on the store (0: drawn from the seed, 1 to 4).
+    #[arg(long, default_value_t = 0)]
+    pub instances: usize,
+    /// Every fault kind at its highest rate, instead of a drawn subset.
+    #[arg(long)]
+    pub all_faults: bool,
+    /// Print every event of the run (with --seed).
+    #[arg(long)]
+    pub verbose: bool,
+    /// Stop at the first failing seed.
+    #[arg(long, default_value_t = true)]
+    pub stop_at_failure: bool,
+}
+
+/// What one run does.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub messages: usize,
+    pub http_intents: usize,
+    pub instances: usize,
+    pub all_faults: bool,
+    /// Keep every event line (for a failure's report), not only the hash.
+    pub keep_trace: bool,
+    /// Print the product's own log lines as the run goes (a replay's detail).
+    pub product_logs: bool,
+}
+
+impl RunOptions {
+    pub fn from_args(args: &DstArgs) -> Self {
+        RunOptions {
+            messages: args.messages,
+            http_intents: args.http_intents,
+            instances: args.instances,
+            all_faults: args.all_faults,
+            keep_trace: true,
+            product_logs: args.verbose,
+        }
+    }
+}
+
+/// Runs seed `seed` on a runtime of its own: one thread, paused time.
+pub fn run_seed(seed: u64, options: &RunOptions) -> RunResult {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime builds");
+    let plan_dice = world::Dice::new(seed ^ 0x5eed_fa17);
+    let plan = if options.all_faults {
+        FaultPlan::all()
+    } else {
+        FaultPlan::draw(&plan_dice)
+    };
+    let run = || runtime.block_on(broker::Sim::run(seed, plan, options.clone()));
+    if options.product_logs {
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("claims_payments=debug")
+            .with_timer(VirtualTime(tokio::time::Instant::now()))
+            .with_ansi(false)
+            .with_target(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, run)
+    } else {
+        run()
+    }
+}
+
+/// Product log lines stamped with the run's virtual milliseconds, as the trace is.
+struct VirtualTime(tokio::time::Instant);
+
+impl tracing_subscriber::fmt::time::FormatTime for VirtualTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        let ms = tokio::time::Instant::now().saturating_duration_since(self.0).as_millis();
+        write!(w, "{ms:>12}")
+    }
+}
+
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// The command: runs the seeds, prints a line per failure and the totals; exit 1 when
+/// any seed failed.
+pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
+    let first = args.seed.unwrap_or_else(|| u64::from(rand::random::<u32>()));
+    let options = RunOptions::from_args(&args);
+    let (wall, cpu) = (WallInstant::now(), cpu_seconds());
+    let (mut deliveries, mut virtual_secs, mut failed) = (0u64, 0f64, 0u64);
+    let mut fired: BTreeMap<faults::Fault, u64> = BTreeMap::new();
+    println!(
+        "dst: seeds {first}..{} ({} messages, {} HTTP intents each)",
+        first + args.seeds,
+        args.messages,
+        args.http_intents
+    );
+    for seed in first..first + args.seeds {
+        let result = run_seed(seed, &options);
+        deliveries += result.deliveries;
+        virtual_secs += result.virtual_time.as_secs_f64();
+        for (fault, n) in &result.fired {
+            *fired.entry(*fault).or_default() += n;
+        }
+        if args.verbose {
+            for line in &result.events {
+                println!("{line}");
+            }
+        }
+        if !result.violations.is_empty() {
+            failed += 1;
+            println!("{}", result.failure_report());
+            if args.stop_at_failure {
+                break;
+            }
+        } else if args.seeds == 1 {
+            println!("{}", result.summary());
+        }
+    }
+    let (wall, cpu) = (wall.elapsed().as_secs_f64(), cpu_seconds() - cpu);
+    println!(
+        "dst: {failed} failing seed(s); {deliveries} deliveries in {cpu:.1} CPU-s ({:.0} deliveries per CPU-second), {:.1} virtual hours in {wall:.1} s ({:.0} virtual hours per second)",
+        deliveries as f64 / cpu.max(1e-9),
+        virtual_secs / 3600.0,
+        virtual_secs / 3600.0 / wall.max(1e-9)
+    );
+    let coverage: Vec<String> = fired.iter().map(|(f, n)| format!("{f} {n}")).collect();
+    println!("dst: faults fired: {}", coverage.join(", "));
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The production timings the simulator runs with, as `infra/` deploys them.
+pub mod timings {
+    use super::Duration;
+    /// LEASE_MS.
+    pub const LEASE: Duration = Duration::from_secs(120);
+    /// INFLIGHT_WAIT_MS.
+    pub const INFLIGHT_WAIT: Duration = Duration::from_secs(15);
+    /// RETRY_BUDGET_MS.
+    pub const RETRY_BUDGET: Duration = Duration::from_secs(60);
+    /// BANK_TIMEOUT_MS.
+    pub const BANK_TIMEOUT: Duration = Duration::from_secs(5);
+    /// BANK_KEY_WINDOW_HOURS.
+    pub const KEY_WINDOW: Duration = Duration::from_secs(24 * 3600);
+    /// INBOX_RETENTION_DAYS.
+    pub const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+    /// The queue's lockDuration.
+    pub const LOCK: Duration = Duration::from_secs(60);
+    /// host.json's maxAutoLockRenewalDuration.
+    pub const LOCK_RENEWAL: Duration = Duration::from_secs(300);
+    /// The queue's maxDeliveryCount.
+    pub const MAX_DELIVERY_COUNT: u32 = 10;
+    /// host.json's functionTimeout.
+    pub const FUNCTION_TIMEOUT: Duration = Duration::from_secs(180);
+    /// host.json's maxConcurrentCalls.
+    pub const MAX_CONCURRENT_CALLS: usize = 16;
+    /// RECONCILE_SCHEDULE: every 10 minutes.
+    pub const RECONCILE_EVERY: Duration = Duration::from_secs(600);
+    /// The queue's duplicateDetectionHistoryTimeWindow.
+    pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(3600);
+    /// How far instances' clocks may differ.
+    pub const MAX_SKEW_MS: i64 = 2_000;
+}
