@@ -8,6 +8,7 @@ mod cosmos_consumer;
 mod cosmos_emulator;
 mod cosmos_store;
 mod dev_serve;
+mod dst;
 mod memory_conformance;
 mod naive;
 mod sim_bank;
