@@ -157,14 +157,6 @@ impl Trace {
             .cloned()
             .collect()
     }
-
-    pub fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .lines
-            .len()
-    }
 }
 
 /// `trace!(trace, "fmt", args)`: one event.

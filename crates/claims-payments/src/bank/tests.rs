@@ -4,6 +4,7 @@
 use super::answer::*;
 use super::*;
 use proptest::prelude::*;
+use reqwest::header::HeaderValue;
 
 fn outcome(status: u16, body: &str) -> Result<PayoutOutcome, String> {
     match classify(
