@@ -44,6 +44,13 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockToken(pub String);
 
+/// Where a locked dead letter is unlocked or deleted: the `Location` the broker gave
+/// with the peek-lock (it names the message and its lock token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lock {
+    pub location: String,
+}
+
 /// The broker's MessageId of a dead letter, as sent (any text up to 128 characters,
 /// or absent when the broker's properties do not carry it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -62,9 +69,9 @@ pub struct Property {
 pub struct DeadLetter {
     pub message_id: Option<BrokerMessageId>,
     pub sequence_number: Option<i64>,
-    pub lock: LockToken,
-    /// Where the broker said the locked message is (`Location`): unlock and delete go there.
-    pub location: String,
+    pub lock_token: LockToken,
+    /// Where the broker said the locked message is: unlock and delete go there.
+    pub lock: Lock,
     /// As the broker reports it, our own lock included.
     pub delivery_count: u32,
     pub enqueued_at: Option<OffsetDateTime>,
@@ -92,6 +99,29 @@ pub fn unquote(value: &str) -> String {
         Ok(serde_json::Value::String(s)) => s,
         _ => value.to_owned(),
     }
+}
+
+/// A peek-locked dead letter whose answer did not read: a `BrokerProperties` header that
+/// is missing, not JSON or of the wrong shape, no `LockToken`, no `Location`, a body cut
+/// off. It concerns this dead letter only: the run reports it and goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// As far as the answer named it (bounded, like any MessageId shown).
+    pub message_id: Option<BrokerMessageId>,
+    pub sequence_number: Option<i64>,
+    /// The lock, when the answer had a usable `Location`: it is given back at the end of
+    /// the run like any other; without one the lock expires by itself (lockDuration).
+    pub lock: Option<Lock>,
+    /// What did not read, in the tool's own words: never the peer's text, which may be
+    /// anything (control characters, a token, megabytes).
+    pub problem: String,
+}
+
+/// What a peek-lock returned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Locked {
+    Letter(DeadLetter),
+    Unreadable(Unreadable),
 }
 
 /// A message to send: MessageId, body, content type and the custom properties.
@@ -182,12 +212,14 @@ pub fn bounded(text: &str, chars: usize) -> String {
 /// The queue operations the dead-letter tool uses.
 #[async_trait]
 pub trait Broker: Send + Sync {
-    /// Peek-locks the next unlocked dead letter; `None` when there is none.
-    async fn lock_next_dead_letter(&self) -> Result<Option<DeadLetter>, BusError>;
+    /// Peek-locks the next unlocked dead letter; `None` when there is none. An error is
+    /// one that concerns the whole run (401/403, throttling, the namespace unreachable);
+    /// an answer about one dead letter that does not read is [`Locked::Unreadable`].
+    async fn lock_next_dead_letter(&self) -> Result<Option<Locked>, BusError>;
     /// Gives a lock back: the dead letter stays, for the next reader.
-    async fn unlock(&self, letter: &DeadLetter) -> Result<(), BusError>;
+    async fn unlock(&self, lock: &Lock) -> Result<(), BusError>;
     /// Removes a locked dead letter.
-    async fn delete(&self, letter: &DeadLetter) -> Result<(), BusError>;
+    async fn delete(&self, lock: &Lock) -> Result<(), BusError>;
     /// Sends `message` to the queue; `Ok` once the broker accepted it.
     async fn send(&self, message: &Outgoing) -> Result<(), BusError>;
     /// Who acts, as far as the credential says (for the re-drive record).
