@@ -494,6 +494,56 @@ mod tests {
         assert_eq!(token_principal("not a token"), None);
     }
 
+    /// A `BrokerProperties` that does not read names the field or the flaw, never the
+    /// value (which is the peer's: it may hold anything), and keeps what did read.
+    #[test]
+    fn broker_properties_that_do_not_read_name_the_flaw_never_the_value() {
+        let long = format!(
+            "{{\"LockToken\":\"{}\"}}",
+            "x".repeat(MAX_BROKER_PROPERTIES)
+        );
+        let cases: [(Option<&[u8]>, &str); 8] = [
+            (None, "no BrokerProperties header"),
+            (Some(b"SECRET"), "BrokerProperties is not JSON (at column 1)"),
+            (Some(b"{\"SECRET"), "BrokerProperties ends too early"),
+            (Some(b"[\"SECRET\"]"), "BrokerProperties is not a JSON object"),
+            (Some(b"{\"MessageId\":\"m-1\"}"), "BrokerProperties has no LockToken"),
+            (
+                Some(b"{\"MessageId\":\"m-1\",\"LockToken\":\"t\",\"DeliveryCount\":\"SECRET\",\"SequenceNumber\":-1.5}"),
+                "BrokerProperties has a value of the wrong type for DeliveryCount, SequenceNumber",
+            ),
+            (Some(b"{\"MessageId\":\"SECRET \xff\"}"), "BrokerProperties header is not visible ASCII"),
+            (Some(long.as_bytes()), "longer than 16384 bytes"),
+        ];
+        for (raw, expected) in cases {
+            let mut headers = HeaderMap::new();
+            if let Some(raw) = raw {
+                headers.insert("BrokerProperties", HeaderValue::from_bytes(raw).unwrap());
+            }
+            let Err((read, problem)) = BrokerProperties::read(&headers) else {
+                panic!("{raw:?} read");
+            };
+            assert!(problem.contains(expected), "{problem:?} for {raw:?}");
+            assert!(
+                !problem.contains("SECRET") && problem.len() < 120,
+                "{problem:?}"
+            );
+            if expected.contains("DeliveryCount") || expected.contains("LockToken") {
+                assert_eq!(read.message_id.as_deref(), Some("m-1"));
+            }
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "BrokerProperties",
+            HeaderValue::from_static(r#"{"LockToken":"t","DeliveryCount":3,"SequenceNumber":7}"#),
+        );
+        let read = BrokerProperties::read(&headers).ok().unwrap();
+        assert_eq!(
+            (read.delivery_count, read.sequence_number),
+            (Some(3), Some(7))
+        );
+    }
+
     #[test]
     fn only_loopback_may_go_without_https_or_a_token() {
         let t = Duration::from_secs(1);
