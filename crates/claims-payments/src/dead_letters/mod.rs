@@ -85,7 +85,7 @@ pub struct Line {
     pub dead_letter_reason: Option<String>,
     pub dead_letter_error_description: Option<String>,
     pub enqueued_at: Option<String>,
-    /// Not given by the REST API: always null.
+    /// The broker gives no dead-lettering time (neither REST nor AMQP): always null.
     pub dead_lettered_at: Option<String>,
     pub payment_status: Option<String>,
     pub inbox_outcome: Option<String>,
@@ -660,7 +660,7 @@ async fn record_discard(
 
 /// `dead-letters discard`: removes one dead letter a person decided to drop, after
 /// writing the decision where an auditor finds it: in the store ([`record_discard`]) and
-/// a warning log line (the telemetry's exporter when configured, else stderr) with its
+/// a warning log line (stderr: the operator commands start no exporter) with its
 /// identity, the reason, who, and what the store holds. If the store cannot record it,
 /// nothing is removed. Returns its line, or `None` when no dead letter has that MessageId.
 pub async fn discard(

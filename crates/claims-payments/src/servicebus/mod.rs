@@ -20,14 +20,19 @@
 //!   DeliveryCount by one per listing: the count shown is the one the broker reports
 //!   minus our own lock; and at most `--limit` messages are locked at once (a lock lasts
 //!   the queue's lockDuration, PT1M here; no renewal is needed for batches that size);
-//! - no sequence-number access and no dead-lettering time in `BrokerProperties`: the
-//!   listing shows the enqueued time; the dead-lettering time is "-";
+//! - no sequence-number access; no dead-lettering time, in REST or anywhere else: the
+//!   peek-lock's `BrokerProperties` has `EnqueuedTimeUtc`, `SequenceNumber`,
+//!   `DeliveryCount`, `LockToken`, `LockedUntilUtc`, and AMQP's annotations
+//!   (`x-opt-enqueued-time`, `x-opt-deadletter-source`, ...) have no such time either, so
+//!   the listing shows the enqueued time and "-" for the dead-lettering time
+//!   (docs/deploy.md §8.4 gives the sources);
 //! - application properties travel as HTTP headers: names and values are kept as the
 //!   broker sent them (the REST encoding, JSON-quoted strings), byte for byte through
 //!   the headers, which AMQP would keep typed;
-//! - the Service Bus emulator documents AMQP as its messaging protocol (its HTTP port is
-//!   the management API), so this adapter is not run against it: tests use the testkit's
-//!   stand-in.
+//! - the Service Bus emulator serves messages over AMQP only (its maintainers:
+//!   github.com/Azure/azure-service-bus-emulator-installer/issues/29; its HTTP port 5300
+//!   is health and management), so this adapter cannot run against it: tests use the
+//!   testkit's stand-in.
 
 pub mod rest;
 
