@@ -13,9 +13,11 @@
 //!   lock expired (lockDuration) or is not the message's (lock lost).
 //!
 //! Faults, each for the next call of one operation: a status with a reason (401, 403,
-//! 429, 503), a lost lock on delete, and a send accepted and then answered too late
-//! (the client times out after the message was enqueued). Every accepted operation is
-//! logged in order, so a test can check that a send came before its delete.
+//! 429, 503), a lost lock on delete, a send accepted and then answered too late (the
+//! client times out after the message was enqueued), and a peek-lock that locks the next
+//! dead letter but answers with a `BrokerProperties` header of the test's bytes (or
+//! none) or without its `Location`: an answer that does not read. Every accepted
+//! operation is logged in order, so a test can check that a send came before its delete.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -78,6 +80,11 @@ pub enum Fault {
     /// Send: the message is enqueued, then the answer waits this long (past the
     /// client's timeout).
     AcceptThenHang(Duration),
+    /// Lock: the next dead letter is locked as usual, but the answer's `BrokerProperties`
+    /// is these bytes (`None`: no such header).
+    BrokerProperties(Option<Vec<u8>>),
+    /// Lock: the next dead letter is locked as usual, but the answer has no `Location`.
+    NoLocation,
 }
 
 /// An accepted operation, in order.
@@ -352,9 +359,10 @@ async fn peek_lock(
     if queue != inner.queue || sub != DLQ {
         return status(404, "no such entity");
     }
-    if let Some(Fault::Status(code, reason)) = fault(&mut inner, Op::Lock) {
-        return status(code, &reason);
-    }
+    let mangle = match fault(&mut inner, Op::Lock) {
+        Some(Fault::Status(code, reason)) => return status(code, &reason),
+        other => other,
+    };
     let now = OffsetDateTime::now_utc();
     let until = now + inner.lock_duration;
     let base = format!("{}/{}/{DLQ}/messages", inner.base, inner.queue);
@@ -386,16 +394,23 @@ async fn peek_lock(
             headers.insert(n, v);
         }
     };
-    put(
-        "BrokerProperties",
-        &claims_payments::servicebus::header_json(&broker),
-    );
-    put("Location", &format!("{base}/{}/{token}", m.sequence_number));
+    let broker_properties = match &mangle {
+        Some(Fault::BrokerProperties(bytes)) => bytes.as_deref().map(HeaderValue::from_bytes),
+        _ => Some(HeaderValue::from_str(
+            &claims_payments::servicebus::header_json(&broker),
+        )),
+    };
+    if !matches!(mangle, Some(Fault::NoLocation)) {
+        put("Location", &format!("{base}/{}/{token}", m.sequence_number));
+    }
     if let Some(ct) = &m.content_type {
         put("Content-Type", ct);
     }
     for (n, v) in &m.properties {
         put(n, v);
+    }
+    if let Some(Ok(v)) = broker_properties {
+        headers.insert("BrokerProperties", v);
     }
     (StatusCode::CREATED, headers, m.body.clone()).into_response()
 }

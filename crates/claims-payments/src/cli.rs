@@ -212,7 +212,13 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
                 crate::telemetry::LogFormat::Json => logs.json().flatten_event(true).try_init(),
                 crate::telemetry::LogFormat::Text => logs.try_init(),
             };
-            let store = startup::open_store(settings, Access::ReadOnly).await?;
+            // `discard` writes its decision into the store (a completed inbox record);
+            // `list` and `resubmit` only read it.
+            let access = match command {
+                DeadLettersCommand::Discard(_) => Access::Existing,
+                _ => Access::ReadOnly,
+            };
+            let store = startup::open_store(settings, access).await?;
             let broker = dead_letters_broker()?;
             dead_letters_command(command, broker.as_ref(), &store, settings, &mut stdout()).await
         }
@@ -324,6 +330,7 @@ pub async fn dead_letters_command(
             consumer: settings.consumer_name.clone(),
             window: duplicate_window()?,
             limit: list.limit.max(1),
+            retention: settings.inbox_retention,
         })
     };
     let code = |summary: &dead_letters::Summary| {

@@ -580,10 +580,13 @@ pub enum OutcomeKind {
     InvalidMessage,
     RetryLater,
     StoreFailure,
+    /// Written by `dead-letters discard`, never by the consumer: a person dropped this
+    /// message's dead letter, so a re-send of it completes as a duplicate, unpaid.
+    Discarded,
 }
 
 impl OutcomeKind {
-    pub(crate) const ALL: [OutcomeKind; 10] = [
+    pub(crate) const ALL: [OutcomeKind; 11] = [
         OutcomeKind::Recorded,
         OutcomeKind::Paid,
         OutcomeKind::Duplicate,
@@ -594,6 +597,7 @@ impl OutcomeKind {
         OutcomeKind::InvalidMessage,
         OutcomeKind::RetryLater,
         OutcomeKind::StoreFailure,
+        OutcomeKind::Discarded,
     ];
 
     pub(crate) fn as_str(&self) -> &'static str {
@@ -608,6 +612,7 @@ impl OutcomeKind {
             OutcomeKind::InvalidMessage => "invalid-message",
             OutcomeKind::RetryLater => "retry-later",
             OutcomeKind::StoreFailure => "store-failure",
+            OutcomeKind::Discarded => "discarded",
         }
     }
 

@@ -6,22 +6,44 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use claims_payments::dead_letters::{self, verdict::Verdict, Options, Selection, REDRIVE_PROPERTY};
+use claims_payments::message::{ClaimId, MessageId, OutcomeKind, Purpose};
 use claims_payments::servicebus::rest::{Auth, RestBroker};
 use claims_payments::servicebus::BusErrorKind;
 use claims_payments::store::sqlite::SqliteStore;
-use claims_payments::store::DynStore;
+use claims_payments::store::{
+    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InboxStatus, InsertResult, Listed,
+    PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
+};
 use claims_payments_testkit::fixtures::{deliver, ledger_consumer, message, new_claim};
 use claims_payments_testkit::servicebus::{Fault, Logged, Op, ServiceBus};
 use time::OffsetDateTime;
 
 const QUEUE: &str = "claim-approved";
 const HOUR: Duration = Duration::from_secs(3600);
+/// The inbox retention `discard` records with (INBOX_RETENTION_DAYS, 30).
+const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 struct World {
     bus: ServiceBus,
     store: DynStore,
     _dir: tempfile::TempDir,
+}
+
+/// Runs the product binary's operator command against the world's stand-in and store.
+async fn cli(w: &World, args: &[&str]) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_claims-payments"));
+    for name in claims_payments::setting::names::PRODUCT {
+        cmd.env_remove(name);
+    }
+    cmd.args(args)
+        .env("PAYMENTS_STORE", "sqlite")
+        .env("PAYMENTS_SQLITE_PATH", w._dir.path().join("p.db"))
+        .env("SERVICEBUS_ENDPOINT", w.bus.endpoint())
+        .env("CLAIM_APPROVED_QUEUE", QUEUE)
+        .env("LOG_FORMAT", "json");
+    cmd.output().await.unwrap()
 }
 
 async fn world(window: Duration) -> World {
@@ -49,6 +71,7 @@ fn options(window: Duration) -> Options {
         consumer: "ClaimApprovedHandler".into(),
         window,
         limit: 100,
+        retention: RETENTION,
     }
 }
 
@@ -625,9 +648,10 @@ async fn discard_removes_the_named_dead_letter_only() {
     .await
     .unwrap()
     .unwrap();
-    assert_eq!(
-        line.action.as_deref(),
-        Some("discarded: corrected message published as m-9")
+    let action = line.action.as_deref().unwrap();
+    assert!(
+        action.starts_with("discarded: corrected message published as m-9; recorded in the store"),
+        "{action}"
     );
     assert_eq!(w.bus.log(), vec![Logged::Deleted("m-1".into())]);
     assert_eq!(w.bus.dead_letters().len(), 1);
@@ -641,11 +665,11 @@ async fn discard_removes_the_named_dead_letter_only() {
 
 /// The product binary: `dead-letters list` prints the table and exits 3, `--json` gives
 /// one object per dead letter and the summary, `resubmit --dry-run` sends nothing,
-/// `discard` writes its warning line to stderr and exits 0; an empty queue exits 0.
+/// `discard` writes its warning line to stderr and its store record (which `inbox` lists)
+/// and exits 0; an empty queue exits 0.
 #[tokio::test]
 async fn the_command_line_prints_verdicts_and_exits_as_documented() {
     let w = world(HOUR).await;
-    let db = w._dir.path().join("p.db");
     w.bus.dead_letter(
         "m-1",
         &body(&new_claim(), "20.00"),
@@ -655,19 +679,7 @@ async fn the_command_line_prints_verdicts_and_exits_as_documented() {
         two_hours_ago(),
         &[],
     );
-    let run = |args: &[&str]| {
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_claims-payments"));
-        for name in claims_payments::setting::names::PRODUCT {
-            cmd.env_remove(name);
-        }
-        cmd.args(args)
-            .env("PAYMENTS_STORE", "sqlite")
-            .env("PAYMENTS_SQLITE_PATH", &db)
-            .env("SERVICEBUS_ENDPOINT", w.bus.endpoint())
-            .env("CLAIM_APPROVED_QUEUE", QUEUE)
-            .env("LOG_FORMAT", "json");
-        async move { cmd.output().await.unwrap() }
-    };
+    let run = |args: &'static [&'static str]| cli(&w, args);
     let out = run(&["dead-letters", "list"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
@@ -717,6 +729,14 @@ async fn the_command_line_prints_verdicts_and_exits_as_documented() {
     assert_eq!(warning["level"], "WARN");
     assert_eq!(warning["message_id"], "m-1");
     assert_eq!(warning["reason"], "published again as m-2");
+    assert_eq!(warning["store_record"], "written");
+    // An auditor finds the decision in the store with `claims-payments inbox`.
+    let out = run(&["inbox"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("m-1") && stdout.contains("discarded"),
+        "{stdout}"
+    );
 
     let out = run(&["dead-letters", "list"]).await;
     assert_eq!(
@@ -883,4 +903,344 @@ async fn a_message_id_beyond_ascii_is_listed_and_resubmitted_as_it_was() {
         drain_into_consumer(&w).await,
         vec![(id.to_owned(), "recorded")]
     );
+}
+
+fn inbox_key(claim: &str, message_id: &str) -> InboxKey {
+    InboxKey {
+        consumer: "ClaimApprovedHandler".into(),
+        claim_id: ClaimId::parse(claim).unwrap(),
+        message_id: MessageId::parse(message_id).unwrap(),
+    }
+}
+
+/// `discard` records the decision in the store before it removes the dead letter: a
+/// completed inbox record `discarded` for (consumer, claim, MessageId), kept for the
+/// inbox retention. A later re-send of that MessageId (the producer's retry, a portal
+/// re-send) then completes as a duplicate instead of being paid against the person's
+/// decision: without the record the consumer below pays it (`recorded`).
+#[tokio::test]
+async fn discard_records_the_decision_so_a_resend_is_not_paid() {
+    let w = world(HOUR).await;
+    let claim = new_claim();
+    w.bus.dead_letter(
+        "m-1",
+        &body(&claim, "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
+    let b = broker(&w, Duration::from_secs(10));
+    let before = OffsetDateTime::now_utc();
+    let line = dead_letters::discard(&b, &w.store, &options(HOUR), "m-1", "corrected as m-9")
+        .await
+        .unwrap()
+        .unwrap();
+    let action = line.action.as_deref().unwrap();
+    assert!(
+        action.starts_with("discarded: corrected as m-9; recorded in the store as discarded"),
+        "{action}"
+    );
+    assert_eq!(w.bus.log(), vec![Logged::Deleted("m-1".into())]);
+
+    let record = w
+        .store
+        .inbox(&inbox_key(&claim, "m-1"))
+        .await
+        .unwrap()
+        .expect("discard wrote no store record")
+        .record;
+    assert_eq!(record.status, InboxStatus::Completed);
+    assert_eq!(record.outcome, Some(OutcomeKind::Discarded.into()));
+    assert_eq!(
+        record.last_delivery_count, 10,
+        "the dead letter's deliveries"
+    );
+    assert!(record.expires_at >= before + RETENTION, "{record:?}");
+
+    let consumer = ledger_consumer(w.store.clone());
+    assert_eq!(
+        deliver(&consumer, &message(&claim, "20.00"), "m-1", 1).await,
+        "duplicate"
+    );
+    let claim_id = ClaimId::parse(&claim).unwrap();
+    assert!(
+        w.store
+            .payment(claim_id, Purpose::Payout)
+            .await
+            .unwrap()
+            .is_none(),
+        "the discarded claim was paid"
+    );
+    // A second dead letter of that MessageId is no longer `resubmit`: it stays dropped.
+    w.bus.dead_letter(
+        "m-1",
+        &body(&claim, "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
+    let (lines, _) = dead_letters::list(&b, &w.store, &options(HOUR))
+        .await
+        .unwrap();
+    assert_eq!(lines[0].verdict, Verdict::Permanent, "{lines:?}");
+    assert_eq!(lines[0].inbox_outcome.as_deref(), Some("discarded"));
+}
+
+/// An existing inbox record of the message is kept as it is (it already stops a re-send,
+/// and what it says stays true), and a body that is not a ClaimApproved names no claim to
+/// key a record by: both are discarded, and the action says what the store holds.
+#[tokio::test]
+async fn discard_keeps_an_existing_record_and_writes_none_for_a_body_without_a_claim() {
+    let w = world(HOUR).await;
+    let paid = new_claim();
+    let consumer = ledger_consumer(w.store.clone());
+    assert_eq!(
+        deliver(&consumer, &message(&paid, "10.00"), "m-paid", 1).await,
+        "recorded"
+    );
+    let t = two_hours_ago();
+    w.bus.dead_letter(
+        "m-paid",
+        &body(&paid, "10.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        t,
+        &[],
+    );
+    w.bus.dead_letter(
+        "m-bad",
+        b"{\"claimId\":42}",
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        t,
+        &[],
+    );
+    let b = broker(&w, Duration::from_secs(10));
+    let line = dead_letters::discard(&b, &w.store, &options(HOUR), "m-paid", "paid already")
+        .await
+        .unwrap()
+        .unwrap();
+    let action = line.action.as_deref().unwrap();
+    assert!(
+        action.starts_with(
+            "discarded: paid already; the store's record of this message (recorded) is kept"
+        ),
+        "{action}"
+    );
+    let record = w
+        .store
+        .inbox(&inbox_key(&paid, "m-paid"))
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert_eq!(record.outcome, Some(OutcomeKind::Recorded.into()));
+
+    let line = dead_letters::discard(&b, &w.store, &options(HOUR), "m-bad", "producer fixed it")
+        .await
+        .unwrap()
+        .unwrap();
+    let action = line.action.as_deref().unwrap();
+    assert!(
+        action.starts_with("discarded: producer fixed it; no store record"),
+        "{action}"
+    );
+    assert_eq!(
+        w.store.list_inbox(100).await.unwrap().len(),
+        1,
+        "only m-paid's"
+    );
+    assert!(w.bus.dead_letters().is_empty());
+}
+
+/// A store that takes no writes (the database refuses them); reads go through.
+struct NoWrites(DynStore);
+
+fn refused<T>() -> StoreResult<T> {
+    Err(StoreError::Transient("the database refuses writes".into()))
+}
+
+#[async_trait]
+impl Store for NoWrites {
+    async fn claim(&self, _: &InboxRecord, _: &PaymentRecord) -> StoreResult<ClaimResult> {
+        refused()
+    }
+    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
+        self.0.inbox(key).await
+    }
+    async fn payment(
+        &self,
+        claim: ClaimId,
+        purpose: Purpose,
+    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
+        self.0.payment(claim, purpose).await
+    }
+    async fn record_handled(&self, _: &InboxRecord) -> StoreResult<InsertResult> {
+        refused()
+    }
+    async fn replace_inbox(&self, _: &InboxRecord, _: &Version) -> StoreResult<Version> {
+        refused()
+    }
+    async fn finalize(&self, _: Finalize<'_>) -> StoreResult<()> {
+        refused()
+    }
+    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
+        self.0.list_payments(limit).await
+    }
+    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
+        self.0.unsettled_payments(limit).await
+    }
+    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
+        self.0.count_payments(status, limit).await
+    }
+    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
+        self.0.list_inbox(limit).await
+    }
+    async fn purge_expired(&self, _: OffsetDateTime, _: usize) -> StoreResult<u64> {
+        refused()
+    }
+}
+
+/// The decision is recorded before the dead letter is removed: a store that cannot record
+/// it leaves the dead letter where it is, and the line says why.
+#[tokio::test]
+async fn discard_removes_nothing_when_the_store_cannot_record_the_decision() {
+    let w = world(HOUR).await;
+    w.bus.dead_letter(
+        "m-1",
+        &body(&new_claim(), "20.00"),
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        two_hours_ago(),
+        &[],
+    );
+    let store: DynStore = std::sync::Arc::new(NoWrites(w.store.clone()));
+    let b = broker(&w, Duration::from_secs(10));
+    let line = dead_letters::discard(&b, &store, &options(HOUR), "m-1", "x")
+        .await
+        .unwrap()
+        .unwrap();
+    let action = line.action.as_deref().unwrap();
+    assert!(
+        action.starts_with("not discarded: the store could not record the decision")
+            && action.contains("the dead letter is kept"),
+        "{action}"
+    );
+    assert!(w.bus.log().is_empty(), "{:?}", w.bus.log());
+    assert_eq!(w.bus.dead_letters().len(), 1);
+}
+
+/// A broker answer about one dead letter that does not read (a hostile `BrokerProperties`,
+/// bytes that are not ASCII, no `Location`) is that dead letter's `unreadable` line, in
+/// the tool's own words and never the peer's text, while the other dead letters are
+/// still handled (a body over the bound is `permanent`, as ever); the summary says a
+/// person is needed (exit 3). Before, the first such answer ended the run (exit 1).
+#[tokio::test]
+async fn an_unreadable_broker_answer_is_reported_and_the_others_are_still_resubmitted() {
+    let w = world(HOUR).await;
+    let t = two_hours_ago();
+    for id in ["m-1", "m-2", "m-3", "m-4"] {
+        w.bus.dead_letter(
+            id,
+            &body(&new_claim(), "20.00"),
+            10,
+            "MaxDeliveryCountExceeded",
+            "",
+            t,
+            &[],
+        );
+    }
+    w.bus.dead_letter(
+        "m-huge",
+        &vec![b'x'; 300 * 1024],
+        10,
+        "MaxDeliveryCountExceeded",
+        "",
+        t,
+        &[],
+    );
+    let hostile = format!(
+        r#"{{"MessageId":"m-1","LockToken":"t","DeliveryCount":"\u001b[2J EVIL {}"}}"#,
+        "x".repeat(4000)
+    );
+    w.bus.fail_next(
+        Op::Lock,
+        Fault::BrokerProperties(Some(hostile.into_bytes())),
+    );
+    w.bus.fail_next(
+        Op::Lock,
+        Fault::BrokerProperties(Some(b"EVIL \xff not json".to_vec())),
+    );
+    w.bus.fail_next(Op::Lock, Fault::NoLocation);
+
+    let b = broker(&w, Duration::from_secs(10));
+    let (lines, summary) =
+        dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false)
+            .await
+            .expect("one dead letter's answer ended the whole run");
+    assert_eq!(
+        w.bus.log(),
+        vec![Logged::Sent("m-4".into()), Logged::Deleted("m-4".into())]
+    );
+    assert!(summary.needs_a_person);
+    assert_eq!(summary.verdicts["unreadable"], 3, "{lines:?}");
+    let unreadable: Vec<_> = lines
+        .iter()
+        .filter(|l| l.verdict == Verdict::Unreadable)
+        .collect();
+    let reasons: Vec<(Option<&str>, &str)> = unreadable
+        .iter()
+        .map(|l| (l.message_id.as_deref(), l.reason.as_str()))
+        .collect();
+    assert!(
+        reasons[0].0 == Some("m-1") && reasons[0].1.contains("wrong type for DeliveryCount"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1].0.is_none() && reasons[1].1.contains("not visible ASCII"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[2].0 == Some("m-3") && reasons[2].1.contains("no Location header"),
+        "{reasons:?}"
+    );
+    for l in &unreadable {
+        let json = serde_json::to_string(l).unwrap();
+        assert!(
+            !json.contains("EVIL") && !json.contains("\\u001b"),
+            "{json}"
+        );
+        assert!(json.len() < 800, "bounded: {json}");
+        assert!(
+            l.action.as_deref().unwrap().starts_with("not sent"),
+            "{l:?}"
+        );
+    }
+    let huge = lines
+        .iter()
+        .find(|l| l.message_id.as_deref() == Some("m-huge"))
+        .unwrap();
+    assert_eq!(huge.verdict, Verdict::Permanent);
+    assert_eq!(w.bus.dead_letters().len(), 4, "nothing lost");
+
+    // The two whose Location read were given back; the one without a Location stays
+    // locked until its lock expires. The command line says a person is needed.
+    w.bus.fail_next(Op::Lock, Fault::BrokerProperties(None));
+    let out = cli(&w, &["dead-letters", "list", "--json"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(stdout.contains("no BrokerProperties header"), "{stdout}");
+    let listed: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("summary").is_none())
+        .collect();
+    assert_eq!(listed.len(), 3, "{stdout}");
 }

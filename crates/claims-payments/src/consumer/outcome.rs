@@ -130,7 +130,8 @@ mod tests {
                 "conflict",
                 "invalid-message",
                 "retry-later",
-                "store-failure"
+                "store-failure",
+                "discarded"
             ]
         );
         for kind in OutcomeKind::ALL {

@@ -9,9 +9,16 @@
 //! - a dead letter inside the duplicate-detection window is not sent (the broker would
 //!   drop it silently); `--wait` waits for the window to end;
 //! - permanent (and unknown, needs-reconciliation) verdicts are refused unless the
-//!   message is named with `--message-id`.
+//!   message is named with `--message-id`;
+//! - a broker answer about one dead letter that does not read is that dead letter's
+//!   `unreadable` line, and the run goes on: only what concerns the whole run (401/403,
+//!   throttling, the namespace unreachable) ends it;
+//! - `discard` records the decision before it removes the dead letter: a completed inbox
+//!   record with the outcome `discarded` (so a re-send completes as a duplicate, unpaid)
+//!   and a warning line; if the store cannot record it, nothing is removed.
 //!
-//! The broker is reached through [`Broker`]; the store through [`Store`] reads only.
+//! The broker is reached through [`Broker`]; the store through [`Store`]: reads, and
+//! `discard`'s one [`Store::record_handled`].
 
 pub mod verdict;
 
@@ -22,9 +29,12 @@ use serde::Serialize;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::message::{ClaimApproved, ClaimId, MessageId, Purpose};
-use crate::servicebus::{bounded, Broker, BusError, DeadLetter, Outgoing, Property};
-use crate::store::{DynStore, InboxKey};
+use crate::idempotency::{self, Terms};
+use crate::message::{ClaimApproved, ClaimId, MessageId, OutcomeKind, PayloadHash, Purpose};
+use crate::servicebus::{
+    bounded, Broker, BusError, DeadLetter, Lock, Locked, Outgoing, Property, Unreadable,
+};
+use crate::store::{AttemptId, DynStore, InboxKey, InboxStatus, InsertResult, Store};
 use verdict::{Body, Facts, Judgement, Known, PaymentFact, Verdict};
 
 /// The custom property a re-drive adds to the copy: when, by whom, the original
@@ -46,6 +56,8 @@ pub struct Options {
     pub window: Duration,
     /// At most this many dead letters are locked and examined at once.
     pub limit: usize,
+    /// How long the inbox record `discard` writes is kept (INBOX_RETENTION_DAYS).
+    pub retention: Duration,
 }
 
 /// Which dead letters `resubmit` sends.
@@ -73,7 +85,7 @@ pub struct Line {
     pub dead_letter_reason: Option<String>,
     pub dead_letter_error_description: Option<String>,
     pub enqueued_at: Option<String>,
-    /// Not given by the REST API: always null.
+    /// The broker gives no dead-lettering time (neither REST nor AMQP): always null.
     pub dead_lettered_at: Option<String>,
     pub payment_status: Option<String>,
     pub inbox_outcome: Option<String>,
@@ -112,7 +124,13 @@ impl Summary {
 }
 
 struct Examined {
-    letter: DeadLetter,
+    /// `None` when the broker's answer for it did not read.
+    letter: Option<DeadLetter>,
+    /// Where to give it back or delete it; `None`: the lock expires by itself.
+    lock: Option<Lock>,
+    sequence_number: Option<i64>,
+    /// The inbox key and payload hash of a valid ClaimApproved: what `discard` records.
+    record: Option<(InboxKey, PayloadHash)>,
     line: Line,
 }
 
@@ -144,6 +162,7 @@ async fn examine(
         let claim = ClaimApproved::parse(text).map_err(|e| format!("not a ClaimApproved: {e}"))?;
         Ok((id, claim))
     })();
+    let mut record = None;
     let (body, payment, inbox, claim) = match parsed {
         Err(why) => (
             Body::Invalid(bounded(&why, 200)),
@@ -171,6 +190,7 @@ async fn examine(
                 Ok(Some(r)) => Known::Present(r.record.outcome),
                 Err(e) => Known::Unreadable(bounded(&e.to_string(), 200)),
             };
+            record = Some((key, claim.payload_hash()));
             (
                 Body::ClaimApproved(claim.payload_hash()),
                 payment,
@@ -218,7 +238,49 @@ async fn examine(
         reason,
         action: None,
     };
-    Examined { letter, line }
+    Examined {
+        lock: Some(letter.lock.clone()),
+        sequence_number: letter.sequence_number,
+        letter: Some(letter),
+        record,
+        line,
+    }
+}
+
+/// The line of a dead letter whose broker answer did not read: what it named, and why.
+fn examine_unreadable(u: Unreadable, options: &Options, now: OffsetDateTime) -> Examined {
+    let facts = Facts {
+        body: Body::Unreadable(u.problem),
+        enqueued_at: None,
+        dead_letter_reason: None,
+        payment: Known::Absent,
+        inbox: Known::Absent,
+    };
+    let Judgement { verdict, reason } = verdict::judge(&facts, now, options.window);
+    let line = Line {
+        message_id: u.message_id.as_ref().map(|m| bounded(&m.0, 128)),
+        claim_id: None,
+        tenant: None,
+        amount: None,
+        currency: None,
+        delivery_count: 0,
+        dead_letter_reason: None,
+        dead_letter_error_description: None,
+        enqueued_at: None,
+        dead_lettered_at: None,
+        payment_status: None,
+        inbox_outcome: None,
+        verdict,
+        reason,
+        action: None,
+    };
+    Examined {
+        letter: None,
+        lock: u.lock,
+        sequence_number: u.sequence_number,
+        record: None,
+        line,
+    }
 }
 
 /// Locks and examines up to `options.limit` dead letters. A broker error before the
@@ -231,37 +293,48 @@ async fn lock_all(
 ) -> Result<Vec<Examined>, BusError> {
     let mut examined: Vec<Examined> = Vec::new();
     while examined.len() < options.limit {
-        match broker.lock_next_dead_letter().await {
-            // A lock of ours expired (lockDuration) and the broker handed the same dead
-            // letter out again: every one has been seen.
-            Ok(Some(letter))
-                if letter.sequence_number.is_some()
-                    && examined
-                        .iter()
-                        .any(|e| e.letter.sequence_number == letter.sequence_number) =>
-            {
-                let _ = broker.unlock(&letter).await;
-                break;
+        let next = match broker.lock_next_dead_letter().await {
+            Ok(Some(Locked::Letter(letter))) => {
+                examine(letter, store, options, OffsetDateTime::now_utc()).await
             }
-            Ok(Some(letter)) => {
-                examined.push(examine(letter, store, options, OffsetDateTime::now_utc()).await)
+            // One dead letter's answer does not read: its line says why; the run goes on.
+            Ok(Some(Locked::Unreadable(u))) => {
+                examine_unreadable(u, options, OffsetDateTime::now_utc())
             }
             Ok(None) => break,
             Err(e) => {
                 unlock_all(broker, &examined).await;
                 return Err(e);
             }
+        };
+        // A lock of ours expired (lockDuration) and the broker handed the same dead
+        // letter out again: every one has been seen.
+        if next.sequence_number.is_some()
+            && examined
+                .iter()
+                .any(|e| e.sequence_number == next.sequence_number)
+        {
+            release(broker, &next).await;
+            break;
         }
+        examined.push(next);
     }
     Ok(examined)
 }
 
-async fn unlock_all(broker: &dyn Broker, examined: &[Examined]) {
-    for e in examined {
-        if let Err(err) = broker.unlock(&e.letter).await {
+/// Gives one dead letter's lock back, if there is one to give.
+async fn release(broker: &dyn Broker, e: &Examined) {
+    if let Some(lock) = &e.lock {
+        if let Err(err) = broker.unlock(lock).await {
             // The lock then expires by itself (lockDuration): nothing is lost.
             tracing::warn!(error = %err, "cannot unlock a dead letter; its lock will expire");
         }
+    }
+}
+
+async fn unlock_all(broker: &dyn Broker, examined: &[Examined]) {
+    for e in examined {
+        release(broker, e).await;
     }
 }
 
@@ -341,19 +414,23 @@ fn copy_of(
 
 /// Sends the copy, and removes the dead letter only once the send was accepted.
 async fn send_then_delete(broker: &dyn Broker, e: &Examined, principal: &str) -> Handled {
-    let Some(copy) = copy_of(&e.letter, &e.line, principal, OffsetDateTime::now_utc()) else {
-        let _ = broker.unlock(&e.letter).await;
+    let Some(letter) = &e.letter else {
+        release(broker, e).await;
+        return Handled::Open("not sent: the broker's answer for it does not read".into());
+    };
+    let Some(copy) = copy_of(letter, &e.line, principal, OffsetDateTime::now_utc()) else {
+        release(broker, e).await;
         return Handled::Open("not sent: no MessageId".into());
     };
     match broker.send(&copy).await {
-        Ok(()) => match broker.delete(&e.letter).await {
+        Ok(()) => match broker.delete(&letter.lock).await {
             Ok(()) => Handled::Done("sent: the dead letter was removed".into()),
             Err(err) => Handled::Open(format!(
                 "sent: but the dead letter is kept ({err}); the copy is a duplicate the consumer recognises: run list again and discard it"
             )),
         },
         Err(err) => {
-            let _ = broker.unlock(&e.letter).await;
+            release(broker, e).await;
             let what = match err.kind {
                 crate::servicebus::BusErrorKind::Timeout => {
                     "unsure: the send timed out and may have been accepted; the dead letter is kept (a second send is a duplicate, safe)"
@@ -416,27 +493,32 @@ pub async fn resubmit(
             }
             let handled = if !selected {
                 unselected = true;
-                let _ = broker.unlock(&e.letter).await;
+                release(broker, &e).await;
                 lines.push(e.line);
                 continue;
             } else {
                 match e.line.verdict {
+                    // Nothing is sent that did not read, named or not.
+                    Verdict::Unreadable => {
+                        release(broker, &e).await;
+                        Handled::Open("not sent: the broker's answer for it does not read".into())
+                    }
                     Verdict::InsideWindow { until, .. } => {
-                        let _ = broker.unlock(&e.letter).await;
+                        release(broker, &e).await;
                         Handled::Waiting(
                             until,
                             format!("not sent: inside the duplicate-detection window; it can be sent from {}", rfc3339(until)),
                         )
                     }
                     v if v.sendable().is_none() && !named => {
-                        let _ = broker.unlock(&e.letter).await;
+                        release(broker, &e).await;
                         Handled::Open(format!(
                             "refused: the verdict is {}; name it with --message-id to send it anyway",
                             v.name()
                         ))
                     }
                     _ if dry_run => {
-                        let _ = broker.unlock(&e.letter).await;
+                        release(broker, &e).await;
                         Handled::Done("would send (dry run)".into())
                     }
                     _ => {
@@ -486,10 +568,101 @@ pub async fn resubmit(
     }
 }
 
+/// What `discard` left in the store for the dead letter it removes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StoreRecord {
+    /// A completed inbox record with the outcome `discarded`, kept until then.
+    Written(OffsetDateTime),
+    /// The message already had an inbox record (this outcome, or `None`: in progress):
+    /// it is kept as it is, since it already decides what a re-send does.
+    Kept(Option<String>),
+    /// No record: the body is not a valid ClaimApproved, so there is no claim to key one
+    /// by (and a re-send of it can never be paid).
+    NoKey,
+}
+
+impl StoreRecord {
+    /// The word of the warning line's `store_record` field.
+    fn word(&self) -> &'static str {
+        match self {
+            StoreRecord::Written(_) => "written",
+            StoreRecord::Kept(_) => "kept",
+            StoreRecord::NoKey => "none",
+        }
+    }
+}
+
+impl std::fmt::Display for StoreRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreRecord::Written(until) => write!(
+                f,
+                "recorded in the store as discarded (inbox record, kept until {}): a re-send completes as a duplicate",
+                rfc3339(*until)
+            ),
+            StoreRecord::Kept(Some(outcome)) => write!(
+                f,
+                "the store's record of this message ({outcome}) is kept: a re-send completes as a duplicate"
+            ),
+            StoreRecord::Kept(None) => f.write_str(
+                "the store's record of this message is in progress and is kept: its payout is settled by the consumer or reconcile",
+            ),
+            StoreRecord::NoKey => f.write_str(
+                "no store record: the body is not a valid ClaimApproved (no claim to key it by; a re-send cannot be paid); the warning line is the record",
+            ),
+        }
+    }
+}
+
+/// Writes the decision into the store: a completed inbox record `discarded` for the
+/// message's (consumer, claim, MessageId), through the port the consumer uses for a
+/// message it recognised ([`Store::record_handled`]). An existing record is never
+/// overwritten: it already stops a re-send, and what it says (`paid`, ...) stays true.
+async fn record_discard(
+    store: &dyn Store,
+    options: &Options,
+    e: &Examined,
+    now: OffsetDateTime,
+) -> Result<StoreRecord, String> {
+    let Some((key, hash)) = &e.record else {
+        return Ok(StoreRecord::NoKey);
+    };
+    let terms = Terms {
+        lease: Duration::ZERO,
+        retention: options.retention,
+    };
+    let record = idempotency::new_record(
+        key,
+        hash,
+        AttemptId::new(),
+        e.line.delivery_count,
+        terms,
+        now,
+        Some(OutcomeKind::Discarded.into()),
+    );
+    match store.record_handled(&record).await {
+        Ok(InsertResult::Inserted(_)) => Ok(StoreRecord::Written(record.expires_at)),
+        Ok(InsertResult::AlreadyExists(existing)) => {
+            Ok(StoreRecord::Kept(match existing.record.status {
+                InboxStatus::Completed => Some(
+                    existing
+                        .record
+                        .outcome
+                        .as_ref()
+                        .map_or_else(|| "completed".to_owned(), |o| bounded(o.as_str(), 64)),
+                ),
+                InboxStatus::InProgress => None,
+            }))
+        }
+        Err(err) => Err(bounded(&err.to_string(), 200)),
+    }
+}
+
 /// `dead-letters discard`: removes one dead letter a person decided to drop, after
-/// writing the decision where an auditor finds it: a warning log line (the telemetry's
-/// exporter when configured, else stderr) with its identity, the reason and who.
-/// Returns its line, or `None` when no dead letter has that MessageId.
+/// writing the decision where an auditor finds it: in the store ([`record_discard`]) and
+/// a warning log line (stderr: the operator commands start no exporter) with its
+/// identity, the reason, who, and what the store holds. If the store cannot record it,
+/// nothing is removed. Returns its line, or `None` when no dead letter has that MessageId.
 pub async fn discard(
     broker: &dyn Broker,
     store: &DynStore,
@@ -503,25 +676,53 @@ pub async fn discard(
     for mut e in examined {
         if found.is_none() && e.line.message_id.as_deref() == Some(message_id) {
             let reason = bounded(reason, 500);
-            tracing::warn!(
-                message_id = %message_id,
-                claim_id = e.line.claim_id.as_deref().unwrap_or("-"),
-                tenant = e.line.tenant.as_deref().unwrap_or("-"),
-                verdict = e.line.verdict.name(),
-                by = %principal,
-                reason = %reason,
-                "dead letter discarded by an operator"
-            );
-            e.line.action = Some(match broker.delete(&e.letter).await {
-                Ok(()) => format!("discarded: {reason}"),
-                Err(err) => format!("not discarded ({err})"),
-            });
+            let action = discard_one(broker, store.as_ref(), options, &e, &reason, &principal);
+            e.line.action = Some(action.await);
             found = Some(e.line);
         } else {
-            let _ = broker.unlock(&e.letter).await;
+            release(broker, &e).await;
         }
     }
     Ok(found)
+}
+
+/// Records, logs and removes one dead letter (see [`discard`]); returns the action.
+async fn discard_one(
+    broker: &dyn Broker,
+    store: &dyn Store,
+    options: &Options,
+    e: &Examined,
+    reason: &str,
+    principal: &str,
+) -> String {
+    let (Some(_), Some(lock)) = (&e.letter, &e.lock) else {
+        release(broker, e).await;
+        return "not discarded: the broker's answer for it does not read; nothing was recorded or removed".into();
+    };
+    let recorded = match record_discard(store, options, e, OffsetDateTime::now_utc()).await {
+        Ok(recorded) => recorded,
+        Err(why) => {
+            release(broker, e).await;
+            return format!(
+                "not discarded: the store could not record the decision ({why}); the dead letter is kept"
+            );
+        }
+    };
+    tracing::warn!(
+        message_id = e.line.message_id.as_deref().unwrap_or("-"),
+        claim_id = e.line.claim_id.as_deref().unwrap_or("-"),
+        tenant = e.line.tenant.as_deref().unwrap_or("-"),
+        verdict = e.line.verdict.name(),
+        by = %principal,
+        reason = %reason,
+        store_record = recorded.word(),
+        "dead letter discarded by an operator"
+    );
+    match broker.delete(lock).await {
+        Ok(()) => format!("discarded: {reason}; {recorded}"),
+        // The store already says discarded: a second `discard` finds it kept and removes it.
+        Err(err) => format!("not discarded ({err}); {recorded}; run discard again"),
+    }
 }
 
 /// The claim id in a line, for callers that map verdicts back (the simulator).

@@ -18,6 +18,9 @@ pub enum Body {
     /// Not a ClaimApproved (not UTF-8, not JSON, a field wrong), too large, or no
     /// MessageId: why, bounded.
     Invalid(String),
+    /// The broker's answer for it did not read (its `BrokerProperties`, `Location` or
+    /// body): why, in the tool's own words (never the peer's text).
+    Unreadable(String),
 }
 
 /// One fact the store was asked for.
@@ -73,6 +76,8 @@ pub enum Verdict {
     Permanent,
     /// The store could not be read: nothing can be said.
     Unknown,
+    /// The broker's answer for this dead letter did not read: it is left where it is.
+    Unreadable,
     /// The broker still remembers the MessageId and would drop a copy silently.
     InsideWindow {
         #[serde(with = "time::serde::rfc3339")]
@@ -90,6 +95,7 @@ impl Verdict {
             Verdict::NeedsReconciliation => "needs-reconciliation",
             Verdict::Permanent => "permanent",
             Verdict::Unknown => "unknown",
+            Verdict::Unreadable => "unreadable",
             Verdict::InsideWindow { .. } => "inside-window",
         }
     }
@@ -153,6 +159,12 @@ fn base_verdict(facts: &Facts) -> Judgement {
                 format!("permanent: invalid payload ({why}); resubmitting cannot help"),
             )
         }
+        Body::Unreadable(why) => {
+            return judged(
+                Verdict::Unreadable,
+                format!("unreadable: the broker's answer for this dead letter does not read ({why}); nothing is done with it: look at it in the portal"),
+            )
+        }
         Body::ClaimApproved(hash) => hash,
     };
     let inbox = match &facts.inbox {
@@ -165,6 +177,12 @@ fn base_verdict(facts: &Facts) -> Judgement {
         Known::Present(outcome) => outcome.as_ref().and_then(InboxOutcome::kind),
         Known::Absent => None,
     };
+    if inbox == Some(OutcomeKind::Discarded) {
+        return judged(
+            Verdict::Permanent,
+            "permanent: a person discarded this message (dead-letters discard); a copy completes as a duplicate and is not paid",
+        );
+    }
     if let Some(kind @ (OutcomeKind::Conflict | OutcomeKind::InvalidMessage)) = inbox {
         return judged(
             Verdict::Permanent,
@@ -320,6 +338,32 @@ mod tests {
             );
             assert_eq!(j.verdict, Verdict::Permanent, "{kind}");
         }
+    }
+
+    /// A message a person discarded stays dropped: its store record says so and `--all`
+    /// does not send it, even though nothing was paid.
+    #[test]
+    fn a_discarded_message_is_permanent_though_nothing_was_paid() {
+        let j = judge(
+            &facts(
+                Known::Absent,
+                Known::Present(Some(OutcomeKind::Discarded.into())),
+            ),
+            NOW,
+            HOUR,
+        );
+        assert_eq!(j.verdict, Verdict::Permanent);
+        assert!(j.reason.contains("discarded"), "{}", j.reason);
+    }
+
+    #[test]
+    fn an_unreadable_broker_answer_is_its_own_verdict_never_sent() {
+        let mut f = facts(Known::Absent, Known::Absent);
+        f.body = Body::Unreadable("BrokerProperties has no LockToken".into());
+        let j = judge(&f, NOW, HOUR);
+        assert_eq!(j.verdict, Verdict::Unreadable);
+        assert_eq!(j.verdict.sendable(), None);
+        assert!(j.reason.contains("no LockToken"), "{}", j.reason);
     }
 
     #[test]

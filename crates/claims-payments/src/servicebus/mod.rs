@@ -20,14 +20,19 @@
 //!   DeliveryCount by one per listing: the count shown is the one the broker reports
 //!   minus our own lock; and at most `--limit` messages are locked at once (a lock lasts
 //!   the queue's lockDuration, PT1M here; no renewal is needed for batches that size);
-//! - no sequence-number access and no dead-lettering time in `BrokerProperties`: the
-//!   listing shows the enqueued time; the dead-lettering time is "-";
+//! - no sequence-number access; no dead-lettering time, in REST or anywhere else: the
+//!   peek-lock's `BrokerProperties` has `EnqueuedTimeUtc`, `SequenceNumber`,
+//!   `DeliveryCount`, `LockToken`, `LockedUntilUtc`, and AMQP's annotations
+//!   (`x-opt-enqueued-time`, `x-opt-deadletter-source`, ...) have no such time either, so
+//!   the listing shows the enqueued time and "-" for the dead-lettering time
+//!   (docs/deploy.md §8.4 gives the sources);
 //! - application properties travel as HTTP headers: names and values are kept as the
 //!   broker sent them (the REST encoding, JSON-quoted strings), byte for byte through
 //!   the headers, which AMQP would keep typed;
-//! - the Service Bus emulator documents AMQP as its messaging protocol (its HTTP port is
-//!   the management API), so this adapter is not run against it: tests use the testkit's
-//!   stand-in.
+//! - the Service Bus emulator serves messages over AMQP only (its maintainers:
+//!   github.com/Azure/azure-service-bus-emulator-installer/issues/29; its HTTP port 5300
+//!   is health and management), so this adapter cannot run against it: tests use the
+//!   testkit's stand-in.
 
 pub mod rest;
 
@@ -43,6 +48,13 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 /// The broker's lock on one dead letter, from a peek-lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockToken(pub String);
+
+/// Where a locked dead letter is unlocked or deleted: the `Location` the broker gave
+/// with the peek-lock (it names the message and its lock token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lock {
+    pub location: String,
+}
 
 /// The broker's MessageId of a dead letter, as sent (any text up to 128 characters,
 /// or absent when the broker's properties do not carry it).
@@ -62,9 +74,9 @@ pub struct Property {
 pub struct DeadLetter {
     pub message_id: Option<BrokerMessageId>,
     pub sequence_number: Option<i64>,
-    pub lock: LockToken,
-    /// Where the broker said the locked message is (`Location`): unlock and delete go there.
-    pub location: String,
+    pub lock_token: LockToken,
+    /// Where the broker said the locked message is: unlock and delete go there.
+    pub lock: Lock,
     /// As the broker reports it, our own lock included.
     pub delivery_count: u32,
     pub enqueued_at: Option<OffsetDateTime>,
@@ -92,6 +104,29 @@ pub fn unquote(value: &str) -> String {
         Ok(serde_json::Value::String(s)) => s,
         _ => value.to_owned(),
     }
+}
+
+/// A peek-locked dead letter whose answer did not read: a `BrokerProperties` header that
+/// is missing, not JSON or of the wrong shape, no `LockToken`, no `Location`, a body cut
+/// off. It concerns this dead letter only: the run reports it and goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// As far as the answer named it (bounded, like any MessageId shown).
+    pub message_id: Option<BrokerMessageId>,
+    pub sequence_number: Option<i64>,
+    /// The lock, when the answer had a usable `Location`: it is given back at the end of
+    /// the run like any other; without one the lock expires by itself (lockDuration).
+    pub lock: Option<Lock>,
+    /// What did not read, in the tool's own words: never the peer's text, which may be
+    /// anything (control characters, a token, megabytes).
+    pub problem: String,
+}
+
+/// What a peek-lock returned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Locked {
+    Letter(DeadLetter),
+    Unreadable(Unreadable),
 }
 
 /// A message to send: MessageId, body, content type and the custom properties.
@@ -182,12 +217,14 @@ pub fn bounded(text: &str, chars: usize) -> String {
 /// The queue operations the dead-letter tool uses.
 #[async_trait]
 pub trait Broker: Send + Sync {
-    /// Peek-locks the next unlocked dead letter; `None` when there is none.
-    async fn lock_next_dead_letter(&self) -> Result<Option<DeadLetter>, BusError>;
+    /// Peek-locks the next unlocked dead letter; `None` when there is none. An error is
+    /// one that concerns the whole run (401/403, throttling, the namespace unreachable);
+    /// an answer about one dead letter that does not read is [`Locked::Unreadable`].
+    async fn lock_next_dead_letter(&self) -> Result<Option<Locked>, BusError>;
     /// Gives a lock back: the dead letter stays, for the next reader.
-    async fn unlock(&self, letter: &DeadLetter) -> Result<(), BusError>;
+    async fn unlock(&self, lock: &Lock) -> Result<(), BusError>;
     /// Removes a locked dead letter.
-    async fn delete(&self, letter: &DeadLetter) -> Result<(), BusError>;
+    async fn delete(&self, lock: &Lock) -> Result<(), BusError>;
     /// Sends `message` to the queue; `Ok` once the broker accepted it.
     async fn send(&self, message: &Outgoing) -> Result<(), BusError>;
     /// Who acts, as far as the credential says (for the re-drive record).

@@ -11,12 +11,11 @@ use azure_core::credentials::TokenCredential;
 use base64::Engine;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::StatusCode;
-use serde::Deserialize;
 use time::OffsetDateTime;
 
 use super::{
-    bounded, Broker, BrokerMessageId, BusError, BusErrorKind, DeadLetter, LockToken, Outgoing,
-    Property, MAX_BODY_BYTES,
+    bounded, Broker, BrokerMessageId, BusError, BusErrorKind, DeadLetter, Lock, LockToken, Locked,
+    Outgoing, Property, Unreadable, MAX_BODY_BYTES,
 };
 
 /// The Entra scope of every Service Bus namespace.
@@ -55,14 +54,110 @@ pub struct RestBroker {
 }
 
 /// `BrokerProperties` as the broker sends it; only what the tool reads.
-#[derive(Deserialize)]
-#[serde(rename_all = "PascalCase")]
 struct BrokerProperties {
     message_id: Option<String>,
     lock_token: Option<String>,
     delivery_count: Option<u32>,
     sequence_number: Option<i64>,
     enqueued_time_utc: Option<String>,
+}
+
+/// The longest `BrokerProperties` header read: the broker's is well under 1 KiB.
+const MAX_BROKER_PROPERTIES: usize = 16 * 1024;
+
+/// Where a JSON text stops reading, in words that repeat none of it.
+fn json_problem(e: &serde_json::Error) -> String {
+    let what = match e.classify() {
+        serde_json::error::Category::Eof => "ends too early",
+        serde_json::error::Category::Syntax => "is not JSON",
+        serde_json::error::Category::Data => "has a value of the wrong type",
+        serde_json::error::Category::Io => "could not be read",
+    };
+    format!("{what} (at column {})", e.column())
+}
+
+impl BrokerProperties {
+    /// Reads the header field by field, so a problem names the field and never repeats
+    /// the value; what did read (MessageId, SequenceNumber) comes back with the problem.
+    fn read(headers: &HeaderMap) -> Result<Self, (Self, String)> {
+        let none = || BrokerProperties {
+            message_id: None,
+            lock_token: None,
+            delivery_count: None,
+            sequence_number: None,
+            enqueued_time_utc: None,
+        };
+        let Some(raw) = headers.get("BrokerProperties") else {
+            return Err((none(), "no BrokerProperties header".into()));
+        };
+        if raw.len() > MAX_BROKER_PROPERTIES {
+            return Err((
+                none(),
+                format!("the BrokerProperties header is longer than {MAX_BROKER_PROPERTIES} bytes"),
+            ));
+        }
+        let Ok(text) = raw.to_str() else {
+            return Err((
+                none(),
+                "the BrokerProperties header is not visible ASCII".into(),
+            ));
+        };
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| (none(), format!("BrokerProperties {}", json_problem(&e))))?;
+        let Some(object) = value.as_object() else {
+            return Err((none(), "BrokerProperties is not a JSON object".into()));
+        };
+        let mut problems: Vec<&str> = Vec::new();
+        let field = |name: &'static str| -> Option<&serde_json::Value> {
+            object.get(name).filter(|v| !v.is_null())
+        };
+        let text_of = |v: Option<&serde_json::Value>,
+                       name: &'static str,
+                       problems: &mut Vec<&'static str>| {
+            v.and_then(|v| {
+                let s = v.as_str().map(str::to_owned);
+                if s.is_none() {
+                    problems.push(name);
+                }
+                s
+            })
+        };
+        let message_id = text_of(field("MessageId"), "MessageId", &mut problems);
+        let lock_token = text_of(field("LockToken"), "LockToken", &mut problems);
+        let enqueued_time_utc = text_of(field("EnqueuedTimeUtc"), "EnqueuedTimeUtc", &mut problems);
+        let delivery_count = field("DeliveryCount").and_then(|v| {
+            let n = v.as_u64().and_then(|n| u32::try_from(n).ok());
+            if n.is_none() {
+                problems.push("DeliveryCount");
+            }
+            n
+        });
+        let sequence_number = field("SequenceNumber").and_then(|v| {
+            let n = v.as_i64();
+            if n.is_none() {
+                problems.push("SequenceNumber");
+            }
+            n
+        });
+        let read = BrokerProperties {
+            message_id,
+            lock_token,
+            delivery_count,
+            sequence_number,
+            enqueued_time_utc,
+        };
+        if !problems.is_empty() {
+            let problem = format!(
+                "BrokerProperties has a value of the wrong type for {}",
+                problems.join(", ")
+            );
+            return Err((read, problem));
+        }
+        if read.lock_token.is_none() {
+            return Err((read, "BrokerProperties has no LockToken".into()));
+        }
+        Ok(read)
+    }
 }
 
 impl RestBroker {
@@ -102,15 +197,9 @@ impl RestBroker {
             .map_err(|e| BusError::new(BusErrorKind::Other, format!("bad URL {path:?}: {e}")))
     }
 
-    /// The lock's URL, from the broker's `Location`: only on the endpoint's own origin,
-    /// so a token is never sent elsewhere.
-    /// Unlocks (PUT) or deletes (DELETE) a locked dead letter by its lock token.
-    async fn settle_lock(
-        &self,
-        method: reqwest::Method,
-        letter: &DeadLetter,
-    ) -> Result<(), BusError> {
-        let url = self.lock_url(letter)?;
+    /// Unlocks (PUT) or deletes (DELETE) a locked dead letter at its `Location`.
+    async fn settle_lock(&self, method: reqwest::Method, lock: &Lock) -> Result<(), BusError> {
+        let url = self.lock_url(&lock.location)?;
         let response = self
             .request(method, url)
             .await?
@@ -124,8 +213,10 @@ impl RestBroker {
         }
     }
 
-    fn lock_url(&self, letter: &DeadLetter) -> Result<reqwest::Url, BusError> {
-        let url = self.url(&letter.location)?;
+    /// The lock's URL, from the broker's `Location`: only on the endpoint's own origin,
+    /// so a token is never sent elsewhere.
+    fn lock_url(&self, location: &str) -> Result<reqwest::Url, BusError> {
+        let url = self.url(location)?;
         if url.origin() != self.base.origin() {
             return Err(BusError::new(
                 BusErrorKind::Other,
@@ -190,24 +281,49 @@ fn transport(e: reqwest::Error) -> BusError {
 }
 
 /// Reads a peek-lock answer (201): `BrokerProperties`, `Location`, the custom
-/// properties and the body, at most [`MAX_BODY_BYTES`] of it.
-async fn dead_letter(response: reqwest::Response) -> Result<DeadLetter, BusError> {
+/// properties and the body, at most [`MAX_BODY_BYTES`] of it. An answer that does not
+/// read concerns this dead letter only: it comes back as [`Unreadable`], with the lock
+/// when the `Location` is usable, so the run reports it and goes on.
+async fn dead_letter(broker: &RestBroker, response: reqwest::Response) -> Locked {
     let headers = response.headers().clone();
-    let broker: BrokerProperties = headers
-        .get("BrokerProperties")
-        .and_then(|v| v.to_str().ok())
-        .map(serde_json::from_str)
-        .transpose()
-        .map_err(|e| BusError::new(BusErrorKind::Other, format!("BrokerProperties: {e}")))?
-        .ok_or_else(|| BusError::new(BusErrorKind::Other, "no BrokerProperties header"))?;
-    let lock = broker
-        .lock_token
-        .ok_or_else(|| BusError::new(BusErrorKind::Other, "BrokerProperties has no LockToken"))?;
-    let location = headers
-        .get("Location")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .ok_or_else(|| BusError::new(BusErrorKind::Other, "no Location header"))?;
+    let lock = headers
+        .get(reqwest::header::LOCATION)
+        .ok_or("no Location header")
+        .and_then(|v| {
+            v.to_str()
+                .map_err(|_| "the Location header is not visible ASCII")
+        })
+        .and_then(|l| match broker.lock_url(l) {
+            Ok(_) => Ok(Lock {
+                location: l.to_owned(),
+            }),
+            Err(_) => Err("the Location header is not a URL on the namespace's own origin"),
+        });
+    let unreadable = |read: &BrokerProperties, lock: Option<Lock>, problem: String| {
+        Locked::Unreadable(Unreadable {
+            message_id: read
+                .message_id
+                .as_deref()
+                .map(|m| BrokerMessageId(bounded(m, 128))),
+            sequence_number: read.sequence_number,
+            lock,
+            problem,
+        })
+    };
+    let broker_properties = match BrokerProperties::read(&headers) {
+        Ok(read) => read,
+        Err((read, problem)) => return unreadable(&read, lock.ok(), problem),
+    };
+    let lock = match lock {
+        Ok(lock) => lock,
+        Err(problem) => {
+            return unreadable(
+                &broker_properties,
+                None,
+                format!("{problem}: it cannot be unlocked or removed"),
+            )
+        }
+    };
     let properties = headers
         .iter()
         .filter(|(name, _)| !PROTOCOL_HEADERS.contains(&name.as_str()))
@@ -220,15 +336,34 @@ async fn dead_letter(response: reqwest::Response) -> Result<DeadLetter, BusError
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let (body, body_truncated) = bounded_body(response).await?;
-    Ok(DeadLetter {
-        message_id: broker.message_id.map(BrokerMessageId),
-        sequence_number: broker.sequence_number,
-        lock: LockToken(lock),
-        location,
-        delivery_count: broker.delivery_count.unwrap_or(0),
-        enqueued_at: broker
-            .enqueued_time_utc
+    let (body, body_truncated) = match bounded_body(response).await {
+        Ok(body) => body,
+        Err(e) => {
+            let how = match e.kind {
+                BusErrorKind::Timeout => "timed out",
+                _ => "the connection failed",
+            };
+            return unreadable(
+                &broker_properties,
+                Some(lock),
+                format!("the body could not be read to its end ({how})"),
+            );
+        }
+    };
+    let BrokerProperties {
+        message_id,
+        lock_token,
+        delivery_count,
+        sequence_number,
+        enqueued_time_utc,
+    } = broker_properties;
+    Locked::Letter(DeadLetter {
+        message_id: message_id.map(BrokerMessageId),
+        sequence_number,
+        lock_token: LockToken(lock_token.unwrap_or_default()),
+        lock,
+        delivery_count: delivery_count.unwrap_or(0),
+        enqueued_at: enqueued_time_utc
             .as_deref()
             .and_then(|t| httpdate::parse_http_date(t).ok())
             .map(OffsetDateTime::from),
@@ -270,7 +405,7 @@ fn token_principal(token: &str) -> Option<String> {
 
 #[async_trait]
 impl Broker for RestBroker {
-    async fn lock_next_dead_letter(&self) -> Result<Option<DeadLetter>, BusError> {
+    async fn lock_next_dead_letter(&self) -> Result<Option<Locked>, BusError> {
         let url = self.url(&format!(
             "{}/$DeadLetterQueue/messages/head?timeout=1",
             self.queue
@@ -283,18 +418,18 @@ impl Broker for RestBroker {
             .await
             .map_err(transport)?;
         match response.status() {
-            StatusCode::CREATED => dead_letter(response).await.map(Some),
+            StatusCode::CREATED => Ok(Some(dead_letter(self, response).await)),
             StatusCode::NO_CONTENT => Ok(None),
             _ => Err(Self::refused(response, false).await),
         }
     }
 
-    async fn unlock(&self, letter: &DeadLetter) -> Result<(), BusError> {
-        self.settle_lock(reqwest::Method::PUT, letter).await
+    async fn unlock(&self, lock: &Lock) -> Result<(), BusError> {
+        self.settle_lock(reqwest::Method::PUT, lock).await
     }
 
-    async fn delete(&self, letter: &DeadLetter) -> Result<(), BusError> {
-        self.settle_lock(reqwest::Method::DELETE, letter).await
+    async fn delete(&self, lock: &Lock) -> Result<(), BusError> {
+        self.settle_lock(reqwest::Method::DELETE, lock).await
     }
 
     async fn send(&self, message: &Outgoing) -> Result<(), BusError> {
@@ -357,6 +492,56 @@ mod tests {
             Some("ops@example.com")
         );
         assert_eq!(token_principal("not a token"), None);
+    }
+
+    /// A `BrokerProperties` that does not read names the field or the flaw, never the
+    /// value (which is the peer's: it may hold anything), and keeps what did read.
+    #[test]
+    fn broker_properties_that_do_not_read_name_the_flaw_never_the_value() {
+        let long = format!(
+            "{{\"LockToken\":\"{}\"}}",
+            "x".repeat(MAX_BROKER_PROPERTIES)
+        );
+        let cases: [(Option<&[u8]>, &str); 8] = [
+            (None, "no BrokerProperties header"),
+            (Some(b"SECRET"), "BrokerProperties is not JSON (at column 1)"),
+            (Some(b"{\"SECRET"), "BrokerProperties ends too early"),
+            (Some(b"[\"SECRET\"]"), "BrokerProperties is not a JSON object"),
+            (Some(b"{\"MessageId\":\"m-1\"}"), "BrokerProperties has no LockToken"),
+            (
+                Some(b"{\"MessageId\":\"m-1\",\"LockToken\":\"t\",\"DeliveryCount\":\"SECRET\",\"SequenceNumber\":-1.5}"),
+                "BrokerProperties has a value of the wrong type for DeliveryCount, SequenceNumber",
+            ),
+            (Some(b"{\"MessageId\":\"SECRET \xff\"}"), "BrokerProperties header is not visible ASCII"),
+            (Some(long.as_bytes()), "longer than 16384 bytes"),
+        ];
+        for (raw, expected) in cases {
+            let mut headers = HeaderMap::new();
+            if let Some(raw) = raw {
+                headers.insert("BrokerProperties", HeaderValue::from_bytes(raw).unwrap());
+            }
+            let Err((read, problem)) = BrokerProperties::read(&headers) else {
+                panic!("{raw:?} read");
+            };
+            assert!(problem.contains(expected), "{problem:?} for {raw:?}");
+            assert!(
+                !problem.contains("SECRET") && problem.len() < 120,
+                "{problem:?}"
+            );
+            if expected.contains("DeliveryCount") || expected.contains("LockToken") {
+                assert_eq!(read.message_id.as_deref(), Some("m-1"));
+            }
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "BrokerProperties",
+            HeaderValue::from_static(r#"{"LockToken":"t","DeliveryCount":3,"SequenceNumber":7}"#),
+        );
+        let read = BrokerProperties::read(&headers).ok().unwrap();
+        assert_eq!(
+            (read.delivery_count, read.sequence_number),
+            (Some(3), Some(7))
+        );
     }
 
     #[test]
