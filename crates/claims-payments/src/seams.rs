@@ -10,6 +10,12 @@ use axum::Router;
 pub use crate::consumer::crash::{CrashHook, Step};
 pub use crate::idempotency::liveness::{end_registration_of, Registered};
 
+/// The state the product serves, with the HTTP API's caller authentication set as
+/// `HTTP_AUTH` sets it (keys kept 24 h).
+pub fn app_state(consumer: Consumer, auth: crate::payments_api::CallerAuth) -> AppState {
+    AppState::new(consumer).with_http(auth, std::time::Duration::from_secs(24 * 3600))
+}
+
 /// The product's router over `state`, for serving in-process (the deterministic
 /// simulator sends it requests without sockets).
 pub fn router(state: Arc<AppState>) -> Router {

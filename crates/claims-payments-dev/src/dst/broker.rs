@@ -23,8 +23,8 @@ use axum::Router;
 use claims_payments::ambient::{Ambient, Boot};
 use claims_payments::bank::{BankClient, BankSettings};
 use claims_payments::consumer::{Consumer, Policy};
+use claims_payments::payments_api::CallerAuth;
 use claims_payments::seams::{self, Registered};
-use claims_payments::startup::AppState;
 use claims_payments::store::DynStore;
 use claims_payments_testkit::host::{envelope, DataType, DeliveryFields};
 use tokio::sync::Notify;
@@ -74,7 +74,11 @@ pub struct RunResult {
 
 impl RunResult {
     pub fn summary(&self) -> String {
-        let outcomes: Vec<String> = self.outcomes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let outcomes: Vec<String> = self
+            .outcomes
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
         format!(
             "seed {}: ok; trace {}; {} instance(s); {} deliveries, {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven); {:.1} virtual hours; faults: {}; outcomes: {}",
             self.seed,
@@ -148,6 +152,8 @@ struct Instance {
     tasks: JoinSet<()>,
     in_flight: usize,
     alive: bool,
+    /// A start is under way (it waits for its registration): no second one.
+    starting: bool,
     /// The boot of the process before, if it crashed on this "port".
     crashed_boot: Option<Boot>,
 }
@@ -185,6 +191,8 @@ pub struct Sim {
     books: Mutex<Books>,
     wake: Notify,
     checks: Checks,
+    /// How HTTP callers are told apart (`HTTP_AUTH`): by function key, or signed in.
+    signed_in: bool,
 }
 
 fn policy() -> Policy {
@@ -204,6 +212,36 @@ fn bank_settings() -> BankSettings {
         api_key: None,
         timeout: BANK_TIMEOUT,
         key_window: KEY_WINDOW,
+    }
+}
+
+/// An HTTP caller: a signed-in principal with the pay role (or, by function key, all
+/// callers are one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Caller(u64);
+
+impl Caller {
+    /// The key as the service scopes it: per caller.
+    fn scoped(&self, key: &str) -> String {
+        format!("{}/{key}", self.0)
+    }
+
+    /// App Service Authentication's `x-ms-client-principal` for this caller.
+    fn principal(&self) -> String {
+        use base64::Engine;
+        let principal = serde_json::json!({
+            "auth_typ": "aad",
+            "name_typ": "name",
+            "role_typ": "http://schemas.microsoft.com/ws/2008/06/identity/claims/role",
+            "claims": [
+                {"typ": "http://schemas.microsoft.com/identity/claims/objectidentifier",
+                 "val": format!("00000000-0000-4000-8000-{:012}", self.0)},
+                {"typ": "http://schemas.microsoft.com/identity/claims/tenantid",
+                 "val": "72f988bf-86f1-41af-91ab-2d7cd011db47"},
+                {"typ": "roles", "val": "Payments.Pay"},
+            ],
+        });
+        base64::engine::general_purpose::STANDARD.encode(principal.to_string())
     }
 }
 
@@ -249,7 +287,12 @@ impl Sim {
             race_window: 16,
             seed,
         });
-        trace_event!(trace, "run seed {seed} instances {instances} faults {}", chaos.plan());
+        let signed_in = dice.hit(0.5);
+        trace_event!(
+            trace,
+            "run seed {seed} instances {instances} signed-in callers {signed_in} faults {}",
+            chaos.plan()
+        );
         let sim = Arc::new(Sim {
             seed,
             options,
@@ -264,6 +307,7 @@ impl Sim {
             books: Mutex::new(Books::default()),
             wake: Notify::new(),
             checks: Checks::default(),
+            signed_in,
         });
         sim.clone().timeline(instances).await;
         sim.result(instances)
@@ -288,6 +332,7 @@ impl Sim {
                 tasks: JoinSet::new(),
                 in_flight: 0,
                 alive: false,
+                starting: false,
                 crashed_boot: None,
             });
             self.clone().start_instance(slot).await;
@@ -306,16 +351,14 @@ impl Sim {
         self.books().calm = true;
         trace_event!(self.trace, "calm");
         for slot in 0..instances {
-            if !self.books().instances[slot].alive {
-                self.clone().start_instance(slot).await;
-            }
+            self.clone().start_instance(slot).await;
         }
         self.drain().await;
         // The dead letters, re-driven once the duplicate-detection window has passed.
         tokio::time::sleep(DUPLICATE_WINDOW).await;
         self.redrive();
         self.drain().await;
-        self.timer("Reconcile", None).await;
+        self.timer("Reconcile").await;
         self.drain().await;
 
         // Past the bank's key window and the inbox retention: stop cleanly, jump, purge,
@@ -329,10 +372,10 @@ impl Sim {
             self.clone().start_instance(slot).await;
         }
         background.spawn(self.clone().dispatcher());
-        self.timer("Purge", None).await;
+        self.timer("Purge").await;
         self.resend_old();
         self.drain().await;
-        self.timer("Reconcile", None).await;
+        self.timer("Reconcile").await;
         background.abort_all();
         for slot in 0..instances {
             self.stop_instance(slot).await;
@@ -346,8 +389,14 @@ impl Sim {
     async fn start_instance(self: Arc<Self>, slot: usize) {
         let (process, crashed) = {
             let mut books = self.books();
+            let instance = &mut books.instances[slot];
+            if instance.alive || instance.starting {
+                return;
+            }
+            instance.starting = true;
+            let crashed = instance.crashed_boot.take();
             books.processes += 1;
-            (books.processes, books.instances[slot].crashed_boot.take())
+            (books.processes, crashed)
         };
         let skew = if self.chaos.is_active(Fault::ClockSkew) {
             self.dice.range(0, 2 * MAX_SKEW_MS as u64) as i64 - MAX_SKEW_MS
@@ -365,10 +414,21 @@ impl Sim {
                 Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
             }
         };
-        let client = BankClient::with_transport(&bank_settings(), self.bank.clone(), ambient.clone());
-        let consumer = Consumer::with_ambient(self.store.clone(), Some(client), policy(), ambient.clone());
-        let router = seams::router(Arc::new(AppState::new(consumer)));
-        trace_event!(self.trace, "start slot {slot} process {process} boot {} skew {skew}", ambient.boot());
+        let client =
+            BankClient::with_transport(&bank_settings(), self.bank.clone(), ambient.clone());
+        let consumer =
+            Consumer::with_ambient(self.store.clone(), Some(client), policy(), ambient.clone());
+        let auth = if self.signed_in {
+            CallerAuth::AppService
+        } else {
+            CallerAuth::FunctionKey
+        };
+        let router = seams::router(Arc::new(seams::app_state(consumer, auth)));
+        trace_event!(
+            self.trace,
+            "start slot {slot} process {process} boot {} skew {skew}",
+            ambient.boot()
+        );
         let mut books = self.books();
         let instance = &mut books.instances[slot];
         instance.process = process;
@@ -376,6 +436,7 @@ impl Sim {
         instance.router = Some(router);
         instance.registered = Some(registered);
         instance.alive = true;
+        instance.starting = false;
         instance.in_flight = 0;
         drop(books);
         self.wake.notify_one();
@@ -420,7 +481,10 @@ impl Sim {
             None
         };
         let process = instance.process;
-        trace_event!(self.trace, "crash slot {slot} process {process} host_alive {host_alive}");
+        trace_event!(
+            self.trace,
+            "crash slot {slot} process {process} host_alive {host_alive}"
+        );
         if host_alive {
             let held: Vec<(usize, u64)> = books
                 .queue
@@ -444,9 +508,7 @@ impl Sim {
         let sim = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            if !sim.books().instances[slot].alive {
-                sim.start_instance(slot).await;
-            }
+            sim.start_instance(slot).await;
         });
     }
 
@@ -532,8 +594,10 @@ impl Sim {
         let mut late = Vec::new();
         for &copy in &self.plan.send_order {
             let c = &self.plan.copies[copy];
-            if matches!(c.kind, CopyKind::ProducerResend | CopyKind::ConflictingPayload)
-                && self.dice.hit(0.6)
+            if matches!(
+                c.kind,
+                CopyKind::ProducerResend | CopyKind::ConflictingPayload
+            ) && self.dice.hit(0.6)
             {
                 late.push(copy);
                 continue;
@@ -560,7 +624,12 @@ impl Sim {
                 .filter(|q| q.state == QueueState::DeadLettered && !q.redriven)
                 .map(|q| {
                     q.redriven = true;
-                    (q.message_id.clone(), q.body.clone(), q.claim.clone(), q.kind)
+                    (
+                        q.message_id.clone(),
+                        q.body.clone(),
+                        q.claim.clone(),
+                        q.kind,
+                    )
                 })
                 .collect()
         };
@@ -612,7 +681,8 @@ impl Sim {
                         break;
                     }
                     books.locks.pop_first();
-                    if matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token) {
+                    if matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token)
+                    {
                         trace_event!(self.trace, "lock expired #{i}");
                         self.release(&mut books, i, token, "lock-expired");
                     }
@@ -622,15 +692,15 @@ impl Sim {
                     while instance.tasks.try_join_next().is_some() {}
                 }
                 while !books.ready.is_empty() {
-                    let free = (0..slots)
-                        .map(|k| (next + k) % slots)
-                        .find(|&s| {
-                            let inst = &books.instances[s];
-                            inst.alive && inst.router.is_some() && inst.in_flight < MAX_CONCURRENT_CALLS
-                        });
+                    let free = (0..slots).map(|k| (next + k) % slots).find(|&s| {
+                        let inst = &books.instances[s];
+                        inst.alive && inst.router.is_some() && inst.in_flight < MAX_CONCURRENT_CALLS
+                    });
                     let Some(slot) = free else { break };
                     next = slot + 1;
-                    let Some(i) = books.ready.pop_front() else { break };
+                    let Some(i) = books.ready.pop_front() else {
+                        break;
+                    };
                     books.next_token += 1;
                     let token = books.next_token;
                     books.deliveries += 1;
@@ -642,7 +712,10 @@ impl Sim {
                     books.locks.insert((now + renewal, i, token));
                     let q = &mut books.queue[i];
                     q.delivery_count += 1;
-                    q.state = QueueState::Locked { token, instance: slot };
+                    q.state = QueueState::Locked {
+                        token,
+                        instance: slot,
+                    };
                     spawned.push((slot, i, token, q.delivery_count));
                     books.instances[slot].in_flight += 1;
                 }
@@ -693,11 +766,17 @@ impl Sim {
         };
         let sim = self.clone();
         let task = async move {
-            trace_event!(sim.trace, "deliver #{i} {message_id} count {count} slot {slot} claim {}", claim.as_deref().unwrap_or("-"));
+            trace_event!(
+                sim.trace,
+                "deliver #{i} {message_id} count {count} slot {slot} claim {}",
+                claim.as_deref().unwrap_or("-")
+            );
             let answered = tokio::time::timeout(timeout, async {
                 let response = router.oneshot(request).await.ok()?;
                 let status = response.status();
-                let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.ok()?;
+                let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                    .await
+                    .ok()?;
                 Some((status, body))
             })
             .await;
@@ -709,7 +788,11 @@ impl Sim {
                 Ok(None) => (false, "no-answer".into()),
                 Err(_) => (false, "function-timeout".into()),
             };
-            trace_event!(sim.trace, "answer #{i} {message_id} claim {} {label}", claim.as_deref().unwrap_or("-"));
+            trace_event!(
+                sim.trace,
+                "answer #{i} {message_id} claim {} {label}",
+                claim.as_deref().unwrap_or("-")
+            );
             if completes {
                 sim.check_durable(claim.as_deref(), &message_id).await;
             }
@@ -727,7 +810,8 @@ impl Sim {
         if books.instances[slot].in_flight > 0 {
             books.instances[slot].in_flight -= 1;
         }
-        let holds = matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token);
+        let holds =
+            matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token);
         books.queue[i].last_outcome = kind;
         if holds {
             if completes {
@@ -750,7 +834,11 @@ impl Sim {
     /// its claim's payment stored.
     async fn check_durable(&self, claim: Option<&str>, message_id: &str) {
         let Some(claim) = claim else {
-            self.checks.fail(Violation::new("2xx-is-durable", None, format!("message {message_id} without a valid claim was completed")));
+            self.checks.fail(Violation::new(
+                "2xx-is-durable",
+                None,
+                format!("message {message_id} without a valid claim was completed"),
+            ));
             return;
         };
         let inbox = self.memory.inbox_snapshot();
@@ -781,24 +869,30 @@ impl Sim {
         let mut tick = tokio::time::interval_at(self.start + RECONCILE_EVERY, RECONCILE_EVERY);
         loop {
             tick.tick().await;
-            self.timer("Reconcile", Some(&self.chaos)).await;
+            self.timer("Reconcile").await;
             if !purged && self.elapsed() >= purge_at {
                 purged = true;
-                self.timer("Purge", Some(&self.chaos)).await;
+                self.timer("Purge").await;
             }
         }
     }
 
     /// One timer invocation (`Reconcile`, `Purge`) on the first live instance.
-    async fn timer(&self, function: &str, _chaos: Option<&Chaos>) {
+    async fn timer(&self, function: &str) {
         let router = {
             let books = self.books();
-            books.instances.iter().find(|i| i.alive).and_then(|i| i.router.clone())
+            books
+                .instances
+                .iter()
+                .find(|i| i.alive)
+                .and_then(|i| i.router.clone())
         };
         let Some(router) = router else { return };
         let request = Request::post(format!("/{function}"))
             .header("content-type", "application/json")
-            .body(Body::from(r#"{"Data":{"timer":{"IsPastDue":false}},"Metadata":{}}"#))
+            .body(Body::from(
+                r#"{"Data":{"timer":{"IsPastDue":false}},"Metadata":{}}"#,
+            ))
             .expect("a request");
         let answered = tokio::time::timeout(FUNCTION_TIMEOUT, router.oneshot(request)).await;
         let status = match answered {
@@ -837,33 +931,59 @@ impl Sim {
     }
 
     async fn http_intent(self: Arc<Self>, n: usize) {
+        let caller = Caller(self.dice.range(1, 3));
         let claim = uuid::Uuid::from_u64_pair(self.seed, 1 << 40 | n as u64).to_string();
         let key = format!("intent-{}-{n}", self.seed);
-        let amount = format!("{}.{:02}", self.dice.range(1, 5_000), self.dice.range(0, 99));
-        let body = format!(
-            r#"{{"claimId":"{claim}","amount":"{amount}","currency":"EUR","payee":"NL{:02}SIMB{:010}"}}"#,
-            self.dice.range(10, 99),
-            self.dice.range(0, 9_999_999_999)
+        let amount = format!(
+            "{}.{:02}",
+            self.dice.range(1, 5_000),
+            self.dice.range(0, 99)
         );
+        let body = self.payment_body(&claim, &amount);
         let mut submits = JoinSet::new();
         let double = self.chaos.fires(Fault::DoubleSubmit, &key);
         for _ in 0..if double { 2 } else { 1 } {
-            submits.spawn(self.clone().submit(claim.clone(), key.clone(), body.clone()));
+            submits.spawn(
+                self.clone()
+                    .submit(caller, claim.clone(), key.clone(), body.clone()),
+            );
+        }
+        if self.signed_in && self.chaos.fires(Fault::OtherCallersKey, &key) {
+            // Another caller, the same key string, its own payment: its own answer.
+            let other = Caller(caller.0 % 3 + 1);
+            let claim = uuid::Uuid::from_u64_pair(self.seed, 2 << 40 | n as u64).to_string();
+            let body = self.payment_body(&claim, "77.00");
+            submits.spawn(self.clone().submit(other, claim, key.clone(), body));
         }
         while submits.join_next().await.is_some() {}
-        if self.dice.hit(0.1) && self.checks.answered(&key) {
+        if self.dice.hit(0.1) && self.checks.answered(&caller.scoped(&key)) {
             // The same key with another amount, once the key has its answer: refused.
             let changed = body.replace(&format!(r#""amount":"{amount}""#), r#""amount":"1.23""#);
-            if let Some((status, _)) = self.send_once(&key, &changed, Duration::from_secs(60)).await {
+            if let Some((status, _)) = self
+                .send_once(caller, &key, &changed, Duration::from_secs(60))
+                .await
+            {
                 if status < 400 {
-                    self.checks.fail(Violation::new("key-reuse-refused", Some(&claim), format!("a changed payload under key {key} answered {status}")));
+                    self.checks.fail(Violation::new(
+                        "key-reuse-refused",
+                        Some(&claim),
+                        format!("a changed payload under key {key} answered {status}"),
+                    ));
                 }
             }
         }
     }
 
+    fn payment_body(&self, claim: &str, amount: &str) -> String {
+        format!(
+            r#"{{"claimId":"{claim}","amount":"{amount}","currency":"EUR","payee":"NL{:02}SIMB{:010}"}}"#,
+            self.dice.range(10, 99),
+            self.dice.range(0, 9_999_999_999)
+        )
+    }
+
     /// One intent's submission: retried under the same key until a final answer.
-    async fn submit(self: Arc<Self>, claim: String, key: String, body: String) {
+    async fn submit(self: Arc<Self>, caller: Caller, claim: String, key: String, body: String) {
         for attempt in 0..12u32 {
             let timeout = if self.chaos.fires(Fault::Disconnect, &key) {
                 self.dice.millis(1, 300)
@@ -872,9 +992,22 @@ impl Sim {
             } else {
                 Duration::from_secs(100)
             };
-            match self.send_once(&key, &body, timeout).await {
+            match self.send_once(caller, &key, &body, timeout).await {
                 Some((status, answer)) if !matches!(status, 409 | 429 | 500..=599) => {
-                    self.checks.http_answer(&key, &claim, status, &answer);
+                    self.checks
+                        .http_answer(&caller.scoped(&key), &claim, status, &answer);
+                    if (status == 200 || status == 201)
+                        && !String::from_utf8_lossy(&answer).contains(&claim)
+                    {
+                        self.checks.fail(Violation::new(
+                            "key-replays-one-answer",
+                            Some(&claim),
+                            format!(
+                                "key {key} of caller {} answered {status} about another claim",
+                                caller.0
+                            ),
+                        ));
+                    }
                     if status == 200 || status == 201 {
                         let stored = self
                             .memory
@@ -882,7 +1015,13 @@ impl Sim {
                             .iter()
                             .any(|p| p.claim_id.to_string() == claim);
                         if !stored {
-                            self.checks.fail(Violation::new("2xx-is-durable", Some(&claim), format!("POST /api/payments answered {status} and no payment is stored")));
+                            self.checks.fail(Violation::new(
+                                "2xx-is-durable",
+                                Some(&claim),
+                                format!(
+                                    "POST /api/payments answered {status} and no payment is stored"
+                                ),
+                            ));
                         }
                     }
                     return;
@@ -898,10 +1037,20 @@ impl Sim {
 
     /// One request on a live instance; `None` when the client gave up waiting or the
     /// connection broke (the server's work is then dropped where it waits).
-    async fn send_once(&self, key: &str, body: &str, timeout: Duration) -> Option<(u16, Vec<u8>)> {
-        let request = Request::post("/api/payments")
+    async fn send_once(
+        &self,
+        caller: Caller,
+        key: &str,
+        body: &str,
+        timeout: Duration,
+    ) -> Option<(u16, Vec<u8>)> {
+        let mut request = Request::post("/api/payments")
             .header("content-type", "application/json")
-            .header("idempotency-key", key)
+            .header("idempotency-key", key);
+        if self.signed_in {
+            request = request.header("x-ms-client-principal", caller.principal());
+        }
+        let request = request
             .body(Body::from(body.to_owned()))
             .expect("a request");
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -910,13 +1059,17 @@ impl Sim {
             books.http_requests += 1;
             let slots = books.instances.len();
             let first = self.dice.range(0, slots as u64 - 1) as usize;
-            let slot = (0..slots).map(|k| (first + k) % slots).find(|&s| books.instances[s].alive)?;
+            let slot = (0..slots)
+                .map(|k| (first + k) % slots)
+                .find(|&s| books.instances[s].alive)?;
             let router = books.instances[slot].router.clone()?;
             books.instances[slot].tasks.spawn(async move {
                 let answered = async {
                     let response = router.oneshot(request).await.ok()?;
                     let status = response.status().as_u16();
-                    let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.ok()?;
+                    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                        .await
+                        .ok()?;
                     Some((status, body.to_vec()))
                 }
                 .await;
@@ -950,7 +1103,16 @@ impl Sim {
             .iter()
             // A re-driven dead letter lives on as its copy, judged on its own.
             .filter(|q| !q.redriven || q.dead_lettered_calm)
-            .map(|q| (q.message_id.clone(), q.claim.clone(), q.state, q.last_outcome.clone(), q.dead_lettered_calm, q.kind))
+            .map(|q| {
+                (
+                    q.message_id.clone(),
+                    q.claim.clone(),
+                    q.state,
+                    q.last_outcome.clone(),
+                    q.dead_lettered_calm,
+                    q.kind,
+                )
+            })
             .collect();
         drop(books);
         check::at_end(
@@ -989,7 +1151,11 @@ impl Sim {
             dead_lettered: books.dead_lettered,
             redriven: books.redriven,
             payouts: self.bank.payouts().len(),
-            events: if self.options.keep_trace { self.trace.lines_with("") } else { Vec::new() },
+            events: if self.options.keep_trace {
+                self.trace.lines_with("")
+            } else {
+                Vec::new()
+            },
             trace: self.trace.clone(),
         }
     }

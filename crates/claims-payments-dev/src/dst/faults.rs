@@ -65,10 +65,13 @@ pub enum Fault {
     DoubleSubmit,
     /// A client disconnects mid-request.
     Disconnect,
+    /// Another caller sends its own payment under a key string a first caller used
+    /// (signed-in callers: keys are scoped by caller).
+    OtherCallersKey,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 23] = [
+    pub const ALL: [Fault; 24] = [
         Fault::StoreWriteUnknown,
         Fault::StoreThrottled,
         Fault::StoreThrottledHint,
@@ -92,6 +95,7 @@ impl Fault {
         Fault::ClientTimeout,
         Fault::DoubleSubmit,
         Fault::Disconnect,
+        Fault::OtherCallersKey,
     ];
 
     /// The range its rate is drawn from, per opportunity (a call, a delivery, a second
@@ -136,10 +140,7 @@ impl FaultPlan {
     /// Every kind at its highest rate (a stress run).
     pub fn all() -> Self {
         FaultPlan {
-            rates: Fault::ALL
-                .iter()
-                .map(|f| (*f, f.rate_range().1))
-                .collect(),
+            rates: Fault::ALL.iter().map(|f| (*f, f.rate_range().1)).collect(),
         }
     }
 
