@@ -46,7 +46,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Simulate(args) => sim::main(*args).await,
         Command::Bench(args) => bench::main(args).await,
         // Each seed runs on a current-thread runtime of its own, outside this one.
-        Command::Dst(args) => tokio::task::spawn_blocking(move || claims_payments_dev::dst::main(args)).await?,
+        Command::Dst(args) => {
+            tokio::task::spawn_blocking(move || claims_payments_dev::dst::main(args)).await?
+        }
         Command::SandboxBank { port } => {
             let bank = FakeBank::start_on(FakeBankSettings::default(), port).await?;
             println!("BANK_API_URL={}", bank.url());

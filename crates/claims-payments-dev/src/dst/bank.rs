@@ -105,7 +105,9 @@ impl SimBank {
     }
 
     fn now_ms(&self) -> u64 {
-        Instant::now().saturating_duration_since(self.start).as_millis() as u64
+        Instant::now()
+            .saturating_duration_since(self.start)
+            .as_millis() as u64
     }
 
     /// Every payout made, in order.
@@ -172,7 +174,11 @@ impl SimBank {
                 }
                 Some(entry) => Step::Kept(entry.kept),
                 None => {
-                    let kept = if parsed.payee.as_deref().is_some_and(|p| p.starts_with("CLOSED-")) {
+                    let kept = if parsed
+                        .payee
+                        .as_deref()
+                        .is_some_and(|p| p.starts_with("CLOSED-"))
+                    {
                         ledger
                             .refusals
                             .push((parsed.claim_id.clone(), key.to_owned()));
@@ -181,11 +187,7 @@ impl SimBank {
                         ledger.next_id += 1;
                         let payment_id = format!("pay-{:06}", ledger.next_id);
                         let at_ms = self.now_ms();
-                        if ledger
-                            .payouts
-                            .iter()
-                            .any(|p| p.claim_id == parsed.claim_id)
-                        {
+                        if ledger.payouts.iter().any(|p| p.claim_id == parsed.claim_id) {
                             ledger.double_payments.push(parsed.claim_id.clone());
                         }
                         ledger.payouts.push(Payout {
@@ -269,7 +271,9 @@ impl SimBank {
                 1 => answer(200, "[{".into()),
                 2 => answer(
                     200,
-                    format!(r#"[{{"paymentId":"x","status":"paid","amount":"1.00","currency":"EUR","reference":"{reference}-other"}}]"#),
+                    format!(
+                        r#"[{{"paymentId":"x","status":"paid","amount":"1.00","currency":"EUR","reference":"{reference}-other"}}]"#
+                    ),
                 ),
                 _ => Err(TransportFailure::TimedOut),
             };

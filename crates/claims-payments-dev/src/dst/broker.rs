@@ -74,7 +74,11 @@ pub struct RunResult {
 
 impl RunResult {
     pub fn summary(&self) -> String {
-        let outcomes: Vec<String> = self.outcomes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let outcomes: Vec<String> = self
+            .outcomes
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
         format!(
             "seed {}: ok; trace {}; {} instance(s); {} deliveries, {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven); {:.1} virtual hours; faults: {}; outcomes: {}",
             self.seed,
@@ -249,7 +253,11 @@ impl Sim {
             race_window: 16,
             seed,
         });
-        trace_event!(trace, "run seed {seed} instances {instances} faults {}", chaos.plan());
+        trace_event!(
+            trace,
+            "run seed {seed} instances {instances} faults {}",
+            chaos.plan()
+        );
         let sim = Arc::new(Sim {
             seed,
             options,
@@ -365,10 +373,16 @@ impl Sim {
                 Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
             }
         };
-        let client = BankClient::with_transport(&bank_settings(), self.bank.clone(), ambient.clone());
-        let consumer = Consumer::with_ambient(self.store.clone(), Some(client), policy(), ambient.clone());
+        let client =
+            BankClient::with_transport(&bank_settings(), self.bank.clone(), ambient.clone());
+        let consumer =
+            Consumer::with_ambient(self.store.clone(), Some(client), policy(), ambient.clone());
         let router = seams::router(Arc::new(AppState::new(consumer)));
-        trace_event!(self.trace, "start slot {slot} process {process} boot {} skew {skew}", ambient.boot());
+        trace_event!(
+            self.trace,
+            "start slot {slot} process {process} boot {} skew {skew}",
+            ambient.boot()
+        );
         let mut books = self.books();
         let instance = &mut books.instances[slot];
         instance.process = process;
@@ -420,7 +434,10 @@ impl Sim {
             None
         };
         let process = instance.process;
-        trace_event!(self.trace, "crash slot {slot} process {process} host_alive {host_alive}");
+        trace_event!(
+            self.trace,
+            "crash slot {slot} process {process} host_alive {host_alive}"
+        );
         if host_alive {
             let held: Vec<(usize, u64)> = books
                 .queue
@@ -532,8 +549,10 @@ impl Sim {
         let mut late = Vec::new();
         for &copy in &self.plan.send_order {
             let c = &self.plan.copies[copy];
-            if matches!(c.kind, CopyKind::ProducerResend | CopyKind::ConflictingPayload)
-                && self.dice.hit(0.6)
+            if matches!(
+                c.kind,
+                CopyKind::ProducerResend | CopyKind::ConflictingPayload
+            ) && self.dice.hit(0.6)
             {
                 late.push(copy);
                 continue;
@@ -560,7 +579,12 @@ impl Sim {
                 .filter(|q| q.state == QueueState::DeadLettered && !q.redriven)
                 .map(|q| {
                     q.redriven = true;
-                    (q.message_id.clone(), q.body.clone(), q.claim.clone(), q.kind)
+                    (
+                        q.message_id.clone(),
+                        q.body.clone(),
+                        q.claim.clone(),
+                        q.kind,
+                    )
                 })
                 .collect()
         };
@@ -612,7 +636,8 @@ impl Sim {
                         break;
                     }
                     books.locks.pop_first();
-                    if matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token) {
+                    if matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token)
+                    {
                         trace_event!(self.trace, "lock expired #{i}");
                         self.release(&mut books, i, token, "lock-expired");
                     }
@@ -622,15 +647,15 @@ impl Sim {
                     while instance.tasks.try_join_next().is_some() {}
                 }
                 while !books.ready.is_empty() {
-                    let free = (0..slots)
-                        .map(|k| (next + k) % slots)
-                        .find(|&s| {
-                            let inst = &books.instances[s];
-                            inst.alive && inst.router.is_some() && inst.in_flight < MAX_CONCURRENT_CALLS
-                        });
+                    let free = (0..slots).map(|k| (next + k) % slots).find(|&s| {
+                        let inst = &books.instances[s];
+                        inst.alive && inst.router.is_some() && inst.in_flight < MAX_CONCURRENT_CALLS
+                    });
                     let Some(slot) = free else { break };
                     next = slot + 1;
-                    let Some(i) = books.ready.pop_front() else { break };
+                    let Some(i) = books.ready.pop_front() else {
+                        break;
+                    };
                     books.next_token += 1;
                     let token = books.next_token;
                     books.deliveries += 1;
@@ -642,7 +667,10 @@ impl Sim {
                     books.locks.insert((now + renewal, i, token));
                     let q = &mut books.queue[i];
                     q.delivery_count += 1;
-                    q.state = QueueState::Locked { token, instance: slot };
+                    q.state = QueueState::Locked {
+                        token,
+                        instance: slot,
+                    };
                     spawned.push((slot, i, token, q.delivery_count));
                     books.instances[slot].in_flight += 1;
                 }
@@ -693,11 +721,17 @@ impl Sim {
         };
         let sim = self.clone();
         let task = async move {
-            trace_event!(sim.trace, "deliver #{i} {message_id} count {count} slot {slot} claim {}", claim.as_deref().unwrap_or("-"));
+            trace_event!(
+                sim.trace,
+                "deliver #{i} {message_id} count {count} slot {slot} claim {}",
+                claim.as_deref().unwrap_or("-")
+            );
             let answered = tokio::time::timeout(timeout, async {
                 let response = router.oneshot(request).await.ok()?;
                 let status = response.status();
-                let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.ok()?;
+                let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                    .await
+                    .ok()?;
                 Some((status, body))
             })
             .await;
@@ -709,7 +743,11 @@ impl Sim {
                 Ok(None) => (false, "no-answer".into()),
                 Err(_) => (false, "function-timeout".into()),
             };
-            trace_event!(sim.trace, "answer #{i} {message_id} claim {} {label}", claim.as_deref().unwrap_or("-"));
+            trace_event!(
+                sim.trace,
+                "answer #{i} {message_id} claim {} {label}",
+                claim.as_deref().unwrap_or("-")
+            );
             if completes {
                 sim.check_durable(claim.as_deref(), &message_id).await;
             }
@@ -727,7 +765,8 @@ impl Sim {
         if books.instances[slot].in_flight > 0 {
             books.instances[slot].in_flight -= 1;
         }
-        let holds = matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token);
+        let holds =
+            matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token);
         books.queue[i].last_outcome = kind;
         if holds {
             if completes {
@@ -750,7 +789,11 @@ impl Sim {
     /// its claim's payment stored.
     async fn check_durable(&self, claim: Option<&str>, message_id: &str) {
         let Some(claim) = claim else {
-            self.checks.fail(Violation::new("2xx-is-durable", None, format!("message {message_id} without a valid claim was completed")));
+            self.checks.fail(Violation::new(
+                "2xx-is-durable",
+                None,
+                format!("message {message_id} without a valid claim was completed"),
+            ));
             return;
         };
         let inbox = self.memory.inbox_snapshot();
@@ -793,12 +836,18 @@ impl Sim {
     async fn timer(&self, function: &str, _chaos: Option<&Chaos>) {
         let router = {
             let books = self.books();
-            books.instances.iter().find(|i| i.alive).and_then(|i| i.router.clone())
+            books
+                .instances
+                .iter()
+                .find(|i| i.alive)
+                .and_then(|i| i.router.clone())
         };
         let Some(router) = router else { return };
         let request = Request::post(format!("/{function}"))
             .header("content-type", "application/json")
-            .body(Body::from(r#"{"Data":{"timer":{"IsPastDue":false}},"Metadata":{}}"#))
+            .body(Body::from(
+                r#"{"Data":{"timer":{"IsPastDue":false}},"Metadata":{}}"#,
+            ))
             .expect("a request");
         let answered = tokio::time::timeout(FUNCTION_TIMEOUT, router.oneshot(request)).await;
         let status = match answered {
@@ -839,7 +888,11 @@ impl Sim {
     async fn http_intent(self: Arc<Self>, n: usize) {
         let claim = uuid::Uuid::from_u64_pair(self.seed, 1 << 40 | n as u64).to_string();
         let key = format!("intent-{}-{n}", self.seed);
-        let amount = format!("{}.{:02}", self.dice.range(1, 5_000), self.dice.range(0, 99));
+        let amount = format!(
+            "{}.{:02}",
+            self.dice.range(1, 5_000),
+            self.dice.range(0, 99)
+        );
         let body = format!(
             r#"{{"claimId":"{claim}","amount":"{amount}","currency":"EUR","payee":"NL{:02}SIMB{:010}"}}"#,
             self.dice.range(10, 99),
@@ -848,15 +901,25 @@ impl Sim {
         let mut submits = JoinSet::new();
         let double = self.chaos.fires(Fault::DoubleSubmit, &key);
         for _ in 0..if double { 2 } else { 1 } {
-            submits.spawn(self.clone().submit(claim.clone(), key.clone(), body.clone()));
+            submits.spawn(
+                self.clone()
+                    .submit(claim.clone(), key.clone(), body.clone()),
+            );
         }
         while submits.join_next().await.is_some() {}
         if self.dice.hit(0.1) && self.checks.answered(&key) {
             // The same key with another amount, once the key has its answer: refused.
             let changed = body.replace(&format!(r#""amount":"{amount}""#), r#""amount":"1.23""#);
-            if let Some((status, _)) = self.send_once(&key, &changed, Duration::from_secs(60)).await {
+            if let Some((status, _)) = self
+                .send_once(&key, &changed, Duration::from_secs(60))
+                .await
+            {
                 if status < 400 {
-                    self.checks.fail(Violation::new("key-reuse-refused", Some(&claim), format!("a changed payload under key {key} answered {status}")));
+                    self.checks.fail(Violation::new(
+                        "key-reuse-refused",
+                        Some(&claim),
+                        format!("a changed payload under key {key} answered {status}"),
+                    ));
                 }
             }
         }
@@ -882,7 +945,13 @@ impl Sim {
                             .iter()
                             .any(|p| p.claim_id.to_string() == claim);
                         if !stored {
-                            self.checks.fail(Violation::new("2xx-is-durable", Some(&claim), format!("POST /api/payments answered {status} and no payment is stored")));
+                            self.checks.fail(Violation::new(
+                                "2xx-is-durable",
+                                Some(&claim),
+                                format!(
+                                    "POST /api/payments answered {status} and no payment is stored"
+                                ),
+                            ));
                         }
                     }
                     return;
@@ -910,13 +979,17 @@ impl Sim {
             books.http_requests += 1;
             let slots = books.instances.len();
             let first = self.dice.range(0, slots as u64 - 1) as usize;
-            let slot = (0..slots).map(|k| (first + k) % slots).find(|&s| books.instances[s].alive)?;
+            let slot = (0..slots)
+                .map(|k| (first + k) % slots)
+                .find(|&s| books.instances[s].alive)?;
             let router = books.instances[slot].router.clone()?;
             books.instances[slot].tasks.spawn(async move {
                 let answered = async {
                     let response = router.oneshot(request).await.ok()?;
                     let status = response.status().as_u16();
-                    let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.ok()?;
+                    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                        .await
+                        .ok()?;
                     Some((status, body.to_vec()))
                 }
                 .await;
@@ -950,7 +1023,16 @@ impl Sim {
             .iter()
             // A re-driven dead letter lives on as its copy, judged on its own.
             .filter(|q| !q.redriven || q.dead_lettered_calm)
-            .map(|q| (q.message_id.clone(), q.claim.clone(), q.state, q.last_outcome.clone(), q.dead_lettered_calm, q.kind))
+            .map(|q| {
+                (
+                    q.message_id.clone(),
+                    q.claim.clone(),
+                    q.state,
+                    q.last_outcome.clone(),
+                    q.dead_lettered_calm,
+                    q.kind,
+                )
+            })
             .collect();
         drop(books);
         check::at_end(
@@ -989,7 +1071,11 @@ impl Sim {
             dead_lettered: books.dead_lettered,
             redriven: books.redriven,
             payouts: self.bank.payouts().len(),
-            events: if self.options.keep_trace { self.trace.lines_with("") } else { Vec::new() },
+            events: if self.options.keep_trace {
+                self.trace.lines_with("")
+            } else {
+                Vec::new()
+            },
             trace: self.trace.clone(),
         }
     }

@@ -105,7 +105,13 @@ fn same_amount(a: &str, b: &str) -> bool {
     }
 }
 
-pub fn at_end(checks: &Checks, memory: &MemoryStore, bank: &SimBank, plan: &Plan, queue: Vec<Ended>) {
+pub fn at_end(
+    checks: &Checks,
+    memory: &MemoryStore,
+    bank: &SimBank,
+    plan: &Plan,
+    queue: Vec<Ended>,
+) {
     for claim in bank.double_payments() {
         checks.fail(Violation::new(
             "at-most-one-payout",
@@ -140,7 +146,9 @@ pub fn at_end(checks: &Checks, memory: &MemoryStore, bank: &SimBank, plan: &Plan
                             p.bank_payment_id,
                             p.money.amount_string(),
                             p.money.currency().code(),
-                            held.iter().map(|b| (&b.payment_id, &b.amount, &b.currency)).collect::<Vec<_>>()
+                            held.iter()
+                                .map(|b| (&b.payment_id, &b.amount, &b.currency))
+                                .collect::<Vec<_>>()
                         ),
                     ));
                 }
@@ -170,7 +178,10 @@ pub fn at_end(checks: &Checks, memory: &MemoryStore, bank: &SimBank, plan: &Plan
             checks.fail(Violation::new(
                 "ledger-equals-bank",
                 Some(claim),
-                format!("the bank paid {} and the ledger has no payment", held[0].payment_id),
+                format!(
+                    "the bank paid {} and the ledger has no payment",
+                    held[0].payment_id
+                ),
             ));
         }
     }
@@ -179,7 +190,10 @@ pub fn at_end(checks: &Checks, memory: &MemoryStore, bank: &SimBank, plan: &Plan
             checks.fail(Violation::new(
                 "every-message-ends",
                 m.claim.as_deref(),
-                format!("message {} ({:?}) neither completed nor dead-lettered", m.message_id, m.kind),
+                format!(
+                    "message {} ({:?}) neither completed nor dead-lettered",
+                    m.message_id, m.kind
+                ),
             ));
         }
         if m.dead_lettered && !is_permanent(&m.last_outcome) {
@@ -191,7 +205,11 @@ pub fn at_end(checks: &Checks, memory: &MemoryStore, bank: &SimBank, plan: &Plan
                     m.message_id,
                     m.kind,
                     m.last_outcome,
-                    if m.dead_lettered_calm { ", while no fault fired" } else { ", even after its re-drive" }
+                    if m.dead_lettered_calm {
+                        ", while no fault fired"
+                    } else {
+                        ", even after its re-drive"
+                    }
                 ),
             ));
         }
@@ -205,7 +223,9 @@ pub fn at_end(checks: &Checks, memory: &MemoryStore, bank: &SimBank, plan: &Plan
     }
     // Every valid claim the producer sent ends with a payment.
     for claim in &plan.claims {
-        let sent = queue.iter().any(|m| m.claim.as_deref() == Some(&claim.claim_id));
+        let sent = queue
+            .iter()
+            .any(|m| m.claim.as_deref() == Some(&claim.claim_id));
         if sent && !ledger_claims.contains_key(&claim.claim_id) {
             checks.fail(Violation::new(
                 "every-claim-recorded",

@@ -136,10 +136,7 @@ impl FaultPlan {
     /// Every kind at its highest rate (a stress run).
     pub fn all() -> Self {
         FaultPlan {
-            rates: Fault::ALL
-                .iter()
-                .map(|f| (*f, f.rate_range().1))
-                .collect(),
+            rates: Fault::ALL.iter().map(|f| (*f, f.rate_range().1)).collect(),
         }
     }
 

@@ -125,7 +125,9 @@ struct VirtualTime(tokio::time::Instant);
 
 impl tracing_subscriber::fmt::time::FormatTime for VirtualTime {
     fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
-        let ms = tokio::time::Instant::now().saturating_duration_since(self.0).as_millis();
+        let ms = tokio::time::Instant::now()
+            .saturating_duration_since(self.0)
+            .as_millis();
         write!(w, "{ms:>12}")
     }
 }
@@ -143,7 +145,9 @@ fn cpu_seconds() -> f64 {
 /// The command: runs the seeds, prints a line per failure and the totals; exit 1 when
 /// any seed failed.
 pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
-    let first = args.seed.unwrap_or_else(|| u64::from(rand::random::<u32>()));
+    let first = args
+        .seed
+        .unwrap_or_else(|| u64::from(rand::random::<u32>()));
     let options = RunOptions::from_args(&args);
     let (wall, cpu) = (WallInstant::now(), cpu_seconds());
     let (mut deliveries, mut virtual_secs, mut failed) = (0u64, 0f64, 0u64);

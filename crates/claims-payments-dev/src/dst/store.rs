@@ -55,7 +55,9 @@ impl FaultyStore {
             }
             match *window {
                 Some((_, false)) => {
-                    return Err(StoreError::Transient(format!("{op}: the store cannot be reached")))
+                    return Err(StoreError::Transient(format!(
+                        "{op}: the store cannot be reached"
+                    )))
                 }
                 Some((_, true)) if write => {
                     return Err(StoreError::Transient(format!(

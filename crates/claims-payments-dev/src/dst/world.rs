@@ -83,8 +83,7 @@ impl WallClock for SkewedClock {
 /// The true wall-clock time (the bank's and the broker's clock).
 pub fn wall_at(start: Instant) -> OffsetDateTime {
     let elapsed = Instant::now().saturating_duration_since(start);
-    OffsetDateTime::from_unix_timestamp(EPOCH_UNIX).unwrap_or(OffsetDateTime::UNIX_EPOCH)
-        + elapsed
+    OffsetDateTime::from_unix_timestamp(EPOCH_UNIX).unwrap_or(OffsetDateTime::UNIX_EPOCH) + elapsed
 }
 
 /// The ambient of simulated process number `n` (its boot), skewed by `skew_ms`.

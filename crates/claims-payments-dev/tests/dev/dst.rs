@@ -44,7 +44,10 @@ fn the_fixed_seeds_and_every_seed_that_found_a_defect_pass() {
             failures.push(result.failure_report());
         }
     }
-    println!("dst: {} seeds, {deliveries} deliveries", CI_SEEDS.count() + FOUND_SEEDS.len());
+    println!(
+        "dst: {} seeds, {deliveries} deliveries",
+        CI_SEEDS.count() + FOUND_SEEDS.len()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -43,8 +43,10 @@ pub mod transport;
 
 use answer::{read_answer, read_lookup};
 pub use settings::BankSettings;
-use transport::{BankAnswer, BankCall, BankTransport, BodyFailure, HttpTransport, TransportFailure};
 pub(crate) use settings::DEFAULT_KEY_WINDOW;
+use transport::{
+    BankAnswer, BankCall, BankTransport, BodyFailure, HttpTransport, TransportFailure,
+};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);

@@ -18,7 +18,10 @@ use crate::telemetry;
 #[derive(Debug, Clone, Copy)]
 pub enum BankCall<'a> {
     /// `POST /payments` with the Idempotency-Key and the stored body, byte for byte.
-    Payout { key: &'a IdempotencyKey, body: &'a str },
+    Payout {
+        key: &'a IdempotencyKey,
+        body: &'a str,
+    },
     /// `GET /payments?reference=`: what the bank holds under our key.
     Lookup { reference: &'a IdempotencyKey },
 }

@@ -87,7 +87,9 @@ impl GoneOwners {
     /// Whether `owner`'s process is known to have ended. Never true for this process.
     pub(crate) fn contains(&self, owner: AttemptId) -> bool {
         match owner.boot() {
-            Some(boot) if boot != self.me => self.gone.lock().is_ok_and(|gone| gone.contains(&boot)),
+            Some(boot) if boot != self.me => {
+                self.gone.lock().is_ok_and(|gone| gone.contains(&boot))
+            }
             _ => false,
         }
     }
@@ -200,7 +202,15 @@ pub(crate) async fn register(
     };
     let now = ambient.now();
     let hash = PayloadHash::from_stored(CONSUMER.into());
-    let record = super::new_record(&key(boot)?, &hash, ambient.attempt_id(), 0, terms, now, None);
+    let record = super::new_record(
+        &key(boot)?,
+        &hash,
+        ambient.attempt_id(),
+        0,
+        terms,
+        now,
+        None,
+    );
     let lease = match Lease::create(store, record).await? {
         Created::Held(lease) => lease,
         // Our own create, re-sent after an ambiguous answer: ours to renew.
@@ -230,7 +240,11 @@ fn renewed(record: &InboxRecord, terms: Terms, now: OffsetDateTime) -> InboxReco
 impl Registration {
     /// Extends the registration by [`TTL`] from now. `PreconditionFailed`: someone ended
     /// it (this process then counts as ended; its leases may be taken over, safely).
-    pub(crate) async fn renew(&mut self, store: &dyn Store, now: OffsetDateTime) -> StoreResult<()> {
+    pub(crate) async fn renew(
+        &mut self,
+        store: &dyn Store,
+        now: OffsetDateTime,
+    ) -> StoreResult<()> {
         let record = renewed(&self.lease.record, self.terms, now);
         match self.lease.clone().write(store, record.clone()).await {
             Ok(lease) => {
@@ -297,36 +311,36 @@ impl Registered {
     }
 
     fn keep(store: DynStore, mut registration: Registration, ambient: Ambient) -> Registered {
-    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(RENEW_EVERY);
-        tick.tick().await;
-        loop {
-            // Biased: a stop that is due wins over a renewal that is due, every time.
-            tokio::select! {
-                biased;
-                _ = &mut stopped => {
-                    registration.end(store.as_ref(), ambient.now()).await;
-                    return;
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RENEW_EVERY);
+            tick.tick().await;
+            loop {
+                // Biased: a stop that is due wins over a renewal that is due, every time.
+                tokio::select! {
+                    biased;
+                    _ = &mut stopped => {
+                        registration.end(store.as_ref(), ambient.now()).await;
+                        return;
+                    }
+                    _ = tick.tick() => {}
                 }
-                _ = tick.tick() => {}
-            }
-            match registration.renew(store.as_ref(), ambient.now()).await {
-                Ok(()) => {}
-                Err(StoreError::PreconditionFailed) => {
-                    // Someone ended it: other processes may now take our leases over.
-                    // Safe (the final writes are conditional), so carry on serving.
-                    tracing::error!("this process's registration was ended by another; its leases may be taken over");
-                    return;
+                match registration.renew(store.as_ref(), ambient.now()).await {
+                    Ok(()) => {}
+                    Err(StoreError::PreconditionFailed) => {
+                        // Someone ended it: other processes may now take our leases over.
+                        // Safe (the final writes are conditional), so carry on serving.
+                        tracing::error!("this process's registration was ended by another; its leases may be taken over");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "cannot renew this process's registration; trying again"
+                    ),
                 }
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    "cannot renew this process's registration; trying again"
-                ),
             }
-        }
-    });
-    Registered {
+        });
+        Registered {
             stop: Some(stop),
             task,
         }
