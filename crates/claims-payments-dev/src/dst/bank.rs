@@ -63,6 +63,8 @@ struct Ledger {
 
 pub struct SimBank {
     ledger: Mutex<Ledger>,
+    /// Until then no request reaches the bank.
+    dark_until: Mutex<Option<Instant>>,
     chaos: Chaos,
     start: Instant,
     /// The client's per-request timeout: an answer later than it is never seen.
@@ -93,6 +95,7 @@ impl SimBank {
     pub fn new(chaos: Chaos, start: Instant, timeout: Duration, key_window: Duration) -> Arc<Self> {
         Arc::new(SimBank {
             ledger: Mutex::new(Ledger::default()),
+            dark_until: Mutex::new(None),
             chaos,
             start,
             timeout,
@@ -108,6 +111,19 @@ impl SimBank {
         Instant::now()
             .saturating_duration_since(self.start)
             .as_millis() as u64
+    }
+
+    /// No request reaches the bank for `how_long` from now.
+    pub fn go_dark(&self, how_long: Duration) {
+        *self.dark_until.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Instant::now() + how_long);
+    }
+
+    fn is_dark(&self) -> bool {
+        self.dark_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|until| Instant::now() < until)
     }
 
     /// Every payout made, in order.
@@ -313,6 +329,10 @@ impl SimBank {
 #[async_trait]
 impl BankTransport for SimBank {
     async fn send(&self, call: BankCall<'_>) -> Result<BankAnswer, TransportFailure> {
+        if self.is_dark() {
+            self.latency().await;
+            return Err(TransportFailure::Connection);
+        }
         match call {
             BankCall::Payout { key, body } => self.payout(key.as_str(), body).await,
             BankCall::Lookup { reference } => self.lookup(reference.as_str()).await,

@@ -193,6 +193,8 @@ pub struct Sim {
     checks: Checks,
     /// How HTTP callers are told apart (`HTTP_AUTH`): by function key, or signed in.
     signed_in: bool,
+    /// The bank is dark past its key window.
+    bank_dark: std::sync::atomic::AtomicBool,
 }
 
 fn policy() -> Policy {
@@ -308,6 +310,7 @@ impl Sim {
             wake: Notify::new(),
             checks: Checks::default(),
             signed_in,
+            bank_dark: Default::default(),
         });
         sim.clone().timeline(instances).await;
         sim.result(instances)
@@ -347,6 +350,16 @@ impl Sim {
         tokio::time::sleep(CHAOS_PHASE).await;
         let _ = producer.await;
         let _ = clients.await;
+        if self.chaos.fires(Fault::BankDarkPastKeyWindow, "bank") {
+            // The unfinished payouts outlive the bank's memory of their keys.
+            self.bank.go_dark(KEY_WINDOW + Duration::from_secs(3600));
+            self.bank_dark
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.redrive();
+            tokio::time::sleep(KEY_WINDOW + Duration::from_secs(3600)).await;
+            self.bank_dark
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         self.chaos.calm();
         self.books().calm = true;
         trace_event!(self.trace, "calm");
@@ -724,9 +737,10 @@ impl Sim {
                 self.clone().invoke(slot, i, token, count);
             }
             let next_lock = self.books().locks.iter().next().map(|l| l.0);
+            // New work wakes it; otherwise the next lock to end, or a minute.
             let sleep_until = next_lock
-                .unwrap_or(now + Duration::from_secs(1))
-                .min(now + Duration::from_secs(1));
+                .unwrap_or(now + Duration::from_secs(60))
+                .min(now + Duration::from_secs(60));
             tokio::select! {
                 biased;
                 _ = self.wake.notified() => {}
@@ -908,6 +922,12 @@ impl Sim {
             tokio::time::sleep(Duration::from_secs(1)).await;
             if !self.chaos.is_on() {
                 return;
+            }
+            if self.bank_dark.load(std::sync::atomic::Ordering::Relaxed) {
+                // The bank's long outage is about payouts outliving their keys; the
+                // processes sit it out (and a day of per-second crash draws costs time).
+                tokio::time::sleep(KEY_WINDOW).await;
+                continue;
             }
             let slots = self.books().instances.len();
             for slot in 0..slots {

@@ -44,6 +44,9 @@ pub enum Fault {
     BankLookupFails,
     /// A success without a usable paymentId, an oversized answer, a redirect.
     BankHostileAnswer,
+    /// The bank cannot be reached for longer than its key window: payouts left unfinished
+    /// meet a bank that forgot their keys.
+    BankDarkPastKeyWindow,
     // The broker and the host.
     /// The message's lock runs out while its invocation still works.
     LockLost,
@@ -71,7 +74,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 24] = [
+    pub const ALL: [Fault; 25] = [
         Fault::StoreWriteUnknown,
         Fault::StoreThrottled,
         Fault::StoreThrottledHint,
@@ -86,6 +89,7 @@ impl Fault {
         Fault::BankLookupLags,
         Fault::BankLookupFails,
         Fault::BankHostileAnswer,
+        Fault::BankDarkPastKeyWindow,
         Fault::LockLost,
         Fault::CompleteFails,
         Fault::FunctionTimeout,
@@ -105,7 +109,7 @@ impl Fault {
             Fault::StoreOutage | Fault::StoreReadOnly => (0.002, 0.01),
             Fault::StoreSlowBeyondLease => (0.001, 0.01),
             Fault::HandlerCrash | Fault::InstanceLost => (0.002, 0.02),
-            Fault::ClockSkew => (1.0, 1.0),
+            Fault::ClockSkew | Fault::BankDarkPastKeyWindow => (1.0, 1.0),
             Fault::FunctionTimeout | Fault::LockLost | Fault::CompleteFails => (0.005, 0.05),
             _ => (0.01, 0.15),
         }
