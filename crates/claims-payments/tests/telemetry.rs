@@ -501,3 +501,158 @@ async fn an_endpoint_that_never_answers_adds_no_latency() {
     );
     handler.kill();
 }
+
+/// A fresh random trace id, as 32 lowercase hex digits.
+fn random_trace() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Whether the sampling keeps a plain success of `trace` at `percent` (the Application
+/// Insights score of the trace id; the same rule the host's SDK applies).
+fn in_share(trace: &str, percent: f64) -> bool {
+    claims_payments::telemetry::sampling::keeps_share(
+        opentelemetry::trace::TraceId::from_hex(trace).unwrap(),
+        percent,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_exported_whole_and_successes_at_the_configured_rate() {
+    const PERCENT: f64 = 20.0;
+    const SUCCESSES: usize = 120;
+    let ingestion = Ingestion::start().await;
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let bank_url = bank.url();
+    let connection_string = ingestion.connection_string();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("BANK_KEY_WINDOW_MS", "1000"),
+            ("BANK_TIMEOUT_MS", "200"),
+            ("RETRY_BUDGET_MS", "5000"),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &connection_string),
+            ("TELEMETRY_SAMPLE_PERCENT", "20"),
+        ],
+    );
+    // Plain successes whose callers did not sample them (flag 00): the share decides.
+    let mut successes = Vec::new();
+    for i in 0..SUCCESSES {
+        let trace = random_trace();
+        let body = claim_body(&common::new_claim(), "12.00");
+        let (status, answer) = deliver(
+            &handler,
+            &host_envelope(&body, &format!("ok-{i}"), 1),
+            Some(&format!("00-{trace}-00f067aa0ba902b7-00")),
+        )
+        .await;
+        assert_eq!((status, outcome(&answer)), (200, "paid"));
+        successes.push(trace);
+    }
+    // A success a caller sampled (flag 01) outside the share: kept, so its trace is whole.
+    let caller_sampled = std::iter::repeat_with(random_trace)
+        .find(|t| !in_share(t, PERCENT))
+        .unwrap();
+    let body = claim_body(&common::new_claim(), "13.00");
+    let (status, _) = deliver(
+        &handler,
+        &host_envelope(&body, "ok-sampled-by-caller", 1),
+        Some(&format!("00-{caller_sampled}-00f067aa0ba902b7-01")),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    // Failures, all outside the share and unsampled by their callers: invalid messages,
+    // and a payout the bank never answered (store and bank dependencies, failed).
+    let outside = || {
+        std::iter::repeat_with(random_trace)
+            .find(|t| !in_share(t, PERCENT))
+            .unwrap()
+    };
+    let mut invalid = Vec::new();
+    for i in 0..5 {
+        let trace = outside();
+        let (status, answer) = deliver(
+            &handler,
+            &host_envelope(r#"{"claimId":"not-a-uuid"}"#, &format!("bad-{i}"), 1),
+            Some(&format!("00-{trace}-00f067aa0ba902b7-00")),
+        )
+        .await;
+        assert_eq!((status, outcome(&answer)), (422, "invalid-message"));
+        invalid.push(trace);
+    }
+    bank.always(Some(BankFault::Unavailable));
+    let unknown = outside();
+    let body = claim_body(&common::new_claim(), "14.00");
+    let (status, answer) = deliver(
+        &handler,
+        &host_envelope(&body, "unknown-fate", 1),
+        Some(&format!("00-{unknown}-00f067aa0ba902b7-00")),
+    )
+    .await;
+    assert_eq!((status, outcome(&answer)), (200, "needs-reconciliation"));
+    bank.always(None);
+    stop(handler).await;
+    let items = ingestion.items();
+
+    // Every item of a trace carries the trace's sample rate.
+    let rates_of = |trace: &str| -> Vec<f64> {
+        items
+            .iter()
+            .filter(|i| operation_id(i) == trace && i["data"]["baseType"] != "MetricData")
+            .map(|i| i["sampleRate"].as_f64().unwrap_or(f64::NAN))
+            .collect()
+    };
+    // The failures: each exported, whole, at rate 100.
+    for trace in &invalid {
+        let requests = items_of(&items, "RequestData", trace);
+        assert_eq!(requests.len(), 1, "invalid message {trace} not exported");
+        assert_eq!(property(requests[0], "outcome"), "invalid-message");
+        assert!(rates_of(trace).iter().all(|r| *r == 100.0), "{:?}", rates_of(trace));
+    }
+    let requests = items_of(&items, "RequestData", &unknown);
+    assert_eq!(requests.len(), 1, "the unknown payout was not exported");
+    let dependencies = items_of(&items, "RemoteDependencyData", &unknown);
+    assert!(
+        dependencies
+            .iter()
+            .any(|d| property(d, "bank.operation") == "payout"),
+        "{dependencies:#?}"
+    );
+    assert!(
+        dependencies
+            .iter()
+            .any(|d| d["data"]["baseData"]["name"] == "sqlite claim"),
+        "{dependencies:#?}"
+    );
+    assert!(rates_of(&unknown).iter().all(|r| *r == 100.0));
+
+    // The successes: exactly those the trace-id rule keeps, each whole, at rate 20.
+    let expected: Vec<&String> = successes.iter().filter(|t| in_share(t, PERCENT)).collect();
+    let exported: Vec<&String> = successes
+        .iter()
+        .filter(|t| !items_of(&items, "RequestData", t).is_empty())
+        .collect();
+    assert_eq!(exported, expected);
+    for trace in &exported {
+        assert!(
+            !items_of(&items, "RemoteDependencyData", trace).is_empty(),
+            "a sampled success lost its dependencies"
+        );
+        assert!(rates_of(trace).iter().all(|r| *r == PERCENT));
+    }
+    // And their number is what a 20% share of 120 gives: within four standard deviations
+    // of the binomial (n p = 24, sd = 4.4), a bound the rate alone sets.
+    let n = SUCCESSES as f64;
+    let p = PERCENT / 100.0;
+    let sd = (n * p * (1.0 - p)).sqrt();
+    let kept = exported.len() as f64;
+    assert!(
+        (kept - n * p).abs() <= 4.0 * sd,
+        "{kept} of {n} successes exported at {PERCENT}%"
+    );
+    assert_eq!(items_of(&items, "RequestData", &caller_sampled).len(), 1);
+    assert!(rates_of(&caller_sampled).iter().all(|r| *r == PERCENT));
+}
