@@ -5,6 +5,12 @@
 //! `valueMin`, `valueMax`). Nothing here is created unless telemetry is exported
 //! ([`super::enabled`]): without an exporter a count is one atomic add, as before.
 //!
+//! Metrics are never sampled: every count reaches its instrument, whatever the traces'
+//! sampling decides. The hot path allocates nothing: each counter's instrument and
+//! attribute set are built on first use and kept ([`Binding`]), the dimensions known
+//! only at the call are `&'static str` or kept sets ([`http_answer`]), and the SDK finds
+//! a kept set's aggregator with one hash lookup under a read lock.
+//!
 //! | metric | kind | dimensions |
 //! |---|---|---|
 //! | `claims_payments.outcomes` | counter | `outcome` (the log line's label) |
@@ -24,7 +30,7 @@
 //! | `claims_payments.cosmos.request_units` | counter (RU) | |
 //! | `claims_payments.starts` | counter | (exported at once: a restart loop still shows) |
 
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
 
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
 use opentelemetry::KeyValue;
@@ -190,16 +196,32 @@ pub(crate) fn bank_duration(operation: &'static str, answer: &'static str, milli
     }
 }
 
-/// The HTTP server answered `route` with `status`.
+/// The HTTP server answered `route` with `status`. The attribute sets are built once
+/// per (route, status) and kept (routes are the router's few patterns, so a short scan
+/// under a read lock finds them): no allocation per request.
 pub(crate) fn http_answer(route: &str, status: u16) {
-    if let Some(i) = instruments() {
-        i.http_answers.add(
-            1,
-            &[
-                KeyValue::new("route", route.to_owned()),
-                KeyValue::new("status", i64::from(status)),
-            ],
-        );
+    /// More pairs than this are counted without being kept.
+    const KEPT: usize = 64;
+    type Sets = Vec<(Box<str>, u16, [KeyValue; 2])>;
+    static SETS: RwLock<Sets> = RwLock::new(Vec::new());
+    let Some(i) = instruments() else { return };
+    {
+        let sets = SETS.read().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, _, attributes)) =
+            sets.iter().find(|(r, s, _)| *s == status && &**r == route)
+        {
+            i.http_answers.add(1, attributes);
+            return;
+        }
+    }
+    let attributes = [
+        KeyValue::new("route", route.to_owned()),
+        KeyValue::new("status", i64::from(status)),
+    ];
+    i.http_answers.add(1, &attributes);
+    let mut sets = SETS.write().unwrap_or_else(|e| e.into_inner());
+    if sets.len() < KEPT && !sets.iter().any(|(r, s, _)| *s == status && &**r == route) {
+        sets.push((route.into(), status, attributes));
     }
 }
 
