@@ -72,6 +72,12 @@ const MONITOR_SCOPE: &str = "https://monitor.azure.com//.default";
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static METER_PROVIDER: std::sync::OnceLock<SdkMeterProvider> = std::sync::OnceLock::new();
 
+/// Turns the instruments on without an exporter, for the metric path's own test.
+#[cfg(test)]
+pub(crate) fn enable_for_test() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
 /// Whether telemetry is exported. When false, no span is created and no instrument exists.
 pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
@@ -662,6 +668,66 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Records the batches it is given.
+    #[derive(Debug, Default, Clone)]
+    struct Recording(Arc<std::sync::Mutex<Vec<Vec<SpanData>>>>);
+
+    impl SpanExporter for Recording {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            self.0.lock().unwrap().push(batch);
+            Ok(())
+        }
+    }
+
+    fn span_with(attributes: Vec<opentelemetry::KeyValue>) -> SpanData {
+        use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
+        SpanData {
+            span_context: SpanContext::empty_context(),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Server,
+            name: "s".into(),
+            start_time: std::time::SystemTime::UNIX_EPOCH,
+            end_time: std::time::SystemTime::UNIX_EPOCH,
+            attributes,
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: Default::default(),
+        }
+    }
+
+    #[test]
+    fn each_span_goes_out_at_the_rate_the_sampling_wrote_and_without_it() {
+        use opentelemetry::KeyValue;
+        let (full, share) = (Recording::default(), Recording::default());
+        let rated = Rated {
+            full: full.clone(),
+            share: share.clone(),
+        };
+        let batch = vec![
+            span_with(vec![KeyValue::new(SAMPLE_RATE_ATTRIBUTE, 100.0)]),
+            span_with(vec![
+                KeyValue::new("outcome", "paid"),
+                KeyValue::new(SAMPLE_RATE_ATTRIBUTE, 5.0),
+            ]),
+            span_with(vec![]),
+        ];
+        futures::executor::block_on(rated.export(batch)).unwrap();
+        let full = full.0.lock().unwrap();
+        let share = share.0.lock().unwrap();
+        assert_eq!((full.len(), full[0].len()), (1, 2));
+        assert_eq!((share.len(), share[0].len()), (1, 1));
+        for span in full.iter().chain(share.iter()).flatten() {
+            assert!(span
+                .attributes
+                .iter()
+                .all(|kv| kv.key.as_str() != SAMPLE_RATE_ATTRIBUTE));
+        }
+        assert_eq!(share[0][0].attributes.len(), 1, "other attributes stay");
     }
 
     #[test]
