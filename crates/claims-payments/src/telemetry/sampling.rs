@@ -372,7 +372,10 @@ impl<P: SpanProcessor> TailSampler<P> {
             .take_under(root.span_context.span_id(), &mut under);
         let rate = match self.policy.verdict(&root, &under) {
             Verdict::Keep(_) => 100.0,
-            Verdict::Sampled => self.policy.percent,
+            // At 0% only a caller's sampled flag keeps a success: count it once rather
+            // than as 100 / 0.
+            Verdict::Sampled if self.policy.percent > 0.0 => self.policy.percent,
+            Verdict::Sampled => 100.0,
             Verdict::Drop => {
                 counters().telemetry_traces_sampled_out.inc();
                 return;
@@ -627,6 +630,24 @@ mod tests {
         assert_eq!(kept.len(), 2, "{kept:#?}");
         assert!(kept.iter().all(|s| rate(s) == Some(DEFAULT_PERCENT)));
         assert_eq!(tail.held().count, 0, "nothing left behind");
+    }
+
+    #[test]
+    fn a_success_a_caller_sampled_at_a_0_percent_share_counts_once() {
+        let queue = Queue::default();
+        let policy = Policy {
+            percent: 0.0,
+            ..Policy::default()
+        };
+        let tail = TailSampler::new(queue.clone(), policy);
+        let trace = trace_id("4bf92f3577b34da6a3ce929d0e0e4736");
+        let mut root = span(trace, 1, 9, true);
+        root.parent_span_is_remote = true;
+        root.attributes.push(KeyValue::new("outcome", "paid"));
+        tail.on_end(root);
+        let kept = queue.0.lock().unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(rate(&kept[0]), Some(100.0), "never a rate of 0");
     }
 
     #[test]
