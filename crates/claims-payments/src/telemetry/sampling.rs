@@ -27,7 +27,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{
-    Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+    Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
 };
 use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -297,9 +297,7 @@ impl ShouldSample for HeadSampler {
                 SamplingDecision::RecordOnly
             },
             attributes: Vec::new(),
-            trace_state: parent
-                .map(|p| p.trace_state().clone())
-                .unwrap_or_else(TraceState::default),
+            trace_state: parent.map(|p| p.trace_state().clone()).unwrap_or_default(),
         }
     }
 }
@@ -449,6 +447,7 @@ impl<P: SpanProcessor> SpanProcessor for TailSampler<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use opentelemetry::trace::TraceState;
     use std::sync::Arc;
 
     fn trace_id(hex: &str) -> TraceId {
@@ -591,7 +590,7 @@ mod tests {
 
     fn rate(span: &SpanData) -> Option<f64> {
         span.attributes.iter().find_map(|kv| {
-            (kv.key.as_str() == SAMPLE_RATE_ATTRIBUTE).then(|| match kv.value {
+            (kv.key.as_str() == SAMPLE_RATE_ATTRIBUTE).then_some(match kv.value {
                 Value::F64(r) => r,
                 _ => f64::NAN,
             })
