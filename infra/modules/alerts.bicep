@@ -6,7 +6,8 @@
 // Log rules read the handler's OpenTelemetry data in Application Insights, never
 // the text of a log line: its metrics (customMetrics, name claims_payments.*, the
 // dimensions in customDimensions, aggregated per export as valueSum/valueMax) and
-// its bank dependencies (dependencies, customDimensions["bank.answer"]). Every
+// its bank dependencies (dependencies, customDimensions["bank.answer"]; a failed
+// dependency's trace is never sampled away, and counts use itemCount anyway). Every
 // query returns only the rows that need attention (no summarize without `by`,
 // which would return a row even for zero), and every log rule fires when it
 // returns at least one row.
@@ -254,7 +255,7 @@ var logRules = [
     window: 'PT5M'
     timeRange: ''
     description: 'The bank refused the service\'s own request (401/403 credential, 404/405 URL or method, 407 proxy, 413/415 format). No payout goes out until it is fixed. ${runbook} bank-service-fault.'
-    query: 'dependencies | where tostring(customDimensions["bank.answer"]) == "service-fault" | summarize faults = count(), firstSeen = min(timestamp), lastSeen = max(timestamp), example = take_any(operation_Id) by bankStatus = toint(resultCode)'
+    query: 'dependencies | where tostring(customDimensions["bank.answer"]) == "service-fault" | summarize faults = sum(itemCount), firstSeen = min(timestamp), lastSeen = max(timestamp), example = take_any(operation_Id) by bankStatus = toint(resultCode)'
   }
   {
     key: 'handler-restarts'

@@ -2,6 +2,8 @@
 // one page an operator reads top to bottom. Every chart reads the handler's
 // OpenTelemetry data (customMetrics named claims_payments.*, its requests and
 // dependencies) or the queue's platform metric; none parses a log line.
+// Requests and dependencies are sampled (every failure, a share of the successes):
+// a chart on them weighs each row by its itemCount (100 / sampleRate).
 // docs/deploy.md 8.2 explains each panel and the query behind it.
 
 @description('Display name of the workbook.')
@@ -47,7 +49,7 @@ var panels = [
   }
   {
     title: 'Bank latency p50 / p99 (ms, payout requests)'
-    query: 'dependencies | where timestamp {TimeRange} | where tostring(customDimensions["bank.operation"]) == "payout" | summarize p50 = percentile(duration, 50), p99 = percentile(duration, 99) by bin(timestamp, {TimeRange:grain})'
+    query: 'dependencies | where timestamp {TimeRange} | where tostring(customDimensions["bank.operation"]) == "payout" | summarize p50 = percentilew(duration, itemCount, 50), p99 = percentilew(duration, itemCount, 99) by bin(timestamp, {TimeRange:grain})'
     visualization: 'timechart'
   }
   {

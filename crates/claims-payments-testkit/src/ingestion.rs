@@ -28,6 +28,9 @@ struct Received {
     /// Every request body as text, decoded: what a secret must never be found in.
     texts: Vec<String>,
     posts: usize,
+    /// Bytes of the bodies as they arrived (gzip), and decoded.
+    bytes_sent: usize,
+    bytes_decoded: usize,
 }
 
 /// A running ingestion endpoint on a loopback port. Stops when dropped.
@@ -84,6 +87,12 @@ impl Ingestion {
     /// How many uploads arrived.
     pub fn posts(&self) -> usize {
         self.received().posts
+    }
+
+    /// Bytes received as sent (the gzip bodies) and decoded (the JSON).
+    pub fn bytes(&self) -> (usize, usize) {
+        let r = self.received();
+        (r.bytes_sent, r.bytes_decoded)
     }
 
     /// Everything received, as decoded text.
@@ -163,6 +172,8 @@ async fn track(
     let n = items.len();
     let mut r = received.lock().unwrap_or_else(|e| e.into_inner());
     r.posts += 1;
+    r.bytes_sent += body.len();
+    r.bytes_decoded += text.len();
     r.items.extend(items);
     r.texts.push(text);
     Json(json!({"itemsReceived": n, "itemsAccepted": n, "errors": []})).into_response()

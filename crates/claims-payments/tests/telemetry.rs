@@ -2,7 +2,10 @@
 //! endpoint (testkit::ingestion): one trace per delivery from the host's traceparent (or
 //! the producer's Diagnostic-Id) through the store to the bank, metrics with their
 //! dimensions, no secret; the same over OTLP (testkit::otlp); the Reconcile timer as a
-//! request of its own; and an unreachable endpoint that changes no answer.
+//! request of its own; an unreachable endpoint that changes no answer; sampling (every
+//! failure whole, successes at the configured share, each item with its sample rate);
+//! metrics that count everything whatever the sampling; and hostile endpoints (a
+//! redirect, an endless answer, a full queue, failing uploads) that cost bounded work.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -500,4 +503,531 @@ async fn an_endpoint_that_never_answers_adds_no_latency() {
         "a delivery waited {slowest:?} while the telemetry endpoint hung"
     );
     handler.kill();
+}
+
+/// A fresh random trace id, as 32 lowercase hex digits.
+fn random_trace() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Whether the sampling keeps a plain success of `trace` at `percent` (the Application
+/// Insights score of the trace id; the same rule the host's SDK applies).
+fn in_share(trace: &str, percent: f64) -> bool {
+    claims_payments::telemetry::sampling::keeps_share(
+        opentelemetry::trace::TraceId::from_hex(trace).unwrap(),
+        percent,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_exported_whole_and_successes_at_the_configured_rate() {
+    const PERCENT: f64 = 20.0;
+    const SUCCESSES: usize = 120;
+    let ingestion = Ingestion::start().await;
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let bank_url = bank.url();
+    let connection_string = ingestion.connection_string();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("BANK_KEY_WINDOW_MS", "1000"),
+            ("BANK_TIMEOUT_MS", "200"),
+            ("RETRY_BUDGET_MS", "5000"),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &connection_string),
+            ("TELEMETRY_SAMPLE_PERCENT", "20"),
+        ],
+    );
+    // Plain successes whose callers did not sample them (flag 00): the share decides.
+    let mut successes = Vec::new();
+    for i in 0..SUCCESSES {
+        let trace = random_trace();
+        let body = claim_body(&common::new_claim(), "12.00");
+        let (status, answer) = deliver(
+            &handler,
+            &host_envelope(&body, &format!("ok-{i}"), 1),
+            Some(&format!("00-{trace}-00f067aa0ba902b7-00")),
+        )
+        .await;
+        assert_eq!((status, outcome(&answer)), (200, "paid"));
+        successes.push(trace);
+    }
+    // A success a caller sampled (flag 01) outside the share: kept, so its trace is whole.
+    let caller_sampled = std::iter::repeat_with(random_trace)
+        .find(|t| !in_share(t, PERCENT))
+        .unwrap();
+    let body = claim_body(&common::new_claim(), "13.00");
+    let (status, _) = deliver(
+        &handler,
+        &host_envelope(&body, "ok-sampled-by-caller", 1),
+        Some(&format!("00-{caller_sampled}-00f067aa0ba902b7-01")),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    // Failures, all outside the share and unsampled by their callers: invalid messages,
+    // and a payout the bank never answered (store and bank dependencies, failed).
+    let outside = || {
+        std::iter::repeat_with(random_trace)
+            .find(|t| !in_share(t, PERCENT))
+            .unwrap()
+    };
+    let mut invalid = Vec::new();
+    for i in 0..5 {
+        let trace = outside();
+        let (status, answer) = deliver(
+            &handler,
+            &host_envelope(r#"{"claimId":"not-a-uuid"}"#, &format!("bad-{i}"), 1),
+            Some(&format!("00-{trace}-00f067aa0ba902b7-00")),
+        )
+        .await;
+        assert_eq!((status, outcome(&answer)), (422, "invalid-message"));
+        invalid.push(trace);
+    }
+    bank.always(Some(BankFault::Unavailable));
+    let unknown = outside();
+    let body = claim_body(&common::new_claim(), "14.00");
+    let (status, answer) = deliver(
+        &handler,
+        &host_envelope(&body, "unknown-fate", 1),
+        Some(&format!("00-{unknown}-00f067aa0ba902b7-00")),
+    )
+    .await;
+    assert_eq!((status, outcome(&answer)), (200, "needs-reconciliation"));
+    bank.always(None);
+    stop(handler).await;
+    let items = ingestion.items();
+
+    // Every item of a trace carries the trace's sample rate.
+    let rates_of = |trace: &str| -> Vec<f64> {
+        items
+            .iter()
+            .filter(|i| operation_id(i) == trace && i["data"]["baseType"] != "MetricData")
+            .map(|i| i["sampleRate"].as_f64().unwrap_or(f64::NAN))
+            .collect()
+    };
+    // The failures: each exported, whole, at rate 100.
+    for trace in &invalid {
+        let requests = items_of(&items, "RequestData", trace);
+        assert_eq!(requests.len(), 1, "invalid message {trace} not exported");
+        assert_eq!(property(requests[0], "outcome"), "invalid-message");
+        assert!(
+            rates_of(trace).iter().all(|r| *r == 100.0),
+            "{:?}",
+            rates_of(trace)
+        );
+    }
+    let requests = items_of(&items, "RequestData", &unknown);
+    assert_eq!(requests.len(), 1, "the unknown payout was not exported");
+    let dependencies = items_of(&items, "RemoteDependencyData", &unknown);
+    assert!(
+        dependencies
+            .iter()
+            .any(|d| property(d, "bank.operation") == "payout"),
+        "{dependencies:#?}"
+    );
+    assert!(
+        dependencies
+            .iter()
+            .any(|d| d["data"]["baseData"]["name"] == "sqlite claim"),
+        "{dependencies:#?}"
+    );
+    assert!(rates_of(&unknown).iter().all(|r| *r == 100.0));
+
+    // The successes: exactly those the trace-id rule keeps, each whole, at rate 20.
+    let expected: Vec<&String> = successes.iter().filter(|t| in_share(t, PERCENT)).collect();
+    let exported: Vec<&String> = successes
+        .iter()
+        .filter(|t| !items_of(&items, "RequestData", t).is_empty())
+        .collect();
+    assert!(
+        exported == expected,
+        "{} successes exported, {} expected by the trace-id rule",
+        exported.len(),
+        expected.len()
+    );
+    for trace in &exported {
+        assert!(
+            !items_of(&items, "RemoteDependencyData", trace).is_empty(),
+            "a sampled success lost its dependencies"
+        );
+        assert!(rates_of(trace).iter().all(|r| *r == PERCENT));
+    }
+    // And their number is what a 20% share of 120 gives: within four standard deviations
+    // of the binomial (n p = 24, sd = 4.4), a bound the rate alone sets.
+    let n = SUCCESSES as f64;
+    let p = PERCENT / 100.0;
+    let sd = (n * p * (1.0 - p)).sqrt();
+    let kept = exported.len() as f64;
+    assert!(
+        (kept - n * p).abs() <= 4.0 * sd,
+        "{kept} of {n} successes exported at {PERCENT}%"
+    );
+    assert_eq!(items_of(&items, "RequestData", &caller_sampled).len(), 1);
+    assert!(rates_of(&caller_sampled).iter().all(|r| *r == PERCENT));
+}
+
+fn store_count(db: &std::path::Path, sql: &str) -> i64 {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.query_row(sql, [], |row| row.get(0)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_counts_equal_store_counts_whatever_the_sampling() {
+    let ingestion = Ingestion::start().await;
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let bank_url = bank.url();
+    let connection_string = ingestion.connection_string();
+    // No success is sampled: the metrics must still count every one.
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &connection_string),
+            ("TELEMETRY_SAMPLE_PERCENT", "0"),
+        ],
+    );
+    let mut answered = std::collections::BTreeMap::<String, f64>::new();
+    let mut bodies = Vec::new();
+    for i in 0..25 {
+        let body = claim_body(&common::new_claim(), "21.00");
+        let (_, answer) =
+            deliver(&handler, &host_envelope(&body, &format!("m-{i}"), 1), None).await;
+        *answered.entry(outcome(&answer).to_owned()).or_default() += 1.0;
+        bodies.push(body);
+    }
+    for (i, body) in bodies.iter().enumerate().take(10) {
+        let (_, answer) = deliver(&handler, &host_envelope(body, &format!("m-{i}"), 2), None).await;
+        *answered.entry(outcome(&answer).to_owned()).or_default() += 1.0;
+    }
+    bank.always(Some(BankFault::Reject));
+    for i in 0..4 {
+        let body = claim_body(&common::new_claim(), "22.00");
+        let (_, answer) =
+            deliver(&handler, &host_envelope(&body, &format!("r-{i}"), 1), None).await;
+        *answered.entry(outcome(&answer).to_owned()).or_default() += 1.0;
+    }
+    bank.always(None);
+    for i in 0..3 {
+        let (_, answer) =
+            deliver(&handler, &host_envelope("{}", &format!("bad-{i}"), 1), None).await;
+        *answered.entry(outcome(&answer).to_owned()).or_default() += 1.0;
+    }
+    stop(handler).await;
+
+    let outcomes = ingestion.metric("claims_payments.outcomes");
+    let mut counted = std::collections::BTreeMap::<String, f64>::new();
+    for (value, properties) in &outcomes {
+        let label = properties["outcome"].as_str().unwrap_or("").to_owned();
+        *counted.entry(label).or_default() += value;
+    }
+    assert_eq!(counted, answered, "metrics against the answers");
+    // And against the store: payments paid and rejected, messages recorded.
+    let paid = store_count(&db, "SELECT COUNT(*) FROM payments WHERE status = 'paid'");
+    let rejected = store_count(
+        &db,
+        "SELECT COUNT(*) FROM payments WHERE status = 'rejected'",
+    );
+    // (The inbox also holds this process's own liveness row: messages only.)
+    let inbox = store_count(&db, "SELECT COUNT(*) FROM inbox WHERE status = 'completed'");
+    assert_eq!(counted.get("paid").copied(), Some(paid as f64));
+    assert_eq!(counted.get("rejected").copied(), Some(rejected as f64));
+    assert_eq!(
+        counted.get("paid").copied().unwrap_or(0.0)
+            + counted.get("rejected").copied().unwrap_or(0.0),
+        inbox as f64
+    );
+    // While no success's trace was exported (failures' were: the rejections).
+    let requests = ingestion.of_type("RequestData");
+    assert!(
+        requests.iter().all(
+            |r| !["paid", "duplicate"].contains(&property(r, "outcome").as_str().unwrap_or(""))
+        ),
+        "a success was exported at 0%"
+    );
+    assert_eq!(requests.len(), 4 + 3, "{requests:#?}");
+}
+
+/// A loopback HTTP endpoint that answers every request with `answer` (raw HTTP/1.1 bytes
+/// after the request is read) and counts the requests and the bytes it managed to write.
+async fn raw_endpoint(
+    answer: impl Fn() -> Vec<u8> + Send + Sync + 'static,
+    body_bytes: usize,
+) -> (
+    String,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = std::sync::Arc::new(AtomicUsize::new(0));
+    let written = std::sync::Arc::new(AtomicUsize::new(0));
+    let (r, w) = (requests.clone(), written.clone());
+    let answer = std::sync::Arc::new(answer);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (r, w, answer) = (r.clone(), w.clone(), answer.clone());
+            tokio::spawn(async move {
+                // Read the request's head and body (Content-Length), then answer.
+                let mut seen = Vec::new();
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let Ok(n) = socket.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&seen).to_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if seen.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                r.fetch_add(1, Ordering::SeqCst);
+                if socket.write_all(&answer()).await.is_err() {
+                    return;
+                }
+                let chunk = vec![b' '; 64 * 1024];
+                let mut left = body_bytes;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    if socket.write_all(&chunk[..n]).await.is_err() {
+                        return;
+                    }
+                    w.fetch_add(n, Ordering::SeqCst);
+                    left -= n;
+                }
+            });
+        }
+    });
+    (
+        format!(
+            "InstrumentationKey=5e1d7c3a-0b4f-4c8e-9a2d-6f7e8d9c0b1a;IngestionEndpoint=http://{addr}/"
+        ),
+        requests,
+        written,
+    )
+}
+
+async fn counter(handler: &Handler, name: &str) -> u64 {
+    reqwest::get(handler.url("/metrics"))
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()[name]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) until the handler's counter `name` is above zero.
+async fn until_counted(handler: &Handler, name: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while counter(handler, name).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "{name} never counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirecting_endpoint_is_not_followed() {
+    // The redirect's target: a real ingestion endpoint, which must receive nothing.
+    let elsewhere = Ingestion::start().await;
+    let target = elsewhere.connection_string();
+    let location = target
+        .split("IngestionEndpoint=")
+        .nth(1)
+        .unwrap()
+        .to_owned()
+        + "v2/track";
+    let (redirecting, requests, _) = raw_endpoint(
+        move || {
+            format!("HTTP/1.1 307 Temporary Redirect\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n")
+                .into_bytes()
+        },
+        0,
+    )
+    .await;
+    let bank = FakeBank::start().await;
+    let bank_url = bank.url();
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &redirecting),
+            ("TELEMETRY_SAMPLE_PERCENT", "100"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let body = claim_body(&common::new_claim(), "10.00");
+    let (status, answer) = deliver(&handler, &host_envelope(&body, "m-r", 1), None).await;
+    assert_eq!((status, outcome(&answer)), (200, "paid"));
+    until_counted(&handler, "telemetryExportFailures").await;
+    handler.kill();
+    assert!(requests.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    assert_eq!(elsewhere.posts(), 0, "the upload followed the redirect");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_answer_is_read_no_further_than_its_bound() {
+    // 256 MiB of answer to every upload; reading stops at the bound (64 KiB), so what
+    // the endpoint can write is that plus the sockets' buffers.
+    const ANSWER: usize = 256 * 1024 * 1024;
+    let (huge, requests, written) = raw_endpoint(
+        || format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {ANSWER}\r\n\r\n").into_bytes(),
+        ANSWER,
+    )
+    .await;
+    let bank = FakeBank::start().await;
+    let bank_url = bank.url();
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &huge),
+            ("TELEMETRY_SAMPLE_PERCENT", "100"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let body = claim_body(&common::new_claim(), "10.00");
+    let (status, answer) = deliver(&handler, &host_envelope(&body, "m-h", 1), None).await;
+    assert_eq!((status, outcome(&answer)), (200, "paid"));
+    until_counted(&handler, "telemetryExportFailures").await;
+    let uploads = requests.load(std::sync::atomic::Ordering::SeqCst).max(1);
+    handler.kill();
+    let per_upload = written.load(std::sync::atomic::Ordering::SeqCst) / uploads;
+    eprintln!("{per_upload} bytes of answer written per upload");
+    assert!(
+        per_upload < 32 * 1024 * 1024,
+        "{per_upload} bytes of a hostile answer read per upload"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_drops_and_counts_and_every_delivery_is_answered() {
+    // An endpoint that never answers holds the one export in flight; at 100% every
+    // delivery adds its spans until the queue is full.
+    let (hanging, _) = hanging_endpoint().await;
+    let (_dir, db) = temp_db();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &hanging),
+            ("TELEMETRY_SAMPLE_PERCENT", "100"),
+        ],
+    );
+    let mut delivered = 0;
+    while counter(&handler, "telemetryDropped").await == 0 {
+        assert!(delivered < 20_000, "the queue never filled");
+        for _ in 0..100 {
+            let body = claim_body(&common::new_claim(), "10.00");
+            let (status, answer) = deliver(
+                &handler,
+                &host_envelope(&body, &format!("q-{delivered}"), 1),
+                None,
+            )
+            .await;
+            assert_eq!((status, outcome(&answer)), (200, "recorded"));
+            delivered += 1;
+        }
+    }
+    eprintln!(
+        "{delivered} deliveries, {} spans dropped",
+        counter(&handler, "telemetryDropped").await
+    );
+    handler.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_uploads_are_logged_at_most_once_a_minute() {
+    use claims_payments_testkit::process::{ServeProcess, ServeSpec};
+    let (failing, requests, _) = raw_endpoint(
+        || b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        0,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let mut spec = ServeSpec::new(PathBuf::from(EXE))
+        .env(
+            "PAYMENTS_SQLITE_PATH",
+            dir.path().join("p.db").to_string_lossy(),
+        )
+        .env("LOG_FORMAT", "json")
+        .env("APPLICATIONINSIGHTS_CONNECTION_STRING", &failing)
+        .env("TELEMETRY_SAMPLE_PERCENT", "100")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "20");
+    spec.log = Some(log.clone());
+    let started = std::time::Instant::now();
+    let process = ServeProcess::start(&spec).await.unwrap();
+    let client = reqwest::Client::new();
+    // Several exports, each retried by the exporter: many failed uploads.
+    for i in 0..10 {
+        let body = claim_body(&common::new_claim(), "10.00");
+        let _ = client
+            .post(process.url("/ClaimApproved"))
+            .header("Content-Type", "application/json")
+            .body(host_envelope(&body, &format!("f-{i}"), 1).to_string())
+            .send()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while requests.load(std::sync::atomic::Ordering::SeqCst) < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "too few uploads tried"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let failures = client
+        .get(process.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()["telemetryExportFailures"]
+        .as_u64()
+        .unwrap_or(0);
+    process.stop().await;
+    let minutes = started.elapsed().as_secs() / 60;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines = text
+        .lines()
+        .filter(|l| l.contains("telemetry is being lost"))
+        .count() as u64;
+    eprintln!("{failures} failed uploads, {lines} log lines in {minutes} whole minutes");
+    assert!(failures >= 5, "{failures}");
+    assert!(lines >= 1, "the loss was never logged");
+    assert!(
+        lines <= 1 + minutes,
+        "{lines} log lines for {failures} failed uploads"
+    );
+    assert!(
+        !text.contains("5e1d7c3a-0b4f-4c8e-9a2d-6f7e8d9c0b1a"),
+        "the instrumentation key was logged"
+    );
 }

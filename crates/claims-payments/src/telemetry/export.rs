@@ -10,15 +10,19 @@
 //!   the app's managed identity (`ClientId=` names the user-assigned one).
 //! - neither: nothing is exported, no span is created, no metric instrument exists.
 //!
-//! Spans are batched on the SDK's own thread and leave through a queue of at most
-//! [`QUEUE_CAPACITY`] spans: a span that finds the queue full is dropped and counted
-//! (`telemetryDropped` in `/metrics` and the counters log line), never waited for, and
-//! spans of an export that failed are counted the same way. Uploads run on the
-//! service's runtime with a timeout of [`UPLOAD_TIMEOUT`]; a failed one is counted in
-//! `telemetryExportFailures`. Metrics are aggregated in memory (bounded by the SDK's
-//! cardinality limit) and exported every `OTEL_METRIC_EXPORT_INTERVAL` ms (60 000).
+//! Spans first pass the sampling ([`super::sampling`]): each invocation's spans wait for
+//! its end and leave whole or not at all. Then they are batched on the SDK's own thread
+//! and leave through a queue of at most [`QUEUE_CAPACITY`] spans: a span that finds the
+//! queue full is dropped and counted (`telemetryDropped` in `/metrics` and the counters
+//! log line), never waited for, and spans of an export that failed are counted the same
+//! way. Uploads run on the service's runtime with a timeout of [`UPLOAD_TIMEOUT`], follow
+//! no redirect and read at most [`MAX_ANSWER_BYTES`] of an answer; a failed one is
+//! counted in `telemetryExportFailures`. Losses are logged at most once a minute
+//! ([`report_loss`]). Metrics are aggregated in memory (bounded by the SDK's cardinality
+//! limit) and exported every `OTEL_METRIC_EXPORT_INTERVAL` ms (60 000); they are never
+//! sampled.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,18 +41,29 @@ use opentelemetry_sdk::trace::{
 use opentelemetry_sdk::Resource;
 
 use super::counters;
+use super::sampling::{HeadSampler, Policy, TailSampler, SAMPLE_RATE_ATTRIBUTE};
 
-/// The settings this module reads (the dev tools remove them from what they inherit).
-pub const SETTINGS: [&str; 3] = [
+/// The settings this module and the sampling read (the dev tools remove them from what
+/// they inherit).
+pub const SETTINGS: [&str; 7] = [
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
     "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
+    super::sampling::SETTINGS[0],
+    super::sampling::SETTINGS[1],
+    super::sampling::SETTINGS[2],
+    super::sampling::SETTINGS[3],
 ];
 
 /// At most this many finished spans wait for export; more are dropped and counted.
 pub(crate) const QUEUE_CAPACITY: usize = 2048;
 /// One upload of telemetry may take this long.
 pub(crate) const UPLOAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most this much of an ingestion endpoint's answer is read (its real answers are a
+/// few hundred bytes); a longer one fails the upload instead of filling memory.
+pub(crate) const MAX_ANSWER_BYTES: usize = 64 * 1024;
+/// At most one log line about lost telemetry per this period.
+pub(crate) const LOSS_LOG_PERIOD: Duration = Duration::from_secs(60);
 /// How long the exporters get at shutdown to send what they hold.
 pub(crate) const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
 /// The scope of an Entra token for Application Insights ingestion.
@@ -56,6 +71,12 @@ const MONITOR_SCOPE: &str = "https://monitor.azure.com//.default";
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static METER_PROVIDER: std::sync::OnceLock<SdkMeterProvider> = std::sync::OnceLock::new();
+
+/// Turns the instruments on without an exporter, for the metric path's own test.
+#[cfg(test)]
+pub(crate) fn enable_for_test() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
 
 /// Whether telemetry is exported. When false, no span is created and no instrument exists.
 pub(crate) fn enabled() -> bool {
@@ -172,6 +193,7 @@ pub(crate) fn flush_metrics() {
 /// goes to [`super::init_with`]. Call inside the runtime (uploads run on it).
 pub(crate) fn init_exporter(
     settings: &TelemetrySettings,
+    policy: Policy,
 ) -> anyhow::Result<Option<(Tracer, TelemetryGuard)>> {
     let client = ExportClient::new(settings)?;
     let resource = resource();
@@ -188,7 +210,7 @@ pub(crate) fn init_exporter(
                 .with_http()
                 .with_http_client(client)
                 .build()?;
-            providers(spans, metrics, resource, pending)
+            providers(spans, metrics, resource, pending, policy)
         }
         TelemetrySettings::AppInsights {
             connection_string, ..
@@ -210,7 +232,12 @@ pub(crate) fn init_exporter(
                     .map_err(|e| anyhow::anyhow!("APPLICATIONINSIGHTS_CONNECTION_STRING: {e}"))?;
                 exporter = local_exporter;
             }
-            providers(exporter.clone(), exporter, resource, pending)
+            // Kept failures go at sample rate 100, the sampled share at its own.
+            let spans = Rated {
+                share: exporter.clone().with_sample_rate(policy.percent / 100.0),
+                full: exporter.clone(),
+            };
+            providers(spans, exporter, resource, pending, policy)
         }
     };
     opentelemetry::global::set_meter_provider(meter_provider.clone());
@@ -249,6 +276,7 @@ fn providers<S, M>(
     metrics: M,
     resource: Resource,
     pending: Arc<AtomicUsize>,
+    policy: Policy,
 ) -> (SdkTracerProvider, SdkMeterProvider)
 where
     S: SpanExporter + 'static,
@@ -264,11 +292,17 @@ where
             .build(),
     )
     .build();
+    // Explicitly ours: the SDK would otherwise read OTEL_TRACES_SAMPLER and could drop
+    // a failure's spans before the tail sees them.
     let tracer_provider = SdkTracerProvider::builder()
-        .with_span_processor(Bounded {
-            inner: batch,
-            pending,
-        })
+        .with_sampler(HeadSampler { policy })
+        .with_span_processor(TailSampler::new(
+            Bounded {
+                inner: batch,
+                pending,
+            },
+            policy,
+        ))
         .with_resource(resource.clone())
         .build();
     let meter_provider = SdkMeterProvider::builder()
@@ -356,6 +390,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
             pending.fetch_sub(n, Ordering::AcqRel);
             if result.is_err() {
                 counters().telemetry_dropped.add(n as u64);
+                report_loss();
             }
             result
         }
@@ -372,6 +407,103 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
     fn set_resource(&mut self, resource: &Resource) {
         self.inner.set_resource(resource);
     }
+}
+
+/// The Application Insights span exporter, twice: spans kept whatever the sampling
+/// (failures, slow, timer runs) go out with `sampleRate` 100, the sampled share of
+/// successes with the configured rate, so the portal's totals are estimates of all.
+/// Which is which the sampling wrote on each span ([`SAMPLE_RATE_ATTRIBUTE`]), taken
+/// off here: the envelope's `sampleRate` says it.
+#[derive(Debug)]
+struct Rated<E> {
+    full: E,
+    share: E,
+}
+
+impl<E: SpanExporter> SpanExporter for Rated<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let (mut full, mut share) = (Vec::new(), Vec::new());
+        for mut span in batch {
+            let rate = take_rate(&mut span);
+            if rate < 100.0 {
+                share.push(span);
+            } else {
+                full.push(span);
+            }
+        }
+        let mut result = Ok(());
+        if !full.is_empty() {
+            result = self.full.export(full).await;
+        }
+        if !share.is_empty() {
+            let shared = self.share.export(share).await;
+            if shared.is_err() {
+                result = shared;
+            }
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        let full = self.full.shutdown_with_timeout(timeout);
+        let share = self.share.shutdown_with_timeout(timeout);
+        full.and(share)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.full.force_flush().and(self.share.force_flush())
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.full.set_resource(resource);
+        self.share.set_resource(resource);
+    }
+}
+
+/// Removes the sample rate the sampling wrote on a span and returns it (100 if none).
+fn take_rate(span: &mut SpanData) -> f64 {
+    let mut rate = 100.0;
+    span.attributes.retain(|kv| {
+        if kv.key.as_str() != SAMPLE_RATE_ATTRIBUTE {
+            return true;
+        }
+        if let opentelemetry::Value::F64(r) = kv.value {
+            rate = r;
+        }
+        false
+    });
+    rate
+}
+
+/// Logs that telemetry is being lost, with the totals so far, at most once per
+/// [`LOSS_LOG_PERIOD`]: an endpoint that fails every upload must not flood the log.
+/// Called from the export path only (never inside the span machinery, whose callbacks
+/// must not log). No endpoint, error text or item content: counts.
+pub(crate) fn report_loss() {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let next = NEXT.load(Ordering::Relaxed);
+    if now < next
+        || NEXT
+            .compare_exchange(
+                next,
+                now + LOSS_LOG_PERIOD.as_secs(),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+    {
+        return;
+    }
+    let c = counters();
+    tracing::warn!(
+        telemetryDropped = c.telemetry_dropped.get(),
+        telemetryExportFailures = c.telemetry_export_failures.get(),
+        "telemetry is being lost: the ingestion endpoint is failing or slow (logged at most once a minute)"
+    );
 }
 
 /// The HTTP client of both exporters: the service's reqwest (rustls), each upload run on
@@ -414,6 +546,8 @@ impl ExportClient {
         Ok(ExportClient {
             http: reqwest::Client::builder()
                 .timeout(UPLOAD_TIMEOUT)
+                // A redirect would send the telemetry (and a token) somewhere unchecked.
+                .redirect(reqwest::redirect::Policy::none())
                 .connect_timeout(UPLOAD_TIMEOUT.min(Duration::from_secs(3)))
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build()?,
@@ -433,13 +567,21 @@ impl ExportClient {
             let token = credential.get_token(&[MONITOR_SCOPE], None).await?;
             outgoing = outgoing.bearer_auth(token.token.secret());
         }
-        let answer = outgoing.send().await?;
+        let mut answer = outgoing.send().await?;
         let mut response = Response::builder().status(answer.status());
         if let Some(headers) = response.headers_mut() {
             *headers = answer.headers().clone();
         }
-        let body = answer.bytes().await?;
-        Ok(response.body(body)?)
+        // Read as it comes, up to the bound: a hostile or broken endpoint's endless
+        // answer costs at most MAX_ANSWER_BYTES.
+        let mut body = Vec::new();
+        while let Some(chunk) = answer.chunk().await? {
+            if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                return Err(format!("answer longer than {MAX_ANSWER_BYTES} bytes").into());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(response.body(Bytes::from(body))?)
     }
 }
 
@@ -461,6 +603,7 @@ impl HttpClient for ExportClient {
         };
         if failed {
             counters().telemetry_export_failures.inc();
+            report_loss();
         }
         result
     }
@@ -525,6 +668,66 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Records the batches it is given.
+    #[derive(Debug, Default, Clone)]
+    struct Recording(Arc<std::sync::Mutex<Vec<Vec<SpanData>>>>);
+
+    impl SpanExporter for Recording {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            self.0.lock().unwrap().push(batch);
+            Ok(())
+        }
+    }
+
+    fn span_with(attributes: Vec<opentelemetry::KeyValue>) -> SpanData {
+        use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
+        SpanData {
+            span_context: SpanContext::empty_context(),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Server,
+            name: "s".into(),
+            start_time: std::time::SystemTime::UNIX_EPOCH,
+            end_time: std::time::SystemTime::UNIX_EPOCH,
+            attributes,
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: Default::default(),
+        }
+    }
+
+    #[test]
+    fn each_span_goes_out_at_the_rate_the_sampling_wrote_and_without_it() {
+        use opentelemetry::KeyValue;
+        let (full, share) = (Recording::default(), Recording::default());
+        let rated = Rated {
+            full: full.clone(),
+            share: share.clone(),
+        };
+        let batch = vec![
+            span_with(vec![KeyValue::new(SAMPLE_RATE_ATTRIBUTE, 100.0)]),
+            span_with(vec![
+                KeyValue::new("outcome", "paid"),
+                KeyValue::new(SAMPLE_RATE_ATTRIBUTE, 5.0),
+            ]),
+            span_with(vec![]),
+        ];
+        futures::executor::block_on(rated.export(batch)).unwrap();
+        let full = full.0.lock().unwrap();
+        let share = share.0.lock().unwrap();
+        assert_eq!((full.len(), full[0].len()), (1, 2));
+        assert_eq!((share.len(), share[0].len()), (1, 1));
+        for span in full.iter().chain(share.iter()).flatten() {
+            assert!(span
+                .attributes
+                .iter()
+                .all(|kv| kv.key.as_str() != SAMPLE_RATE_ATTRIBUTE));
+        }
+        assert_eq!(share[0][0].attributes.len(), 1, "other attributes stay");
     }
 
     #[test]

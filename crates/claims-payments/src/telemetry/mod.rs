@@ -13,6 +13,11 @@
 //! `Diagnostic-Id` ([`trace`]); store calls and bank calls are client spans
 //! (dependencies), and the bank request carries `traceparent`.
 //!
+//! Traces are sampled ([`sampling`]): every invocation that went other than plainly well
+//! is exported whole, and `TELEMETRY_SAMPLE_PERCENT` (default 5) of the plain successes;
+//! each exported item carries its sample rate, so Application Insights' counts are
+//! estimated totals.
+//!
 //! Counters are process-wide atomics: cheap on the hot path, logged as a summary every
 //! minute and at shutdown, and served as JSON on `GET /metrics` for local runs. When
 //! telemetry is exported, each counter is also an OpenTelemetry counter with its
@@ -20,6 +25,7 @@
 
 pub mod export;
 pub(crate) mod metrics;
+pub mod sampling;
 pub(crate) mod trace;
 
 pub(crate) use export::{enabled, init_exporter, TelemetryGuard, TelemetrySettings};
@@ -57,10 +63,18 @@ pub fn quiet_library_backtraces() {
 /// flushes at shutdown. Call inside the runtime.
 pub fn start(format: LogFormat) -> anyhow::Result<Option<TelemetryGuard>> {
     let settings = TelemetrySettings::from_env()?;
-    match init_exporter(&settings)? {
+    // Checked even when nothing is exported: a bad value is found before it matters.
+    let policy = sampling::Policy::from_lookup(|name| std::env::var(name).ok())?;
+    match init_exporter(&settings, policy)? {
         Some((tracer, guard)) => {
             init_with(format, Some(tracer));
-            tracing::info!(telemetry = settings.name(), "telemetry exported");
+            tracing::info!(
+                telemetry = settings.name(),
+                samplePercent = policy.percent,
+                honourCallerSampling = policy.honour_parent,
+                slowMs = policy.slow.as_millis() as u64,
+                "telemetry exported"
+            );
             Ok(Some(guard))
         }
         None => {
@@ -217,8 +231,11 @@ pub struct Counters {
     pub cosmos_request_units: RequestUnits,
     /// Telemetry that never reached its endpoint: spans dropped because the export queue
     /// was full, and items in exports that failed (endpoint slow, down or refusing).
-    telemetry_dropped: Counter,
+    pub(crate) telemetry_dropped: Counter,
     telemetry_export_failures: Counter,
+    /// Invocations (local root spans) whose trace was exported, and those sampled away.
+    pub(crate) telemetry_traces_kept: Counter,
+    pub(crate) telemetry_traces_sampled_out: Counter,
 }
 
 impl Default for Counters {
@@ -239,9 +256,11 @@ impl Default for Counters {
             rejected: outcome("rejected"),
             needs_reconciliation: outcome("needs-reconciliation"),
             takeovers: Counter::metric(TAKEOVERS, None).flagging("takeover"),
-            lease_waits: Counter::metric(LEASE_WAITS, None),
-            own_write_recognised: Counter::metric(OWN_WRITES_RECOGNISED, None),
-            owners_found_gone: Counter::metric(OWNERS_FOUND_GONE, None),
+            // Each marks the invocation's trace, which the sampling then keeps.
+            lease_waits: Counter::metric(LEASE_WAITS, None).flagging("leaseWait"),
+            own_write_recognised: Counter::metric(OWN_WRITES_RECOGNISED, None)
+                .flagging("ownWriteRecognised"),
+            owners_found_gone: Counter::metric(OWNERS_FOUND_GONE, None).flagging("ownerFoundGone"),
             bank_calls: Counter::metric(BANK_CALLS, Some(("operation", "payout"))),
             bank_retries: Counter::metric(BANK_RETRIES, None),
             bank_service_faults: Counter::metric(BANK_SERVICE_FAULTS, None),
@@ -267,6 +286,8 @@ impl Default for Counters {
             // Counted here and logged; as metrics they would travel the road that failed.
             telemetry_dropped: Counter::default(),
             telemetry_export_failures: Counter::default(),
+            telemetry_traces_kept: Counter::default(),
+            telemetry_traces_sampled_out: Counter::default(),
         }
     }
 }
@@ -309,6 +330,8 @@ pub struct CountersSnapshot {
     cosmos_request_units: f64,
     telemetry_dropped: u64,
     telemetry_export_failures: u64,
+    telemetry_traces_kept: u64,
+    telemetry_traces_sampled_out: u64,
 }
 
 impl Counters {
@@ -349,6 +372,8 @@ impl Counters {
             cosmos_request_units: self.cosmos_request_units.get(),
             telemetry_dropped: self.telemetry_dropped.get(),
             telemetry_export_failures: self.telemetry_export_failures.get(),
+            telemetry_traces_kept: self.telemetry_traces_kept.get(),
+            telemetry_traces_sampled_out: self.telemetry_traces_sampled_out.get(),
         }
     }
 }
@@ -383,6 +408,8 @@ pub(crate) fn log_counters() {
         cosmosRequestUnits = c.cosmos_request_units,
         telemetryDropped = c.telemetry_dropped,
         telemetryExportFailures = c.telemetry_export_failures,
+        telemetryTracesKept = c.telemetry_traces_kept,
+        telemetryTracesSampledOut = c.telemetry_traces_sampled_out,
         "counters"
     );
 }
