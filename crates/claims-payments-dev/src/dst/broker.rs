@@ -343,6 +343,13 @@ impl Sim {
         background.spawn(self.clone().dispatcher());
         background.spawn(self.clone().timers());
         background.spawn(self.clone().crashes());
+        // The bank dark past its key window, from a moment while messages flow: the
+        // payouts whose answers were lost just before outlive the bank's memory of
+        // their keys. The chaos phase lasts until the bank is back.
+        let dark = self
+            .chaos
+            .fires(Fault::BankDarkPastKeyWindow, "bank")
+            .then(|| tokio::spawn(self.clone().bank_goes_dark()));
         let producer = tokio::spawn(self.clone().producer());
         let clients = tokio::spawn(self.clone().http_clients());
 
@@ -350,15 +357,8 @@ impl Sim {
         tokio::time::sleep(CHAOS_PHASE).await;
         let _ = producer.await;
         let _ = clients.await;
-        if self.chaos.fires(Fault::BankDarkPastKeyWindow, "bank") {
-            // The unfinished payouts outlive the bank's memory of their keys.
-            self.bank.go_dark(KEY_WINDOW + Duration::from_secs(3600));
-            self.bank_dark
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            self.redrive();
-            tokio::time::sleep(KEY_WINDOW + Duration::from_secs(3600)).await;
-            self.bank_dark
-                .store(false, std::sync::atomic::Ordering::Relaxed);
+        if let Some(dark) = dark {
+            let _ = dark.await;
         }
         self.chaos.calm();
         self.books().calm = true;
@@ -394,6 +394,19 @@ impl Sim {
             self.stop_instance(slot).await;
         }
         self.final_checks().await;
+    }
+
+    async fn bank_goes_dark(self: Arc<Self>) {
+        tokio::time::sleep(self.dice.millis(5_000, 60_000)).await;
+        let dark = KEY_WINDOW + Duration::from_secs(3600);
+        trace_event!(self.trace, "bank dark for {} s", dark.as_secs());
+        self.bank.go_dark(dark);
+        self.bank_dark
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(dark).await;
+        self.bank_dark
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        trace_event!(self.trace, "bank back");
     }
 
     /// Starts (or restarts) the process in `slot`: a new boot, fresh memory. A process
