@@ -366,8 +366,10 @@ impl Sim {
         for slot in 0..instances {
             self.clone().start_instance(slot).await;
         }
+        // The dead letters, re-driven once their duplicate-detection window has passed:
+        // those of long ago at once (before reconcile's next run), the others after it.
+        self.redrive();
         self.drain().await;
-        // The dead letters, re-driven once the duplicate-detection window has passed.
         tokio::time::sleep(DUPLICATE_WINDOW).await;
         self.redrive();
         self.drain().await;
@@ -642,12 +644,21 @@ impl Sim {
 
     /// The dead-letter re-drive: every dead letter sent again under its MessageId.
     fn redrive(&self) {
+        let now = Instant::now();
         let letters: Vec<(String, Vec<u8>, Option<String>, CopyKind)> = {
             let mut books = self.books();
-            books
-                .queue
+            let Books { queue, sent_at, .. } = &mut *books;
+            queue
                 .iter_mut()
-                .filter(|q| q.state == QueueState::DeadLettered && !q.redriven)
+                // As `dead-letters resubmit`: only once the duplicate-detection window of
+                // its MessageId has passed (the broker would drop it silently before).
+                .filter(|q| {
+                    q.state == QueueState::DeadLettered
+                        && !q.redriven
+                        && sent_at
+                            .get(&q.message_id)
+                            .is_none_or(|at| *at + DUPLICATE_WINDOW <= now)
+                })
                 .map(|q| {
                     q.redriven = true;
                     (

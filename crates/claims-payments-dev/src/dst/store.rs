@@ -43,7 +43,8 @@ impl FaultyStore {
         let now = Instant::now();
         {
             let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
-            if window.is_some_and(|(until, _)| until <= now) {
+            // A window ends when it runs out, or when the run turns calm.
+            if window.is_some_and(|(until, _)| until <= now) || !self.chaos.is_on() {
                 *window = None;
             }
             if window.is_none() {
