@@ -658,7 +658,7 @@ expect_red "self-test: a database created before the Entra administrator (owned 
 
 echo "== (c) Cosmos container contract"
 # The operators' dead-letter tool: Data Receiver and Data Sender on the queue for the
-# operators' group, in every profile (docs/deploy.md §8.4).
+# operators' group, in every profile (docs/runbook.md, "Dead letters and re-drive").
 for profile in "${PROFILES[@]}"; do
   check "operators (${PARAM_FILE[$profile]}): the operators' group has Azure Service Bus Data Receiver and Data Sender on the queue (dead-letters)" \
     "$PY" scripts/check_profile.py operators "${PARAM_FILE[$profile]}"
@@ -1031,9 +1031,9 @@ if errors:
     sys.exit("\n".join(errors))
 PY
 
-echo "== (g) alerts contract (infra/modules/alerts.bicep and workbook.bicep, docs/deploy.md, the handler's metrics)"
+echo "== (g) alerts contract (infra/modules/alerts.bicep and workbook.bicep, docs/runbook.md, the handler's metrics)"
 # check_alerts ALERTS_BICEP: every rule notifies the action group, has a runbook entry in
-# docs/deploy.md, and every log query returns rows only when something needs attention.
+# docs/runbook.md, and every log query returns rows only when something needs attention.
 check_alerts() {
   "$PY" - "$1" <<'PY'
 import re, sys
@@ -1042,7 +1042,7 @@ from pycep import BicepParser
 
 path = Path(sys.argv[1])
 parsed = BicepParser().parse(file_path=path)
-docs = Path("docs/deploy.md").read_text()
+docs = Path("docs/runbook.md").read_text()
 rules = parsed["variables"]["logRules"]["value"]
 errors = []
 resources = parsed["resources"]
@@ -1069,8 +1069,8 @@ for rule in rules:
         if re.match(r"\s*summarize\b", part) and not re.search(r"\bby\b", part):
             errors.append(f"{key}: a summarize without `by` returns a row even when nothing happened: {part.strip()[:80]}")
 for key in keys:
-    if not re.search(rf"^#### `{re.escape(key)}`", docs, re.M):
-        errors.append(f"{key}: no runbook entry (#### `{key}`: ...) in docs/deploy.md")
+    if not re.search(rf"^### `{re.escape(key)}`", docs, re.M):
+        errors.append(f"{key}: no runbook entry (### `{key}`: ...) in docs/runbook.md")
 # The alerts and the workbook read the handler's telemetry, never the text of a log line:
 # no query reads traces or cuts JSON out of a message, and every metric they name
 # (claims_payments.*) is one the product declares (crates/claims-payments/src/telemetry/metrics.rs),
@@ -1099,7 +1099,7 @@ if errors:
 print(f"{len(alert_resources)} alert resources, {len(keys)} rules with runbooks: {', '.join(keys)}")
 PY
 }
-check "alerts: every rule notifies the action group, has a runbook in docs/deploy.md, queries return rows only on trouble, read metrics and span attributes the product declares, never log text" \
+check "alerts: every rule notifies the action group, has a runbook in docs/runbook.md, queries return rows only on trouble, read metrics and span attributes the product declares, never log text" \
   check_alerts infra/modules/alerts.bicep
 summarize_without_by() {
   cp infra/modules/workbook.bicep "$WORK/workbook.bicep"
