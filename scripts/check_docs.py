@@ -5,13 +5,13 @@ code blocks, and every relative link to a Markdown file (`](file.md)`, `](file.m
 (GitHub's rule: lowercase, punctuation other than `-` and `_` dropped, spaces to `-`, repeats
 numbered -1, -2, ...). Prints the longest prose line and every failure; exits 1 on a failure.
 
-    python3 scripts/check_docs.py
+    python3 scripts/check_docs.py [ROOT]      (ROOT: the repository, by default this script's)
 """
 import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent
 LIMIT = 120
 
 
