@@ -19,7 +19,7 @@
 // Every profile puts App Service Authentication (Entra ID) in front of the HTTP
 // API (HTTP_AUTH=appservice); app roles Payments.Pay and Payments.Read.
 // Deploy: az deployment group create -g <rg> -f infra/main.bicep -p infra/main.private.bicepparam
-// Values and their reasons: docs/deploy.md.
+// Values and their reasons: docs/reference.md; deploying it: docs/deploy.md.
 targetScope = 'resourceGroup'
 
 @description('public: public endpoints (development). private: VNet, private endpoints, public access off (production).')
@@ -81,7 +81,7 @@ param planZoneRedundant bool = false
 ])
 param storeKind string = 'cosmos'
 
-@description('Object id of the operators\' Entra group (every profile): Azure Service Bus Data Receiver and Data Sender on the queue, for `claims-payments dead-letters` (docs/deploy.md §8.4).')
+@description('Object id of the operators\' Entra group (every profile): Azure Service Bus Data Receiver and Data Sender on the queue, for `claims-payments dead-letters` (docs/runbook.md §5).')
 @minLength(36)
 @maxLength(36)
 param operatorsGroupObjectId string

@@ -2,7 +2,7 @@ using 'main.bicep'
 
 // Public profile: development and evaluation. Services keep their public
 // endpoints (Entra ID only, keys and SAS off). Production uses
-// infra/main.private.bicepparam. Every value is explained in docs/deploy.md; the
+// infra/main.private.bicepparam. Every value is explained in docs/reference.md; the
 // timing values must keep: worst-case invocation < LEASE_MS < functionTimeout
 // (host.json) < maxAutoLockRenewalDuration (host.json).
 
@@ -16,7 +16,7 @@ param lockDuration = 'PT1M'
 param duplicateDetectionHistoryTimeWindow = 'PT1H'
 param messageTimeToLive = 'P14D'
 // The operators' Entra group: Service Bus Data Receiver and Data Sender on the queue for
-// `claims-payments dead-letters` (docs/deploy.md §8.4). Export OPERATORS_GROUP_OBJECT_ID.
+// `claims-payments dead-letters` (docs/runbook.md §5). Export OPERATORS_GROUP_OBJECT_ID.
 param operatorsGroupObjectId = readEnvironmentVariable('OPERATORS_GROUP_OBJECT_ID')
 
 // Where the ledger lives: 'cosmos' (Cosmos DB, serverless) or 'postgres' (Azure Database

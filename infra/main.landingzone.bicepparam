@@ -38,7 +38,7 @@ param lockDuration = 'PT1M'
 param duplicateDetectionHistoryTimeWindow = 'PT1H'
 param messageTimeToLive = 'P14D'
 // The operators' Entra group: Service Bus Data Receiver and Data Sender on the queue for
-// `claims-payments dead-letters` (docs/deploy.md §8.4). Export OPERATORS_GROUP_OBJECT_ID.
+// `claims-payments dead-letters` (docs/runbook.md §5). Export OPERATORS_GROUP_OBJECT_ID.
 param operatorsGroupObjectId = readEnvironmentVariable('OPERATORS_GROUP_OBJECT_ID')
 
 // Where the ledger lives: 'cosmos' (Cosmos DB, serverless) or 'postgres' (Azure Database

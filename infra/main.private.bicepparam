@@ -3,8 +3,8 @@ using 'main.bicep'
 // PRODUCTION parameter file. Private profile: the app runs VNet-integrated
 // behind a NAT gateway (static outbound IP for the bank's allow list), and
 // Cosmos DB, host storage, Service Bus (Premium), Key Vault and the app itself
-// are reachable only through private endpoints. docs/deploy.md ("Networking",
-// "Deploying from outside the VNet", "Secrets", "Alerts and runbooks") explains
+// are reachable only through private endpoints. docs/deploy.md ("Network profiles",
+// "Deploying from outside the VNet", "Secrets") and docs/runbook.md ("Alerts") explain
 // every value. scripts/check-infra.sh enforces what production needs here:
 // private profile, zone redundancy, ZRS storage, the Cosmos delete lock and an
 // alert receiver.
@@ -26,7 +26,7 @@ param lockDuration = 'PT1M'
 param duplicateDetectionHistoryTimeWindow = 'PT1H'
 param messageTimeToLive = 'P14D'
 // The operators' Entra group: Service Bus Data Receiver and Data Sender on the queue for
-// `claims-payments dead-letters` (docs/deploy.md §8.4). Export OPERATORS_GROUP_OBJECT_ID.
+// `claims-payments dead-letters` (docs/runbook.md §5). Export OPERATORS_GROUP_OBJECT_ID.
 param operatorsGroupObjectId = readEnvironmentVariable('OPERATORS_GROUP_OBJECT_ID')
 
 // Where the ledger lives: 'cosmos' (Cosmos DB, serverless) or 'postgres' (Azure Database

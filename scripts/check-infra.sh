@@ -8,7 +8,8 @@
 # landing-zone rules (NSGs, nothing of the platform team's deployed twice, private
 # monitoring, diagnostic settings, signed-in callers) and the store's wiring
 # (scripts/check_profile.py), the Cosmos container contract, the package layout,
-# the settings, timing and alerts contracts.
+# the settings, timing and alerts contracts (every alert has its heading in
+# docs/runbook.md), and the documentation's line lengths and links (scripts/check_docs.py).
 #
 #   bash scripts/check-infra.sh [--binary PATH]
 #
@@ -29,7 +30,7 @@ REAL_BINARY=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --binary) [[ $# -ge 2 ]] || { echo "--binary needs a path" >&2; exit 2; }; REAL_BINARY="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -658,7 +659,7 @@ expect_red "self-test: a database created before the Entra administrator (owned 
 
 echo "== (c) Cosmos container contract"
 # The operators' dead-letter tool: Data Receiver and Data Sender on the queue for the
-# operators' group, in every profile (docs/deploy.md §8.4).
+# operators' group, in every profile (docs/runbook.md, "Dead letters and re-drive").
 for profile in "${PROFILES[@]}"; do
   check "operators (${PARAM_FILE[$profile]}): the operators' group has Azure Service Bus Data Receiver and Data Sender on the queue (dead-letters)" \
     "$PY" scripts/check_profile.py operators "${PARAM_FILE[$profile]}"
@@ -1031,18 +1032,19 @@ if errors:
     sys.exit("\n".join(errors))
 PY
 
-echo "== (g) alerts contract (infra/modules/alerts.bicep and workbook.bicep, docs/deploy.md, the handler's metrics)"
+echo "== (g) alerts contract (infra/modules/alerts.bicep and workbook.bicep, docs/runbook.md, the handler's metrics)"
 # check_alerts ALERTS_BICEP: every rule notifies the action group, has a runbook entry in
-# docs/deploy.md, and every log query returns rows only when something needs attention.
+# docs/runbook.md, and every log query returns rows only when something needs attention.
 check_alerts() {
   "$PY" - "$1" <<'PY'
-import re, sys
+import os, re, sys
 from pathlib import Path
 from pycep import BicepParser
 
 path = Path(sys.argv[1])
 parsed = BicepParser().parse(file_path=path)
-docs = Path("docs/deploy.md").read_text()
+runbook_path = os.environ.get("RUNBOOK", "docs/runbook.md")
+docs = Path(runbook_path).read_text()
 rules = parsed["variables"]["logRules"]["value"]
 errors = []
 resources = parsed["resources"]
@@ -1069,8 +1071,8 @@ for rule in rules:
         if re.match(r"\s*summarize\b", part) and not re.search(r"\bby\b", part):
             errors.append(f"{key}: a summarize without `by` returns a row even when nothing happened: {part.strip()[:80]}")
 for key in keys:
-    if not re.search(rf"^#### `{re.escape(key)}`", docs, re.M):
-        errors.append(f"{key}: no runbook entry (#### `{key}`: ...) in docs/deploy.md")
+    if not re.search(rf"^### `{re.escape(key)}`", docs, re.M):
+        errors.append(f"{key}: no runbook entry (### `{key}`: ...) in {runbook_path}")
 # The alerts and the workbook read the handler's telemetry, never the text of a log line:
 # no query reads traces or cuts JSON out of a message, and every metric they name
 # (claims_payments.*) is one the product declares (crates/claims-payments/src/telemetry/metrics.rs),
@@ -1099,8 +1101,14 @@ if errors:
 print(f"{len(alert_resources)} alert resources, {len(keys)} rules with runbooks: {', '.join(keys)}")
 PY
 }
-check "alerts: every rule notifies the action group, has a runbook in docs/deploy.md, queries return rows only on trouble, read metrics and span attributes the product declares, never log text" \
+check "alerts: every rule notifies the action group, has a runbook in docs/runbook.md, queries return rows only on trouble, read metrics and span attributes the product declares, never log text" \
   check_alerts infra/modules/alerts.bicep
+missing_runbook_entry() {
+  sed 's/^### `payments-stuck`/### payments that are stuck/' docs/runbook.md >"$WORK/runbook.md"
+  grep -q '^### payments that are stuck' "$WORK/runbook.md" || { echo "could not remove the heading"; return 0; }
+  RUNBOOK="$WORK/runbook.md" check_alerts infra/modules/alerts.bicep
+}
+expect_red "self-test: an alert rule without its heading in the runbook is reported" "payments-stuck: no runbook entry" missing_runbook_entry
 summarize_without_by() {
   cp infra/modules/workbook.bicep "$WORK/workbook.bicep"
   sed 's/ by bankStatus = toint(resultCode)//' infra/modules/alerts.bicep >"$WORK/alerts-no-by.bicep"
@@ -1122,6 +1130,18 @@ undeclared_metric() {
   check_alerts "$WORK/alerts-undeclared.bicep"
 }
 expect_red "self-test: an alert on a metric the product does not declare is reported" "claims_payments.restarts is not declared" undeclared_metric
+
+echo "== (h) documentation (README.md, docs/*.md)"
+check "docs: no line over 120 characters outside tables and code in docs/, every relative link names a file and a heading that exist" \
+  "$PY" scripts/check_docs.py
+broken_doc_link() {
+  mkdir -p "$WORK/docs-root/docs" "$WORK/docs-root/web"
+  cp README.md "$WORK/docs-root/" && cp docs/*.md "$WORK/docs-root/docs/" && cp web/README.md "$WORK/docs-root/web/"
+  sed -i 's/(runbook.md#5-dead-letters-and-re-drive)/(runbook.md#5-dead-letters-and-redrive)/' "$WORK/docs-root/docs/service.md"
+  grep -q 'redrive)' "$WORK/docs-root/docs/service.md" || { echo "could not break a link"; return 0; }
+  "$PY" scripts/check_docs.py "$WORK/docs-root"
+}
+expect_red "self-test: a link to a heading that does not exist is reported" "no heading with anchor #5-dead-letters-and-redrive" broken_doc_link
 
 echo "== done in $((SECONDS - START))s"
 echo "$PASSED passed, $FAILED failed"

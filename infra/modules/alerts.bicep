@@ -1,7 +1,7 @@
 // Alerts that reach someone: every rule below notifies one action group, either
 // an existing one (actionGroupId) or the one created here with an e-mail
-// receiver. Each rule has a runbook paragraph in docs/deploy.md ("Alerts and
-// runbooks"); the rule descriptions point there.
+// receiver. Each rule has a runbook entry in docs/runbook.md (section 1,
+// "Alerts", one heading per rule); the rule descriptions point there.
 //
 // Log rules read the handler's OpenTelemetry data in Application Insights, never
 // the text of a log line: its metrics (customMetrics, name claims_payments.*, the
@@ -69,7 +69,7 @@ param cosmosThrottleThreshold int
 
 var createActionGroup = empty(actionGroupId)
 var notify = createActionGroup ? actionGroup.id : actionGroupId
-var runbook = 'Runbook: docs/deploy.md, 8.6 "Alerts and runbooks", entry'
+var runbook = 'Runbook: docs/runbook.md, section 1 "Alerts", entry'
 
 resource actionGroup 'Microsoft.Insights/actionGroups@2023-01-01' = if (createActionGroup) {
   name: actionGroupName

@@ -6,7 +6,7 @@
 //
 // The secret is written only when a value is passed. A deployment without one
 // keeps whatever version is current, so a rotation done outside the template
-// (docs/deploy.md, "Secrets") is not undone by the next deployment.
+// (docs/runbook.md, "Rotating the bank credential") is not undone by the next deployment.
 
 @description('Vault name (3-24 letters, digits and hyphens, globally unique).')
 @minLength(3)
@@ -93,5 +93,5 @@ resource auditLog 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
 
 output name string = vault.name
 output id string = vault.id
-// Without a version: the app follows the current version (rotation, docs/deploy.md).
+// Without a version: the app follows the current version (rotation, docs/runbook.md §6).
 output bankApiKeySecretUri string = '${vault.properties.vaultUri}secrets/${bankApiKeySecretName}'

@@ -36,7 +36,7 @@ param appInsightsName string
 @description('Key Vault that holds the bank credential.')
 param keyVaultName string
 
-@description('Object id of the operators\' Entra group: runs `claims-payments dead-letters` (docs/deploy.md §8.4), so it gets Azure Service Bus Data Receiver (peek-lock and delete on the queue\'s dead-letter sub-queue) and Data Sender (resubmit) on this one queue.')
+@description('Object id of the operators\' Entra group: runs `claims-payments dead-letters` (docs/runbook.md §5), so it gets Azure Service Bus Data Receiver (peek-lock and delete on the queue\'s dead-letter sub-queue) and Data Sender (resubmit) on this one queue.')
 @minLength(36)
 @maxLength(36)
 param operatorsGroupObjectId string
@@ -115,7 +115,7 @@ resource tableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' =
 // Receive only, on this one queue. Data Owner would let the scaler read exact
 // queue counts, but it also grants Send and Manage: a compromised payer could
 // then enqueue its own ClaimApproved messages. The scaler falls back to
-// peek-based estimation instead (docs/deploy.md, "Scaling").
+// peek-based estimation instead (docs/reference.md §6, "Scaling and Service Bus rights").
 resource sbReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(queue.id, principalId, serviceBusDataReceiver)
   scope: queue
@@ -159,7 +159,7 @@ resource kvSecretsUser 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   }
 }
 
-// The operators' dead-letter tool (`claims-payments dead-letters`, docs/deploy.md §8.4):
+// The operators' dead-letter tool (`claims-payments dead-letters`, docs/runbook.md §5):
 // receive on the queue (its dead-letter sub-queue is part of it: peek-lock, unlock,
 // delete) and send to it (resubmit), on this one queue and nothing else. Data Owner
 // is not needed: the tool manages nothing.

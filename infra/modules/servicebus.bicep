@@ -3,7 +3,7 @@
 // private profile, because only Premium namespaces take private endpoints.
 // Local SAS auth is off; the app and the producers use Entra ID. In the private
 // profile public network access is off: producers must send through a private
-// endpoint too. docs/deploy.md explains every queue value.
+// endpoint too. docs/reference.md (section 3) explains every queue value.
 
 @description('Namespace name (6-50 characters, starts with a letter).')
 @minLength(6)

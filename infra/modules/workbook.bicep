@@ -4,7 +4,7 @@
 // dependencies) or the queue's platform metric; none parses a log line.
 // Requests and dependencies are sampled (every failure, a share of the successes):
 // a chart on them weighs each row by its itemCount (100 / sampleRate).
-// docs/deploy.md 8.2 explains each panel and the query behind it.
+// docs/runbook.md §2 explains each panel and the query behind it.
 
 @description('Display name of the workbook.')
 param displayName string

@@ -155,7 +155,7 @@ pub enum OperatorCommand {
     /// Exit 0: nothing open; 3: something still open (unknown, mismatched, not examined),
     /// --dry-run included; 1: cannot run; 2: usage or an invalid setting.
     Reconcile(ReconcileArgs),
-    /// The queue's dead letters: list, resubmit, discard (docs/deploy.md §8.4).
+    /// The queue's dead letters: list, resubmit, discard (docs/runbook.md §5).
     #[command(subcommand)]
     DeadLetters(DeadLettersCommand),
 }

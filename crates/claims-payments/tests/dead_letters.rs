@@ -703,7 +703,7 @@ async fn the_command_line_prints_verdicts_and_exits_as_documented() {
     assert_eq!(lines.len(), 2, "{stdout}");
     assert_eq!(lines[0]["verdict"], "resubmit");
     // The REST API has no peek without a lock: the first listing's lock counted as a
-    // delivery of the dead letter (documented in docs/deploy.md §8.4).
+    // delivery of the dead letter (documented in docs/runbook.md §5).
     assert_eq!(lines[0]["deliveryCount"], 11);
     assert_eq!(lines[1]["summary"]["verdicts"]["resubmit"], 1);
 

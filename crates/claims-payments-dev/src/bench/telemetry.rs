@@ -31,7 +31,7 @@ use super::{envelopes, measured, spec, Accumulated, BenchArgs, PhaseFigures, Pin
 /// Invalid messages sent to each exporting side: every one must be exported.
 const FAILURES: usize = 100;
 /// Application Insights (workspace-based: Log Analytics "Analytics Logs") pay-as-you-go
-/// ingestion, USD per GB (10^9 bytes); see docs/deploy.md for the source, region and date.
+/// ingestion, USD per GB (10^9 bytes); see docs/reference.md §11 for the source, region and date.
 pub const PRICE_PER_GB: f64 = 2.30;
 /// Outcomes that are a plain success (the sampling's own list).
 const PLAIN: [&str; 3] = ["paid", "recorded", "duplicate"];

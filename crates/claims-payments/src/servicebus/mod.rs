@@ -2,7 +2,7 @@
 //! Service Bus, behind [`Broker`], a small trait of our own, and its one adapter,
 //! [`rest::RestBroker`], over the Service Bus REST runtime API.
 //!
-//! Why REST and not AMQP 1.0 (docs/deploy.md §8.4 says the same for operators):
+//! Why REST and not AMQP 1.0 (docs/reference.md §12 says the same for operators):
 //! - the official Rust crate (`azure_messaging_servicebus` on AMQP) is not published,
 //!   and the one AMQP crate that reads a dead-letter queue (`azservicebus`) pins
 //!   `azure_identity` 0.25, a second credential stack beside ours (1.0);
@@ -25,7 +25,7 @@
 //!   `DeliveryCount`, `LockToken`, `LockedUntilUtc`, and AMQP's annotations
 //!   (`x-opt-enqueued-time`, `x-opt-deadletter-source`, ...) have no such time either, so
 //!   the listing shows the enqueued time and "-" for the dead-lettering time
-//!   (docs/deploy.md §8.4 gives the sources);
+//!   (docs/runbook.md §5, step 2, gives the sources);
 //! - application properties travel as HTTP headers: names and values are kept as the
 //!   broker sent them (the REST encoding, JSON-quoted strings), byte for byte through
 //!   the headers, which AMQP would keep typed;

@@ -214,7 +214,7 @@ pub enum ConnectError {
          {session}); named prepared statements and session settings would be shared with \
          other clients' sessions. For PgBouncer with pool_mode=transaction (Azure's built-in \
          one on port 6432) set PAYMENTS_POSTGRES_POOLER=pgbouncer-transaction and give the \
-         role its limits (docs/deploy.md, PostgreSQL); or use the server's own port (5432), \
+         role its limits (docs/reference.md, PgBouncer); or use the server's own port (5432), \
          which `provision` always needs"
     )]
     Pooled { announced: i32, session: i32 },
@@ -513,7 +513,8 @@ pub(crate) async fn check_role_limits(client: &Client) -> anyhow::Result<()> {
     anyhow::bail!(
         "PAYMENTS_POSTGRES_POOLER=pgbouncer-transaction: the login role has no {} (0 means \
          none), and through a transaction pooler the service sets nothing on a session; as \
-         an administrator run {} (then new server sessions have them; docs/deploy.md)",
+         an administrator run {} (then new server sessions have them; docs/reference.md, \
+         PgBouncer)",
         unset.join(", "),
         fix.join(" ")
     )
