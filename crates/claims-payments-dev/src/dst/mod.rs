@@ -9,19 +9,22 @@
 //! - [`faults`] and [`chaos`]: which fault kinds a run injects, and how often;
 //! - [`store`]: the in-memory model (`crate::memory_store`) behind the store's faults;
 //! - [`bank`]: the bank behind the product's `BankTransport`, holding the ground truth;
-//! - [`broker`]: Service Bus and the Functions host (peek-lock, DeliveryCount,
-//!   dead-lettering, duplicate detection), instances that crash and restart, the HTTP
-//!   clients and the timers;
+//! - [`run`]: the run's timeline and result; [`broker`]: Service Bus and the Functions
+//!   host (peek-lock, DeliveryCount, dead-lettering, duplicate detection); [`instances`]:
+//!   processes that crash and restart; [`clients`]: the HTTP clients;
 //! - [`check`]: the invariants, during and at the end of every run.
 //!
 //! A run prints its seed, and `--seed S` replays it: same build, same seed, same trace
 //! hash (a test checks it).
 
 pub mod bank;
-pub mod broker;
+mod broker;
 pub mod chaos;
 pub mod check;
+mod clients;
 pub mod faults;
+mod instances;
+mod run;
 pub mod store;
 pub mod world;
 
@@ -31,8 +34,8 @@ use std::time::{Duration, Instant as WallInstant};
 
 use clap::Args;
 
-pub use broker::RunResult;
 use faults::FaultPlan;
+pub use run::RunResult;
 
 /// The fixed seeds `cargo test` runs on every change.
 pub const CI_SEEDS: std::ops::Range<u64> = 1..31;
@@ -106,7 +109,7 @@ pub fn run_seed(seed: u64, options: &RunOptions) -> RunResult {
     } else {
         FaultPlan::draw(&plan_dice)
     };
-    let run = || runtime.block_on(broker::Sim::run(seed, plan, options.clone()));
+    let run = || runtime.block_on(run::Sim::run(seed, plan, options.clone()));
     if options.product_logs {
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter("claims_payments=debug")

@@ -1,0 +1,402 @@
+//! The run: its timeline, the state the simulated world shares, and its result.
+//!
+//! The timeline: a chaos phase (messages, late re-sends, HTTP clients, timers, faults;
+//! the bank may go dark past its key window), then a calm one (faults off, dead instances
+//! back, the queue drained, the dead letters re-driven once their duplicate-detection
+//! window has passed, reconcile), then a jump past the bank's key window and the inbox
+//! retention (purge, old messages sent again), and the final checks.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use claims_payments::bank::BankSettings;
+use claims_payments::consumer::Policy;
+use claims_payments::store::DynStore;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use super::bank::SimBank;
+use super::broker::Books;
+use super::broker::QueueState;
+use super::chaos::Chaos;
+use super::check;
+use super::check::{Checks, Violation};
+use super::faults::{Fault, FaultPlan};
+use super::instances::Instance;
+use super::store::FaultyStore;
+use super::timings::*;
+use super::world::{Dice, Trace};
+use super::RunOptions;
+use crate::memory_store::MemoryStore;
+use crate::sim::scenario::{self, CopyKind, Plan, ScenarioSettings};
+use crate::trace_event;
+
+/// The consumer name the deployment stores (CONSUMER_NAME).
+pub const CONSUMER: &str = "ClaimApprovedHandler";
+/// How long the chaos phase lasts: past the duplicate-detection window, so late
+/// re-sends of the producer reach the queue while faults still fire.
+const CHAOS_PHASE: Duration = Duration::from_secs(75 * 60);
+/// The most a calm phase waits for the queue to drain.
+pub(super) const DRAIN_LIMIT: Duration = Duration::from_secs(3 * 3600);
+
+/// What one run did and found.
+pub struct RunResult {
+    pub seed: u64,
+    pub trace_hash: String,
+    pub deliveries: u64,
+    pub http_requests: u64,
+    pub virtual_time: Duration,
+    pub violations: Vec<Violation>,
+    pub fired: BTreeMap<Fault, u64>,
+    pub plan: String,
+    pub instances: usize,
+    pub outcomes: BTreeMap<String, u64>,
+    pub dead_lettered: u64,
+    pub redriven: u64,
+    pub payouts: usize,
+    /// Every event, when the run kept them.
+    pub events: Vec<String>,
+    trace: Trace,
+}
+
+impl RunResult {
+    pub fn summary(&self) -> String {
+        let outcomes: Vec<String> = self
+            .outcomes
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        format!(
+            "seed {}: ok; trace {}; {} instance(s); {} deliveries, {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven); {:.1} virtual hours; faults: {}; outcomes: {}",
+            self.seed,
+            self.trace_hash,
+            self.instances,
+            self.deliveries,
+            self.http_requests,
+            self.payouts,
+            self.dead_lettered,
+            self.redriven,
+            self.virtual_time.as_secs_f64() / 3600.0,
+            self.plan,
+            outcomes.join(", ")
+        )
+    }
+
+    /// The seed, each invariant that failed, and the events of the claim concerned.
+    pub fn failure_report(&self) -> String {
+        let mut out = format!(
+            "seed {} FAILED ({} violation(s)); replay: claims-payments-dev dst --seeds 1 --seed {}\n  faults: {}\n",
+            self.seed,
+            self.violations.len(),
+            self.seed,
+            self.plan
+        );
+        for v in self.violations.iter().take(5) {
+            out.push_str(&format!("  invariant: {}: {}\n", v.invariant, v.detail));
+            if let Some(claim) = &v.claim {
+                let lines = self.trace.lines_with(claim);
+                out.push_str(&format!("  events of claim {claim} ({}):\n", lines.len()));
+                for line in lines.iter().take(60) {
+                    out.push_str(&format!("    {line}\n"));
+                }
+            }
+        }
+        out
+    }
+}
+
+pub struct Sim {
+    pub(super) seed: u64,
+    pub(super) options: RunOptions,
+    pub(super) start: Instant,
+    pub(super) chaos: Chaos,
+    pub(super) trace: Trace,
+    pub(super) dice: Dice,
+    pub(super) memory: Arc<MemoryStore>,
+    pub(super) store: DynStore,
+    pub(super) bank: Arc<SimBank>,
+    pub(super) plan: Plan,
+    pub(super) books: Mutex<Books>,
+    pub(super) wake: Notify,
+    pub(super) checks: Checks,
+    /// How HTTP callers are told apart (`HTTP_AUTH`): by function key, or signed in.
+    pub(super) signed_in: bool,
+    /// The bank is dark past its key window.
+    pub(super) bank_dark: std::sync::atomic::AtomicBool,
+}
+
+pub(super) fn policy() -> Policy {
+    Policy {
+        consumer_name: CONSUMER.into(),
+        inbox_retention: RETENTION,
+        lease: LEASE,
+        inflight_wait: INFLIGHT_WAIT,
+        retry_budget: RETRY_BUDGET,
+        bank_key_window: KEY_WINDOW,
+    }
+}
+
+pub(super) fn bank_settings() -> BankSettings {
+    BankSettings {
+        url: "https://bank.invalid/".parse().expect("a URL"),
+        api_key: None,
+        timeout: BANK_TIMEOUT,
+        key_window: KEY_WINDOW,
+    }
+}
+
+impl Sim {
+    pub async fn run(seed: u64, plan: FaultPlan, options: RunOptions) -> RunResult {
+        let start = Instant::now();
+        let trace = Trace::new(start, options.keep_trace);
+        let dice = Dice::new(seed);
+        let chaos = Chaos::new(plan, dice.fork(), trace.clone());
+        let memory = Arc::new(MemoryStore::new());
+        let store: DynStore = FaultyStore::new(memory.clone(), chaos.clone(), LEASE);
+        let bank = SimBank::new(chaos.clone(), start, BANK_TIMEOUT, KEY_WINDOW);
+        let instances = match options.instances {
+            0 => dice.range(1, 4) as usize,
+            n => n,
+        };
+        let scenario = scenario::plan(&ScenarioSettings {
+            messages: options.messages,
+            duplicate_rate: 0.08,
+            business_duplicate_rate: 0.06,
+            conflict_rate: 0.03,
+            invalid_rate: 0.03,
+            closed_account_rate: 0.04,
+            allow_non_utf8: true,
+            race_window: 16,
+            seed,
+        });
+        let signed_in = dice.hit(0.5);
+        trace_event!(
+            trace,
+            "run seed {seed} instances {instances} signed-in callers {signed_in} faults {}",
+            chaos.plan()
+        );
+        let sim = Arc::new(Sim {
+            seed,
+            options,
+            start,
+            chaos,
+            trace,
+            dice,
+            memory,
+            store,
+            bank,
+            plan: scenario,
+            books: Mutex::new(Books::default()),
+            wake: Notify::new(),
+            checks: Checks::default(),
+            signed_in,
+            bank_dark: Default::default(),
+        });
+        sim.clone().timeline(instances).await;
+        sim.result(instances)
+    }
+
+    pub(super) fn books(&self) -> MutexGuard<'_, Books> {
+        self.books.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn elapsed(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.start)
+    }
+
+    pub(super) async fn timeline(self: Arc<Self>, instances: usize) {
+        let mut background = JoinSet::new();
+        for slot in 0..instances {
+            self.books().instances.push(Instance {
+                process: 0,
+                ambient: None,
+                router: None,
+                registered: None,
+                tasks: JoinSet::new(),
+                in_flight: 0,
+                alive: false,
+                starting: false,
+                crashed_boot: None,
+            });
+            self.clone().start_instance(slot).await;
+        }
+        background.spawn(self.clone().dispatcher());
+        background.spawn(self.clone().timers());
+        background.spawn(self.clone().crashes());
+        // The bank dark past its key window, from a moment while messages flow: the
+        // payouts whose answers were lost just before outlive the bank's memory of
+        // their keys. The chaos phase lasts until the bank is back.
+        let dark = self
+            .chaos
+            .fires(Fault::BankDarkPastKeyWindow, "bank")
+            .then(|| tokio::spawn(self.clone().bank_goes_dark()));
+        let producer = tokio::spawn(self.clone().producer());
+        let clients = tokio::spawn(self.clone().http_clients());
+
+        // Chaos.
+        tokio::time::sleep(CHAOS_PHASE).await;
+        let _ = producer.await;
+        let _ = clients.await;
+        if let Some(dark) = dark {
+            let _ = dark.await;
+        }
+        self.chaos.calm();
+        self.books().calm = true;
+        trace_event!(self.trace, "calm");
+        for slot in 0..instances {
+            self.clone().start_instance(slot).await;
+        }
+        // The dead letters, re-driven once their duplicate-detection window has passed:
+        // those of long ago at once (before reconcile's next run), the others after it.
+        self.redrive();
+        self.drain().await;
+        tokio::time::sleep(DUPLICATE_WINDOW).await;
+        self.redrive();
+        self.drain().await;
+        self.timer("Reconcile").await;
+        self.drain().await;
+
+        // Past the bank's key window and the inbox retention: stop cleanly, jump, purge,
+        // and send a sample of old messages again.
+        background.abort_all();
+        for slot in 0..instances {
+            self.stop_instance(slot).await;
+        }
+        tokio::time::sleep(RETENTION + Duration::from_secs(24 * 3600)).await;
+        for slot in 0..instances {
+            self.clone().start_instance(slot).await;
+        }
+        background.spawn(self.clone().dispatcher());
+        self.timer("Purge").await;
+        self.resend_old();
+        self.drain().await;
+        self.timer("Reconcile").await;
+        background.abort_all();
+        for slot in 0..instances {
+            self.stop_instance(slot).await;
+        }
+        self.final_checks().await;
+    }
+
+    pub(super) async fn bank_goes_dark(self: Arc<Self>) {
+        tokio::time::sleep(self.dice.millis(5_000, 60_000)).await;
+        let dark = KEY_WINDOW + Duration::from_secs(3600);
+        trace_event!(self.trace, "bank dark for {} s", dark.as_secs());
+        self.bank.go_dark(dark);
+        self.bank_dark
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(dark).await;
+        self.bank_dark
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        trace_event!(self.trace, "bank back");
+    }
+
+    /// Reconcile every 10 minutes (and one purge mid-run), on one live instance.
+    pub(super) async fn timers(self: Arc<Self>) {
+        let purge_at = self.dice.millis(60_000, CHAOS_PHASE.as_millis() as u64);
+        let mut purged = false;
+        let mut tick = tokio::time::interval_at(self.start + RECONCILE_EVERY, RECONCILE_EVERY);
+        loop {
+            tick.tick().await;
+            self.timer("Reconcile").await;
+            if !purged && self.elapsed() >= purge_at {
+                purged = true;
+                self.timer("Purge").await;
+            }
+        }
+    }
+
+    /// One timer invocation (`Reconcile`, `Purge`) on the first live instance.
+    pub(super) async fn timer(&self, function: &str) {
+        let router = {
+            let books = self.books();
+            books
+                .instances
+                .iter()
+                .find(|i| i.alive)
+                .and_then(|i| i.router.clone())
+        };
+        let Some(router) = router else { return };
+        let request = Request::post(format!("/{function}"))
+            .header("content-type", "application/json")
+            .body(Body::from(
+                r#"{"Data":{"timer":{"IsPastDue":false}},"Metadata":{}}"#,
+            ))
+            .expect("a request");
+        let answered = tokio::time::timeout(FUNCTION_TIMEOUT, router.oneshot(request)).await;
+        let status = match answered {
+            Ok(Ok(response)) => response.status().as_u16().to_string(),
+            _ => "timeout".into(),
+        };
+        trace_event!(self.trace, "timer {function} {status}");
+    }
+
+    pub(super) async fn final_checks(&self) {
+        let books = self.books();
+        let queue: Vec<(String, Option<String>, QueueState, String, bool, CopyKind)> = books
+            .queue
+            .iter()
+            // A re-driven dead letter lives on as its copy, judged on its own.
+            .filter(|q| !q.redriven || q.dead_lettered_calm)
+            .map(|q| {
+                (
+                    q.message_id.clone(),
+                    q.claim.clone(),
+                    q.state,
+                    q.last_outcome.clone(),
+                    q.dead_lettered_calm,
+                    q.kind,
+                )
+            })
+            .collect();
+        drop(books);
+        check::at_end(
+            &self.checks,
+            &self.memory,
+            &self.bank,
+            &self.plan,
+            queue
+                .into_iter()
+                .map(|(id, claim, state, last, calm, kind)| check::Ended {
+                    message_id: id,
+                    claim,
+                    completed: state == QueueState::Completed,
+                    dead_lettered: state == QueueState::DeadLettered,
+                    last_outcome: last,
+                    dead_lettered_calm: calm,
+                    kind,
+                })
+                .collect(),
+        );
+    }
+
+    pub(super) fn result(&self, instances: usize) -> RunResult {
+        let books = self.books();
+        RunResult {
+            seed: self.seed,
+            trace_hash: self.trace.hash(),
+            deliveries: books.deliveries,
+            http_requests: books.http_requests,
+            virtual_time: self.elapsed(),
+            violations: self.checks.violations(),
+            fired: self.chaos.fired(),
+            plan: self.chaos.plan().to_string(),
+            instances,
+            outcomes: books.outcomes.clone(),
+            dead_lettered: books.dead_lettered,
+            redriven: books.redriven,
+            payouts: self.bank.payouts().len(),
+            events: if self.options.keep_trace {
+                self.trace.lines_with("")
+            } else {
+                Vec::new()
+            },
+            trace: self.trace.clone(),
+        }
+    }
+}
