@@ -93,6 +93,9 @@ struct State {
     unsettled: BTreeSet<PaymentOrder>,
     /// How many payments are in each status, by [`status_slot`].
     status_counts: [usize; STATUSES],
+    /// Claims whose settled payment (paid, rejected, mismatched, recorded) a finalize
+    /// wrote again: what the simulator's `settled-never-rewritten` invariant reads.
+    settled_rewrites: Vec<ClaimId>,
 }
 
 const STATUSES: usize = 6;
@@ -257,6 +260,11 @@ impl MemoryStore {
             .expect("the memory store's lock is poisoned")
     }
 
+    /// Claims whose settled payment a finalize wrote again, in the order it happened.
+    pub fn settled_rewrites(&self) -> Vec<ClaimId> {
+        self.state().settled_rewrites.clone()
+    }
+
     /// Every payment, in listing order (`created_at`, then claim id), for the
     /// simulator's invariant checks. A copy: later writes do not change it.
     pub fn payments_snapshot(&self) -> Vec<PaymentRecord> {
@@ -362,12 +370,19 @@ impl Store for MemoryStore {
             payments,
             unsettled,
             status_counts,
+            settled_rewrites,
             ..
         } = &mut *state;
         let row = payments
             .get_mut(&place)
             .expect("the payment was found above");
         let before = row.record.status;
+        if !matches!(
+            before,
+            PaymentStatus::InProgress | PaymentStatus::NeedsReconciliation
+        ) {
+            settled_rewrites.push(payment.claim_id);
+        }
         row.record.status = payment.status;
         row.record
             .bank_payment_id

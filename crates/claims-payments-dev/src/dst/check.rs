@@ -1,7 +1,8 @@
 //! The invariants, with the bank as ground truth: checked while the run goes (a 2xx
 //! stands for a durable record, an Idempotency-Key replays one answer byte for byte, a
 //! changed payload under a key is refused) and at its end, after the faults stopped and
-//! reconciliation ran (at most one payout per claim; ledger = bank; nothing left
+//! reconciliation ran (at most one payout per claim; ledger = bank; a settled payment
+//! never written again; nothing left
 //! unsettled; every message completed or dead-lettered for a permanent reason; nothing
 //! dead-lettered for transient causes while the run was calm).
 
@@ -117,6 +118,13 @@ pub fn at_end(
             "at-most-one-payout",
             Some(&claim),
             "the bank made a second payout for this claim".into(),
+        ));
+    }
+    for claim in memory.settled_rewrites() {
+        checks.fail(Violation::new(
+            "settled-never-rewritten",
+            Some(&claim.to_string()),
+            "a finalize wrote over a payment that was already settled".into(),
         ));
     }
     let payments = memory.payments_snapshot();
