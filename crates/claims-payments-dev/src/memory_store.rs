@@ -94,7 +94,8 @@ struct State {
     /// How many payments are in each status, by [`status_slot`].
     status_counts: [usize; STATUSES],
     /// Claims whose settled payment (paid, rejected, mismatched, recorded) a finalize
-    /// wrote again: what the simulator's `settled-never-rewritten` invariant reads.
+    /// changed (status or bank payment id): what the simulator's `settled-never-rewritten`
+    /// invariant reads.
     settled_rewrites: Vec<ClaimId>,
 }
 
@@ -260,7 +261,7 @@ impl MemoryStore {
             .expect("the memory store's lock is poisoned")
     }
 
-    /// Claims whose settled payment a finalize wrote again, in the order it happened.
+    /// Claims whose settled payment a finalize changed, in the order it happened.
     pub fn settled_rewrites(&self) -> Vec<ClaimId> {
         self.state().settled_rewrites.clone()
     }
@@ -377,10 +378,14 @@ impl Store for MemoryStore {
             .get_mut(&place)
             .expect("the payment was found above");
         let before = row.record.status;
+        // A settled payment written again with other facts (a status, a bank payment id).
+        // The same facts again can happen: two attempts that raced through takeovers both
+        // settle from the bank's one answer under the same key.
         if !matches!(
             before,
             PaymentStatus::InProgress | PaymentStatus::NeedsReconciliation
-        ) {
+        ) && (before != payment.status || row.record.bank_payment_id != payment.bank_payment_id)
+        {
             settled_rewrites.push(payment.claim_id);
         }
         row.record.status = payment.status;

@@ -2,7 +2,7 @@
 //! stands for a durable record, an Idempotency-Key replays one answer byte for byte, a
 //! changed payload under a key is refused) and at its end, after the faults stopped and
 //! reconciliation ran (at most one payout per claim; ledger = bank; a settled payment
-//! never written again; nothing left
+//! never changed; nothing left
 //! unsettled; every message completed or dead-lettered for a permanent reason; nothing
 //! dead-lettered for transient causes while the run was calm).
 
@@ -124,7 +124,8 @@ pub fn at_end(
         checks.fail(Violation::new(
             "settled-never-rewritten",
             Some(&claim.to_string()),
-            "a finalize wrote over a payment that was already settled".into(),
+            "a finalize changed a payment that was already settled (status or bank payment id)"
+                .into(),
         ));
     }
     let payments = memory.payments_snapshot();
