@@ -252,10 +252,14 @@ mod tests {
         let (a, b) = (make(), make());
         assert_eq!(a.now(), at);
         assert_eq!(SystemTime::from(at), a.system_time());
-        assert_eq!(a.attempt_id(), b.attempt_id());
-        assert_eq!(a.attempt_id().boot(), Some(Boot::numbered(7)));
-        assert_eq!(a.upto(9), b.upto(9));
-        assert!(a.upto(9) <= 9);
+        // The same generator in the same state draws the same attempt and jitter.
+        let (first, again) = (a.attempt_id(), b.attempt_id());
+        assert_eq!(first, again);
+        assert_eq!(first.boot(), Some(Boot::numbered(7)));
+        assert_ne!(a.attempt_id(), first, "each draw moves the generator on");
+        let (x, y) = (make(), make());
+        assert_eq!(x.upto(9), y.upto(9));
+        assert!(x.upto(9) <= 9);
         assert_eq!(Boot::numbered(7).to_string(), "000000000007");
     }
 

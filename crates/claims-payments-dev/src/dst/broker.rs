@@ -6,7 +6,6 @@
 //! dead-lettered. Duplicate detection drops a MessageId sent again within its window.
 //! The host hands a message to an instance with a free call and judges its answer.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,58 +17,11 @@ use tower::ServiceExt;
 
 use super::check::Violation;
 use super::faults::Fault;
-use super::instances::Instance;
-use super::run::DRAIN_LIMIT;
-use super::run::{Sim, CONSUMER};
+use super::state::*;
 use super::timings::*;
 use super::world::{self};
 use crate::sim::scenario::CopyKind;
 use crate::trace_event;
-
-/// A message on the queue.
-pub(super) struct Queued {
-    pub(super) message_id: String,
-    pub(super) body: Vec<u8>,
-    /// The claim it names, if its body is valid.
-    pub(super) claim: Option<String>,
-    pub(super) kind: CopyKind,
-    pub(super) delivery_count: u32,
-    pub(super) state: QueueState,
-    pub(super) enqueued_at: time::OffsetDateTime,
-    /// The last answer's outcome label.
-    pub(super) last_outcome: String,
-    /// Dead-lettered while the run was calm (no fault could explain a transient cause).
-    pub(super) dead_lettered_calm: bool,
-    /// Sent again from the dead-letter queue (the copy is a message of its own).
-    pub(super) redriven: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum QueueState {
-    Ready,
-    Locked { token: u64, instance: usize },
-    Completed,
-    DeadLettered,
-}
-
-#[derive(Default)]
-pub(super) struct Books {
-    pub(super) queue: Vec<Queued>,
-    pub(super) ready: VecDeque<usize>,
-    /// (lock ends, message, token).
-    pub(super) locks: BTreeSet<(Instant, usize, u64)>,
-    pub(super) next_token: u64,
-    /// Duplicate detection: MessageId -> when it was last enqueued.
-    pub(super) sent_at: BTreeMap<String, Instant>,
-    pub(super) instances: Vec<Instance>,
-    pub(super) processes: u64,
-    pub(super) deliveries: u64,
-    pub(super) http_requests: u64,
-    pub(super) outcomes: BTreeMap<String, u64>,
-    pub(super) dead_lettered: u64,
-    pub(super) redriven: u64,
-    pub(super) calm: bool,
-}
 
 /// How the host judges an invocation's answer: 2xx with a JSON object completes it.
 pub(super) fn judge(status: StatusCode, body: &[u8]) -> (bool, String) {

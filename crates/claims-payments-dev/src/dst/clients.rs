@@ -12,7 +12,7 @@ use tower::ServiceExt;
 
 use super::check::Violation;
 use super::faults::Fault;
-use super::run::Sim;
+use super::state::*;
 use crate::trace_event;
 
 /// An HTTP caller: a signed-in principal with the pay role (or, by function key, all

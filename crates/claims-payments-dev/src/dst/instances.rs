@@ -6,34 +6,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use claims_payments::ambient::{Ambient, Boot};
+use claims_payments::ambient::Ambient;
 use claims_payments::bank::BankClient;
 use claims_payments::consumer::Consumer;
 use claims_payments::payments_api::CallerAuth;
 use claims_payments::seams::{self, Registered};
-use tokio::task::JoinSet;
 
-use super::broker::QueueState;
 use super::faults::Fault;
-use super::run::{bank_settings, policy, Sim};
+use super::state::*;
 use super::timings::*;
 use super::world::{self};
 use crate::trace_event;
-
-pub(super) struct Instance {
-    pub(super) process: u64,
-    pub(super) ambient: Option<Ambient>,
-    pub(super) router: Option<Router>,
-    pub(super) registered: Option<Registered>,
-    pub(super) tasks: JoinSet<()>,
-    pub(super) in_flight: usize,
-    pub(super) alive: bool,
-    /// A start is under way (it waits for its registration): no second one.
-    pub(super) starting: bool,
-    /// The boot of the process before, if it crashed on this "port".
-    pub(super) crashed_boot: Option<Boot>,
-}
 
 impl Sim {
     /// Starts (or restarts) the process in `slot`: a new boot, fresh memory. A process

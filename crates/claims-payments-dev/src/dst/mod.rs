@@ -9,7 +9,7 @@
 //! - [`faults`] and [`chaos`]: which fault kinds a run injects, and how often;
 //! - [`store`]: the in-memory model (`crate::memory_store`) behind the store's faults;
 //! - [`bank`]: the bank behind the product's `BankTransport`, holding the ground truth;
-//! - [`run`]: the run's timeline and result; [`broker`]: Service Bus and the Functions
+//! - [`state`]: what the simulated world shares; [`run`]: the run's timeline and result; [`broker`]: Service Bus and the Functions
 //!   host (peek-lock, DeliveryCount, dead-lettering, duplicate detection); [`instances`]:
 //!   processes that crash and restart; [`clients`]: the HTTP clients;
 //! - [`check`]: the invariants, during and at the end of every run.
@@ -25,6 +25,7 @@ mod clients;
 pub mod faults;
 mod instances;
 mod run;
+mod state;
 pub mod store;
 pub mod world;
 
@@ -109,7 +110,7 @@ pub fn run_seed(seed: u64, options: &RunOptions) -> RunResult {
     } else {
         FaultPlan::draw(&plan_dice)
     };
-    let run = || runtime.block_on(run::Sim::run(seed, plan, options.clone()));
+    let run = || runtime.block_on(state::Sim::run(seed, plan, options.clone()));
     if options.product_logs {
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter("claims_payments=debug")

@@ -1,4 +1,4 @@
-//! The run: its timeline, the state the simulated world shares, and its result.
+//! The run: its timeline and its result.
 //!
 //! The timeline: a chaos phase (messages, late re-sends, HTTP clients, timers, faults;
 //! the bank may go dark past its key window), then a calm one (faults off, dead instances
@@ -7,13 +7,11 @@
 //! retention (purge, old messages sent again), and the final checks.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Request;
-use claims_payments::bank::BankSettings;
-use claims_payments::consumer::Policy;
 use claims_payments::store::DynStore;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -21,29 +19,22 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::bank::SimBank;
-use super::broker::Books;
-use super::broker::QueueState;
 use super::chaos::Chaos;
 use super::check;
 use super::check::{Checks, Violation};
 use super::faults::{Fault, FaultPlan};
-use super::instances::Instance;
+use super::state::*;
 use super::store::FaultyStore;
 use super::timings::*;
 use super::world::{Dice, Trace};
 use super::RunOptions;
 use crate::memory_store::MemoryStore;
-use crate::sim::scenario::{self, CopyKind, Plan, ScenarioSettings};
+use crate::sim::scenario::{self, CopyKind, ScenarioSettings};
 use crate::trace_event;
 
-/// The consumer name the deployment stores (CONSUMER_NAME).
-pub const CONSUMER: &str = "ClaimApprovedHandler";
 /// How long the chaos phase lasts: past the duplicate-detection window, so late
 /// re-sends of the producer reach the queue while faults still fire.
 const CHAOS_PHASE: Duration = Duration::from_secs(75 * 60);
-/// The most a calm phase waits for the queue to drain.
-pub(super) const DRAIN_LIMIT: Duration = Duration::from_secs(3 * 3600);
-
 /// What one run did and found.
 pub struct RunResult {
     pub seed: u64,
@@ -110,46 +101,6 @@ impl RunResult {
     }
 }
 
-pub struct Sim {
-    pub(super) seed: u64,
-    pub(super) options: RunOptions,
-    pub(super) start: Instant,
-    pub(super) chaos: Chaos,
-    pub(super) trace: Trace,
-    pub(super) dice: Dice,
-    pub(super) memory: Arc<MemoryStore>,
-    pub(super) store: DynStore,
-    pub(super) bank: Arc<SimBank>,
-    pub(super) plan: Plan,
-    pub(super) books: Mutex<Books>,
-    pub(super) wake: Notify,
-    pub(super) checks: Checks,
-    /// How HTTP callers are told apart (`HTTP_AUTH`): by function key, or signed in.
-    pub(super) signed_in: bool,
-    /// The bank is dark past its key window.
-    pub(super) bank_dark: std::sync::atomic::AtomicBool,
-}
-
-pub(super) fn policy() -> Policy {
-    Policy {
-        consumer_name: CONSUMER.into(),
-        inbox_retention: RETENTION,
-        lease: LEASE,
-        inflight_wait: INFLIGHT_WAIT,
-        retry_budget: RETRY_BUDGET,
-        bank_key_window: KEY_WINDOW,
-    }
-}
-
-pub(super) fn bank_settings() -> BankSettings {
-    BankSettings {
-        url: "https://bank.invalid/".parse().expect("a URL"),
-        api_key: None,
-        timeout: BANK_TIMEOUT,
-        key_window: KEY_WINDOW,
-    }
-}
-
 impl Sim {
     pub async fn run(seed: u64, plan: FaultPlan, options: RunOptions) -> RunResult {
         let start = Instant::now();
@@ -199,14 +150,6 @@ impl Sim {
         });
         sim.clone().timeline(instances).await;
         sim.result(instances)
-    }
-
-    pub(super) fn books(&self) -> MutexGuard<'_, Books> {
-        self.books.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(super) fn elapsed(&self) -> Duration {
-        Instant::now().saturating_duration_since(self.start)
     }
 
     pub(super) async fn timeline(self: Arc<Self>, instances: usize) {

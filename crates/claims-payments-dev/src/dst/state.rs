@@ -1,0 +1,141 @@
+//! The state the simulated world shares: the run's handles (store, bank, chaos, trace),
+//! the queue's books, the instances, and the deployed settings every instance starts
+//! with. The modules above add behaviour to [`Sim`]: `broker` (the queue and the host),
+//! `instances`, `clients` and `run` (the timeline).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use claims_payments::ambient::{Ambient, Boot};
+use claims_payments::bank::BankSettings;
+use claims_payments::consumer::Policy;
+use claims_payments::seams::Registered;
+use claims_payments::store::DynStore;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::bank::SimBank;
+use super::chaos::Chaos;
+use super::check::Checks;
+use super::timings::*;
+use super::world::{Dice, Trace};
+use super::RunOptions;
+use crate::memory_store::MemoryStore;
+use crate::sim::scenario::{CopyKind, Plan};
+
+/// The consumer name the deployment stores (CONSUMER_NAME).
+pub const CONSUMER: &str = "ClaimApprovedHandler";
+/// The most a calm phase waits for the queue to drain.
+pub(super) const DRAIN_LIMIT: Duration = Duration::from_secs(3 * 3600);
+
+/// A message on the queue.
+pub(super) struct Queued {
+    pub(super) message_id: String,
+    pub(super) body: Vec<u8>,
+    /// The claim it names, if its body is valid.
+    pub(super) claim: Option<String>,
+    pub(super) kind: CopyKind,
+    pub(super) delivery_count: u32,
+    pub(super) state: QueueState,
+    pub(super) enqueued_at: time::OffsetDateTime,
+    /// The last answer's outcome label.
+    pub(super) last_outcome: String,
+    /// Dead-lettered while the run was calm (no fault could explain a transient cause).
+    pub(super) dead_lettered_calm: bool,
+    /// Sent again from the dead-letter queue (the copy is a message of its own).
+    pub(super) redriven: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum QueueState {
+    Ready,
+    Locked { token: u64, instance: usize },
+    Completed,
+    DeadLettered,
+}
+
+#[derive(Default)]
+pub(super) struct Books {
+    pub(super) queue: Vec<Queued>,
+    pub(super) ready: VecDeque<usize>,
+    /// (lock ends, message, token).
+    pub(super) locks: BTreeSet<(Instant, usize, u64)>,
+    pub(super) next_token: u64,
+    /// Duplicate detection: MessageId -> when it was last enqueued.
+    pub(super) sent_at: BTreeMap<String, Instant>,
+    pub(super) instances: Vec<Instance>,
+    pub(super) processes: u64,
+    pub(super) deliveries: u64,
+    pub(super) http_requests: u64,
+    pub(super) outcomes: BTreeMap<String, u64>,
+    pub(super) dead_lettered: u64,
+    pub(super) redriven: u64,
+    pub(super) calm: bool,
+}
+
+pub(super) struct Instance {
+    pub(super) process: u64,
+    pub(super) ambient: Option<Ambient>,
+    pub(super) router: Option<Router>,
+    pub(super) registered: Option<Registered>,
+    pub(super) tasks: JoinSet<()>,
+    pub(super) in_flight: usize,
+    pub(super) alive: bool,
+    /// A start is under way (it waits for its registration): no second one.
+    pub(super) starting: bool,
+    /// The boot of the process before, if it crashed on this "port".
+    pub(super) crashed_boot: Option<Boot>,
+}
+
+pub struct Sim {
+    pub(super) seed: u64,
+    pub(super) options: RunOptions,
+    pub(super) start: Instant,
+    pub(super) chaos: Chaos,
+    pub(super) trace: Trace,
+    pub(super) dice: Dice,
+    pub(super) memory: Arc<MemoryStore>,
+    pub(super) store: DynStore,
+    pub(super) bank: Arc<SimBank>,
+    pub(super) plan: Plan,
+    pub(super) books: Mutex<Books>,
+    pub(super) wake: Notify,
+    pub(super) checks: Checks,
+    /// How HTTP callers are told apart (`HTTP_AUTH`): by function key, or signed in.
+    pub(super) signed_in: bool,
+    /// The bank is dark past its key window.
+    pub(super) bank_dark: std::sync::atomic::AtomicBool,
+}
+
+pub(super) fn policy() -> Policy {
+    Policy {
+        consumer_name: CONSUMER.into(),
+        inbox_retention: RETENTION,
+        lease: LEASE,
+        inflight_wait: INFLIGHT_WAIT,
+        retry_budget: RETRY_BUDGET,
+        bank_key_window: KEY_WINDOW,
+    }
+}
+
+pub(super) fn bank_settings() -> BankSettings {
+    BankSettings {
+        url: "https://bank.invalid/".parse().expect("a URL"),
+        api_key: None,
+        timeout: BANK_TIMEOUT,
+        key_window: KEY_WINDOW,
+    }
+}
+
+impl Sim {
+    pub(super) fn books(&self) -> MutexGuard<'_, Books> {
+        self.books.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn elapsed(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.start)
+    }
+}
