@@ -9,17 +9,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use claims_payments::config::{Settings, DEV_ONLY_SETTINGS};
+use claims_payments::configuration::{Settings, DEV_ONLY_SETTINGS};
 use claims_payments::consumer::Consumer;
+use claims_payments::env_setting::ConfigError;
 use claims_payments::functions::claim_approved::ClaimHandler;
 use claims_payments::seams::Seams;
-use claims_payments::setting::ConfigError;
 use claims_payments::startup;
 use claims_payments::store::DynStore;
 
 use crate::baselines::{noop_router, Naive};
 use crate::faults::{CrashAfterCommit, SlowStore};
-use claims_payments::setting::names;
+use claims_payments::env_setting::names;
 
 /// Which handler answers `POST /ClaimApproved`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

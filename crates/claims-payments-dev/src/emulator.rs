@@ -28,7 +28,7 @@ use azure_data_cosmos_driver::in_memory_emulator::{
     InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
 };
 
-use claims_payments::setting::names;
+use claims_payments::env_setting::names;
 use claims_payments::store::cosmos::settings::operation_options;
 use claims_payments::store::cosmos::CosmosStore;
 use claims_payments::store::cosmos::{provision_with_client, ProvisionReport};

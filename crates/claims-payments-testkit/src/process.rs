@@ -18,7 +18,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use claims_payments::setting::names;
+use claims_payments::env_setting::names;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -29,7 +29,7 @@ pub fn controlled_env() -> impl Iterator<Item = &'static str> {
     names::PRODUCT
         .iter()
         .copied()
-        .chain(claims_payments::config::DEV_ONLY_SETTINGS)
+        .chain(claims_payments::configuration::DEV_ONLY_SETTINGS)
         .chain(claims_payments::telemetry::export::SETTINGS)
 }
 

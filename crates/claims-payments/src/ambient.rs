@@ -115,7 +115,7 @@ impl Ambient {
 ///
 /// It also names the process that runs the attempt: a UUID of version 8 whose first six
 /// bytes are the process's [`Boot`] and the rest random. A waiter that meets a live lease
-/// can then ask whether the process behind it is still alive (`idempotency::liveness`)
+/// can then ask whether the process behind it is still alive (`lease::liveness`)
 /// instead of waiting the lease out. Owners written by older builds (version 4) name no
 /// boot; only their lease decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 use std::collections::BTreeMap;
 
-use crate::config::{Settings, StoreSettings};
+use crate::configuration::{Settings, StoreSettings};
 use crate::dead_letters::{self, Line, Summary};
 use crate::reconcile::{self, Reconciler};
 use crate::servicebus::Broker;
@@ -254,8 +254,8 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
 /// stand-in, no token) or the app's namespace setting with an Entra credential (a managed
 /// identity when one is there, else the developer's `az login`).
 fn dead_letters_broker() -> anyhow::Result<Box<dyn Broker>> {
+    use crate::env_setting::names;
     use crate::servicebus::rest::{Auth, RestBroker};
-    use crate::setting::names;
     let get = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     let queue = get(names::CLAIM_APPROVED_QUEUE).unwrap_or_else(|| "claim-approved".into());
     let timeout = match get(names::SERVICEBUS_TIMEOUT_MS) {
@@ -306,7 +306,7 @@ fn dead_letters_broker() -> anyhow::Result<Box<dyn Broker>> {
 /// The duplicate-detection window the verdicts use: SERVICEBUS_DUPLICATE_WINDOW_MS, by
 /// default the Bicep's PT1H.
 fn duplicate_window() -> anyhow::Result<std::time::Duration> {
-    use crate::setting::names::SERVICEBUS_DUPLICATE_WINDOW_MS as NAME;
+    use crate::env_setting::names::SERVICEBUS_DUPLICATE_WINDOW_MS as NAME;
     match std::env::var(NAME).ok().filter(|v| !v.trim().is_empty()) {
         Some(ms) => Ok(std::time::Duration::from_millis(
             ms.trim()
@@ -677,7 +677,7 @@ pub(crate) async fn inbox(
     let mut records = store.list_inbox(limit).await?;
     // Process registrations share the table but are no message's record.
     records.retain(
-        |r| !matches!(r, Ok(record) if record.consumer == crate::idempotency::liveness::CONSUMER),
+        |r| !matches!(r, Ok(record) if record.consumer == crate::lease::liveness::CONSUMER),
     );
     let listing = Listing {
         header: &[

@@ -10,14 +10,14 @@
 //! - [`message`]: the `ClaimApproved` contract and its domain types;
 //! - [`payments_api`]: `POST /api/payments` with an Idempotency-Key, on the same engine;
 //! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
-//! - [`idempotency`]: leases on inbox records, the one takeover rule every path follows;
+//! - [`lease`]: leases on inbox records, the one takeover rule every path follows;
 //! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB, PostgreSQL);
 //! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget, lookups);
 //! - [`reconcile`]: settles unknown and orphaned payouts by asking the bank;
 //! - [`ambient`]: the wall clock, randomness and process identity (the simulator's
 //!   seam: production reads the system);
-//! - [`setting`]: setting names and the one settings error, below every reader;
-//! - [`config`]: settings from the environment, composed from each module's parser;
+//! - [`env_setting`]: setting names and the one settings error, below every reader;
+//! - [`configuration`]: settings from the environment, composed from each module's parser;
 //! - [`seams`]: every hook the development crate uses (crashes, a held sync, a store
 //!   decorator, another handler); production sets none;
 //! - [`telemetry`]: logs, counters, OpenTelemetry traces and metrics;
@@ -34,19 +34,19 @@
 pub mod ambient;
 pub mod bank;
 pub mod cli;
-pub mod config;
+pub mod configuration;
 pub mod consumer;
 pub mod dead_letters;
+pub mod env_setting;
 pub mod functions;
 pub mod host;
 pub mod http;
-mod idempotency;
+mod lease;
 pub mod message;
 pub mod payments_api;
 pub mod reconcile;
 pub mod seams;
 pub mod servicebus;
-pub mod setting;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

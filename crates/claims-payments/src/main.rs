@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use claims_payments::config::Settings;
+use claims_payments::configuration::Settings;
 use claims_payments::seams::Seams;
 use claims_payments::startup;
 use claims_payments::{cli, telemetry};

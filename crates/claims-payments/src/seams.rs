@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::Router;
 
 pub use crate::consumer::crash::{CrashHook, Step};
-pub use crate::idempotency::liveness::{end_registration_of, Registered};
+pub use crate::lease::liveness::{end_registration_of, Registered};
 
 /// The state the product serves, with the HTTP API's caller authentication set as
 /// `HTTP_AUTH` sets it (keys kept 24 h).

@@ -18,12 +18,12 @@ use tokio::net::TcpListener;
 
 use crate::ambient::Ambient;
 use crate::bank::BankClient;
-use crate::config::{Settings, StoreSettings};
+use crate::configuration::{Settings, StoreSettings};
 use crate::consumer::{Consumer, Policy};
 use crate::functions;
 pub use crate::functions::AppState;
 use crate::http::HEADER_READ_TIMEOUT;
-use crate::idempotency::liveness;
+use crate::lease::liveness;
 use crate::seams::Seams;
 use crate::store::cosmos::CosmosStore;
 use crate::store::postgres::PostgresStore;

@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 /// Bottom to top. A module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
     // The vocabulary: the message contract and its domain types, setting names and errors.
-    &["message", "setting", "ambient"],
+    &["message", "env_setting", "ambient"],
     // Logs, counters, metrics and spans: used everywhere, knows only the vocabulary.
     &["telemetry"],
     // The ports and adapters: the host's protocol, the store, the bank.
     &["host", "store", "bank", "servicebus"],
     // What routes share; the lease on inbox records.
-    &["http", "idempotency"],
+    &["http", "lease"],
     // The state machine that turns deliveries into one payment.
     &["consumer"],
     // The other ways in: HTTP clients with an Idempotency-Key, reconciliation.
@@ -27,7 +27,7 @@ const LAYERS: &[&[&str]] = &[
     &["functions"],
     // Settings from the environment, composed from each module's own; the development
     // crate's hooks into the composition.
-    &["config", "seams"],
+    &["configuration", "seams"],
     // The composition root, then the operator commands.
     &["startup"],
     &["cli"],
@@ -151,8 +151,8 @@ fn the_reference_reader_sees_groups_and_paths() {
     let code = "use crate::store::{A, B};\nuse crate::{message, config::names};\nlet x = crate::bank::pay();\n#[cfg(test)]\nuse crate::cli;";
     let found: Vec<String> = references(code).into_iter().collect();
     assert_eq!(found, ["bank::pay", "config::names", "message", "store"]);
-    assert_eq!(node_of("setting::names"), Some("setting"));
-    assert_eq!(node_of("config::Settings"), Some("config"));
+    assert_eq!(node_of("env_setting::names"), Some("env_setting"));
+    assert_eq!(node_of("configuration::Settings"), Some("configuration"));
     assert_eq!(node_of("store::cosmos::settings"), Some("store"));
 }
 

@@ -34,7 +34,7 @@ struct World {
 /// Runs the product binary's operator command against the world's stand-in and store.
 async fn cli(w: &World, args: &[&str]) -> std::process::Output {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_claims-payments"));
-    for name in claims_payments::setting::names::PRODUCT {
+    for name in claims_payments::env_setting::names::PRODUCT {
         cmd.env_remove(name);
     }
     cmd.args(args)

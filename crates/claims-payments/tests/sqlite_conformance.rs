@@ -259,7 +259,7 @@ async fn a_failed_wal_sync_refuses_its_writes_and_fails_the_store() {
 /// that can no longer make anything durable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_wal_sync_stops_the_server_with_an_error() {
-    use claims_payments::config::Settings;
+    use claims_payments::configuration::Settings;
     use claims_payments::seams::Seams;
     use claims_payments::startup::serve;
     use claims_payments::store::{AttemptId, DynStore, Store};
@@ -421,7 +421,7 @@ impl claims_payments::store::Store for PurgeCounter {
 /// (`tests/architecture.rs`).
 #[tokio::test(flavor = "current_thread")]
 async fn serve_never_purges_on_its_own() {
-    use claims_payments::config::Settings;
+    use claims_payments::configuration::Settings;
     use claims_payments::seams::Seams;
     use claims_payments::startup::serve;
     use std::sync::atomic::Ordering;

@@ -41,8 +41,8 @@ use time::OffsetDateTime;
 
 use crate::emulator::InProcessEmulator;
 use crate::sim::bank::{FakeBank, FakeBankSettings};
+use claims_payments::env_setting::names;
 use claims_payments::message::{ClaimApproved, ClaimId, MessageId, Purpose};
-use claims_payments::setting::names;
 use claims_payments::store::cosmos::container::{container_definition, DEFAULT_CONTAINER};
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id};
 use claims_payments::store::cosmos::CosmosStore;
@@ -620,7 +620,7 @@ pub async fn computed(messages: usize) -> anyhow::Result<Vec<CaseCost>> {
             .await?,
     )));
     let settings = |bank_url: Option<String>| {
-        claims_payments::config::Settings::from_lookup(|name| match name {
+        claims_payments::configuration::Settings::from_lookup(|name| match name {
             names::BANK_API_URL => bank_url.clone(),
             names::CONSUMER_NAME => Some(consumer_name.to_owned()),
             _ => None,

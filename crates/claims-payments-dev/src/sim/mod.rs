@@ -63,7 +63,7 @@ use anyhow::{bail, ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use bank::{FakeBank, FakeBankSettings};
-use claims_payments::setting::names;
+use claims_payments::env_setting::names;
 use claims_payments::store::{Listed, PaymentRecord, Store};
 use claims_payments_testkit::process::{self as spawn, CosmosEmulator, ServeSpec, TempDir};
 use driver::{DataType, Host, HostSettings, Instances};

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use claims_payments::setting::names;
+use claims_payments::env_setting::names;
 use claims_payments::store::postgres::{Access, PostgresSettings, PostgresStore};
 use claims_payments::store::Store;
 use claims_payments_testkit::postgres::{PgServer, PG_BIN};

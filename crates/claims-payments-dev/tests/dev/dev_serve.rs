@@ -3,7 +3,7 @@
 //! redelivery; and the message path on the Cosmos DB emulator over real HTTP (without
 //! dev settings this serve is the product's).
 
-use claims_payments::config::Settings;
+use claims_payments::configuration::Settings;
 use claims_payments::startup::open_store;
 use claims_payments::store::sqlite::Access;
 use claims_payments_dev::emulator::ServedEmulator;

@@ -6,8 +6,8 @@ use std::time::Duration;
 use reqwest::Url;
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::setting::names;
-use crate::setting::{millis, parse_u64, ConfigError};
+use crate::env_setting::names;
+use crate::env_setting::{millis, parse_u64, ConfigError};
 
 /// Where payouts go. Absent: ledger-only mode (payments are recorded, no bank is called).
 /// How long the bank remembers an Idempotency-Key unless `BANK_KEY_WINDOW_*` says.

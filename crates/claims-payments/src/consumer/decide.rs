@@ -9,8 +9,8 @@
 use time::OffsetDateTime;
 
 use super::{Delivery, Outcome, OutcomeKind, Policy};
-use crate::idempotency::liveness::GoneOwners;
-use crate::idempotency::{self, Holder};
+use crate::lease::liveness::GoneOwners;
+use crate::lease::{self, Holder};
 use crate::message::{ClaimApproved, PayloadHash, Purpose};
 use crate::store::{
     AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
@@ -50,9 +50,9 @@ impl Attempt<'_> {
     }
 
     /// Who holds `record`, as this attempt sees it (the takeover rule:
-    /// [`idempotency::holder`]).
+    /// [`lease::holder`]).
     pub(crate) fn sees(&self, record: &InboxRecord, now: OffsetDateTime) -> Holder {
-        idempotency::holder(
+        lease::holder(
             record,
             self.id,
             self.delivery.delivery_count,
@@ -172,12 +172,12 @@ pub(crate) fn decide(
             Some(o)
                 if o.status == InboxStatus::InProgress
                     && matches!(
-                        idempotency::holder(o, a.id, 0, a.gone.contains(o.owner), now),
+                        lease::holder(o, a.id, 0, a.gone.contains(o.owner), now),
                         Holder::Nobody | Holder::OwnerGone
                     ) =>
             {
                 NextAction::AdoptOrphanedPayout {
-                    record: idempotency::taken_over(o, a.id, 0, policy.terms(), now),
+                    record: lease::taken_over(o, a.id, 0, policy.terms(), now),
                 }
             }
             _ => NextAction::WaitForPayout,
@@ -191,7 +191,7 @@ pub(crate) fn decide(
             Some(p) => {
                 let outcome = outcome_of(p);
                 NextAction::CompleteInbox {
-                    inbox: idempotency::completed(
+                    inbox: lease::completed(
                         &touched(a, inbox, policy, now),
                         outcome.kind().into(),
                         now,
@@ -235,13 +235,7 @@ fn on_inbox(
             lease_until: Some(until),
         },
         (InboxStatus::InProgress, _) => NextAction::TakeOver {
-            record: idempotency::taken_over(
-                record,
-                a.id,
-                a.delivery.delivery_count,
-                policy.terms(),
-                now,
-            ),
+            record: lease::taken_over(record, a.id, a.delivery.delivery_count, policy.terms(), now),
             reason: match holder {
                 Holder::Superseded => TakeOverReason::LaterDelivery,
                 Holder::OwnerGone => TakeOverReason::OwnerGone,
@@ -307,7 +301,7 @@ pub(crate) fn inbox_record(
     lease_until: Option<OffsetDateTime>,
     outcome: Option<OutcomeKind>,
 ) -> InboxRecord {
-    let record = idempotency::new_record(
+    let record = lease::new_record(
         &a.key,
         &a.hash,
         a.id,
@@ -357,14 +351,14 @@ pub(crate) fn payment_record(
     }
 }
 
-/// `record` written again by this attempt at `now` (see [`idempotency::touched`]).
+/// `record` written again by this attempt at `now` (see [`lease::touched`]).
 pub(crate) fn touched(
     a: &Attempt<'_>,
     record: &InboxRecord,
     policy: &Policy,
     now: OffsetDateTime,
 ) -> InboxRecord {
-    idempotency::touched(record, a.delivery.delivery_count, policy.terms(), now)
+    lease::touched(record, a.delivery.delivery_count, policy.terms(), now)
 }
 
 /// The outcome a final payment stands for.

@@ -35,8 +35,8 @@ use time::OffsetDateTime;
 
 use crate::ambient::Ambient;
 use crate::bank::{BankClient, PayoutOutcome, SendWindow};
-use crate::idempotency::liveness::Owners;
-use crate::idempotency::{self, Lease, Terms};
+use crate::lease::liveness::Owners;
+use crate::lease::{self, Lease, Terms};
 use crate::message::{ClaimApproved, MessageId, PayloadHash, Purpose};
 use crate::store::{
     AttemptId, ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord,
@@ -666,7 +666,7 @@ impl Consumer {
             updated_at: now,
             ..payment
         };
-        let final_inbox = idempotency::completed(
+        let final_inbox = lease::completed(
             &decide::touched(a, &inbox, &self.policy, now),
             outcome.kind().into(),
             now,

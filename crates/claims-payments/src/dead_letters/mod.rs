@@ -29,7 +29,7 @@ use serde::Serialize;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::idempotency::{self, Terms};
+use crate::lease::{self, Terms};
 use crate::message::{ClaimApproved, ClaimId, MessageId, OutcomeKind, PayloadHash, Purpose};
 use crate::servicebus::{
     bounded, Broker, BusError, DeadLetter, Lock, Locked, Outgoing, Property, Unreadable,
@@ -631,7 +631,7 @@ async fn record_discard(
         lease: Duration::ZERO,
         retention: options.retention,
     };
-    let record = idempotency::new_record(
+    let record = lease::new_record(
         key,
         hash,
         AttemptId::new(),

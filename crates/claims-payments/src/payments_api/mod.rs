@@ -56,7 +56,7 @@ use axum::http::{HeaderMap, StatusCode};
 
 use crate::consumer::{Consumer, Delivery, Outcome};
 use crate::http::{read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
-use crate::idempotency::{Lease, Terms};
+use crate::lease::{Lease, Terms};
 use crate::message::{ClaimApproved, ClaimId, InvalidMessage, OutcomeKind, Purpose};
 use crate::store::StoreError;
 use crate::telemetry;

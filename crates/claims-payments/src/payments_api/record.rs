@@ -1,15 +1,15 @@
 //! The key record of one (caller scope, Idempotency-Key): opened before the payment
 //! ([`open`]: created, replayed, refused or taken over, as [`next_action`] decides from
 //! the record found) and closed after it ([`close`]: the answer kept, or the key given
-//! back). The lease itself is an [`idempotency::Lease`], under the one takeover rule.
+//! back). The lease itself is an [`lease::Lease`], under the one takeover rule.
 
 use time::OffsetDateTime;
 
 use super::answer::{Answer, Problem};
 use super::key::KeyIdentity;
 use crate::ambient::Ambient;
-use crate::idempotency::liveness::Owners;
-use crate::idempotency::{self, Created, Holder, Lease, Terms};
+use crate::lease::liveness::Owners;
+use crate::lease::{self, Created, Holder, Lease, Terms};
 use crate::message::PayloadHash;
 use crate::store::{
     AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, Store, StoreError,
@@ -60,7 +60,7 @@ pub(super) fn next_action(
         }
     }
     // A client's retry is not a broker delivery: only the lease decides (count 0).
-    match idempotency::holder(record, me, 0, owner_gone, now) {
+    match lease::holder(record, me, 0, owner_gone, now) {
         Holder::Live(until) => {
             NextAction::InFlight(((until - now).whole_seconds().max(1) as u64).min(5))
         }
@@ -79,7 +79,7 @@ pub(super) async fn open(
 ) -> Result<Begin, StoreError> {
     let now = ambient.now();
     let me = ambient.attempt_id();
-    let fresh = idempotency::new_record(&identity.key, fingerprint, me, 1, terms, now, None);
+    let fresh = lease::new_record(&identity.key, fingerprint, me, 1, terms, now, None);
     let seen = match Lease::create(store, fresh.clone()).await? {
         Created::Held(lease) => return Ok(Begin::Proceed(lease)),
         Created::Exists(seen) => seen,
@@ -114,7 +114,7 @@ pub(super) async fn open(
         },
         NextAction::TakeOver { expired: false } => {
             let attempt = record.last_delivery_count.saturating_add(1);
-            idempotency::taken_over(record, me, attempt, terms, now)
+            lease::taken_over(record, me, attempt, terms, now)
         }
     };
     Ok(match Lease::take_over(store, &seen, taken).await? {
@@ -186,7 +186,7 @@ mod tests {
             claim_id: ClaimId::random(),
             message_id: MessageId::parse("http-k").unwrap(),
         };
-        idempotency::new_record(&key, fingerprint, AttemptId::new(), 1, TERMS, now, None)
+        lease::new_record(&key, fingerprint, AttemptId::new(), 1, TERMS, now, None)
     }
 
     fn hash(text: &str) -> PayloadHash {

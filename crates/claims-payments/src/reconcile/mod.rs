@@ -45,7 +45,7 @@ use time::OffsetDateTime;
 
 use crate::bank::{BankClient, BankPayment, BankStatus, Lookup, PayoutOutcome, SendWindow};
 use crate::consumer::{Consumer, OutcomeKind};
-use crate::idempotency::{self, Created, Lease, Terms};
+use crate::lease::{self, Created, Lease, Terms};
 use crate::message::{ClaimId, MessageId, PayloadHash};
 use crate::store::{
     AttemptId, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord,
@@ -435,7 +435,7 @@ impl Reconciler {
             PaymentStatus::Rejected => OutcomeKind::Rejected,
             _ => OutcomeKind::NeedsReconciliation,
         };
-        let final_inbox = idempotency::completed(&held.lease.record, outcome.into(), now);
+        let final_inbox = lease::completed(&held.lease.record, outcome.into(), now);
         match store
             .finalize(Finalize {
                 inbox: &final_inbox,
@@ -476,10 +476,10 @@ impl Reconciler {
                 // Not a broker delivery: the lease decides (count 0), unless its
                 // process has ended.
                 let gone = self.consumer.owners().check(seen.record.owner).await;
-                if !idempotency::holder(&seen.record, self.me, 0, gone, now).may_take_over() {
+                if !lease::holder(&seen.record, self.me, 0, gone, now).may_take_over() {
                     return Ok(None);
                 }
-                let taken = idempotency::taken_over(&seen.record, self.me, 0, policy.terms(), now);
+                let taken = lease::taken_over(&seen.record, self.me, 0, policy.terms(), now);
                 Ok(Lease::take_over(store, &seen, taken)
                     .await?
                     .map(|lease| Held {
@@ -494,15 +494,8 @@ impl Reconciler {
                     claim_id: p.claim_id,
                     message_id: p.message_id.clone(),
                 };
-                let record = idempotency::new_record(
-                    &key,
-                    &p.payload_hash,
-                    self.me,
-                    0,
-                    policy.terms(),
-                    now,
-                    None,
-                );
+                let record =
+                    lease::new_record(&key, &p.payload_hash, self.me, 0, policy.terms(), now, None);
                 Ok(match Lease::create(store, record).await? {
                     Created::Held(lease) => Some(Held { lease, found: None }),
                     Created::Exists(_) => None,
@@ -814,7 +807,7 @@ impl RunLease {
             Some(seen) => seen,
             None => {
                 let hash = PayloadHash::from_stored("reconcile-run".into());
-                let record = idempotency::new_record(&key, &hash, me, 0, terms, now, None);
+                let record = lease::new_record(&key, &hash, me, 0, terms, now, None);
                 return Ok(match Lease::create(store, record).await? {
                     Created::Held(lease) => Some(RunLease(lease)),
                     Created::Exists(_) => None,
@@ -822,10 +815,10 @@ impl RunLease {
             }
         };
         let gone = consumer.owners().check(seen.record.owner).await;
-        if !idempotency::holder(&seen.record, me, 0, gone, now).may_take_over() {
+        if !lease::holder(&seen.record, me, 0, gone, now).may_take_over() {
             return Ok(None);
         }
-        let taken = idempotency::taken_over(&seen.record, me, 0, terms, now);
+        let taken = lease::taken_over(&seen.record, me, 0, terms, now);
         Ok(Lease::take_over(store, &seen, taken).await?.map(RunLease))
     }
 

@@ -140,7 +140,7 @@ fn only_a_stored_request_with_the_reference_is_sent_again() {
 
 #[test]
 fn a_live_lease_of_a_process_that_ended_does_not_hold_a_payout_back() {
-    use crate::idempotency::{new_record, Terms};
+    use crate::lease::{new_record, Terms};
     use crate::store::{AttemptId, Version};
     let p = ledger(1);
     let now = OffsetDateTime::now_utc();

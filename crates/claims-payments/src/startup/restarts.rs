@@ -11,7 +11,7 @@
 //!
 //! - **The previous process did not stop cleanly** (killed, crashed, restarted after a
 //!   function timeout): its registration is ended at once
-//!   ([`liveness`](crate::idempotency::liveness)), so every lease it held is taken over by
+//!   ([`liveness`](crate::lease::liveness)), so every lease it held is taken over by
 //!   the next attempt that meets it, on any instance, instead of being waited out.
 //! - **Processes on this port crashed several times within [`CRASH_WINDOW`]** (a crash
 //!   loop): the start holds back before it answers, [`HOLD_FIRST`] doubling up to
@@ -29,7 +29,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::idempotency::liveness;
+use crate::lease::liveness;
 use crate::store::{Boot, Store};
 
 /// Crashes this recent count towards a crash loop.

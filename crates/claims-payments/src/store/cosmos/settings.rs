@@ -33,8 +33,8 @@ use azure_identity::{
 };
 use base64::Engine;
 
-use crate::setting::names;
-use crate::setting::{non_blank, ConfigError};
+use crate::env_setting::names;
+use crate::env_setting::{non_blank, ConfigError};
 
 /// The container name used by default and in `infra/cosmos-container.json`.
 pub const DEFAULT_CONTAINER: &str = "payments";

@@ -24,8 +24,8 @@ use std::time::Duration;
 use reqwest::Url;
 use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
 
-use crate::setting::names;
-use crate::setting::{millis, non_blank, ConfigError};
+use crate::env_setting::names;
+use crate::env_setting::{millis, non_blank, ConfigError};
 
 /// How the service logs in to PostgreSQL.
 #[derive(Clone, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use crate::telemetry::LogFormat;
 
 // The names and the error live below every module that reads a setting; re-exported
 // here because the dev crate and the tests read them through `config`.
-pub(crate) use crate::setting::{millis, names, parse_u64, ConfigError};
+pub(crate) use crate::env_setting::{millis, names, parse_u64, ConfigError};
 
 /// Where the guard lives (`PAYMENTS_STORE`), with what that store needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -236,7 +236,7 @@ fn consumer_name(get: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigE
     let reserved = [
         crate::payments_api::KEY_CONSUMER,
         crate::reconcile::RUN_LEASE_CONSUMER,
-        crate::idempotency::liveness::CONSUMER,
+        crate::lease::liveness::CONSUMER,
     ];
     if reserved.contains(&consumer_name.as_str()) {
         return Err(ConfigError::new(
