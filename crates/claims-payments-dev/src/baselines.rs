@@ -16,10 +16,10 @@ use axum::Json;
 use axum::Router;
 use claims_payments::bank::{BankClient, PayoutOutcome, SendWindow};
 use claims_payments::consumer::{Consumer, Delivery, Outcome};
+use claims_payments::domain::{ClaimApproved, IdempotencyKey};
 use claims_payments::functions::claim_approved::{ClaimHandler, FUNCTION_NAME};
 use claims_payments::functions::{metrics, ready};
 use claims_payments::http::read_body;
-use claims_payments::message::{ClaimApproved, IdempotencyKey};
 use claims_payments::seams::{CrashHook, Step};
 use claims_payments::store::{
     AttemptId, ClaimResult, DynStore, InboxStatus, PaymentStatus, StoreError,

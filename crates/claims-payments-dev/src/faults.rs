@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use claims_payments::consumer::{Delivery, Outcome};
+use claims_payments::domain::{ClaimApproved, ClaimId, Purpose};
 use claims_payments::functions::claim_approved::ClaimHandler;
-use claims_payments::message::{ClaimApproved, ClaimId, Purpose};
 use claims_payments::store::{
     ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreResult, Version, Versioned,

@@ -47,7 +47,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use claims_payments::message::{ClaimId, MessageId, Purpose};
+use claims_payments::domain::{ClaimId, MessageId, Purpose};
 use claims_payments::store::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
@@ -479,7 +479,7 @@ impl Store for MemoryStore {
 
 #[cfg(test)]
 mod tests {
-    use claims_payments::message::OutcomeKind;
+    use claims_payments::domain::OutcomeKind;
     use claims_payments::store::{AttemptId, InboxKey, InboxStatus};
     use claims_payments_testkit::fixtures::{message, new_claim};
     use claims_payments_testkit::records::{completed, paid, records_for};

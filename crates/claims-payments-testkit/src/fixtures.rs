@@ -7,7 +7,7 @@ use std::time::Duration;
 use claims_payments::bank::BankClient;
 use claims_payments::bank::BankSettings;
 use claims_payments::consumer::{Consumer, Delivery, Policy};
-use claims_payments::message::{ClaimApproved, MessageId};
+use claims_payments::domain::{ClaimApproved, MessageId};
 use claims_payments::seams::{CrashHook, Step};
 use claims_payments::store::DynStore;
 

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use claims_payments::message::OutcomeKind;
-use claims_payments::message::{ClaimApproved, MessageId, Purpose};
+use claims_payments::domain::OutcomeKind;
+use claims_payments::domain::{ClaimApproved, MessageId, Purpose};
 use claims_payments::store::{
     AttemptId, ClaimResult, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus, Version,
 };

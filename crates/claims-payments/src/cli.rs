@@ -769,7 +769,7 @@ mod tests {
 
     use super::*;
     use crate::consumer::{Consumer, Delivery, Policy};
-    use crate::message::{ClaimApproved, MessageId};
+    use crate::domain::{ClaimApproved, MessageId};
 
     #[test]
     fn printable_escapes_control_characters_and_keeps_the_rest() {

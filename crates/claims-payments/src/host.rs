@@ -20,7 +20,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use crate::message::{MessageId, OutcomeKind};
+use crate::domain::{MessageId, OutcomeKind};
 
 /// The binding name in `function.json`.
 pub(crate) const TRIGGER_BINDING: &str = "msg";

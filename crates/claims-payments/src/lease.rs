@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
-use crate::message::PayloadHash;
+use crate::domain::PayloadHash;
 use crate::store::{
     AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, InsertResult, Store, StoreError,
     StoreResult, Version, Versioned,
@@ -318,7 +318,7 @@ impl Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{ClaimId, MessageId};
+    use crate::domain::{ClaimId, MessageId};
 
     fn record(owner: AttemptId, lease_until: Option<OffsetDateTime>, count: u32) -> InboxRecord {
         let now = OffsetDateTime::now_utc();

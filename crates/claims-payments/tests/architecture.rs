@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// Bottom to top. A module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
     // The vocabulary: the message contract and its domain types, setting names and errors.
-    &["message", "env_setting", "ambient"],
+    &["domain", "env_setting", "ambient"],
     // Logs, counters, metrics and spans: used everywhere, knows only the vocabulary.
     &["telemetry"],
     // The ports and adapters: the host's protocol, the store, the bank.

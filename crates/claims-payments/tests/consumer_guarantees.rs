@@ -12,7 +12,7 @@ use std::time::Duration;
 use claims_payments::bank::BankSettings;
 use claims_payments::bank::{BankClient, PayoutOutcome, SendWindow};
 use claims_payments::consumer::Policy;
-use claims_payments::message::{ClaimApproved, IdempotencyKey};
+use claims_payments::domain::{ClaimApproved, IdempotencyKey};
 use claims_payments::seams::Step;
 use claims_payments::store::sqlite::SqliteStore;
 use claims_payments::store::{DynStore, PaymentStatus};

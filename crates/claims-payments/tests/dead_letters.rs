@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use claims_payments::dead_letters::{self, verdict::Verdict, Options, Selection, REDRIVE_PROPERTY};
-use claims_payments::message::{ClaimId, MessageId, OutcomeKind, Purpose};
+use claims_payments::domain::{ClaimId, MessageId, OutcomeKind, Purpose};
 use claims_payments::servicebus::rest::{Auth, RestBroker};
 use claims_payments::servicebus::BusErrorKind;
 use claims_payments::store::sqlite::SqliteStore;
@@ -98,7 +98,7 @@ async fn drain_into_consumer(w: &World) -> Vec<(String, &'static str)> {
     let mut out = Vec::new();
     for m in w.bus.take_active() {
         let msg =
-            claims_payments::message::ClaimApproved::parse(std::str::from_utf8(&m.body).unwrap())
+            claims_payments::domain::ClaimApproved::parse(std::str::from_utf8(&m.body).unwrap())
                 .unwrap();
         out.push((
             m.message_id.clone(),

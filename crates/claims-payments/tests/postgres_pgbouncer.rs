@@ -114,7 +114,7 @@ async fn concurrent_claims_duplicates_finalizes_and_reads_through_pgbouncer_pay_
         let (store, claim_id) = (store.clone(), msg.claim_id);
         tasks.spawn(async move {
             let read = store
-                .payment(claim_id, claims_payments::message::Purpose::Payout)
+                .payment(claim_id, claims_payments::domain::Purpose::Payout)
                 .await;
             let listed = store.list_payments(100).await;
             let outcome = match (read, listed) {

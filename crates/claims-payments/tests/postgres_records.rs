@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use claims_payments::message::{ClaimId, Purpose};
+use claims_payments::domain::{ClaimId, Purpose};
 use claims_payments::payments_api::{CallerAuth, PaymentsApi};
 use claims_payments::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
 use claims_payments::store::{

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use claims_payments::message::{ClaimId, Purpose};
+use claims_payments::domain::{ClaimId, Purpose};
 use claims_payments::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
 use claims_payments::store::{
     AttemptId, ClaimResult, InboxStatus, PaymentStatus, Store, StoreError,

@@ -339,8 +339,8 @@ impl claims_payments::store::Store for PurgeCounter {
     }
     async fn payment(
         &self,
-        claim: claims_payments::message::ClaimId,
-        purpose: claims_payments::message::Purpose,
+        claim: claims_payments::domain::ClaimId,
+        purpose: claims_payments::domain::Purpose,
     ) -> claims_payments::store::StoreResult<
         Option<claims_payments::store::Versioned<claims_payments::store::PaymentRecord>>,
     > {

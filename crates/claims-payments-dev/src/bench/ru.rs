@@ -41,8 +41,8 @@ use time::OffsetDateTime;
 
 use crate::emulator::InProcessEmulator;
 use crate::sim::bank::{FakeBank, FakeBankSettings};
+use claims_payments::domain::{ClaimApproved, ClaimId, MessageId, Purpose};
 use claims_payments::env_setting::names;
-use claims_payments::message::{ClaimApproved, ClaimId, MessageId, Purpose};
 use claims_payments::store::cosmos::container::{container_definition, DEFAULT_CONTAINER};
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id};
 use claims_payments::store::cosmos::CosmosStore;

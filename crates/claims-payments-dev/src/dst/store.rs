@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use claims_payments::message::{ClaimId, Purpose};
+use claims_payments::domain::{ClaimId, Purpose};
 use claims_payments::store::{
     ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,

@@ -595,19 +595,19 @@ impl Ledger {
         };
         let listed: std::collections::HashSet<String> = rows
             .iter()
-            .filter_map(|r| claims_payments::message::ClaimId::parse(&r.claim_id).ok())
+            .filter_map(|r| claims_payments::domain::ClaimId::parse(&r.claim_id).ok())
             .map(|c| c.to_string())
             .collect();
         let mut found = Vec::new();
         for claim in claims {
-            let Ok(id) = claims_payments::message::ClaimId::parse(claim) else {
+            let Ok(id) = claims_payments::domain::ClaimId::parse(claim) else {
                 continue;
             };
             if listed.contains(&id.to_string()) {
                 continue;
             }
             let read = store
-                .payment(id, claims_payments::message::Purpose::Payout)
+                .payment(id, claims_payments::domain::Purpose::Payout)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot read the payment of claim {id}: {e}"))?;
             if let Some(payment) = read {

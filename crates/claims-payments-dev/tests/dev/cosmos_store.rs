@@ -24,7 +24,7 @@ use azure_data_cosmos::fault_injection::{
 };
 use azure_data_cosmos::models::{ContainerProperties, TimeToLive};
 use azure_data_cosmos::{ContainerClient, CosmosClient};
-use claims_payments::message::{ClaimApproved, ClaimId, MessageId, Purpose};
+use claims_payments::domain::{ClaimApproved, ClaimId, MessageId, Purpose};
 use claims_payments::store::cosmos::container::indexing_policy_difference;
 use claims_payments::store::cosmos::documents::{inbox_id, payment_id, InboxDoc, PaymentDoc};
 use claims_payments::store::cosmos::{

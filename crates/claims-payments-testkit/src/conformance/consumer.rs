@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use claims_payments::consumer::Outcome;
 
-use claims_payments::message::{MessageId, Purpose};
+use claims_payments::domain::{MessageId, Purpose};
 use claims_payments::seams::Step;
 use claims_payments::store::{DynStore, InboxKey, PaymentStatus};
 use time::OffsetDateTime;

@@ -3,7 +3,7 @@
 //! with the versions the writes returned. These ran only against Cosmos before; here they
 //! run against every store.
 
-use claims_payments::message::Purpose;
+use claims_payments::domain::Purpose;
 use claims_payments::store::{
     AttemptId, ClaimResult, DynStore, Finalize, InboxRecord, InsertResult, PaymentRecord,
     StoreError,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use claims_payments::message::{ClaimId, Purpose};
+use claims_payments::domain::{ClaimId, Purpose};
 use claims_payments::store::{DynStore, PaymentStatus};
 use time::OffsetDateTime;
 

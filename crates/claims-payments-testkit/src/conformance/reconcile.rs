@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use claims_payments::message::{ClaimId, Purpose};
+use claims_payments::domain::{ClaimId, Purpose};
 use claims_payments::seams::Step;
 use claims_payments::store::{
     AttemptId, DynStore, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
@@ -40,7 +40,7 @@ async fn needs_reconciliation(
     bank: &FakeBank,
 ) -> (
     claims_payments::consumer::Consumer,
-    claims_payments::message::ClaimApproved,
+    claims_payments::domain::ClaimApproved,
     String,
 ) {
     bank.always(Some(BankFault::Unavailable));

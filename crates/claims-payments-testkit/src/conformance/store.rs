@@ -4,8 +4,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use claims_payments::message::OutcomeKind;
-use claims_payments::message::Purpose;
+use claims_payments::domain::OutcomeKind;
+use claims_payments::domain::Purpose;
 use claims_payments::store::{
     AttemptId, ClaimResult, DynStore, Finalize, InboxOutcome, InboxRecord, InboxStatus,
     InsertResult, PaymentRecord, PaymentStatus, StoreError,

@@ -87,7 +87,7 @@ pub(super) fn read_lookup(
         let Some(payment_id) = token(&entry.payment_id, secret) else {
             return unknown(format!("lookup entry {n} has an unusable paymentId"));
         };
-        let Some(amount) = crate::message::parse_decimal_amount(&entry.amount) else {
+        let Some(amount) = crate::domain::parse_decimal_amount(&entry.amount) else {
             return unknown(format!(
                 "lookup entry {n} has an amount that is not a decimal"
             ));

@@ -32,7 +32,7 @@ use time::OffsetDateTime;
 use tokio::time::Instant;
 
 use crate::ambient::Ambient;
-use crate::message::IdempotencyKey;
+use crate::domain::IdempotencyKey;
 use crate::telemetry;
 
 mod answer;

@@ -11,7 +11,7 @@ use reqwest::{StatusCode, Url};
 use secrecy::ExposeSecret;
 
 use super::{BankSettings, MAX_ANSWER_BYTES};
-use crate::message::IdempotencyKey;
+use crate::domain::IdempotencyKey;
 use crate::telemetry;
 
 /// What the client asks the bank.

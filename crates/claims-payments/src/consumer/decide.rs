@@ -9,9 +9,9 @@
 use time::OffsetDateTime;
 
 use super::{Delivery, Outcome, OutcomeKind, Policy};
+use crate::domain::{ClaimApproved, PayloadHash, Purpose};
 use crate::lease::liveness::GoneOwners;
 use crate::lease::{self, Holder};
-use crate::message::{ClaimApproved, PayloadHash, Purpose};
 use crate::store::{
     AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
 };
@@ -381,7 +381,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::message::{ClaimId, MessageId};
+    use crate::domain::{ClaimId, MessageId};
     use crate::store::Boot;
 
     const CLAIM: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";

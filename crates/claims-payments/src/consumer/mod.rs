@@ -35,16 +35,16 @@ use time::OffsetDateTime;
 
 use crate::ambient::Ambient;
 use crate::bank::{BankClient, PayoutOutcome, SendWindow};
+use crate::domain::{ClaimApproved, MessageId, PayloadHash, Purpose};
 use crate::lease::liveness::Owners;
 use crate::lease::{self, Lease, Terms};
-use crate::message::{ClaimApproved, MessageId, PayloadHash, Purpose};
 use crate::store::{
     AttemptId, ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord,
     PaymentStatus, StoreError, Version, Versioned,
 };
 use crate::telemetry;
 
-pub(crate) use crate::message::OutcomeKind;
+pub(crate) use crate::domain::OutcomeKind;
 pub(crate) use crash::{CrashHook, Step};
 use decide::{decide, Attempt, NextAction, Observed, TakeOverReason};
 pub use outcome::Outcome;
@@ -788,8 +788,8 @@ mod tests {
     fn key(n: usize) -> InboxKey {
         InboxKey {
             consumer: "payments".into(),
-            claim_id: crate::message::ClaimId::random(),
-            message_id: crate::message::MessageId::parse(&format!("m-{n}")).unwrap(),
+            claim_id: crate::domain::ClaimId::random(),
+            message_id: crate::domain::MessageId::parse(&format!("m-{n}")).unwrap(),
         }
     }
 
@@ -798,7 +798,7 @@ mod tests {
     #[test]
     fn a_full_cache_remembers_the_latest_completed_messages() {
         let cache = completed_cache(2_000);
-        let hash = crate::message::ClaimApproved::parse(
+        let hash = crate::domain::ClaimApproved::parse(
             r#"{"claimId":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","amount":"1.00","currency":"EUR"}"#,
         )
         .unwrap()

@@ -2,7 +2,7 @@
 //! one vocabulary of logs, answers, counters and stored inbox records), and the
 //! counters it adds to.
 
-use crate::message::{MessageId, OutcomeKind};
+use crate::domain::{MessageId, OutcomeKind};
 use crate::telemetry;
 
 /// How a delivery ended. The label is what logs, answers and counters use.

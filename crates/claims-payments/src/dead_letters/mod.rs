@@ -29,8 +29,8 @@ use serde::Serialize;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use crate::domain::{ClaimApproved, ClaimId, MessageId, OutcomeKind, PayloadHash, Purpose};
 use crate::lease::{self, Terms};
-use crate::message::{ClaimApproved, ClaimId, MessageId, OutcomeKind, PayloadHash, Purpose};
 use crate::servicebus::{
     bounded, Broker, BusError, DeadLetter, Lock, Locked, Outgoing, Property, Unreadable,
 };

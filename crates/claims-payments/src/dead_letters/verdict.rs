@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 use time::OffsetDateTime;
 
-use crate::message::{OutcomeKind, PayloadHash};
+use crate::domain::{OutcomeKind, PayloadHash};
 use crate::store::{InboxOutcome, PaymentStatus};
 
 /// What a dead letter's body turned out to be.

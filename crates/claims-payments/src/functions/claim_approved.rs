@@ -14,9 +14,9 @@ use tracing::Instrument;
 
 use super::AppState;
 use crate::consumer::{Consumer, Delivery, Outcome};
+use crate::domain::{ClaimApproved, OutcomeKind};
 use crate::host::{Ended, Invocation, OutcomeSummary};
 use crate::http::{invocation_answer, read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
-use crate::message::{ClaimApproved, OutcomeKind};
 use crate::telemetry;
 
 /// The function's folder in function-app/, which is the route the host calls.

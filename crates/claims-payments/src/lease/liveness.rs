@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 use super::{Created, Lease, Terms};
 use crate::ambient::Ambient;
-use crate::message::{ClaimId, MessageId, PayloadHash};
+use crate::domain::{ClaimId, MessageId, PayloadHash};
 use crate::store::{
     AttemptId, Boot, DynStore, InboxKey, InboxRecord, Store, StoreError, StoreResult,
 };

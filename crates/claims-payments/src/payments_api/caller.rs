@@ -16,7 +16,7 @@ use base64::Engine;
 use serde::Deserialize;
 
 use super::answer::{Answer, Problem};
-use crate::message::ClaimApproved;
+use crate::domain::ClaimApproved;
 
 /// The app role that may `POST /api/payments`.
 pub(crate) const PAY_ROLE: &str = "Payments.Pay";

@@ -2,7 +2,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::message::{ClaimId, MessageId};
+use crate::domain::{ClaimId, MessageId};
 use crate::store::InboxKey;
 
 use super::caller::Scope;

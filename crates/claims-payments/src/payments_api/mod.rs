@@ -55,9 +55,9 @@ use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 
 use crate::consumer::{Consumer, Delivery, Outcome};
+use crate::domain::{ClaimApproved, ClaimId, InvalidMessage, OutcomeKind, Purpose};
 use crate::http::{read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
 use crate::lease::{Lease, Terms};
-use crate::message::{ClaimApproved, ClaimId, InvalidMessage, OutcomeKind, Purpose};
 use crate::store::StoreError;
 use crate::telemetry;
 

@@ -8,9 +8,9 @@ use time::OffsetDateTime;
 use super::answer::{Answer, Problem};
 use super::key::KeyIdentity;
 use crate::ambient::Ambient;
+use crate::domain::PayloadHash;
 use crate::lease::liveness::Owners;
 use crate::lease::{self, Created, Holder, Lease, Terms};
-use crate::message::PayloadHash;
 use crate::store::{
     AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, Store, StoreError,
 };
@@ -173,7 +173,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::message::{ClaimId, MessageId};
+    use crate::domain::{ClaimId, MessageId};
 
     const TERMS: Terms = Terms {
         lease: Duration::from_secs(60),
@@ -190,7 +190,7 @@ mod tests {
     }
 
     fn hash(text: &str) -> PayloadHash {
-        crate::message::ClaimApproved::parse(&format!(
+        crate::domain::ClaimApproved::parse(&format!(
             r#"{{"claimId":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","amount":"{text}","currency":"EUR"}}"#
         ))
         .unwrap()

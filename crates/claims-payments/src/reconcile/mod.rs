@@ -45,8 +45,8 @@ use time::OffsetDateTime;
 
 use crate::bank::{BankClient, BankPayment, BankStatus, Lookup, PayoutOutcome, SendWindow};
 use crate::consumer::{Consumer, OutcomeKind};
+use crate::domain::{ClaimId, MessageId, PayloadHash};
 use crate::lease::{self, Created, Lease, Terms};
-use crate::message::{ClaimId, MessageId, PayloadHash};
 use crate::store::{
     AttemptId, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord,
     PaymentStatus, StoreError, Versioned,

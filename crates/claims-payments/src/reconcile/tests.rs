@@ -3,7 +3,7 @@
 use rust_decimal::Decimal;
 
 use super::*;
-use crate::message::{Currency, IdempotencyKey, Money, Purpose};
+use crate::domain::{Currency, IdempotencyKey, Money, Purpose};
 
 fn ledger(amount: i64) -> PaymentRecord {
     let claim_id = ClaimId::random();

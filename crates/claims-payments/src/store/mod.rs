@@ -23,8 +23,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::message::OutcomeKind;
-use crate::message::{
+use crate::domain::OutcomeKind;
+use crate::domain::{
     ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
 };
 

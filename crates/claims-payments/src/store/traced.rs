@@ -12,7 +12,7 @@ use super::{
     ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
-use crate::message::{ClaimId, Purpose};
+use crate::domain::{ClaimId, Purpose};
 use crate::telemetry::{self, trace};
 
 /// The store as dependencies: every call is a client span named after the operation,

@@ -27,7 +27,7 @@ use super::documents::{
 };
 use super::errors::{classify, describe, error_charge, is_transient_code, note, record_charge};
 use super::settings::{CosmosAuth, CosmosSettings};
-use crate::message::{ClaimId, Purpose};
+use crate::domain::{ClaimId, Purpose};
 use crate::store::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,

@@ -15,7 +15,7 @@ use time::format_description::well_known::Rfc3339;
 use time::macros::format_description;
 use time::{OffsetDateTime, UtcOffset};
 
-use crate::message::{
+use crate::domain::{
     ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
 };
 use crate::store::{

@@ -83,7 +83,7 @@ use super::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
-use crate::message::{ClaimId, Purpose};
+use crate::domain::{ClaimId, Purpose};
 use crate::telemetry;
 
 /// How long an invocation waits for a pooled connection before the store answers

@@ -8,7 +8,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::message::{
+use crate::domain::{
     ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
     TenantId,
 };

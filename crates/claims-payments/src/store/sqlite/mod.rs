@@ -47,7 +47,7 @@ use super::{
     InsertResult, Listed, PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version,
     Versioned,
 };
-use crate::message::{
+use crate::domain::{
     ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
     TenantId,
 };

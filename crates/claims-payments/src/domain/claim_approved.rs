@@ -1,0 +1,385 @@
+//! The `ClaimApproved` message contract: its wire shape, how it is parsed, the payload
+//! hash that tells two different payments apart, and the payout request it becomes.
+
+use std::str::FromStr;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+
+use super::money::parse_amount;
+use super::{
+    ClaimId, Currency, IdempotencyKey, InvalidMessage, Money, PayeeRef, PayloadHash, TenantId,
+};
+
+/// The wire shape. Unknown fields are ignored so producers can add fields
+/// without breaking this consumer; they do not count towards the payload hash.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireClaimApproved<'a> {
+    #[serde(borrow)]
+    claim_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    amount: Option<&'a RawValue>,
+    currency: Option<serde_json::Value>,
+    tenant_id: Option<serde_json::Value>,
+    payee: Option<serde_json::Value>,
+    approved_at: Option<serde_json::Value>,
+}
+
+/// A valid `ClaimApproved` event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimApproved {
+    pub claim_id: ClaimId,
+    pub money: Money,
+    pub tenant: Option<TenantId>,
+    pub payee: Option<PayeeRef>,
+    approved_at: Option<OffsetDateTime>,
+}
+
+fn optional_string(
+    field: &'static str,
+    value: Option<serde_json::Value>,
+) -> Result<Option<String>, InvalidMessage> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(InvalidMessage::new(
+            field,
+            format!("must be a string, got {other}"),
+        )),
+    }
+}
+
+impl ClaimApproved {
+    /// Parses the message body (UTF-8 JSON text).
+    pub fn parse(body: &str) -> Result<Self, InvalidMessage> {
+        // serde reads a struct from a JSON array too, field by field in order: a message
+        // is an object with named fields, never a positional list.
+        if !body.trim_start().starts_with('{') {
+            return Err(InvalidMessage::new("body", "is not a JSON object"));
+        }
+        let wire: WireClaimApproved = serde_json::from_str(body)
+            .map_err(|e| InvalidMessage::new("body", format!("is not a JSON object: {e}")))?;
+
+        let claim_raw = wire
+            .claim_id
+            .ok_or_else(|| InvalidMessage::new("claimId", "is missing"))?;
+        let claim_text: String = serde_json::from_str(claim_raw.get())
+            .map_err(|_| InvalidMessage::new("claimId", "must be a string holding a UUID"))?;
+        let claim_id = ClaimId::parse(&claim_text)?;
+
+        let currency = optional_string("currency", wire.currency)?
+            .ok_or_else(|| InvalidMessage::new("currency", "is missing"))?;
+        let currency = Currency::parse(&currency)?;
+        let amount = wire
+            .amount
+            .filter(|raw| raw.get() != "null")
+            .ok_or_else(|| InvalidMessage::new("amount", "is missing"))?;
+        let money = Money::new(parse_amount(amount)?, currency)?;
+
+        let tenant = optional_string("tenantId", wire.tenant_id)?
+            .map(|t| TenantId::parse(&t))
+            .transpose()?;
+        let payee = optional_string("payee", wire.payee)?
+            .map(|p| PayeeRef::parse(&p))
+            .transpose()?;
+        let approved_at = optional_string("approvedAt", wire.approved_at)?
+            .map(|t| {
+                OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339).map_err(
+                    |_| {
+                        InvalidMessage::new(
+                            "approvedAt",
+                            format!("{t:?} is not an RFC 3339 timestamp"),
+                        )
+                    },
+                )
+            })
+            .transpose()?;
+
+        Ok(ClaimApproved {
+            claim_id,
+            money,
+            tenant,
+            payee,
+            approved_at,
+        })
+    }
+
+    /// Hash of the fields that decide the payment: claim, amount, currency, tenant, payee.
+    /// `approvedAt` is left out on purpose: a re-sent approval with a new timestamp is
+    /// still the same payment.
+    pub fn payload_hash(&self) -> PayloadHash {
+        // serde_json's map is sorted by key, so this is canonical JSON.
+        let canonical = serde_json::json!({
+            "amount": self.money.amount_string(),
+            "claimId": self.claim_id.to_string(),
+            "currency": self.money.currency().code(),
+            "payee": self.payee.as_ref().map(PayeeRef::as_str),
+            "tenantId": self.tenant.as_ref().map(TenantId::as_str),
+        });
+        let digest = Sha256::digest(format!("claim-approved/v1\n{canonical}").as_bytes());
+        PayloadHash(format!("sha256:{}", hex::encode(digest)))
+    }
+
+    pub fn idempotency_key(&self) -> IdempotencyKey {
+        IdempotencyKey::for_payout(self.tenant.as_ref(), self.claim_id)
+    }
+
+    /// The exact bytes of the bank payout request, built once, stored with the payment
+    /// and re-sent unchanged on every retry. It carries
+    /// the Idempotency-Key as `reference`, so the bank can be asked what it holds under
+    /// that reference even after it forgot the key (see `reconcile`).
+    pub fn payout_request_body(&self) -> String {
+        serde_json::json!({
+            "claimId": self.claim_id.to_string(),
+            "amount": self.money.amount_string(),
+            "currency": self.money.currency().code(),
+            "payee": self.payee.as_ref().map(PayeeRef::as_str),
+            "reference": self.idempotency_key().as_str(),
+        })
+        .to_string()
+    }
+}
+
+impl FromStr for ClaimApproved {
+    type Err = InvalidMessage;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ClaimApproved::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::MessageId;
+    use rust_decimal::Decimal;
+
+    const CLAIM: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
+
+    fn parse(body: serde_json::Value) -> Result<ClaimApproved, InvalidMessage> {
+        ClaimApproved::parse(&body.to_string())
+    }
+
+    #[test]
+    fn accepts_amount_as_string_or_number_without_float_rounding() {
+        let a = ClaimApproved::parse(&format!(
+            r#"{{"claimId":"{CLAIM}","amount":"1250.10","currency":"EUR"}}"#
+        ))
+        .unwrap();
+        let b = ClaimApproved::parse(&format!(
+            r#"{{"claimId":"{CLAIM}","amount":1250.1,"currency":"EUR"}}"#
+        ))
+        .unwrap();
+        assert_eq!(a.money.amount_string(), "1250.10");
+        assert_eq!(a.payload_hash(), b.payload_hash());
+        // 0.1 + 0.2 style values survive exactly: f64 would print 9007199254740993 as ...992.
+        let big = ClaimApproved::parse(&format!(
+            r#"{{"claimId":"{CLAIM}","amount":900719925474.99,"currency":"EUR"}}"#
+        ))
+        .unwrap();
+        assert_eq!(big.money.amount_string(), "900719925474.99");
+    }
+
+    #[test]
+    fn a_positional_array_is_not_a_message() {
+        // The fields in WireClaimApproved's order: serde would read this as a message.
+        let array = format!(r#"["{CLAIM}", "10.00", "EUR", null, "NL91ABNA0417164300", null]"#);
+        let err = ClaimApproved::parse(&array).unwrap_err();
+        assert_eq!(err.to_string(), "body: is not a JSON object");
+        assert!(ClaimApproved::parse(&format!(
+            "  \n{{\"claimId\":\"{CLAIM}\",\"amount\":\"1\",\"currency\":\"EUR\"}}"
+        ))
+        .is_ok());
+    }
+
+    #[test]
+    fn each_violation_names_its_field() {
+        let cases = [
+            (
+                serde_json::json!({"amount": "1", "currency": "EUR"}),
+                "claimId",
+            ),
+            (
+                serde_json::json!({"claimId": "nope", "amount": "1", "currency": "EUR"}),
+                "claimId",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "0", "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "-5", "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1.001", "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1.5", "currency": "JPY"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "abc", "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": true, "currency": "EUR"}),
+                "amount",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1"}),
+                "currency",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "eur"}),
+                "currency",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "XAU"}),
+                "currency",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "tenantId": "a b"}),
+                "tenantId",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "payee": ""}),
+                "payee",
+            ),
+            (
+                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "approvedAt": "yesterday"}),
+                "approvedAt",
+            ),
+            (serde_json::json!([1, 2]), "body"),
+            (
+                serde_json::json!({"claimId": "00000000-0000-0000-0000-000000000000", "amount": "1", "currency": "EUR"}),
+                "claimId",
+            ),
+        ];
+        for (body, field) in cases {
+            let err = parse(body.clone()).expect_err(&body.to_string());
+            assert_eq!(err.field, field, "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn amounts_follow_one_strict_grammar() {
+        let amount = |raw: &str| {
+            ClaimApproved::parse(&format!(
+                r#"{{"claimId":"{CLAIM}","amount":{raw},"currency":"EUR"}}"#
+            ))
+            .map(|m| m.money.amount_string())
+        };
+        for ok in [
+            r#""5""#,
+            r#""5.5""#,
+            r#""0.01""#,
+            "5",
+            "5.25",
+            r#""007.50""#,
+        ] {
+            assert!(amount(ok).is_ok(), "{ok}: {:?}", amount(ok));
+        }
+        for bad in [
+            r#""1_000""#,
+            r#""+5""#,
+            r#"".5""#,
+            r#""5.""#,
+            r#""1e2""#,
+            r#"" 5""#,
+            r#""5 ""#,
+            r#""1,000.00""#,
+            r#""0x10""#,
+            r#""5..1""#,
+            r#""-""#,
+            r#""""#,
+            "1e2",
+            "1.5E1",
+            "-0.5",
+        ] {
+            let err = amount(bad).expect_err(bad);
+            assert_eq!(err.field, "amount", "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn hash_ignores_envelope_noise_but_not_business_fields() {
+        let base = serde_json::json!({"claimId": CLAIM, "amount": "10.00", "currency": "EUR", "payee": "NL91ABNA0417164300"});
+        let h = parse(base.clone()).unwrap().payload_hash();
+        let mut with_extra = base.clone();
+        with_extra["approvedAt"] = "2026-01-01T00:00:00Z".into();
+        with_extra["note"] = "ignored".into();
+        assert_eq!(parse(with_extra).unwrap().payload_hash(), h);
+        let mut other_amount = base.clone();
+        other_amount["amount"] = "10.01".into();
+        assert_ne!(parse(other_amount).unwrap().payload_hash(), h);
+        let mut other_payee = base;
+        other_payee["payee"] = "DE89370400440532013000".into();
+        assert_ne!(parse(other_payee).unwrap().payload_hash(), h);
+    }
+
+    #[test]
+    fn idempotency_key_is_deterministic_and_tenant_scoped() {
+        let claim = ClaimId::parse(CLAIM).unwrap();
+        assert_eq!(
+            IdempotencyKey::for_payout(None, claim).as_str(),
+            format!("claim-payment-{CLAIM}")
+        );
+        let tenant = TenantId::parse("acme").unwrap();
+        assert_eq!(
+            IdempotencyKey::for_payout(Some(&tenant), claim).as_str(),
+            format!("acme:claim-payment-{CLAIM}")
+        );
+    }
+
+    #[test]
+    fn stored_values_read_back_only_in_the_form_they_were_written() {
+        let eur = Currency::parse("EUR").unwrap();
+        let money = Money::from_stored("12.50", "EUR").unwrap();
+        assert_eq!(money, Money::new(Decimal::new(125, 1), eur).unwrap());
+        assert_eq!(money.amount_string(), "12.50");
+        assert_eq!(
+            Money::from_stored("1000", "JPY").unwrap().amount_string(),
+            "1000"
+        );
+        for (amount, currency, field) in [
+            ("12.5", "EUR", "amount"),
+            ("012.50", "EUR", "amount"),
+            ("1e2", "EUR", "amount"),
+            ("-1.00", "EUR", "amount"),
+            ("0.00", "EUR", "amount"),
+            ("12.50", "eur", "currency"),
+            ("12.50", "", "currency"),
+            ("", "EUR", "amount"),
+        ] {
+            let err = Money::from_stored(amount, currency).expect_err(amount);
+            assert_eq!(err.field, field, "{amount} {currency}: {err}");
+        }
+        assert_eq!(TenantId::from_stored("acme").unwrap().as_str(), "acme");
+        assert_eq!(
+            TenantId::from_stored(" acme").unwrap_err().field,
+            "tenantId"
+        );
+        assert_eq!(TenantId::from_stored("a b").unwrap_err().field, "tenantId");
+        let iban = "NL91ABNA0417164300";
+        assert_eq!(PayeeRef::from_stored(iban).unwrap().as_str(), iban);
+        assert_eq!(PayeeRef::from_stored("x ").unwrap_err().field, "payee");
+        assert_eq!(PayeeRef::from_stored("").unwrap_err().field, "payee");
+    }
+
+    #[test]
+    fn message_id_bounds() {
+        assert!(MessageId::parse("").is_err());
+        assert!(MessageId::parse(&"x".repeat(128)).is_ok());
+        assert!(MessageId::parse(&"x".repeat(129)).is_err());
+        assert!(MessageId::parse("a/b?c#d\\e").is_ok());
+    }
+}

@@ -1,0 +1,55 @@
+//! The domain: the `ClaimApproved` message contract and the types it is parsed into.
+//!
+//! Parse, don't validate: every type here can only hold a valid value, so the
+//! consumer never re-checks a claim id, an amount or a key. Each violation names
+//! the field it concerns, because the error ends up in an operator's log next to a
+//! dead-lettered message.
+//!
+//! - [`claim_approved`]: the message contract (wire shape, payload hash, payout body);
+//! - [`ids`]: the identities (claim, message, tenant, payee, the bank's key, the hash);
+//! - [`money`]: amounts and currencies, under one strict decimal grammar;
+//! - [`outcome`]: the stored names of how a delivery ended.
+
+mod claim_approved;
+mod ids;
+mod money;
+mod outcome;
+
+pub use claim_approved::ClaimApproved;
+pub use ids::{ClaimId, IdempotencyKey, MessageId, PayeeRef, PayloadHash, Purpose, TenantId};
+pub(crate) use money::parse_decimal_amount;
+pub use money::{Currency, Money};
+pub use outcome::OutcomeKind;
+
+/// Why a message body is not a valid `ClaimApproved`. Permanent: redelivery cannot fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct InvalidMessage {
+    pub(crate) field: &'static str,
+    pub(crate) problem: String,
+}
+
+impl InvalidMessage {
+    pub(crate) fn new(field: &'static str, problem: impl Into<String>) -> Self {
+        Self {
+            field,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// A stored value must be exactly what writing its parsed form gives.
+pub(super) fn canonical(
+    field: &'static str,
+    stored: &str,
+    written: &str,
+) -> Result<(), InvalidMessage> {
+    if stored == written {
+        Ok(())
+    } else {
+        Err(InvalidMessage::new(
+            field,
+            format!("{stored:?} is not in its canonical form {written:?}"),
+        ))
+    }
+}
