@@ -14,16 +14,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Json;
 use axum::Router;
-use claims_payments::bank::{BankClient, PayoutOutcome, SendWindow};
-use claims_payments::consumer::{Consumer, Delivery, Outcome};
-use claims_payments::domain::{ClaimApproved, IdempotencyKey};
-use claims_payments::functions::claim_approved::{ClaimHandler, FUNCTION_NAME};
-use claims_payments::functions::{metrics, ready};
-use claims_payments::http::read_body;
-use claims_payments::seams::{CrashHook, Step};
-use claims_payments::store::{
+use claims_payments::seams::bank::{BankClient, PayoutOutcome, SendWindow};
+use claims_payments::seams::consumer::{Consumer, Delivery, Outcome};
+use claims_payments::seams::functions::claim_approved::{ClaimHandler, FUNCTION_NAME};
+use claims_payments::seams::functions::{metrics, ready};
+use claims_payments::seams::http::read_body;
+use claims_payments::seams::store::{
     AttemptId, ClaimResult, DynStore, InboxStatus, PaymentStatus, StoreError,
 };
+use claims_payments::seams::{CrashHook, Step};
+use claims_payments::{ClaimApproved, IdempotencyKey};
 use time::OffsetDateTime;
 
 /// Check-then-insert without the atomic guard.

@@ -1,5 +1,5 @@
 //! `claims-payments-dev serve`: the product's composition root
-//! ([`claims_payments::startup::serve`]) with a baseline or faults plugged into its seams,
+//! ([`claims_payments::seams::startup::serve`]) with a baseline or faults plugged into its seams,
 //! chosen by the dev-only settings the product refuses:
 //!
 //! - `PAYMENTS_DEV_HANDLER`: `consumer` (default), `naive` or `noop`;
@@ -9,17 +9,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use claims_payments::configuration::{Settings, DEV_ONLY_SETTINGS};
-use claims_payments::consumer::Consumer;
-use claims_payments::env_setting::ConfigError;
-use claims_payments::functions::claim_approved::ClaimHandler;
+use claims_payments::seams::configuration::{Settings, DEV_ONLY_SETTINGS};
+use claims_payments::seams::consumer::Consumer;
+use claims_payments::seams::env_setting::ConfigError;
+use claims_payments::seams::functions::claim_approved::ClaimHandler;
+use claims_payments::seams::startup;
+use claims_payments::seams::store::DynStore;
 use claims_payments::seams::Seams;
-use claims_payments::startup;
-use claims_payments::store::DynStore;
 
 use crate::baselines::{noop_router, Naive};
 use crate::faults::{CrashAfterCommit, SlowStore};
-use claims_payments::env_setting::names;
+use claims_payments::seams::env_setting::names;
 
 /// Which handler answers `POST /ClaimApproved`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,7 +151,7 @@ pub fn product_settings() -> Result<Settings, ConfigError> {
 pub async fn serve() -> anyhow::Result<()> {
     let knobs = DevKnobs::from_lookup(|name| std::env::var(name).ok())?;
     let settings = product_settings()?;
-    let telemetry = claims_payments::telemetry::start(settings.log_format)?;
+    let telemetry = claims_payments::seams::telemetry::start(settings.log_format)?;
     let result = startup::serve(settings, knobs.seams()).await;
     if let Some(guard) = telemetry {
         guard.shutdown().await;

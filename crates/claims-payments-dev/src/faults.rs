@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use claims_payments::consumer::{Delivery, Outcome};
-use claims_payments::domain::{ClaimApproved, ClaimId, Purpose};
-use claims_payments::functions::claim_approved::ClaimHandler;
-use claims_payments::store::{
+use claims_payments::seams::consumer::{Delivery, Outcome};
+use claims_payments::seams::functions::claim_approved::ClaimHandler;
+use claims_payments::seams::store::{
     ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreResult, Version, Versioned,
 };
+use claims_payments::{ClaimApproved, ClaimId, Purpose};
 use rand::RngExt;
 use time::OffsetDateTime;
 

@@ -38,7 +38,7 @@ enum Command {
     Serve,
     /// The product's operator commands (the simulator runs `reconcile` through them).
     #[command(flatten)]
-    Operator(claims_payments::cli::OperatorCommand),
+    Operator(claims_payments::seams::cli::OperatorCommand),
 }
 
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -58,13 +58,13 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Serve => dev_serve::serve().await.map(|()| ExitCode::SUCCESS),
         Command::Operator(command) => {
-            claims_payments::cli::run(command, &dev_serve::product_settings()?).await
+            claims_payments::seams::cli::run(command, &dev_serve::product_settings()?).await
         }
     }
 }
 
 fn main() -> ExitCode {
-    claims_payments::telemetry::quiet_library_backtraces();
+    claims_payments::seams::telemetry::quiet_library_backtraces();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

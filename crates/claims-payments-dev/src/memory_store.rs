@@ -47,11 +47,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use claims_payments::domain::{ClaimId, MessageId, Purpose};
-use claims_payments::store::{
+use claims_payments::seams::store::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
+use claims_payments::{ClaimId, MessageId, Purpose};
 use time::OffsetDateTime;
 
 /// An in-memory store with the SQLite adapter's semantics (see the module documentation).
@@ -479,8 +479,8 @@ impl Store for MemoryStore {
 
 #[cfg(test)]
 mod tests {
-    use claims_payments::domain::OutcomeKind;
-    use claims_payments::store::{AttemptId, InboxKey, InboxStatus};
+    use claims_payments::seams::store::{AttemptId, InboxKey, InboxStatus};
+    use claims_payments::OutcomeKind;
     use claims_payments_testkit::fixtures::{message, new_claim};
     use claims_payments_testkit::records::{completed, paid, records_for};
     use time::macros::datetime;

@@ -7,8 +7,8 @@
 use std::future::Future;
 use std::process::{Command, Output, Stdio};
 
+use claims_payments::seams::store::DynStore;
 use claims_payments::seams::Step;
-use claims_payments::store::DynStore;
 
 use crate::bank::FakeBank;
 use crate::fixtures as common;

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use claims_payments::bank::BankClient;
-use claims_payments::bank::BankSettings;
-use claims_payments::consumer::{Consumer, Delivery, Policy};
-use claims_payments::domain::{ClaimApproved, MessageId};
+use claims_payments::seams::bank::BankClient;
+use claims_payments::seams::bank::BankSettings;
+use claims_payments::seams::consumer::{Consumer, Delivery, Policy};
+use claims_payments::seams::store::DynStore;
 use claims_payments::seams::{CrashHook, Step};
-use claims_payments::store::DynStore;
+use claims_payments::{ClaimApproved, MessageId};
 
 use crate::bank::FakeBank;
 

@@ -18,7 +18,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use claims_payments::env_setting::names;
+use claims_payments::seams::env_setting::names;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -29,8 +29,8 @@ pub fn controlled_env() -> impl Iterator<Item = &'static str> {
     names::PRODUCT
         .iter()
         .copied()
-        .chain(claims_payments::configuration::DEV_ONLY_SETTINGS)
-        .chain(claims_payments::telemetry::export::SETTINGS)
+        .chain(claims_payments::seams::configuration::DEV_ONLY_SETTINGS)
+        .chain(claims_payments::seams::telemetry::export::SETTINGS)
 }
 
 /// How to start the handler.

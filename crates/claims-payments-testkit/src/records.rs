@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use claims_payments::domain::OutcomeKind;
-use claims_payments::domain::{ClaimApproved, MessageId, Purpose};
-use claims_payments::store::{
+use claims_payments::seams::store::{
     AttemptId, ClaimResult, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus, Version,
 };
+use claims_payments::OutcomeKind;
+use claims_payments::{ClaimApproved, MessageId, Purpose};
 use time::OffsetDateTime;
 
 use crate::fixtures::message;

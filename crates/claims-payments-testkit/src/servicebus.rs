@@ -397,7 +397,7 @@ async fn peek_lock(
     let broker_properties = match &mangle {
         Some(Fault::BrokerProperties(bytes)) => bytes.as_deref().map(HeaderValue::from_bytes),
         _ => Some(HeaderValue::from_str(
-            &claims_payments::servicebus::header_json(&broker),
+            &claims_payments::seams::servicebus::header_json(&broker),
         )),
     };
     if !matches!(mangle, Some(Fault::NoLocation)) {

@@ -31,22 +31,34 @@
 // `cargo doc --document-private-items`: they link to private items freely.
 #![allow(rustdoc::private_intra_doc_links)]
 
-pub mod ambient;
-pub mod bank;
-pub mod cli;
-pub mod configuration;
-pub mod consumer;
-pub mod dead_letters;
-pub mod domain;
-pub mod env_setting;
-pub mod functions;
-pub mod host;
-pub mod http;
+mod ambient;
+mod bank;
+mod cli;
+mod configuration;
+mod consumer;
+mod dead_letters;
+mod domain;
+mod env_setting;
+mod functions;
+mod host;
+mod http;
 mod lease;
-pub mod payments_api;
-pub mod reconcile;
+mod payments_api;
+mod reconcile;
 pub mod seams;
-pub mod servicebus;
-pub mod startup;
-pub mod store;
-pub mod telemetry;
+mod servicebus;
+mod startup;
+mod store;
+mod telemetry;
+
+// The message contract and the domain types it is parsed into.
+pub use domain::{
+    ClaimApproved, ClaimId, Currency, IdempotencyKey, InvalidMessage, MessageId, Money,
+    OutcomeKind, PayeeRef, PayloadHash, Purpose, TenantId,
+};
+// Running the service, as `main.rs` does: its settings, the server, the operator
+// commands and telemetry.
+pub use cli::{run as run_operator_command, OperatorCommand};
+pub use configuration::Settings;
+pub use startup::serve;
+pub use telemetry::{quiet_library_backtraces, start as start_telemetry, LogFormat};

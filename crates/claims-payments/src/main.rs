@@ -4,10 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use claims_payments::configuration::Settings;
 use claims_payments::seams::Seams;
-use claims_payments::startup;
-use claims_payments::{cli, telemetry};
+use claims_payments::{OperatorCommand, Settings};
 
 #[derive(Parser)]
 #[command(
@@ -25,7 +23,7 @@ enum Command {
     /// Run the Azure Functions custom handler (the host starts this).
     Serve,
     #[command(flatten)]
-    Operator(cli::OperatorCommand),
+    Operator(OperatorCommand),
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
@@ -39,7 +37,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 fn main() -> ExitCode {
-    telemetry::quiet_library_backtraces();
+    claims_payments::quiet_library_backtraces();
     let args = Cli::parse();
     let settings = match Settings::from_env() {
         Ok(s) => s,
@@ -55,20 +53,22 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match args.command {
             Command::Serve => {
-                let telemetry = match telemetry::start(settings.log_format) {
+                let telemetry = match claims_payments::start_telemetry(settings.log_format) {
                     Ok(guard) => guard,
                     Err(e) => {
                         eprintln!("claims-payments: {e:#}");
                         return Ok(ExitCode::from(2));
                     }
                 };
-                let result = startup::serve(settings, Seams::default()).await;
+                let result = claims_payments::serve(settings, Seams::default()).await;
                 if let Some(guard) = telemetry {
                     guard.shutdown().await;
                 }
                 result.map(|()| ExitCode::SUCCESS)
             }
-            Command::Operator(command) => cli::run(command, &settings).await,
+            Command::Operator(command) => {
+                claims_payments::run_operator_command(command, &settings).await
+            }
         }
     });
     match result {

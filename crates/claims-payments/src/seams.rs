@@ -3,6 +3,12 @@
 //! `startup::serve`), crashes between the consumer's steps ([`CrashHook`]), and a
 //! SQLite sync that is held or fails ([`SyncHook`]). Production sets none of them.
 
+mod surface;
+pub use surface::{
+    ambient, bank, cli, configuration, consumer, dead_letters, env_setting, functions, host, http,
+    payments_api, reconcile, servicebus, startup, store, telemetry,
+};
+
 use std::sync::Arc;
 
 use axum::Router;

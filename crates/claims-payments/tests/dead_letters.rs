@@ -7,15 +7,17 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use claims_payments::dead_letters::{self, verdict::Verdict, Options, Selection, REDRIVE_PROPERTY};
-use claims_payments::domain::{ClaimId, MessageId, OutcomeKind, Purpose};
-use claims_payments::servicebus::rest::{Auth, RestBroker};
-use claims_payments::servicebus::BusErrorKind;
-use claims_payments::store::sqlite::SqliteStore;
-use claims_payments::store::{
+use claims_payments::seams::dead_letters::{
+    self, verdict::Verdict, Options, Selection, REDRIVE_PROPERTY,
+};
+use claims_payments::seams::servicebus::rest::{Auth, RestBroker};
+use claims_payments::seams::servicebus::BusErrorKind;
+use claims_payments::seams::store::sqlite::SqliteStore;
+use claims_payments::seams::store::{
     ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InboxStatus, InsertResult, Listed,
     PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
+use claims_payments::{ClaimId, MessageId, OutcomeKind, Purpose};
 use claims_payments_testkit::fixtures::{deliver, ledger_consumer, message, new_claim};
 use claims_payments_testkit::servicebus::{Fault, Logged, Op, ServiceBus};
 use time::OffsetDateTime;
@@ -34,7 +36,7 @@ struct World {
 /// Runs the product binary's operator command against the world's stand-in and store.
 async fn cli(w: &World, args: &[&str]) -> std::process::Output {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_claims-payments"));
-    for name in claims_payments::env_setting::names::PRODUCT {
+    for name in claims_payments::seams::env_setting::names::PRODUCT {
         cmd.env_remove(name);
     }
     cmd.args(args)
@@ -98,8 +100,7 @@ async fn drain_into_consumer(w: &World) -> Vec<(String, &'static str)> {
     let mut out = Vec::new();
     for m in w.bus.take_active() {
         let msg =
-            claims_payments::domain::ClaimApproved::parse(std::str::from_utf8(&m.body).unwrap())
-                .unwrap();
+            claims_payments::ClaimApproved::parse(std::str::from_utf8(&m.body).unwrap()).unwrap();
         out.push((
             m.message_id.clone(),
             deliver(&consumer, &msg, &m.message_id, 1).await,

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use claims_payments::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
-use claims_payments::store::DynStore;
+use claims_payments::seams::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
+use claims_payments::seams::store::DynStore;
 use claims_payments_testkit::conformance::Keep;
 use claims_payments_testkit::postgres::{available, TestDatabase};
 

@@ -170,9 +170,9 @@ async fn serve_logs_its_store_but_never_the_password() {
 /// own) and answers the host with what it removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purge_timer_function_removes_expired_inbox_records() {
-    use claims_payments::startup::{run as serve_state, AppState};
-    use claims_payments::store::postgres::{Access, PostgresSettings, PostgresStore};
-    use claims_payments::store::{AttemptId, DynStore, InboxRecord};
+    use claims_payments::seams::startup::{run as serve_state, AppState};
+    use claims_payments::seams::store::postgres::{Access, PostgresSettings, PostgresStore};
+    use claims_payments::seams::store::{AttemptId, DynStore, InboxRecord};
     use claims_payments_testkit::records::records;
 
     if !available() {

@@ -10,11 +10,11 @@
 
 use std::sync::Arc;
 
-use claims_payments::consumer::Outcome;
-use claims_payments::store::postgres::{
+use claims_payments::seams::consumer::Outcome;
+use claims_payments::seams::store::postgres::{
     provision, Access, Pooler, PostgresSettings, PostgresStore,
 };
-use claims_payments::store::{DynStore, Store};
+use claims_payments::seams::store::{DynStore, Store};
 use claims_payments_testkit::bank::FakeBank;
 use claims_payments_testkit::conformance::Keep;
 use claims_payments_testkit::fixtures as common;
@@ -114,7 +114,7 @@ async fn concurrent_claims_duplicates_finalizes_and_reads_through_pgbouncer_pay_
         let (store, claim_id) = (store.clone(), msg.claim_id);
         tasks.spawn(async move {
             let read = store
-                .payment(claim_id, claims_payments::domain::Purpose::Payout)
+                .payment(claim_id, claims_payments::Purpose::Payout)
                 .await;
             let listed = store.list_payments(100).await;
             let outcome = match (read, listed) {
@@ -159,7 +159,7 @@ async fn concurrent_claims_duplicates_finalizes_and_reads_through_pgbouncer_pay_
     assert!(
         payments.iter().all(|p| p
             .as_ref()
-            .is_ok_and(|p| p.status == claims_payments::store::PaymentStatus::Paid)),
+            .is_ok_and(|p| p.status == claims_payments::seams::store::PaymentStatus::Paid)),
         "{payments:?}"
     );
     assert_eq!(
@@ -175,7 +175,7 @@ async fn concurrent_claims_duplicates_finalizes_and_reads_through_pgbouncer_pay_
 /// known (3 round trips, once per process, instead of a prepare per connection).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_pgbouncer_a_claim_and_its_duplicates_are_one_round_trip_each() {
-    use claims_payments::store::{AttemptId, ClaimResult};
+    use claims_payments::seams::store::{AttemptId, ClaimResult};
     use claims_payments_testkit::records::records;
 
     if !pgbouncer::available() {

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use claims_payments::domain::{ClaimId, Purpose};
-use claims_payments::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
-use claims_payments::store::{
+use claims_payments::seams::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
+use claims_payments::seams::store::{
     AttemptId, ClaimResult, InboxStatus, PaymentStatus, Store, StoreError,
 };
+use claims_payments::{ClaimId, Purpose};
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::postgres::{available, connect, PgServer, TestDatabase};
 use claims_payments_testkit::records::records;
@@ -102,9 +102,9 @@ async fn a_new_idempotency_key_costs_three_round_trips() {
         return;
     }
     let (_db, _, store) = provisioned().await;
-    let api = claims_payments::payments_api::PaymentsApi::new(
+    let api = claims_payments::seams::payments_api::PaymentsApi::new(
         common::ledger_consumer(store.clone()),
-        claims_payments::payments_api::CallerAuth::FunctionKey,
+        claims_payments::seams::payments_api::CallerAuth::FunctionKey,
         std::time::Duration::from_secs(3600),
     );
     let post = |key: &'static str| {
@@ -296,7 +296,7 @@ async fn a_server_crash_mid_run_pays_each_claim_exactly_once_and_leaves_nothing_
     let server = PgServer::start().unwrap();
     let settings = PostgresSettings::from_url(&server.url("postgres")).unwrap();
     provision(&settings).await.unwrap();
-    let store: claims_payments::store::DynStore = Arc::new(
+    let store: claims_payments::seams::store::DynStore = Arc::new(
         PostgresStore::connect(&settings, Access::Checked)
             .await
             .unwrap(),
@@ -390,7 +390,7 @@ async fn a_server_crash_mid_run_pays_each_claim_exactly_once_and_leaves_nothing_
 /// statement each), keeps live ones and never touches payments.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purge_deletes_expired_records_in_bounded_batches() {
-    use claims_payments::store::InboxRecord;
+    use claims_payments::seams::store::InboxRecord;
 
     if !available() {
         return;
@@ -475,7 +475,7 @@ impl azure_core::credentials::TokenCredential for CountingCredential {
 /// a new connection with a new token, so no connection outlives its token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entra_tokens_log_in_each_new_connection_which_retires_before_its_token_expires() {
-    use claims_payments::store::postgres::pool;
+    use claims_payments::seams::store::postgres::pool;
 
     if !available() {
         return;
@@ -563,8 +563,8 @@ async fn store_waiting(url: &str, wait_ms: u64) -> Arc<PostgresStore> {
 
 /// A lease that outlasts the store's outage wait and the bank's budget, as the start-up
 /// check demands of a deployment.
-fn policy_for_outages() -> claims_payments::consumer::Policy {
-    claims_payments::consumer::Policy {
+fn policy_for_outages() -> claims_payments::seams::consumer::Policy {
+    claims_payments::seams::consumer::Policy {
         lease: std::time::Duration::from_secs(120),
         ..common::policy()
     }
@@ -690,16 +690,18 @@ struct ReadOnlyAtFinalize {
 impl Store for ReadOnlyAtFinalize {
     async fn claim(
         &self,
-        inbox: &claims_payments::store::InboxRecord,
-        payment: &claims_payments::store::PaymentRecord,
-    ) -> claims_payments::store::StoreResult<ClaimResult> {
+        inbox: &claims_payments::seams::store::InboxRecord,
+        payment: &claims_payments::seams::store::PaymentRecord,
+    ) -> claims_payments::seams::store::StoreResult<ClaimResult> {
         self.inner.claim(inbox, payment).await
     }
     async fn inbox(
         &self,
-        key: &claims_payments::store::InboxKey,
-    ) -> claims_payments::store::StoreResult<
-        Option<claims_payments::store::Versioned<claims_payments::store::InboxRecord>>,
+        key: &claims_payments::seams::store::InboxKey,
+    ) -> claims_payments::seams::store::StoreResult<
+        Option<
+            claims_payments::seams::store::Versioned<claims_payments::seams::store::InboxRecord>,
+        >,
     > {
         self.inner.inbox(key).await
     }
@@ -707,28 +709,31 @@ impl Store for ReadOnlyAtFinalize {
         &self,
         claim: ClaimId,
         purpose: Purpose,
-    ) -> claims_payments::store::StoreResult<
-        Option<claims_payments::store::Versioned<claims_payments::store::PaymentRecord>>,
+    ) -> claims_payments::seams::store::StoreResult<
+        Option<
+            claims_payments::seams::store::Versioned<claims_payments::seams::store::PaymentRecord>,
+        >,
     > {
         self.inner.payment(claim, purpose).await
     }
     async fn record_handled(
         &self,
-        inbox: &claims_payments::store::InboxRecord,
-    ) -> claims_payments::store::StoreResult<claims_payments::store::InsertResult> {
+        inbox: &claims_payments::seams::store::InboxRecord,
+    ) -> claims_payments::seams::store::StoreResult<claims_payments::seams::store::InsertResult>
+    {
         self.inner.record_handled(inbox).await
     }
     async fn replace_inbox(
         &self,
-        inbox: &claims_payments::store::InboxRecord,
-        expected: &claims_payments::store::Version,
-    ) -> claims_payments::store::StoreResult<claims_payments::store::Version> {
+        inbox: &claims_payments::seams::store::InboxRecord,
+        expected: &claims_payments::seams::store::Version,
+    ) -> claims_payments::seams::store::StoreResult<claims_payments::seams::store::Version> {
         self.inner.replace_inbox(inbox, expected).await
     }
     async fn finalize(
         &self,
-        write: claims_payments::store::Finalize<'_>,
-    ) -> claims_payments::store::StoreResult<()> {
+        write: claims_payments::seams::store::Finalize<'_>,
+    ) -> claims_payments::seams::store::StoreResult<()> {
         use std::sync::atomic::Ordering::SeqCst;
         let first = !self.started.swap(true, SeqCst);
         if first {
@@ -750,16 +755,16 @@ impl Store for ReadOnlyAtFinalize {
     async fn list_payments(
         &self,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<
-        Vec<claims_payments::store::Listed<claims_payments::store::PaymentRecord>>,
+    ) -> claims_payments::seams::store::StoreResult<
+        Vec<claims_payments::seams::store::Listed<claims_payments::seams::store::PaymentRecord>>,
     > {
         self.inner.list_payments(limit).await
     }
     async fn unsettled_payments(
         &self,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<
-        Vec<claims_payments::store::Versioned<claims_payments::store::PaymentRecord>>,
+    ) -> claims_payments::seams::store::StoreResult<
+        Vec<claims_payments::seams::store::Versioned<claims_payments::seams::store::PaymentRecord>>,
     > {
         self.inner.unsettled_payments(limit).await
     }
@@ -767,14 +772,14 @@ impl Store for ReadOnlyAtFinalize {
         &self,
         status: PaymentStatus,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<usize> {
+    ) -> claims_payments::seams::store::StoreResult<usize> {
         self.inner.count_payments(status, limit).await
     }
     async fn list_inbox(
         &self,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<
-        Vec<claims_payments::store::Listed<claims_payments::store::InboxRecord>>,
+    ) -> claims_payments::seams::store::StoreResult<
+        Vec<claims_payments::seams::store::Listed<claims_payments::seams::store::InboxRecord>>,
     > {
         self.inner.list_inbox(limit).await
     }
@@ -782,7 +787,7 @@ impl Store for ReadOnlyAtFinalize {
         &self,
         now: time::OffsetDateTime,
         batch: usize,
-    ) -> claims_payments::store::StoreResult<u64> {
+    ) -> claims_payments::seams::store::StoreResult<u64> {
         self.inner.purge_expired(now, batch).await
     }
 }

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use claims_payments::store::sqlite::SqliteStore;
-use claims_payments::store::DynStore;
+use claims_payments::seams::store::sqlite::SqliteStore;
+use claims_payments::seams::store::DynStore;
 use claims_payments_testkit::conformance::Keep;
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::records::records;
@@ -23,16 +23,16 @@ claims_payments_testkit::store_conformance!(make_store);
 struct CommittedNotSynced {
     dir: tempfile::TempDir,
     store: std::sync::Arc<SqliteStore>,
-    key: claims_payments::store::InboxKey,
+    key: claims_payments::seams::store::InboxKey,
     pause: SyncPause,
     claim: tokio::task::JoinHandle<
-        claims_payments::store::StoreResult<claims_payments::store::ClaimResult>,
+        claims_payments::seams::store::StoreResult<claims_payments::seams::store::ClaimResult>,
     >,
 }
 
 impl CommittedNotSynced {
     async fn start(message_id: &str) -> Self {
-        use claims_payments::store::{AttemptId, Store};
+        use claims_payments::seams::store::{AttemptId, Store};
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("payments.db");
@@ -74,7 +74,7 @@ impl CommittedNotSynced {
 /// the commit is observed through a separate connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_answer_before_the_commit_it_relies_on_is_synced() {
-    use claims_payments::store::{ClaimResult, Store};
+    use claims_payments::seams::store::{ClaimResult, Store};
 
     let held = CommittedNotSynced::start("m-sync").await;
     let read = tokio::spawn({
@@ -109,7 +109,7 @@ async fn no_answer_before_the_commit_it_relies_on_is_synced() {
 /// as a failed sync (which stops the store), and the committed row must survive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_dropped_with_a_group_still_to_sync_keeps_the_commit() {
-    use claims_payments::store::Store;
+    use claims_payments::seams::store::Store;
 
     let held = CommittedNotSynced::start("m-dropped").await;
     held.claim.abort();
@@ -163,8 +163,8 @@ impl CapturedLogs {
 /// A current-thread runtime, so the thread's log capture sees the server's tasks.
 #[tokio::test(flavor = "current_thread")]
 async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
-    use claims_payments::startup::{run, AppState};
-    use claims_payments::store::sqlite::Access;
+    use claims_payments::seams::startup::{run, AppState};
+    use claims_payments::seams::store::sqlite::Access;
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("payments.db");
@@ -230,7 +230,7 @@ async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
 /// write is refused, and the store reports itself failed, which stops the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_wal_sync_refuses_its_writes_and_fails_the_store() {
-    use claims_payments::store::{AttemptId, Store, StoreError};
+    use claims_payments::seams::store::{AttemptId, Store, StoreError};
 
     let dir = tempfile::tempdir().unwrap();
     let gate = SyncGate::new();
@@ -259,10 +259,10 @@ async fn a_failed_wal_sync_refuses_its_writes_and_fails_the_store() {
 /// that can no longer make anything durable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_wal_sync_stops_the_server_with_an_error() {
-    use claims_payments::configuration::Settings;
+    use claims_payments::seams::configuration::Settings;
+    use claims_payments::seams::startup::serve;
+    use claims_payments::seams::store::{AttemptId, DynStore, Store};
     use claims_payments::seams::Seams;
-    use claims_payments::startup::serve;
-    use claims_payments::store::{AttemptId, DynStore, Store};
 
     let dir = tempfile::tempdir().unwrap();
     let gate = SyncGate::new();
@@ -321,78 +321,84 @@ struct PurgeCounter {
 }
 
 #[async_trait::async_trait]
-impl claims_payments::store::Store for PurgeCounter {
+impl claims_payments::seams::store::Store for PurgeCounter {
     async fn claim(
         &self,
-        inbox: &claims_payments::store::InboxRecord,
-        payment: &claims_payments::store::PaymentRecord,
-    ) -> claims_payments::store::StoreResult<claims_payments::store::ClaimResult> {
+        inbox: &claims_payments::seams::store::InboxRecord,
+        payment: &claims_payments::seams::store::PaymentRecord,
+    ) -> claims_payments::seams::store::StoreResult<claims_payments::seams::store::ClaimResult>
+    {
         self.inner.claim(inbox, payment).await
     }
     async fn inbox(
         &self,
-        key: &claims_payments::store::InboxKey,
-    ) -> claims_payments::store::StoreResult<
-        Option<claims_payments::store::Versioned<claims_payments::store::InboxRecord>>,
+        key: &claims_payments::seams::store::InboxKey,
+    ) -> claims_payments::seams::store::StoreResult<
+        Option<
+            claims_payments::seams::store::Versioned<claims_payments::seams::store::InboxRecord>,
+        >,
     > {
         self.inner.inbox(key).await
     }
     async fn payment(
         &self,
-        claim: claims_payments::domain::ClaimId,
-        purpose: claims_payments::domain::Purpose,
-    ) -> claims_payments::store::StoreResult<
-        Option<claims_payments::store::Versioned<claims_payments::store::PaymentRecord>>,
+        claim: claims_payments::ClaimId,
+        purpose: claims_payments::Purpose,
+    ) -> claims_payments::seams::store::StoreResult<
+        Option<
+            claims_payments::seams::store::Versioned<claims_payments::seams::store::PaymentRecord>,
+        >,
     > {
         self.inner.payment(claim, purpose).await
     }
     async fn record_handled(
         &self,
-        inbox: &claims_payments::store::InboxRecord,
-    ) -> claims_payments::store::StoreResult<claims_payments::store::InsertResult> {
+        inbox: &claims_payments::seams::store::InboxRecord,
+    ) -> claims_payments::seams::store::StoreResult<claims_payments::seams::store::InsertResult>
+    {
         self.inner.record_handled(inbox).await
     }
     async fn replace_inbox(
         &self,
-        inbox: &claims_payments::store::InboxRecord,
-        expected: &claims_payments::store::Version,
-    ) -> claims_payments::store::StoreResult<claims_payments::store::Version> {
+        inbox: &claims_payments::seams::store::InboxRecord,
+        expected: &claims_payments::seams::store::Version,
+    ) -> claims_payments::seams::store::StoreResult<claims_payments::seams::store::Version> {
         self.inner.replace_inbox(inbox, expected).await
     }
     async fn finalize(
         &self,
-        write: claims_payments::store::Finalize<'_>,
-    ) -> claims_payments::store::StoreResult<()> {
+        write: claims_payments::seams::store::Finalize<'_>,
+    ) -> claims_payments::seams::store::StoreResult<()> {
         self.inner.finalize(write).await
     }
     async fn list_payments(
         &self,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<
-        Vec<claims_payments::store::Listed<claims_payments::store::PaymentRecord>>,
+    ) -> claims_payments::seams::store::StoreResult<
+        Vec<claims_payments::seams::store::Listed<claims_payments::seams::store::PaymentRecord>>,
     > {
         self.inner.list_payments(limit).await
     }
     async fn unsettled_payments(
         &self,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<
-        Vec<claims_payments::store::Versioned<claims_payments::store::PaymentRecord>>,
+    ) -> claims_payments::seams::store::StoreResult<
+        Vec<claims_payments::seams::store::Versioned<claims_payments::seams::store::PaymentRecord>>,
     > {
         self.inner.unsettled_payments(limit).await
     }
     async fn count_payments(
         &self,
-        status: claims_payments::store::PaymentStatus,
+        status: claims_payments::seams::store::PaymentStatus,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<usize> {
+    ) -> claims_payments::seams::store::StoreResult<usize> {
         self.inner.count_payments(status, limit).await
     }
     async fn list_inbox(
         &self,
         limit: usize,
-    ) -> claims_payments::store::StoreResult<
-        Vec<claims_payments::store::Listed<claims_payments::store::InboxRecord>>,
+    ) -> claims_payments::seams::store::StoreResult<
+        Vec<claims_payments::seams::store::Listed<claims_payments::seams::store::InboxRecord>>,
     > {
         self.inner.list_inbox(limit).await
     }
@@ -400,7 +406,7 @@ impl claims_payments::store::Store for PurgeCounter {
         &self,
         now: time::OffsetDateTime,
         batch: usize,
-    ) -> claims_payments::store::StoreResult<u64> {
+    ) -> claims_payments::seams::store::StoreResult<u64> {
         self.purges
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.purge_expired(now, batch).await
@@ -421,9 +427,9 @@ impl claims_payments::store::Store for PurgeCounter {
 /// (`tests/architecture.rs`).
 #[tokio::test(flavor = "current_thread")]
 async fn serve_never_purges_on_its_own() {
-    use claims_payments::configuration::Settings;
+    use claims_payments::seams::configuration::Settings;
+    use claims_payments::seams::startup::serve;
     use claims_payments::seams::Seams;
-    use claims_payments::startup::serve;
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 

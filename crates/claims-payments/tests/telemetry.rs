@@ -513,7 +513,7 @@ fn random_trace() -> String {
 /// Whether the sampling keeps a plain success of `trace` at `percent` (the Application
 /// Insights score of the trace id; the same rule the host's SDK applies).
 fn in_share(trace: &str, percent: f64) -> bool {
-    claims_payments::telemetry::sampling::keeps_share(
+    claims_payments::seams::telemetry::sampling::keeps_share(
         opentelemetry::trace::TraceId::from_hex(trace).unwrap(),
         percent,
     )

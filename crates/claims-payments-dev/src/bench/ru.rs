@@ -41,15 +41,15 @@ use time::OffsetDateTime;
 
 use crate::emulator::InProcessEmulator;
 use crate::sim::bank::{FakeBank, FakeBankSettings};
-use claims_payments::domain::{ClaimApproved, ClaimId, MessageId, Purpose};
-use claims_payments::env_setting::names;
-use claims_payments::store::cosmos::container::{container_definition, DEFAULT_CONTAINER};
-use claims_payments::store::cosmos::documents::{inbox_id, payment_id};
-use claims_payments::store::cosmos::CosmosStore;
-use claims_payments::store::{
+use claims_payments::seams::env_setting::names;
+use claims_payments::seams::store::cosmos::container::{container_definition, DEFAULT_CONTAINER};
+use claims_payments::seams::store::cosmos::documents::{inbox_id, payment_id};
+use claims_payments::seams::store::cosmos::CosmosStore;
+use claims_payments::seams::store::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
+use claims_payments::{ClaimApproved, ClaimId, MessageId, Purpose};
 
 /// RU per indexed term written or removed.
 pub const RU_PER_TERM: f64 = 0.2;
@@ -598,8 +598,8 @@ fn message(n: usize, run: &str) -> anyhow::Result<ClaimApproved> {
         .map_err(|e| anyhow::anyhow!("bench message does not parse: {e}"))
 }
 
-fn delivery(id: &str, count: u32) -> anyhow::Result<claims_payments::consumer::Delivery> {
-    Ok(claims_payments::consumer::Delivery {
+fn delivery(id: &str, count: u32) -> anyhow::Result<claims_payments::seams::consumer::Delivery> {
+    Ok(claims_payments::seams::consumer::Delivery {
         message_id: MessageId::parse(id).map_err(|e| anyhow::anyhow!("{e}"))?,
         delivery_count: count,
     })
@@ -620,18 +620,19 @@ pub async fn computed(messages: usize) -> anyhow::Result<Vec<CaseCost>> {
             .await?,
     )));
     let settings = |bank_url: Option<String>| {
-        claims_payments::configuration::Settings::from_lookup(|name| match name {
+        claims_payments::seams::configuration::Settings::from_lookup(|name| match name {
             names::BANK_API_URL => bank_url.clone(),
             names::CONSUMER_NAME => Some(consumer_name.to_owned()),
             _ => None,
         })
         .map_err(|e| anyhow::anyhow!("bench settings: {e}"))
     };
-    let ledger = claims_payments::startup::consumer_for(&settings(None)?, store.clone())?;
+    let ledger = claims_payments::seams::startup::consumer_for(&settings(None)?, store.clone())?;
     // A second instance (or this one after a restart): same store, empty memory.
-    let other_instance = claims_payments::startup::consumer_for(&settings(None)?, store.clone())?;
+    let other_instance =
+        claims_payments::seams::startup::consumer_for(&settings(None)?, store.clone())?;
     let payout =
-        claims_payments::startup::consumer_for(&settings(Some(bank.url()))?, store.clone())?;
+        claims_payments::seams::startup::consumer_for(&settings(Some(bank.url()))?, store.clone())?;
 
     let ids: Vec<String> = (0..messages)
         .map(|_| uuid::Uuid::new_v4().to_string())

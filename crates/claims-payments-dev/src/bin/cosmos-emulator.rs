@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use azure_core::http::Url;
-use claims_payments::store::cosmos::container::{DEFAULT_CONTAINER, DEFAULT_DATABASE};
+use claims_payments::seams::store::cosmos::container::{DEFAULT_CONTAINER, DEFAULT_DATABASE};
 use claims_payments_dev::emulator::{serve, InProcessEmulator, EMULATOR_KEY};
 use clap::Parser;
 
@@ -46,7 +46,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    claims_payments::telemetry::quiet_library_backtraces();
+    claims_payments::seams::telemetry::quiet_library_backtraces();
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use claims_payments::bank::transport::{
+use claims_payments::seams::bank::transport::{
     BankAnswer, BankCall, BankTransport, BodyFailure, TransportFailure,
 };
 use tokio::time::Instant;

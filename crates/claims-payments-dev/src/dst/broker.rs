@@ -392,7 +392,7 @@ impl Sim {
             r.consumer == CONSUMER
                 && r.claim_id.to_string() == claim
                 && r.message_id.as_str() == message_id
-                && r.status == claims_payments::store::InboxStatus::Completed
+                && r.status == claims_payments::seams::store::InboxStatus::Completed
         });
         let paid = self
             .memory

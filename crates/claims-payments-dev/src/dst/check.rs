@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use claims_payments::store::PaymentStatus;
+use claims_payments::seams::store::PaymentStatus;
 use rust_decimal::Decimal;
 
 use super::bank::SimBank;

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use claims_payments::ambient::Ambient;
-use claims_payments::bank::BankClient;
-use claims_payments::consumer::Consumer;
-use claims_payments::payments_api::CallerAuth;
+use claims_payments::seams::ambient::Ambient;
+use claims_payments::seams::bank::BankClient;
+use claims_payments::seams::consumer::Consumer;
+use claims_payments::seams::payments_api::CallerAuth;
 use claims_payments::seams::{self, Registered};
 
 use super::faults::Fault;

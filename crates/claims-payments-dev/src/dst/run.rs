@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Request;
-use claims_payments::store::DynStore;
+use claims_payments::seams::store::DynStore;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;

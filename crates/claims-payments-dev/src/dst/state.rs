@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::Router;
-use claims_payments::ambient::{Ambient, Boot};
-use claims_payments::bank::BankSettings;
-use claims_payments::consumer::Policy;
+use claims_payments::seams::ambient::{Ambient, Boot};
+use claims_payments::seams::bank::BankSettings;
+use claims_payments::seams::consumer::Policy;
+use claims_payments::seams::store::DynStore;
 use claims_payments::seams::Registered;
-use claims_payments::store::DynStore;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use claims_payments::domain::{ClaimId, Purpose};
-use claims_payments::store::{
+use claims_payments::seams::store::{
     ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
+use claims_payments::{ClaimId, Purpose};
 use time::OffsetDateTime;
 use tokio::time::Instant;
 

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use claims_payments::ambient::{Ambient, Boot, Entropy, WallClock};
+use claims_payments::seams::ambient::{Ambient, Boot, Entropy, WallClock};
 use rand::rngs::StdRng;
 use rand::{Rng, RngExt, SeedableRng};
 use sha2::{Digest, Sha256};

@@ -63,8 +63,8 @@ use anyhow::{bail, ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use bank::{FakeBank, FakeBankSettings};
-use claims_payments::env_setting::names;
-use claims_payments::store::{Listed, PaymentRecord, Store};
+use claims_payments::seams::env_setting::names;
+use claims_payments::seams::store::{Listed, PaymentRecord, Store};
 use claims_payments_testkit::process::{self as spawn, CosmosEmulator, ServeSpec, TempDir};
 use driver::{DataType, Host, HostSettings, Instances};
 use process::Supervisor;
@@ -447,7 +447,7 @@ impl ReconcileCommand {
     async fn run(
         &self,
         older_than: Option<&str>,
-    ) -> anyhow::Result<claims_payments::reconcile::Summary> {
+    ) -> anyhow::Result<claims_payments::seams::reconcile::Summary> {
         let mut cmd = tokio::process::Command::new(&self.exe);
         cmd.arg("reconcile").arg("--json");
         if let Some(age) = older_than {
@@ -480,7 +480,7 @@ impl ReconcileCommand {
         self,
         every: Duration,
         mut stop: tokio::sync::watch::Receiver<bool>,
-    ) -> Vec<claims_payments::reconcile::Summary> {
+    ) -> Vec<claims_payments::seams::reconcile::Summary> {
         let mut runs = Vec::new();
         loop {
             tokio::select! {
@@ -500,7 +500,7 @@ impl ReconcileCommand {
         &self,
         ledger: &Ledger,
         limit: usize,
-        runs_during: Vec<claims_payments::reconcile::Summary>,
+        runs_during: Vec<claims_payments::seams::reconcile::Summary>,
         lease_ms: u64,
         deadline: Instant,
     ) -> anyhow::Result<report::ReconcileReport> {
@@ -560,18 +560,18 @@ pub fn ledger_rows(records: &[Listed<PaymentRecord>]) -> anyhow::Result<Vec<Ledg
 /// The store the handlers share, read for the verdict.
 enum Ledger {
     Sqlite(PathBuf),
-    Cosmos(Box<claims_payments::store::cosmos::CosmosStore>),
-    Postgres(Box<claims_payments::store::postgres::PostgresStore>),
+    Cosmos(Box<claims_payments::seams::store::cosmos::CosmosStore>),
+    Postgres(Box<claims_payments::seams::store::postgres::PostgresStore>),
 }
 
 impl Ledger {
     /// Connects to the Cosmos container that `env` (the emulator's lines) names.
     async fn cosmos(env: &[(String, String)]) -> anyhow::Result<Ledger> {
-        let settings = claims_payments::store::cosmos::CosmosSettings::from_lookup(|name| {
+        let settings = claims_payments::seams::store::cosmos::CosmosSettings::from_lookup(|name| {
             env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         })
         .map_err(|e| anyhow::anyhow!("invalid Cosmos setting {e}"))?;
-        let store = claims_payments::store::cosmos::CosmosStore::connect(
+        let store = claims_payments::seams::store::cosmos::CosmosStore::connect(
             &settings,
             Duration::from_secs(30 * 86_400),
         )
@@ -595,19 +595,19 @@ impl Ledger {
         };
         let listed: std::collections::HashSet<String> = rows
             .iter()
-            .filter_map(|r| claims_payments::domain::ClaimId::parse(&r.claim_id).ok())
+            .filter_map(|r| claims_payments::ClaimId::parse(&r.claim_id).ok())
             .map(|c| c.to_string())
             .collect();
         let mut found = Vec::new();
         for claim in claims {
-            let Ok(id) = claims_payments::domain::ClaimId::parse(claim) else {
+            let Ok(id) = claims_payments::ClaimId::parse(claim) else {
                 continue;
             };
             if listed.contains(&id.to_string()) {
                 continue;
             }
             let read = store
-                .payment(id, claims_payments::domain::Purpose::Payout)
+                .payment(id, claims_payments::Purpose::Payout)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot read the payment of claim {id}: {e}"))?;
             if let Some(payment) = read {
@@ -654,7 +654,7 @@ pub async fn read_sqlite_ledger(
     path: &std::path::Path,
     limit: usize,
 ) -> anyhow::Result<Vec<LedgerRow>> {
-    let store = claims_payments::store::sqlite::SqliteStore::open(path)
+    let store = claims_payments::seams::store::sqlite::SqliteStore::open(path)
         .with_context(|| format!("cannot open the ledger {}", path.display()))?;
     let records = store
         .list_payments(limit)
@@ -1246,7 +1246,7 @@ fn spawn_reconcile_during(
     reconciler: Option<&ReconcileCommand>,
     every_secs: u64,
     stopped: tokio::sync::watch::Receiver<bool>,
-) -> Option<tokio::task::JoinHandle<Vec<claims_payments::reconcile::Summary>>> {
+) -> Option<tokio::task::JoinHandle<Vec<claims_payments::seams::reconcile::Summary>>> {
     match (reconciler, every_secs) {
         (Some(r), secs) if secs > 0 => Some(tokio::spawn(
             r.clone().repeat(Duration::from_secs(secs), stopped),
@@ -1462,7 +1462,7 @@ fn count_takeovers(log: &std::path::Path, from: u64) -> u64 {
 fn serve_log_filter(shell: Option<String>) -> String {
     match shell.as_deref().map(str::trim) {
         None | Some("") => "info".to_owned(),
-        Some(filter) => format!("{filter},claims_payments::consumer=info"),
+        Some(filter) => format!("{filter},claims_payments::seams::consumer=info"),
     }
 }
 
@@ -1657,7 +1657,7 @@ mod tests {
         assert_eq!(serve_log_filter(None), "info");
         assert_eq!(
             serve_log_filter(Some("warn".into())),
-            "warn,claims_payments::consumer=info"
+            "warn,claims_payments::seams::consumer=info"
         );
     }
 

@@ -432,7 +432,7 @@ mod tests {
         for copy in &p.copies {
             let parsed = std::str::from_utf8(&copy.body)
                 .ok()
-                .map(claims_payments::domain::ClaimApproved::parse);
+                .map(claims_payments::ClaimApproved::parse);
             match copy.claim {
                 Some(claim) => {
                     let parsed = parsed.expect("utf-8").expect("valid body");

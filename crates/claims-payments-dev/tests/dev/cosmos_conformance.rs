@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use claims_payments::store::DynStore;
+use claims_payments::seams::store::DynStore;
 use claims_payments_dev::emulator::InProcessEmulator;
 use claims_payments_testkit::conformance::Keep;
 

@@ -12,8 +12,8 @@ use azure_data_cosmos::fault_injection::{
     FaultInjectionConditionBuilder, FaultInjectionErrorType, FaultInjectionResultBuilder,
     FaultInjectionRule, FaultInjectionRuleBuilder, FaultOperationType,
 };
-use claims_payments::domain::Purpose;
-use claims_payments::store::{DynStore, PaymentStatus};
+use claims_payments::seams::store::{DynStore, PaymentStatus};
+use claims_payments::Purpose;
 use claims_payments_dev::emulator::InProcessEmulator;
 use claims_payments_testkit::bank::{BankFault, FakeBank};
 

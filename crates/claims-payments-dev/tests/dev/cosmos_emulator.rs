@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use claims_payments::store::cosmos::{CosmosSettings, CosmosStore};
+use claims_payments::seams::store::cosmos::{CosmosSettings, CosmosStore};
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::process::CosmosEmulator;
 
@@ -24,7 +24,7 @@ async fn cosmos_emulator_binary_serves_a_connected_store() {
         settings.endpoint
     );
 
-    let store: claims_payments::store::DynStore = std::sync::Arc::new(
+    let store: claims_payments::seams::store::DynStore = std::sync::Arc::new(
         CosmosStore::connect(&settings, Duration::from_secs(30 * 86_400))
             .await
             .unwrap(),

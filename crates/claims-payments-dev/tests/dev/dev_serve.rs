@@ -3,9 +3,9 @@
 //! redelivery; and the message path on the Cosmos DB emulator over real HTTP (without
 //! dev settings this serve is the product's).
 
-use claims_payments::configuration::Settings;
-use claims_payments::startup::open_store;
-use claims_payments::store::sqlite::Access;
+use claims_payments::seams::configuration::Settings;
+use claims_payments::seams::startup::open_store;
+use claims_payments::seams::store::sqlite::Access;
 use claims_payments_dev::emulator::ServedEmulator;
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::service::{

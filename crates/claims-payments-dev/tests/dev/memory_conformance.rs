@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use claims_payments::store::DynStore;
+use claims_payments::seams::store::DynStore;
 use claims_payments_dev::memory_store::MemoryStore;
 use claims_payments_testkit::conformance::Keep;
 

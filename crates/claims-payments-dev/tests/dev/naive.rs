@@ -1,10 +1,10 @@
 //! The naive baseline, to show what the guard buys: without it, a crash between the bank
 //! call and the record pays twice.
 
-use claims_payments::functions::claim_approved::ClaimHandler;
+use claims_payments::seams::functions::claim_approved::ClaimHandler;
+use claims_payments::seams::store::sqlite::SqliteStore;
+use claims_payments::seams::store::DynStore;
 use claims_payments::seams::Step;
-use claims_payments::store::sqlite::SqliteStore;
-use claims_payments::store::DynStore;
 use claims_payments_dev::baselines::Naive;
 use claims_payments_testkit::bank::FakeBank;
 use claims_payments_testkit::fixtures as common;

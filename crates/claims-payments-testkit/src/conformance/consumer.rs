@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use claims_payments::consumer::Outcome;
+use claims_payments::seams::consumer::Outcome;
 
-use claims_payments::domain::{MessageId, Purpose};
+use claims_payments::seams::store::{DynStore, InboxKey, PaymentStatus};
 use claims_payments::seams::Step;
-use claims_payments::store::{DynStore, InboxKey, PaymentStatus};
+use claims_payments::{MessageId, Purpose};
 use time::OffsetDateTime;
 use tokio::sync::Barrier;
 
@@ -282,7 +282,7 @@ pub async fn takeover_while_the_first_worker_is_alive_pays_once(store: DynStore)
     // finalize is refused and it defers to the new owner.
     let bank = FakeBank::start().await;
     bank.script([BankFault::Slow(Duration::from_millis(400))]);
-    let policy = claims_payments::consumer::Policy {
+    let policy = claims_payments::seams::consumer::Policy {
         lease: Duration::from_millis(100),
         retry_budget: Duration::from_secs(3),
         ..common::policy()
@@ -320,7 +320,7 @@ pub async fn business_duplicate_finishes_an_orphaned_payout(store: DynStore) {
     // claim arrives. It must not wait on a message that may be dead-lettered: it takes
     // the expired lease over and pays under the same key.
     let bank = FakeBank::start().await;
-    let policy = claims_payments::consumer::Policy {
+    let policy = claims_payments::seams::consumer::Policy {
         lease: Duration::from_millis(100),
         ..common::policy()
     };
@@ -360,7 +360,7 @@ pub async fn a_later_delivery_takes_over_a_dead_attempt_at_once(store: DynStore)
     // once with DeliveryCount + 1. Waiting on the dead lease would answer 503 to every
     // delivery until the message is dead-lettered; a later delivery takes over instead.
     let bank = FakeBank::start().await;
-    let policy = claims_payments::consumer::Policy {
+    let policy = claims_payments::seams::consumer::Policy {
         lease: Duration::from_secs(120),
         inflight_wait: Duration::from_secs(15),
         retry_budget: Duration::from_secs(60),
@@ -423,7 +423,7 @@ pub async fn no_payout_request_leaves_after_the_key_window(store: DynStore) {
     let bank = FakeBank::start().await;
     bank.always(Some(BankFault::Unavailable));
     let window = Duration::from_secs(3);
-    let policy = claims_payments::consumer::Policy {
+    let policy = claims_payments::seams::consumer::Policy {
         retry_budget: Duration::from_secs(20),
         lease: Duration::from_secs(30),
         bank_key_window: window,

@@ -3,11 +3,11 @@
 //! with the versions the writes returned. These ran only against Cosmos before; here they
 //! run against every store.
 
-use claims_payments::domain::Purpose;
-use claims_payments::store::{
+use claims_payments::seams::store::{
     AttemptId, ClaimResult, DynStore, Finalize, InboxRecord, InsertResult, PaymentRecord,
     StoreError,
 };
+use claims_payments::Purpose;
 use time::OffsetDateTime;
 
 use super::claim_id;

@@ -19,7 +19,7 @@
 //! - `reconcile.rs`: settling payments whose outcome could not be known;
 //! - `payments_api.rs`: the HTTP payments API's idempotency keys.
 
-use claims_payments::domain::ClaimId;
+use claims_payments::ClaimId;
 
 mod consumer;
 mod contract;

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use claims_payments::domain::{ClaimId, Purpose};
-use claims_payments::store::{DynStore, PaymentStatus};
+use claims_payments::seams::store::{DynStore, PaymentStatus};
+use claims_payments::{ClaimId, Purpose};
 use time::OffsetDateTime;
 
 use crate::bank::{BankFault, FakeBank};
@@ -12,11 +12,11 @@ use crate::fixtures as common;
 use crate::wait::wait_until;
 
 fn api(
-    consumer: &claims_payments::consumer::Consumer,
-) -> claims_payments::payments_api::PaymentsApi {
-    claims_payments::payments_api::PaymentsApi::new(
+    consumer: &claims_payments::seams::consumer::Consumer,
+) -> claims_payments::seams::payments_api::PaymentsApi {
+    claims_payments::seams::payments_api::PaymentsApi::new(
         consumer.clone(),
-        claims_payments::payments_api::CallerAuth::FunctionKey,
+        claims_payments::seams::payments_api::CallerAuth::FunctionKey,
         Duration::from_secs(24 * 3600),
     )
 }
@@ -63,7 +63,7 @@ pub async fn api_request_cut_mid_payout_resumes_under_the_same_key(store: DynSto
     // while the dead attempt's lease is alive (409), then after it (201, one payout).
     let bank = FakeBank::start().await;
     bank.script([BankFault::Slow(Duration::from_millis(800))]);
-    let policy = claims_payments::consumer::Policy {
+    let policy = claims_payments::seams::consumer::Policy {
         lease: Duration::from_millis(400),
         ..common::policy()
     };

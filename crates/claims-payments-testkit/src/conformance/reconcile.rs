@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use claims_payments::domain::{ClaimId, Purpose};
-use claims_payments::seams::Step;
-use claims_payments::store::{
+use claims_payments::seams::store::{
     AttemptId, DynStore, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
 };
+use claims_payments::seams::Step;
+use claims_payments::{ClaimId, Purpose};
 use time::OffsetDateTime;
 
 use crate::bank::{BankFault, FakeBank};
@@ -15,8 +15,8 @@ use crate::fixtures as common;
 use crate::records::records;
 use crate::wait::wait_until;
 
-fn reconcile_options(min_age: Duration) -> claims_payments::reconcile::Options {
-    claims_payments::reconcile::Options {
+fn reconcile_options(min_age: Duration) -> claims_payments::seams::reconcile::Options {
+    claims_payments::seams::reconcile::Options {
         min_age,
         dry_run: false,
         budget: None,
@@ -39,12 +39,12 @@ async fn needs_reconciliation(
     store: &DynStore,
     bank: &FakeBank,
 ) -> (
-    claims_payments::consumer::Consumer,
-    claims_payments::domain::ClaimApproved,
+    claims_payments::seams::consumer::Consumer,
+    claims_payments::ClaimApproved,
     String,
 ) {
     bank.always(Some(BankFault::Unavailable));
-    let policy = claims_payments::consumer::Policy {
+    let policy = claims_payments::seams::consumer::Policy {
         retry_budget: Duration::from_secs(3600),
         lease: Duration::from_secs(10),
         bank_key_window: Duration::from_millis(600),
@@ -70,9 +70,10 @@ async fn payment_of(store: &DynStore, claim: ClaimId) -> PaymentRecord {
 }
 
 fn reconciler(
-    consumer: &claims_payments::consumer::Consumer,
-) -> claims_payments::reconcile::Reconciler {
-    claims_payments::reconcile::Reconciler::new(consumer.clone()).expect("a bank is configured")
+    consumer: &claims_payments::seams::consumer::Consumer,
+) -> claims_payments::seams::reconcile::Reconciler {
+    claims_payments::seams::reconcile::Reconciler::new(consumer.clone())
+        .expect("a bank is configured")
 }
 
 pub async fn reconcile_marks_paid_what_the_bank_holds(store: DynStore) {
@@ -195,7 +196,7 @@ pub async fn reconcile_leaves_a_payment_unknown_when_the_lookup_fails(store: Dyn
 pub async fn reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone(store: DynStore) {
     // Its handler died mid-payout and the message was dead-lettered, never re-driven.
     let bank = FakeBank::start().await;
-    let policy = claims_payments::consumer::Policy {
+    let policy = claims_payments::seams::consumer::Policy {
         lease: Duration::from_millis(200),
         ..common::policy()
     };
@@ -512,7 +513,7 @@ pub async fn a_stalled_run_never_overwrites_what_another_run_settled(store: DynS
 /// Item 5: a full run's worth of mismatched payments must not hide a newer one.
 pub async fn mismatches_do_not_starve_newer_payments(store: DynStore) {
     let old = OffsetDateTime::now_utc() - Duration::from_secs(3600);
-    for n in 0..claims_payments::reconcile::MAX_PER_RUN {
+    for n in 0..claims_payments::seams::reconcile::MAX_PER_RUN {
         let (inbox, payment) = records(&common::new_claim(), &format!("m-{n}"), AttemptId::new());
         let payment = PaymentRecord {
             status: PaymentStatus::Mismatched,
@@ -541,7 +542,7 @@ pub async fn mismatches_do_not_starve_newer_payments(store: DynStore) {
     );
     assert_eq!(
         summary.needs_a_person,
-        claims_payments::reconcile::MAX_PER_RUN,
+        claims_payments::seams::reconcile::MAX_PER_RUN,
         "{}",
         summary.counts()
     );
@@ -555,7 +556,7 @@ pub async fn mismatches_do_not_starve_newer_payments(store: DynStore) {
 /// run, with the same minimum age, examines the payment at once.
 pub async fn a_failed_lookup_leaves_an_orphaned_payout_visible_to_the_next_run(store: DynStore) {
     let bank = FakeBank::start().await;
-    let policy = claims_payments::consumer::Policy {
+    let policy = claims_payments::seams::consumer::Policy {
         lease: Duration::from_millis(200),
         ..common::policy()
     };

@@ -4,12 +4,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use claims_payments::domain::OutcomeKind;
-use claims_payments::domain::Purpose;
-use claims_payments::store::{
+use claims_payments::seams::store::{
     AttemptId, ClaimResult, DynStore, Finalize, InboxOutcome, InboxRecord, InboxStatus,
     InsertResult, PaymentRecord, PaymentStatus, StoreError,
 };
+use claims_payments::OutcomeKind;
+use claims_payments::Purpose;
 use time::OffsetDateTime;
 use tokio::sync::Barrier;
 

@@ -29,7 +29,7 @@ use serde::Serialize;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::domain::{ClaimApproved, ClaimId, MessageId, OutcomeKind, PayloadHash, Purpose};
+use crate::domain::{ClaimApproved, MessageId, OutcomeKind, PayloadHash, Purpose};
 use crate::lease::{self, Terms};
 use crate::servicebus::{
     bounded, Broker, BusError, DeadLetter, Lock, Locked, Outgoing, Property, Unreadable,
@@ -723,11 +723,4 @@ async fn discard_one(
         // The store already says discarded: a second `discard` finds it kept and removes it.
         Err(err) => format!("not discarded ({err}); {recorded}; run discard again"),
     }
-}
-
-/// The claim id in a line, for callers that map verdicts back (the simulator).
-pub fn claim_of(line: &Line) -> Option<ClaimId> {
-    line.claim_id
-        .as_deref()
-        .and_then(|c| ClaimId::parse(c).ok())
 }

@@ -350,8 +350,8 @@ impl ReconcileReport {
     pub fn new(
         (needs_before, in_progress_before): (usize, usize),
         (needs_after, in_progress_after): (usize, usize),
-        during: &[claims_payments::reconcile::Summary],
-        at_end: &[claims_payments::reconcile::Summary],
+        during: &[claims_payments::seams::reconcile::Summary],
+        at_end: &[claims_payments::seams::reconcile::Summary],
     ) -> Self {
         let mut r = ReconcileReport {
             runs_during_deliveries: during.len(),

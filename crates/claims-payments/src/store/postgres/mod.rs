@@ -76,7 +76,7 @@ use rows::{
     InboxParams, PaymentParams,
 };
 pub(crate) use schema::check_schema;
-pub use schema::{provision, SchemaReport};
+pub use schema::provision;
 pub use settings::{Pooler, PostgresSettings};
 
 use super::{

@@ -1,0 +1,147 @@
+//! What the development crate, the test kit and the tests may name, module by module:
+//! each list below is the whole of what is reachable from outside the product (beside
+//! the root's few items and the hooks in [`super`]). The modules keep the names of the
+//! product's own, so a path reads the same inside and out.
+
+/// The wall clock, randomness and identity a simulator replaces.
+pub mod ambient {
+    pub use crate::ambient::{Ambient, Boot, Entropy, WallClock};
+}
+
+/// The payout client and the transport a simulated bank stands behind.
+pub mod bank {
+    pub use crate::bank::{BankClient, BankSettings, PayoutOutcome, SendWindow};
+    /// The one seam below the bank client.
+    pub mod transport {
+        pub use crate::bank::transport::{
+            BankAnswer, BankCall, BankTransport, BodyFailure, TransportFailure,
+        };
+    }
+}
+
+/// The operator commands.
+pub mod cli {
+    pub use crate::cli::{run, OperatorCommand};
+}
+
+/// The process's settings.
+pub mod configuration {
+    pub use crate::configuration::{Settings, DEV_ONLY_SETTINGS};
+}
+
+/// The engine, for tests that drive it without the host.
+pub mod consumer {
+    pub use crate::consumer::{Consumer, Delivery, Outcome, Policy};
+}
+
+/// The operator's dead-letter tool, for tests against a broker.
+pub mod dead_letters {
+    pub use crate::dead_letters::{discard, list, resubmit, Options, Selection, REDRIVE_PROPERTY};
+    /// What became of one dead letter.
+    pub mod verdict {
+        pub use crate::dead_letters::verdict::Verdict;
+    }
+}
+
+/// Setting names, and the one settings error.
+pub mod env_setting {
+    pub use crate::env_setting::{names, ConfigError};
+}
+
+/// The functions' routes.
+pub mod functions {
+    pub use crate::functions::{metrics, ready};
+    /// `POST /ClaimApproved`.
+    pub mod claim_approved {
+        pub use crate::functions::claim_approved::{ClaimHandler, FUNCTION_NAME};
+    }
+}
+
+/// The custom-handler protocol.
+pub mod host {
+    pub use crate::host::{BodyEncoding, Invocation};
+}
+
+/// What every route shares.
+pub mod http {
+    pub use crate::http::read_body;
+}
+
+/// The HTTP Idempotency-Key API.
+pub mod payments_api {
+    pub use crate::payments_api::{CallerAuth, PaymentsApi};
+}
+
+/// Reconciliation.
+pub mod reconcile {
+    pub use crate::reconcile::{Options, Reconciler, Summary, MAX_PER_RUN};
+}
+
+/// The Service Bus REST client the dead-letter tool uses.
+pub mod servicebus {
+    pub use crate::servicebus::{header_json, BusErrorKind};
+    /// The REST client.
+    pub mod rest {
+        pub use crate::servicebus::rest::{Auth, RestBroker};
+    }
+}
+
+/// The composition root.
+pub mod startup {
+    pub use crate::startup::{consumer_for, open_store, run, serve, AppState};
+}
+
+/// The store port, its records and its three adapters: what a conformance suite, a
+/// decorator or another store needs.
+pub mod store {
+    pub use crate::store::{
+        AttemptId, ClaimResult, DynStore, Finalize, InboxKey, InboxOutcome, InboxRecord,
+        InboxStatus, InsertResult, Listed, PaymentRecord, PaymentStatus, Store, StoreError,
+        StoreResult, Version, Versioned,
+    };
+    /// Cosmos DB.
+    pub mod cosmos {
+        pub use crate::store::cosmos::{
+            container_definition, container_definition_json, provision_with_client, CosmosAuth,
+            CosmosSettings, CosmosStore, ProvisionReport,
+        };
+        /// The container's definition.
+        pub mod container {
+            pub use crate::store::cosmos::container::{
+                container_definition, indexing_policy_difference, DEFAULT_CONTAINER,
+                DEFAULT_DATABASE,
+            };
+        }
+        /// The documents' shapes and ids.
+        pub mod documents {
+            pub use crate::store::cosmos::documents::{inbox_id, payment_id, InboxDoc, PaymentDoc};
+        }
+        /// Per-operation options.
+        pub mod settings {
+            pub use crate::store::cosmos::settings::operation_options;
+        }
+    }
+    /// PostgreSQL.
+    pub mod postgres {
+        pub use crate::store::postgres::{
+            pool, provision, Access, Pooler, PostgresSettings, PostgresStore,
+        };
+    }
+    /// SQLite, the embedded default.
+    pub mod sqlite {
+        pub use crate::store::sqlite::{Access, SqliteStore};
+    }
+}
+
+/// Logs, counters and traces.
+pub mod telemetry {
+    pub use crate::telemetry::{counters, quiet_library_backtraces, start};
+    /// Sampling.
+    pub mod sampling {
+        pub use crate::telemetry::sampling::keeps_share;
+    }
+    /// The exporters' settings.
+    pub mod export {
+        pub use crate::telemetry::export::SETTINGS;
+    }
+}
