@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments::config::{Settings, DEV_ONLY_SETTINGS};
-use claims_payments::consumer::Consumer;
 use claims_payments::functions::claim_approved::ClaimHandler;
 use claims_payments::seams::Seams;
+use claims_payments::services::Services;
 use claims_payments::setting::ConfigError;
 use claims_payments::startup;
 use claims_payments::store::DynStore;
@@ -114,10 +114,10 @@ impl DevKnobs {
             }));
         }
         let (handler, crash) = (self.handler, self.crash_after_commit);
-        seams.claim_handler = Some(Box::new(move |consumer: &Consumer| {
+        seams.claim_handler = Some(Box::new(move |services: &Services| {
             let inner: Arc<dyn ClaimHandler> = match handler {
-                Handler::Naive => Arc::new(Naive::new(consumer)),
-                Handler::Consumer | Handler::Noop => Arc::new(consumer.clone()),
+                Handler::Naive => Arc::new(Naive::new(services)),
+                Handler::Consumer | Handler::Noop => Arc::new(services.consumer()),
             };
             if crash > 0.0 {
                 Arc::new(CrashAfterCommit {

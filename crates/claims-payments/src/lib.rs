@@ -2,13 +2,14 @@
 //! broker that asks for the payment delivers at least once.
 //!
 //! Layout, from the wire inwards:
-//! - [`startup`]: the composition root (settings -> store -> consumer -> router -> server);
-//! - [`functions`]: the router, and one module per function of the app (`ClaimApproved`,
-//!   `Payments`, `Reconcile`, `Purge`), mirroring `function-app/`;
-//! - [`http`]: what every route shares (body limits, reading a body, the host's answer);
-//! - [`host`]: the custom-handler protocol (invocation envelope in, JSON answer out);
+//! - [`startup`]: the composition root (settings -> services -> state -> router -> server);
+//! - [`functions`]: the wire edge: the router, one module per function of the app
+//!   (`ClaimApproved`, `Payments`, `Reconcile`, `Purge`, mirroring `function-app/`), the
+//!   custom-handler protocol (invocation envelope in, JSON answer out) and the body limits;
 //! - [`message`]: the `ClaimApproved` contract and its domain types;
 //! - [`payments_api`]: `POST /api/payments` with an Idempotency-Key, on the same engine;
+//! - [`services`]: what one process's parts share (store, bank, policy, ambient), built
+//!   once by the composition root;
 //! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
 //! - [`idempotency`]: leases on inbox records, the one takeover rule every path follows;
 //! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB, PostgreSQL);
@@ -38,14 +39,13 @@ pub mod config;
 pub mod consumer;
 pub mod dead_letters;
 pub mod functions;
-pub mod host;
-pub mod http;
 mod idempotency;
 pub mod message;
 pub mod payments_api;
 pub mod reconcile;
 pub mod seams;
 pub mod servicebus;
+pub mod services;
 pub mod setting;
 pub mod startup;
 pub mod store;

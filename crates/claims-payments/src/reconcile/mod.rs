@@ -38,17 +38,21 @@
 //! `claims-payments reconcile` runs it from the CLI; the `Reconcile` timer function runs
 //! it inside `serve`, one run at a time across instances (a run lease in the store).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+use crate::ambient::Ambient;
 use crate::bank::{BankClient, BankPayment, BankStatus, Lookup, PayoutOutcome, SendWindow};
-use crate::consumer::{Consumer, OutcomeKind};
+use crate::consumer::{OutcomeKind, Policy};
+use crate::idempotency::liveness::Owners;
 use crate::idempotency::{self, Created, Lease, Terms};
 use crate::message::{ClaimId, MessageId, PayloadHash};
+use crate::services::Services;
 use crate::store::{
-    AttemptId, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord,
+    AttemptId, DynStore, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord,
     PaymentStatus, StoreError, Versioned,
 };
 use crate::telemetry;
@@ -216,8 +220,11 @@ pub struct Options {
 }
 
 pub struct Reconciler {
-    consumer: Consumer,
+    store: DynStore,
     bank: BankClient,
+    policy: Policy,
+    ambient: Ambient,
+    owners: Arc<Owners>,
     me: AttemptId,
 }
 
@@ -257,18 +264,21 @@ struct Decision {
 
 impl Reconciler {
     /// `None` in ledger-only mode: without a bank there is nothing to ask.
-    pub fn new(consumer: Consumer) -> Option<Self> {
-        let bank = consumer.bank()?.clone();
+    pub fn new(services: &Services) -> Option<Self> {
+        let bank = services.bank.clone()?;
         Some(Reconciler {
-            me: consumer.ambient().attempt_id(),
-            consumer,
+            me: services.ambient.attempt_id(),
+            store: services.store.clone(),
             bank,
+            policy: services.policy.clone(),
+            ambient: services.ambient.clone(),
+            owners: services.owners.clone(),
         })
     }
 
     pub async fn run(&self, options: Options) -> Result<Summary, StoreError> {
-        let store = self.consumer.store();
-        let now = self.consumer.ambient().now();
+        let store = &self.store;
+        let now = self.ambient.now();
         let deadline = options.budget.map(|b| tokio::time::Instant::now() + b);
         let mut summary = Summary {
             dry_run: options.dry_run,
@@ -287,9 +297,7 @@ impl Reconciler {
             let p = &payment.record;
             // A live lease of a process that has ended holds nothing (one read, only then).
             let owner_gone = match &inbox {
-                Some(i) if i.record.lease_alive(now) => {
-                    self.consumer.owners().check(i.record.owner).await
-                }
+                Some(i) if i.record.lease_alive(now) => self.owners.check(i.record.owner).await,
                 _ => false,
             };
             if p.status == PaymentStatus::NeedsReconciliation {
@@ -331,7 +339,7 @@ impl Reconciler {
 
     fn inbox_key(&self, payment: &PaymentRecord) -> InboxKey {
         InboxKey {
-            consumer: self.consumer.policy().consumer_name.clone(),
+            consumer: self.policy.consumer_name.clone(),
             claim_id: payment.claim_id,
             message_id: payment.message_id.clone(),
         }
@@ -376,7 +384,7 @@ impl Reconciler {
         };
         // Under the lease, the payment as it is now, not as the listing saw it: another
         // run or a delivery may have settled it since.
-        let store = self.consumer.store();
+        let store = &self.store;
         let payment = store
             .payment(listed.record.claim_id, listed.record.purpose)
             .await?
@@ -415,7 +423,7 @@ impl Reconciler {
                 decision.evidence,
             ));
         }
-        let now = self.consumer.ambient().now();
+        let now = self.ambient.now();
         let how = match decision.result {
             Settlement::PaidByLookup => "paid by lookup",
             Settlement::PaidNow => "paid now",
@@ -468,14 +476,14 @@ impl Reconciler {
         p: &PaymentRecord,
         inbox: Option<Versioned<InboxRecord>>,
     ) -> Result<Option<Held>, StoreError> {
-        let store = self.consumer.store().as_ref();
-        let policy = self.consumer.policy();
-        let now = self.consumer.ambient().now();
+        let store = self.store.as_ref();
+        let policy = &self.policy;
+        let now = self.ambient.now();
         match inbox {
             Some(seen) => {
                 // Not a broker delivery: the lease decides (count 0), unless its
                 // process has ended.
-                let gone = self.consumer.owners().check(seen.record.owner).await;
+                let gone = self.owners.check(seen.record.owner).await;
                 if !idempotency::holder(&seen.record, self.me, 0, gone, now).may_take_over() {
                     return Ok(None);
                 }
@@ -520,13 +528,11 @@ impl Reconciler {
         let released = match &held.found {
             Some(found) => found.clone(),
             None => InboxRecord {
-                lease_until: Some(self.consumer.ambient().now().min(record.created_at)),
+                lease_until: Some(self.ambient.now().min(record.created_at)),
                 ..record.clone()
             },
         };
-        held.lease
-            .give_back(self.consumer.store().as_ref(), released)
-            .await;
+        held.lease.give_back(self.store.as_ref(), released).await;
     }
 
     async fn ask(&self, p: &PaymentRecord) -> Finding {
@@ -543,12 +549,12 @@ impl Reconciler {
             Ok(body) => body,
             Err(reason) => return Decision::unknown(reason.to_string()),
         };
-        let policy = self.consumer.policy();
+        let policy = &self.policy;
         // An authoritative "none" means the bank holds nothing under this reference:
         // this request starts a new key window.
         let window = SendWindow::new(
             policy.retry_budget,
-            self.consumer.ambient().now(),
+            self.ambient.now(),
             policy.bank_key_window,
         );
         match self.bank.pay(&p.idempotency_key, body, window).await {
@@ -790,10 +796,10 @@ pub(crate) const RUN_LEASE_CONSUMER: &str = "reconcile-run";
 impl RunLease {
     /// Takes the run lease for `length`, or `None` when another run holds it.
     pub(crate) async fn take(
-        consumer: &Consumer,
+        run: &Reconciler,
         length: Duration,
     ) -> Result<Option<Self>, StoreError> {
-        let store = consumer.store();
+        let store = &run.store;
         let claim_id = ClaimId::parse(RUN_LEASE_CLAIM)
             .map_err(|e| StoreError::Permanent(format!("run lease claim id: {e}")))?;
         let message_id = MessageId::parse("reconcile-run")
@@ -803,11 +809,11 @@ impl RunLease {
             claim_id,
             message_id: message_id.clone(),
         };
-        let now = consumer.ambient().now();
-        let me = consumer.ambient().attempt_id();
+        let now = run.ambient.now();
+        let me = run.ambient.attempt_id();
         let terms = Terms {
             lease: length,
-            retention: consumer.policy().inbox_retention,
+            retention: run.policy.inbox_retention,
         };
         let store = store.as_ref();
         let seen = match store.inbox(&key).await? {
@@ -821,7 +827,7 @@ impl RunLease {
                 });
             }
         };
-        let gone = consumer.owners().check(seen.record.owner).await;
+        let gone = run.owners.check(seen.record.owner).await;
         if !idempotency::holder(&seen.record, me, 0, gone, now).may_take_over() {
             return Ok(None);
         }
@@ -830,13 +836,13 @@ impl RunLease {
     }
 
     /// Gives the run lease back. Best effort: otherwise it expires.
-    pub(crate) async fn release(self, consumer: &Consumer) {
+    pub(crate) async fn release(self, run: &Reconciler) {
         if let Err(e) = self
             .0
             .complete(
-                consumer.store().as_ref(),
+                run.store.as_ref(),
                 InboxOutcome::RunReleased,
-                consumer.ambient().now(),
+                run.ambient.now(),
             )
             .await
         {
