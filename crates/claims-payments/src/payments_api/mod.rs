@@ -11,9 +11,11 @@
 //! hash the consumer uses), a lease, and, once done, the answer given.
 //!
 //! One request goes:
-//! 0. who calls and may they pay ([`caller`]: 401, 403), is the body JSON (415), is the
-//!    key a key ([`key`]) and the body one valid object (400): nothing is written for any
-//!    of these, so no refusal of the request itself is ever stored under its key;
+//! 0. who calls and may they pay ([`caller`]: 401, 403), is the body JSON (415) and
+//!    within the limits (413, 408: the route in `functions` reads it and hands over the
+//!    bytes), is the key a key ([`key`]) and the body one valid object (400): nothing is
+//!    written for any of these, so no refusal of the request itself is ever stored under
+//!    its key;
 //! 1. open the key record ([`record`]): create it (in progress, our lease) with a
 //!    conditional create; if it exists, [`record::next_action`] decides: another
 //!    fingerprint → 422; completed → the stored answer, byte for byte, with
