@@ -15,10 +15,11 @@ use axum::routing::{get, post};
 use axum::Json;
 use axum::Router;
 use claims_payments::seams::bank::{BankClient, PayoutOutcome, SendWindow};
-use claims_payments::seams::consumer::{Consumer, Delivery, Outcome};
+use claims_payments::seams::consumer::{Consumer, Delivery, Outcome, Policy};
 use claims_payments::seams::functions::claim_approved::{ClaimHandler, FUNCTION_NAME};
+use claims_payments::seams::functions::limits::read_body;
 use claims_payments::seams::functions::{metrics, ready};
-use claims_payments::seams::http::read_body;
+use claims_payments::seams::services::Services;
 use claims_payments::seams::store::{
     AttemptId, ClaimResult, DynStore, InboxStatus, PaymentStatus, StoreError,
 };
@@ -28,20 +29,22 @@ use time::OffsetDateTime;
 
 /// Check-then-insert without the atomic guard.
 pub struct Naive {
-    /// Builds the same records the guarded consumer writes, and holds the policy.
+    /// Builds the same records the guarded consumer writes.
     records: Consumer,
     store: DynStore,
     bank: Option<BankClient>,
+    policy: Policy,
     crash_hook: Option<CrashHook>,
 }
 
 impl Naive {
-    /// The naive consumer on the guarded consumer's store, bank and policy.
-    pub fn new(consumer: &Consumer) -> Self {
+    /// The naive consumer on the guarded consumer's services: its store, bank and policy.
+    pub fn new(services: &Services) -> Self {
         Naive {
-            records: consumer.clone(),
-            store: consumer.store().clone(),
-            bank: consumer.bank().cloned(),
+            records: services.consumer(),
+            store: services.store.clone(),
+            bank: services.bank.clone(),
+            policy: services.policy.clone(),
             crash_hook: None,
         }
     }
@@ -63,7 +66,7 @@ impl Naive {
         if let Some(bank) = &self.bank {
             // A fresh key per attempt: exactly what makes a retry pay again.
             let fresh_key = IdempotencyKey::from_stored(AttemptId::new().to_string());
-            let policy = self.records.policy();
+            let policy = &self.policy;
             let window = SendWindow::new(policy.retry_budget, now, policy.bank_key_window);
             match bank
                 .pay(&fresh_key, &msg.payout_request_body(), window)

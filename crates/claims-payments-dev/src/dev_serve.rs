@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments::seams::configuration::{Settings, DEV_ONLY_SETTINGS};
-use claims_payments::seams::consumer::Consumer;
 use claims_payments::seams::env_setting::ConfigError;
 use claims_payments::seams::functions::claim_approved::ClaimHandler;
+use claims_payments::seams::services::Services;
 use claims_payments::seams::startup;
 use claims_payments::seams::store::DynStore;
 use claims_payments::seams::Seams;
@@ -114,10 +114,10 @@ impl DevKnobs {
             }));
         }
         let (handler, crash) = (self.handler, self.crash_after_commit);
-        seams.claim_handler = Some(Box::new(move |consumer: &Consumer| {
+        seams.claim_handler = Some(Box::new(move |services: &Services| {
             let inner: Arc<dyn ClaimHandler> = match handler {
-                Handler::Naive => Arc::new(Naive::new(consumer)),
-                Handler::Consumer | Handler::Noop => Arc::new(consumer.clone()),
+                Handler::Naive => Arc::new(Naive::new(services)),
+                Handler::Consumer | Handler::Noop => Arc::new(services.consumer()),
             };
             if crash > 0.0 {
                 Arc::new(CrashAfterCommit {

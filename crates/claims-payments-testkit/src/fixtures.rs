@@ -1,12 +1,14 @@
-//! Test fixtures shared by the integration tests: messages, deliveries, policies and
-//! consumers (with or without the [`FakeBank`]).
+//! Test fixtures shared by the integration tests: messages, deliveries, policies,
+//! services and consumers (with or without the [`FakeBank`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use claims_payments::seams::ambient::Ambient;
 use claims_payments::seams::bank::BankClient;
 use claims_payments::seams::bank::BankSettings;
 use claims_payments::seams::consumer::{Consumer, Delivery, Policy};
+use claims_payments::seams::services::Services;
 use claims_payments::seams::store::DynStore;
 use claims_payments::seams::{CrashHook, Step};
 use claims_payments::{ClaimApproved, MessageId};
@@ -47,8 +49,18 @@ pub fn ledger_consumer(store: DynStore) -> Consumer {
     Consumer::new(store, None, policy())
 }
 
+/// What a ledger-only process's parts share: the store, no bank, [`policy`].
+pub fn ledger_services(store: DynStore) -> Services {
+    Services::new(store, None, policy(), Ambient::system())
+}
+
 pub fn bank_consumer(store: DynStore, bank: &FakeBank) -> Consumer {
-    bank_consumer_with(store, bank, policy(), Duration::from_millis(60))
+    bank_services(store, bank).consumer()
+}
+
+/// What a process paying through `bank` shares, with [`policy`].
+pub fn bank_services(store: DynStore, bank: &FakeBank) -> Services {
+    bank_services_with(store, bank, policy(), Duration::from_millis(60))
 }
 
 pub fn bank_consumer_with(
@@ -57,6 +69,16 @@ pub fn bank_consumer_with(
     policy: Policy,
     timeout: Duration,
 ) -> Consumer {
+    bank_services_with(store, bank, policy, timeout).consumer()
+}
+
+/// What a process paying through `bank` shares, its requests cut off after `timeout`.
+pub fn bank_services_with(
+    store: DynStore,
+    bank: &FakeBank,
+    policy: Policy,
+    timeout: Duration,
+) -> Services {
     let client = BankClient::new(&BankSettings {
         url: bank.url().parse().expect("the fake bank's URL parses"),
         api_key: None,
@@ -64,7 +86,7 @@ pub fn bank_consumer_with(
         key_window: Duration::from_secs(86_400),
     })
     .unwrap();
-    Consumer::new(store, Some(client), policy)
+    Services::new(store, Some(client), policy, Ambient::system())
 }
 
 /// Delivers `msg` under `message_id` (delivery `count`) and returns the outcome's label.

@@ -227,8 +227,8 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
                 anyhow::bail!("BANK_API_URL is not set: there is no bank to reconcile with");
             }
             let store = startup::open_store(settings, Access::Existing).await?;
-            let consumer = startup::consumer_for(settings, store)?;
-            let reconciler = Reconciler::new(consumer).ok_or_else(|| {
+            let services = startup::services_for(settings, store)?;
+            let reconciler = Reconciler::new(&services).ok_or_else(|| {
                 anyhow::anyhow!("BANK_API_URL is not set: there is no bank to reconcile with")
             })?;
             let options = reconcile::Options {

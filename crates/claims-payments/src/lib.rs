@@ -2,13 +2,14 @@
 //! broker that asks for the payment delivers at least once.
 //!
 //! Layout, from the wire inwards:
-//! - [`startup`]: the composition root (settings -> store -> consumer -> router -> server);
-//! - [`functions`]: the router, and one module per function of the app (`ClaimApproved`,
-//!   `Payments`, `Reconcile`, `Purge`), mirroring `function-app/`;
-//! - [`http`]: what every route shares (body limits, reading a body, the host's answer);
-//! - [`host`]: the custom-handler protocol (invocation envelope in, JSON answer out);
+//! - [`startup`]: the composition root (settings -> services -> state -> router -> server);
+//! - [`functions`]: the wire edge: the router, one module per function of the app
+//!   (`ClaimApproved`, `Payments`, `Reconcile`, `Purge`, mirroring `function-app/`), the
+//!   custom-handler protocol (invocation envelope in, JSON answer out) and the body limits;
 //! - [`domain`]: the `ClaimApproved` contract and its domain types;
 //! - [`payments_api`]: `POST /api/payments` with an Idempotency-Key, on the same engine;
+//! - [`services`]: what one process's parts share (store, bank, policy, ambient), built
+//!   once by the composition root;
 //! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
 //! - [`lease`]: leases on inbox records, the one takeover rule every path follows;
 //! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB, PostgreSQL);
@@ -40,13 +41,12 @@ mod dead_letters;
 mod domain;
 mod env_setting;
 mod functions;
-mod host;
-mod http;
 mod lease;
 mod payments_api;
 mod reconcile;
 pub mod seams;
 mod servicebus;
+mod services;
 mod startup;
 mod store;
 mod telemetry;

@@ -1,12 +1,13 @@
 //! Every hook a development build uses, in one place: a store decorator, another handler
 //! behind `POST /ClaimApproved` or another router ([`Seams`], given to
-//! `startup::serve`), crashes between the consumer's steps ([`CrashHook`]), and a
-//! SQLite sync that is held or fails ([`SyncHook`]). Production sets none of them.
+//! `startup::serve`), crashes between the consumer's steps ([`CrashHook`]), a SQLite
+//! sync that is held or fails ([`SyncHook`]), and the application state on services
+//! the simulator built ([`app_state`], [`router`]). Production sets none of them.
 
 mod surface;
 pub use surface::{
-    ambient, bank, cli, configuration, consumer, dead_letters, env_setting, functions, host, http,
-    payments_api, reconcile, servicebus, startup, store, telemetry,
+    ambient, bank, cli, configuration, consumer, dead_letters, env_setting, functions,
+    payments_api, reconcile, servicebus, services, startup, store, telemetry,
 };
 
 use std::sync::Arc;
@@ -16,10 +17,13 @@ use axum::Router;
 pub use crate::consumer::crash::{CrashHook, Step};
 pub use crate::lease::liveness::{end_registration_of, Registered};
 
-/// The state the product serves, with the HTTP API's caller authentication set as
-/// `HTTP_AUTH` sets it (keys kept 24 h).
-pub fn app_state(consumer: Consumer, auth: crate::payments_api::CallerAuth) -> AppState {
-    AppState::new(consumer).with_http(auth, std::time::Duration::from_secs(24 * 3600))
+/// The state the product serves on `services`, with the HTTP API's caller
+/// authentication set as `HTTP_AUTH` sets it and every other setting at its default.
+pub fn app_state(services: &Services, auth: crate::payments_api::CallerAuth) -> AppState {
+    AppState::new(
+        crate::configuration::default_function_settings(auth, services.policy.lease),
+        services,
+    )
 }
 
 /// The product's router over `state`, for serving in-process (the deterministic
@@ -27,16 +31,16 @@ pub fn app_state(consumer: Consumer, auth: crate::payments_api::CallerAuth) -> A
 pub fn router(state: Arc<AppState>) -> Router {
     crate::functions::router(state)
 }
-use crate::consumer::Consumer;
 use crate::functions::claim_approved::ClaimHandler;
 use crate::functions::AppState;
+use crate::services::Services;
 pub use crate::store::sqlite::sync_hook::SyncHook;
 use crate::store::DynStore;
 
 /// A store decorator.
 pub type StoreLayer = Box<dyn FnOnce(DynStore) -> DynStore + Send>;
-/// Builds what answers `ClaimApproved` from the consumer and the store it uses.
-pub type HandlerFactory = Box<dyn FnOnce(&Consumer) -> Arc<dyn ClaimHandler> + Send>;
+/// Builds what answers `ClaimApproved` from the services the consumer would use.
+pub type HandlerFactory = Box<dyn FnOnce(&Services) -> Arc<dyn ClaimHandler> + Send>;
 /// Builds the router from the state.
 pub type RouterFactory = Box<dyn FnOnce(Arc<AppState>) -> Router + Send>;
 

@@ -1,5 +1,5 @@
-//! The composition root: settings -> store -> consumer -> application state -> router
-//! -> server. [`serve`] is what `claims-payments serve` runs; [`run`] serves a built
+//! The composition root: settings -> store -> services (built once) -> application
+//! state -> router -> server. [`serve`] is what `claims-payments serve` runs; [`run`] serves a built
 //! state on a listener, so tests can start the whole application in-process.
 //!
 //! [`Seams`] (in [`crate::seams`]) are where `claims-payments-dev` changes the
@@ -21,10 +21,11 @@ use crate::bank::BankClient;
 use crate::configuration::{Settings, StoreSettings};
 use crate::consumer::{Consumer, Policy};
 use crate::functions;
+use crate::functions::limits::HEADER_READ_TIMEOUT;
 pub use crate::functions::AppState;
-use crate::http::HEADER_READ_TIMEOUT;
 use crate::lease::liveness;
 use crate::seams::Seams;
+pub use crate::services::Services;
 use crate::store::cosmos::CosmosStore;
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::{Access, SqliteStore};
@@ -76,8 +77,14 @@ pub async fn open_store(settings: &Settings, access: Access) -> anyhow::Result<D
 
 /// Builds the consumer the settings describe.
 pub fn consumer_for(settings: &Settings, store: DynStore) -> anyhow::Result<Consumer> {
+    Ok(services_for(settings, store)?.consumer())
+}
+
+/// Builds the services the settings describe, on `store` and the system's clock: once
+/// per process.
+pub fn services_for(settings: &Settings, store: DynStore) -> anyhow::Result<Services> {
     let bank = settings.bank.as_ref().map(BankClient::new).transpose()?;
-    Ok(Consumer::new(
+    Ok(Services::new(
         store,
         bank,
         Policy {
@@ -92,14 +99,8 @@ pub fn consumer_for(settings: &Settings, store: DynStore) -> anyhow::Result<Cons
                 .as_ref()
                 .map_or(crate::bank::DEFAULT_KEY_WINDOW, |b| b.key_window),
         },
+        Ambient::system(),
     ))
-}
-
-/// The application state the settings describe, on `store`.
-pub(crate) fn app_state(settings: &Settings, store: DynStore) -> anyhow::Result<AppState> {
-    Ok(AppState::new(consumer_for(settings, store)?)
-        .with_reconcile_min_age(settings.reconcile_min_age)
-        .with_http(settings.http_auth, settings.key_retention))
 }
 
 /// Runs the custom handler until SIGTERM or SIGINT, or until the store fails for good.
@@ -113,10 +114,10 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
     }
     // Store calls as dependencies (only when telemetry is exported).
     let store = traced(&settings, store);
-    let mut state = app_state(&settings, store.clone())?;
+    let services = services_for(&settings, store.clone())?;
+    let mut state = AppState::new(settings.functions(), &services);
     if let Some(factory) = seams.claim_handler {
-        let handler = factory(state.consumer());
-        state = state.with_claim_handler(handler);
+        state = state.with_claim_handler(factory(&services));
     }
     let state = Arc::new(state);
     let app = match seams.router {

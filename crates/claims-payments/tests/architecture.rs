@@ -15,19 +15,23 @@ const LAYERS: &[&[&str]] = &[
     &["domain", "env_setting", "ambient"],
     // Logs, counters, metrics and spans: used everywhere, knows only the vocabulary.
     &["telemetry"],
-    // The ports and adapters: the host's protocol, the store, the bank.
-    &["host", "store", "bank", "servicebus"],
-    // What routes share; the lease on inbox records.
-    &["http", "lease"],
+    // The ports and adapters: the store, the bank, the broker.
+    &["store", "bank", "servicebus"],
+    // The lease on inbox records.
+    &["lease"],
     // The state machine that turns deliveries into one payment.
     &["consumer"],
+    // What one process's parts share, built once by the composition root.
+    &["services"],
     // The other ways in: HTTP clients with an Idempotency-Key, reconciliation.
     &["payments_api", "reconcile", "dead_letters"],
-    // One module per function of the app, and the router.
+    // The wire edge: one module per function of the app, the router, the host's
+    // protocol and the request limits.
     &["functions"],
-    // Settings from the environment, composed from each module's own; the development
-    // crate's hooks into the composition.
-    &["configuration", "seams"],
+    // Settings from the environment, composed from each module's own.
+    &["configuration"],
+    // The development crate's hooks into the composition.
+    &["seams"],
     // The composition root, then the operator commands.
     &["startup"],
     &["cli"],

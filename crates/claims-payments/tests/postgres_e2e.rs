@@ -170,7 +170,7 @@ async fn serve_logs_its_store_but_never_the_password() {
 /// own) and answers the host with what it removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purge_timer_function_removes_expired_inbox_records() {
-    use claims_payments::seams::startup::{run as serve_state, AppState};
+    use claims_payments::seams::startup::run as serve_state;
     use claims_payments::seams::store::postgres::{Access, PostgresSettings, PostgresStore};
     use claims_payments::seams::store::{AttemptId, DynStore, InboxRecord};
     use claims_payments_testkit::records::records;
@@ -199,8 +199,10 @@ async fn the_purge_timer_function_removes_expired_inbox_records() {
     };
     store.record_handled(&expired).await.unwrap();
 
-    let state = std::sync::Arc::new(AppState::new(
-        claims_payments_testkit::fixtures::ledger_consumer(store.clone()),
+    let services = claims_payments_testkit::fixtures::ledger_services(store.clone());
+    let state = std::sync::Arc::new(claims_payments::seams::app_state(
+        &services,
+        claims_payments::seams::payments_api::CallerAuth::FunctionKey,
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -139,8 +139,10 @@ async fn a_lost_answer_to_the_key_records_create_still_pays_on_the_first_try() {
     let proxy = Arc::new(LosesKeyRecordAnswers::new(postgres));
     proxy.create.store(true, Ordering::SeqCst);
     let store: DynStore = proxy.clone();
+    let services = common::ledger_services(store.clone());
     let api = PaymentsApi::new(
-        common::ledger_consumer(store.clone()),
+        services.consumer(),
+        &services,
         CallerAuth::FunctionKey,
         std::time::Duration::from_secs(3600),
     );
@@ -177,8 +179,10 @@ async fn a_lost_answer_to_a_key_records_takeover_still_pays() {
     let (_db, postgres) = provisioned().await;
     let proxy = Arc::new(LosesKeyRecordAnswers::new(postgres.clone()));
     let store: DynStore = proxy.clone();
+    let services = common::ledger_services(store.clone());
     let api = PaymentsApi::new(
-        common::ledger_consumer(store.clone()),
+        services.consumer(),
+        &services,
         CallerAuth::FunctionKey,
         std::time::Duration::from_secs(3600),
     );

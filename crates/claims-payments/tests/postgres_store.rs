@@ -102,8 +102,10 @@ async fn a_new_idempotency_key_costs_three_round_trips() {
         return;
     }
     let (_db, _, store) = provisioned().await;
+    let services = common::ledger_services(store.clone());
     let api = claims_payments::seams::payments_api::PaymentsApi::new(
-        common::ledger_consumer(store.clone()),
+        services.consumer(),
+        &services,
         claims_payments::seams::payments_api::CallerAuth::FunctionKey,
         std::time::Duration::from_secs(3600),
     );

@@ -163,7 +163,7 @@ impl CapturedLogs {
 /// A current-thread runtime, so the thread's log capture sees the server's tasks.
 #[tokio::test(flavor = "current_thread")]
 async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
-    use claims_payments::seams::startup::{run, AppState};
+    use claims_payments::seams::startup::run;
     use claims_payments::seams::store::sqlite::Access;
 
     let dir = tempfile::tempdir().unwrap();
@@ -181,7 +181,11 @@ async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let state = std::sync::Arc::new(AppState::new(common::ledger_consumer(store)));
+    let services = common::ledger_services(store);
+    let state = std::sync::Arc::new(claims_payments::seams::app_state(
+        &services,
+        claims_payments::seams::payments_api::CallerAuth::FunctionKey,
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(run(listener, state, std::future::pending()));

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use claims_payments::seams::ambient::Ambient;
 use claims_payments::seams::bank::BankClient;
-use claims_payments::seams::consumer::Consumer;
 use claims_payments::seams::payments_api::CallerAuth;
+use claims_payments::seams::services::Services;
 use claims_payments::seams::{self, Registered};
 
 use super::faults::Fault;
@@ -52,14 +52,13 @@ impl Sim {
         };
         let client =
             BankClient::with_transport(&bank_settings(), self.bank.clone(), ambient.clone());
-        let consumer =
-            Consumer::with_ambient(self.store.clone(), Some(client), policy(), ambient.clone());
+        let services = Services::new(self.store.clone(), Some(client), policy(), ambient.clone());
         let auth = if self.signed_in {
             CallerAuth::AppService
         } else {
             CallerAuth::FunctionKey
         };
-        let router = seams::router(Arc::new(seams::app_state(consumer, auth)));
+        let router = seams::router(Arc::new(seams::app_state(&services, auth)));
         trace_event!(
             self.trace,
             "start slot {slot} process {process} boot {} skew {skew}",

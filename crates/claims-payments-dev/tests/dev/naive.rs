@@ -22,9 +22,9 @@ fn sqlite() -> (DynStore, tempfile::TempDir) {
 async fn without_the_guard_a_redelivery_after_a_crash_pays_twice() {
     let (store, _dir) = sqlite();
     let bank = FakeBank::start().await;
-    let consumer = common::bank_consumer(store.clone(), &bank);
+    let services = common::bank_services(store.clone(), &bank);
     let msg = common::message(&common::new_claim(), "500.00");
-    let naive = Naive::new(&consumer).with_crash_hook(common::crash_once_at(Step::AfterBankCall));
+    let naive = Naive::new(&services).with_crash_hook(common::crash_once_at(Step::AfterBankCall));
     let first = naive.handle(&msg, &common::delivery("evt-1", 1)).await;
     let second = naive.handle(&msg, &common::delivery("evt-1", 2)).await;
     assert_eq!((first.label(), second.label()), ("retry-later", "paid"));

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use base64::Engine;
-use claims_payments::seams::host::{BodyEncoding, Invocation};
+use claims_payments::seams::functions::envelope::{BodyEncoding, Invocation};
 use claims_payments_dev::sim::driver::{DataType, FixedHandler, Handler, Host, HostSettings};
 use claims_payments_dev::sim::process::{Endpoint, KillReason};
 use claims_payments_dev::sim::queue::{Queue, Settled};

@@ -12,10 +12,11 @@ use crate::fixtures as common;
 use crate::wait::wait_until;
 
 fn api(
-    consumer: &claims_payments::seams::consumer::Consumer,
+    services: &claims_payments::seams::services::Services,
 ) -> claims_payments::seams::payments_api::PaymentsApi {
     claims_payments::seams::payments_api::PaymentsApi::new(
-        consumer.clone(),
+        services.consumer(),
+        services,
         claims_payments::seams::payments_api::CallerAuth::FunctionKey,
         Duration::from_secs(24 * 3600),
     )
@@ -35,8 +36,8 @@ fn api_body(claim: &str, amount: &str) -> String {
 
 pub async fn api_first_request_replay_and_mismatch(store: DynStore) {
     let bank = FakeBank::start().await;
-    let consumer = common::bank_consumer(store.clone(), &bank);
-    let api = api(&consumer);
+    let services = common::bank_services(store.clone(), &bank);
+    let api = api(&services);
     let claim = common::new_claim();
     let body = api_body(&claim, "60.00");
     let first = api.post(&key_headers("k"), body.as_bytes()).await;
@@ -67,8 +68,8 @@ pub async fn api_request_cut_mid_payout_resumes_under_the_same_key(store: DynSto
         lease: Duration::from_millis(400),
         ..common::policy()
     };
-    let consumer = common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_secs(2));
-    let api = api(&consumer);
+    let services = common::bank_services_with(store.clone(), &bank, policy, Duration::from_secs(2));
+    let api = api(&services);
     let body = api_body(&common::new_claim(), "70.00");
     let cut = tokio::time::timeout(
         Duration::from_millis(150),

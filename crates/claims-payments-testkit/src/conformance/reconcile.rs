@@ -24,7 +24,8 @@ fn reconcile_options(min_age: Duration) -> claims_payments::seams::reconcile::Op
 }
 
 /// A payment left in `needs_reconciliation` by a real delivery: the bank stayed down
-/// until the (short) key window closed. Returns the consumer, the message and its key.
+/// until the (short) key window closed. Returns the services, the consumer on them, the
+/// message and its key.
 ///
 /// Only the closing key window may end that delivery. The bank client sends until the
 /// key window closes (`needs-reconciliation`) or until its next wait would pass the
@@ -39,6 +40,7 @@ async fn needs_reconciliation(
     store: &DynStore,
     bank: &FakeBank,
 ) -> (
+    claims_payments::seams::services::Services,
     claims_payments::seams::consumer::Consumer,
     claims_payments::ClaimApproved,
     String,
@@ -50,14 +52,15 @@ async fn needs_reconciliation(
         bank_key_window: Duration::from_millis(600),
         ..common::policy()
     };
-    let consumer =
-        common::bank_consumer_with(store.clone(), bank, policy, Duration::from_millis(200));
+    let services =
+        common::bank_services_with(store.clone(), bank, policy, Duration::from_millis(200));
+    let consumer = services.consumer();
     let msg = common::message(&common::new_claim(), "75.00");
     let outcome = consumer.handle(&msg, &common::delivery("evt-1", 1)).await;
     assert_eq!(outcome.label(), "needs-reconciliation", "{outcome:?}");
     bank.always(None);
     let key = msg.idempotency_key().as_str().to_owned();
-    (consumer, msg, key)
+    (services, consumer, msg, key)
 }
 
 async fn payment_of(store: &DynStore, claim: ClaimId) -> PaymentRecord {
@@ -70,18 +73,17 @@ async fn payment_of(store: &DynStore, claim: ClaimId) -> PaymentRecord {
 }
 
 fn reconciler(
-    consumer: &claims_payments::seams::consumer::Consumer,
+    services: &claims_payments::seams::services::Services,
 ) -> claims_payments::seams::reconcile::Reconciler {
-    claims_payments::seams::reconcile::Reconciler::new(consumer.clone())
-        .expect("a bank is configured")
+    claims_payments::seams::reconcile::Reconciler::new(services).expect("a bank is configured")
 }
 
 pub async fn reconcile_marks_paid_what_the_bank_holds(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    let (services, consumer, msg, key) = needs_reconciliation(&store, &bank).await;
     bank.hold(&key, "bank-77", "paid", "75.00", "EUR");
     let sent_before = bank.requests().len();
-    let summary = reconciler(&consumer)
+    let summary = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -106,9 +108,9 @@ pub async fn reconcile_marks_paid_what_the_bank_holds(store: DynStore) {
 
 pub async fn reconcile_pays_now_only_when_the_bank_holds_none(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    let (services, _, msg, key) = needs_reconciliation(&store, &bank).await;
     assert_eq!(bank.effective_payouts(), 0);
-    let summary = reconciler(&consumer)
+    let summary = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -122,7 +124,7 @@ pub async fn reconcile_pays_now_only_when_the_bank_holds_none(store: DynStore) {
         PaymentStatus::Paid
     );
     // A second run finds nothing to do, and never pays again.
-    let again = reconciler(&consumer)
+    let again = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -132,9 +134,9 @@ pub async fn reconcile_pays_now_only_when_the_bank_holds_none(store: DynStore) {
 
 pub async fn reconcile_never_pays_a_mismatch(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    let (services, _, msg, key) = needs_reconciliation(&store, &bank).await;
     bank.hold(&key, "bank-9", "paid", "57.00", "EUR");
-    let summary = reconciler(&consumer)
+    let summary = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -152,9 +154,9 @@ pub async fn reconcile_never_pays_a_mismatch(store: DynStore) {
 
 pub async fn reconcile_records_a_refusal_as_rejected(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    let (services, _, msg, key) = needs_reconciliation(&store, &bank).await;
     bank.hold(&key, "bank-r", "rejected", "75.00", "EUR");
-    let summary = reconciler(&consumer)
+    let summary = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -168,9 +170,9 @@ pub async fn reconcile_records_a_refusal_as_rejected(store: DynStore) {
 
 pub async fn reconcile_leaves_a_payment_unknown_when_the_lookup_fails(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, _key) = needs_reconciliation(&store, &bank).await;
+    let (services, _, msg, _key) = needs_reconciliation(&store, &bank).await;
     bank.fail_lookups(1);
-    let summary = reconciler(&consumer)
+    let summary = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -186,7 +188,7 @@ pub async fn reconcile_leaves_a_payment_unknown_when_the_lookup_fails(store: Dyn
         PaymentStatus::NeedsReconciliation
     );
     // The lease was given back: the next run settles it.
-    let next = reconciler(&consumer)
+    let next = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -200,8 +202,9 @@ pub async fn reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone(sto
         lease: Duration::from_millis(200),
         ..common::policy()
     };
-    let consumer =
-        common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_millis(500));
+    let services =
+        common::bank_services_with(store.clone(), &bank, policy, Duration::from_millis(500));
+    let consumer = services.consumer();
     let msg = common::message(&common::new_claim(), "31.00");
     let dying = consumer
         .clone()
@@ -217,7 +220,7 @@ pub async fn reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone(sto
     );
 
     // Not old enough yet: left alone.
-    let early = reconciler(&consumer)
+    let early = reconciler(&services)
         .run(reconcile_options(Duration::from_secs(3600)))
         .await
         .unwrap();
@@ -235,7 +238,7 @@ pub async fn reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone(sto
     while OffsetDateTime::now_utc() < lease_gone {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let summary = reconciler(&consumer)
+    let summary = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -248,13 +251,13 @@ pub async fn reconcile_settles_an_orphaned_payout_and_leaves_live_ones_alone(sto
 
 pub async fn reconcile_racing_a_live_redelivery_pays_once(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, _key) = needs_reconciliation(&store, &bank).await;
+    let (services, consumer, msg, _key) = needs_reconciliation(&store, &bank).await;
     // Both go to the bank at about the same time, under the same key.
     bank.script([BankFault::Slow(Duration::from_millis(300))]);
     let run = {
-        let consumer = consumer.clone();
+        let services = services.clone();
         tokio::spawn(async move {
-            reconciler(&consumer)
+            reconciler(&services)
                 .run(reconcile_options(Duration::ZERO))
                 .await
         })
@@ -267,7 +270,7 @@ pub async fn reconcile_racing_a_live_redelivery_pays_once(store: DynStore) {
     );
     assert!(bank.effective_payouts() <= 1);
     // Whoever lost, one more run leaves it paid, once.
-    reconciler(&consumer)
+    reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -280,9 +283,9 @@ pub async fn reconcile_racing_a_live_redelivery_pays_once(store: DynStore) {
 
 pub async fn two_reconcile_runs_racing_settle_once(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, _key) = needs_reconciliation(&store, &bank).await;
+    let (services, _, msg, _key) = needs_reconciliation(&store, &bank).await;
     bank.script([BankFault::Slow(Duration::from_millis(200))]);
-    let (first, second) = (reconciler(&consumer), reconciler(&consumer));
+    let (first, second) = (reconciler(&services), reconciler(&services));
     let (a, b) = tokio::join!(
         first.run(reconcile_options(Duration::ZERO)),
         second.run(reconcile_options(Duration::ZERO)),
@@ -305,9 +308,9 @@ pub async fn two_reconcile_runs_racing_settle_once(store: DynStore) {
 /// `mismatched` for good; a later "nothing held" must not pay it.
 pub async fn a_mismatch_is_never_paid_later_nor_examined_again(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    let (services, _, msg, key) = needs_reconciliation(&store, &bank).await;
     bank.hold(&key, "bank-9", "paid", "57.00", "EUR");
-    let first = reconciler(&consumer)
+    let first = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -319,13 +322,14 @@ pub async fn a_mismatch_is_never_paid_later_nor_examined_again(store: DynStore) 
     let evidence = payment_of(&store, msg.claim_id).await.status_reason;
     // The bank's listing now says nothing at all under the reference.
     let bank = FakeBank::start().await;
-    let consumer = common::bank_consumer_with(
+    let services = common::bank_services_with(
         store.clone(),
         &bank,
-        consumer.policy().clone(),
+        services.policy.clone(),
         Duration::from_millis(200),
     );
-    let later = reconciler(&consumer)
+    let consumer = services.consumer();
+    let later = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -358,13 +362,13 @@ pub async fn lookup_references_differing_in_case_are_ours_and_missing_ones_are_u
     store: DynStore,
 ) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    let (services, _, msg, key) = needs_reconciliation(&store, &bank).await;
     bank.hold_entry(
         &key,
         serde_json::json!({"paymentId": "other-claims-payment", "status": "paid",
             "amount": "75.00", "currency": "EUR"}),
     );
-    let unusable = reconciler(&consumer)
+    let unusable = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -390,13 +394,13 @@ pub async fn lookup_references_differing_in_case_are_ours_and_missing_ones_are_u
         serde_json::json!({"paymentId": "bank-77", "status": "PAID", "amount": "75.0",
             "currency": "EUR", "reference": key.to_uppercase()}),
     );
-    let consumer = common::bank_consumer_with(
+    let services = common::bank_services_with(
         store.clone(),
         &bank,
-        consumer.policy().clone(),
+        services.policy.clone(),
         Duration::from_millis(200),
     );
-    let summary = reconciler(&consumer)
+    let summary = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -414,10 +418,10 @@ pub async fn lookup_references_differing_in_case_are_ours_and_missing_ones_are_u
 /// person, counted, never "paid by lookup".
 pub async fn a_double_payment_at_the_bank_needs_a_person(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    let (services, _, msg, key) = needs_reconciliation(&store, &bank).await;
     bank.hold(&key, "bank-1", "paid", "75.00", "EUR");
     bank.hold(&key, "bank-2", "paid", "75.00", "EUR");
-    let summary = reconciler(&consumer)
+    let summary = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -443,10 +447,10 @@ pub async fn a_double_payment_at_the_bank_needs_a_person(store: DynStore) {
 /// Item 3: a pending entry may still pay, whatever else is listed beside it.
 pub async fn a_pending_entry_beside_a_refusal_stays_unknown(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, msg, key) = needs_reconciliation(&store, &bank).await;
+    let (services, _, msg, key) = needs_reconciliation(&store, &bank).await;
     bank.hold(&key, "bank-r", "rejected", "75.00", "EUR");
     bank.hold(&key, "bank-p", "pending", "75.00", "EUR");
-    let summary = reconciler(&consumer)
+    let summary = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -465,15 +469,15 @@ pub async fn a_pending_entry_beside_a_refusal_stays_unknown(store: DynStore) {
 /// read at its start, after another run settled it meanwhile.
 pub async fn a_stalled_run_never_overwrites_what_another_run_settled(store: DynStore) {
     let bank = FakeBank::start().await;
-    let (consumer, first, first_key) = needs_reconciliation(&store, &bank).await;
-    let (_, second, second_key) = needs_reconciliation(&store, &bank).await;
+    let (services, _, first, first_key) = needs_reconciliation(&store, &bank).await;
+    let (_, _, second, second_key) = needs_reconciliation(&store, &bank).await;
     // The stalled run pays the first payment slowly.
     bank.script([BankFault::Slow(Duration::from_millis(1500))]);
     let sent_before = bank.arrivals().len();
     let stalled = {
-        let consumer = consumer.clone();
+        let services = services.clone();
         tokio::spawn(async move {
-            reconciler(&consumer)
+            reconciler(&services)
                 .run(reconcile_options(Duration::ZERO))
                 .await
         })
@@ -487,7 +491,7 @@ pub async fn a_stalled_run_never_overwrites_what_another_run_settled(store: DynS
         "the first payout is still in flight"
     );
     // Meanwhile another run pays the second one.
-    let other = reconciler(&consumer)
+    let other = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -529,8 +533,8 @@ pub async fn mismatches_do_not_starve_newer_payments(store: DynStore) {
         store.claim(&inbox, &payment).await.unwrap();
     }
     let bank = FakeBank::start().await;
-    let (consumer, msg, _key) = needs_reconciliation(&store, &bank).await;
-    let summary = reconciler(&consumer)
+    let (services, _, msg, _key) = needs_reconciliation(&store, &bank).await;
+    let summary = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
@@ -560,8 +564,9 @@ pub async fn a_failed_lookup_leaves_an_orphaned_payout_visible_to_the_next_run(s
         lease: Duration::from_millis(200),
         ..common::policy()
     };
-    let consumer =
-        common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_millis(500));
+    let services =
+        common::bank_services_with(store.clone(), &bank, policy, Duration::from_millis(500));
+    let consumer = services.consumer();
     let msg = common::message(&common::new_claim(), "31.00");
     let dying = consumer
         .clone()
@@ -577,12 +582,12 @@ pub async fn a_failed_lookup_leaves_an_orphaned_payout_visible_to_the_next_run(s
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     bank.fail_lookups(1);
-    let failed = reconciler(&consumer)
+    let failed = reconciler(&services)
         .run(reconcile_options(min_age))
         .await
         .unwrap();
     assert_eq!(failed.still_unknown, 1, "{failed:?}");
-    let next = reconciler(&consumer)
+    let next = reconciler(&services)
         .run(reconcile_options(min_age))
         .await
         .unwrap();

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub(crate) use crate::bank::BankSettings;
+use crate::functions::FunctionSettings;
 use crate::payments_api::CallerAuth;
 use crate::store::cosmos::CosmosSettings;
 use crate::store::postgres::PostgresSettings;
@@ -99,6 +100,15 @@ pub struct Settings {
 
 impl Settings {
     pub(crate) const DEFAULT_PORT: u16 = 3000;
+
+    /// What the functions read: the payments API's callers and keys, reconcile's age.
+    pub fn functions(&self) -> FunctionSettings {
+        FunctionSettings {
+            http_auth: self.http_auth,
+            key_retention: self.key_retention,
+            reconcile_min_age: self.reconcile_min_age,
+        }
+    }
 
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -336,7 +346,7 @@ impl Timings {
         }
 
         let reconcile_min_age = match get(names::RECONCILE_MIN_AGE_MS) {
-            None => lease * 3,
+            None => default_reconcile_min_age(lease),
             Some(v) => millis(names::RECONCILE_MIN_AGE_MS, &v, 0, 30 * 86_400_000)?,
         };
         Ok(Timings {
@@ -374,6 +384,25 @@ fn lease_outlasts_an_outage_wait(
     Ok(())
 }
 
+/// `IDEMPOTENCY_KEY_RETENTION_HOURS` when unset.
+const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// `RECONCILE_MIN_AGE_MS` when unset: three leases.
+fn default_reconcile_min_age(lease: Duration) -> Duration {
+    lease * 3
+}
+
+/// The functions' settings as the environment gives them when it names only the
+/// caller authentication and the lease (the simulator's instances): every other one
+/// at its default.
+pub fn default_function_settings(http_auth: CallerAuth, lease: Duration) -> FunctionSettings {
+    FunctionSettings {
+        http_auth,
+        key_retention: DEFAULT_KEY_RETENTION,
+        reconcile_min_age: default_reconcile_min_age(lease),
+    }
+}
+
 /// `HTTP_AUTH` and `IDEMPOTENCY_KEY_RETENTION_HOURS`: the payments API's callers and keys.
 fn http_settings(
     get: &dyn Fn(&str) -> Option<String>,
@@ -389,7 +418,7 @@ fn http_settings(
         }
     };
     let key_retention = match get(names::IDEMPOTENCY_KEY_RETENTION_HOURS) {
-        None => Duration::from_secs(24 * 3600),
+        None => DEFAULT_KEY_RETENTION,
         Some(v) => {
             let hours = parse_u64(names::IDEMPOTENCY_KEY_RETENTION_HOURS, &v)?;
             if !(1..=24 * 90).contains(&hours) {
@@ -463,6 +492,26 @@ mod tests {
         assert_eq!(s.retry_budget, Duration::from_secs(60));
         assert_eq!(s.lease, Duration::from_secs(90));
         assert_eq!(s.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn the_functions_read_the_settings_defaults() {
+        let s = settings(&[]).unwrap();
+        let functions = s.functions();
+        assert_eq!(functions.http_auth, CallerAuth::FunctionKey);
+        assert_eq!(functions.key_retention, Duration::from_secs(24 * 3600));
+        assert_eq!(functions.reconcile_min_age, s.lease * 3);
+        assert_eq!(
+            functions,
+            default_function_settings(CallerAuth::FunctionKey, s.lease)
+        );
+        let s = settings(&[
+            ("HTTP_AUTH", "appservice"),
+            ("RECONCILE_MIN_AGE_MS", "5000"),
+        ])
+        .unwrap();
+        assert_eq!(s.functions().http_auth, CallerAuth::AppService);
+        assert_eq!(s.functions().reconcile_min_age, Duration::from_secs(5));
     }
 
     #[test]

@@ -155,8 +155,21 @@ impl Consumer {
         policy: Policy,
         ambient: Ambient,
     ) -> Self {
+        let owners = Arc::new(Owners::new(store.clone(), ambient.clone()));
+        Self::with_owners(store, bank, policy, ambient, owners)
+    }
+
+    /// The consumer on services the composition root built once, sharing their view
+    /// of lease owners with the other parts of the process.
+    pub(crate) fn with_owners(
+        store: DynStore,
+        bank: Option<BankClient>,
+        policy: Policy,
+        ambient: Ambient,
+        owners: Arc<Owners>,
+    ) -> Self {
         Consumer {
-            owners: Arc::new(Owners::new(store.clone(), ambient.clone())),
+            owners,
             store,
             bank,
             policy,
@@ -164,11 +177,6 @@ impl Consumer {
             completed: Arc::new(completed_cache(COMPLETED_CACHE_ENTRIES)),
             ambient,
         }
-    }
-
-    /// The clock and randomness of this process (the HTTP API and reconcile read them).
-    pub fn ambient(&self) -> &Ambient {
-        &self.ambient
     }
 
     fn now(&self) -> OffsetDateTime {
@@ -179,25 +187,6 @@ impl Consumer {
     pub fn with_crash_hook(mut self, hook: CrashHook) -> Self {
         self.crash_hook = Some(hook);
         self
-    }
-
-    pub fn store(&self) -> &DynStore {
-        &self.store
-    }
-
-    pub fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
-    /// Whether the processes behind live leases are still running (the HTTP API's key
-    /// records and reconcile judge leases too).
-    pub(crate) fn owners(&self) -> &Owners {
-        &self.owners
-    }
-
-    /// The bank client, when payouts are on (reconcile asks the same bank).
-    pub fn bank(&self) -> Option<&BankClient> {
-        self.bank.as_ref()
     }
 
     /// Handles one delivery. Never panics on data; every path ends in an outcome.

@@ -12,11 +12,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tracing::Instrument;
 
+use super::answer::{invocation_answer, DeliveryEnd, Ended, OutcomeSummary, Severity};
+use super::envelope::Invocation;
+use super::limits::{read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
 use super::AppState;
 use crate::consumer::{Consumer, Delivery, Outcome};
 use crate::domain::{ClaimApproved, OutcomeKind};
-use crate::host::{Ended, Invocation, OutcomeSummary};
-use crate::http::{invocation_answer, read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
 use crate::telemetry;
 
 /// The function's folder in function-app/, which is the route the host calls.
@@ -174,19 +175,22 @@ async fn handle(
         telemetry::metrics::dead_letter_bound(outcome.label());
     }
     let detail = outcome.detail();
-    let fields = (
-        claim_id.as_deref().unwrap_or(""),
-        delivery.message_id.as_str(),
-        delivery.delivery_count,
-        outcome.label(),
-    );
-    if outcome.completes_message() {
-        tracing::info!(invocationId = %invocation_id, trigger = "servicebus", claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+    let severity = if outcome.completes_message() {
+        Severity::Info
     } else if outcome.is_permanent_failure() {
-        tracing::error!(invocationId = %invocation_id, trigger = "servicebus", claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+        Severity::Error
     } else {
-        tracing::warn!(invocationId = %invocation_id, trigger = "servicebus", claimId = fields.0, messageId = fields.1, deliveryCount = fields.2, outcome = fields.3, detail = detail.as_deref(), "invocation finished");
+        Severity::Warn
+    };
+    DeliveryEnd {
+        invocation_id: &invocation_id,
+        claim_id: claim_id.as_deref().unwrap_or(""),
+        message_id: &delivery.message_id,
+        delivery_count: delivery.delivery_count,
+        outcome: outcome.label(),
+        detail: detail.as_deref(),
     }
+    .log(severity);
     invocation_answer(
         status,
         OutcomeSummary {

@@ -1,5 +1,7 @@
-//! One module per function of the app, as `function-app/<Name>/function.json` declares
-//! them: what the host sends to each route, and what it gets back.
+//! The wire edge: one module per function of the app, as `function-app/<Name>/function.json`
+//! declares them, and what they share: the invocation envelope the host sends
+//! ([`envelope`]), the answers it gets back ([`answer`]) and the limits every request
+//! keeps to ([`limits`]).
 //!
 //! - [`claim_approved`]: `POST /ClaimApproved`, the Service Bus trigger;
 //! - [`payments`]: `POST /api/payments` and `GET /api/payments/{claimId}`, the HTTP
@@ -10,7 +12,10 @@
 //! plus `GET /` (the host's readiness probe) and `GET /metrics` (the counters, for local
 //! runs). [`router`] puts them together over the [`AppState`] built at start-up.
 
+pub(crate) mod answer;
 pub mod claim_approved;
+pub mod envelope;
+pub mod limits;
 pub(crate) mod payments;
 pub(crate) mod purge;
 pub(crate) mod reconcile;
@@ -18,55 +23,67 @@ pub(crate) mod reconcile;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use crate::consumer::Consumer;
+use crate::ambient::Ambient;
 use crate::payments_api::{self, CallerAuth, PaymentsApi};
+use crate::services::Services;
+use crate::store::DynStore;
 use crate::telemetry;
+use answer::{TimerEnd, TimerOutcome};
 use claim_approved::ClaimHandler;
+use envelope::TimerInvocation;
+use limits::BodyError;
 
 /// The routes that open their own server span (the others get one from the telemetry
 /// layer): `ClaimApproved` and `Reconcile` parent theirs on what the host sends.
 pub(crate) const OWN_SPAN_ROUTES: &[&str] = &["/", "/metrics", "/ClaimApproved", "/Reconcile"];
 
+/// What the functions read from the settings (`config` composes it from the environment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FunctionSettings {
+    /// Who an HTTP caller is (`HTTP_AUTH`).
+    pub http_auth: CallerAuth,
+    /// How long an HTTP Idempotency-Key is remembered.
+    pub key_retention: Duration,
+    /// The minimum age of an orphaned payout before the `Reconcile` timer settles it.
+    pub reconcile_min_age: Duration,
+}
+
 /// Everything a request needs, built once at start-up.
 pub struct AppState {
-    consumer: Consumer,
-    api: PaymentsApi,
     claim_handler: Arc<dyn ClaimHandler>,
+    api: PaymentsApi,
+    /// What `Purge` uses: the store and the clock.
+    store: DynStore,
+    ambient: Ambient,
+    /// What `Reconcile` builds each run's reconciler from.
+    services: Services,
     reconcile_min_age: Duration,
 }
 
 impl AppState {
-    /// The state the product serves: the consumer answers `ClaimApproved`, HTTP callers
-    /// are told apart by function key, keys are kept 24 h, orphans reconciled after three
-    /// leases. The `with_` methods change one of these.
-    pub fn new(consumer: Consumer) -> Self {
+    /// The state the product serves, as `settings` describe it, on `services`: the
+    /// consumer answers `ClaimApproved` and pays for the HTTP API.
+    pub fn new(settings: FunctionSettings, services: &Services) -> Self {
+        let consumer = services.consumer();
         AppState {
-            reconcile_min_age: consumer.policy().lease * 3,
             api: PaymentsApi::new(
                 consumer.clone(),
-                CallerAuth::FunctionKey,
-                Duration::from_secs(24 * 3600),
+                services,
+                settings.http_auth,
+                settings.key_retention,
             ),
-            claim_handler: Arc::new(consumer.clone()),
-            consumer,
+            claim_handler: Arc::new(consumer),
+            store: services.store.clone(),
+            ambient: services.ambient.clone(),
+            services: services.clone(),
+            reconcile_min_age: settings.reconcile_min_age,
         }
-    }
-
-    /// The HTTP API's caller authentication and key retention.
-    pub(crate) fn with_http(mut self, auth: CallerAuth, retention: Duration) -> Self {
-        self.api = PaymentsApi::new(self.consumer.clone(), auth, retention);
-        self
-    }
-
-    /// The minimum age of an orphaned payout before the timer settles it.
-    pub(crate) fn with_reconcile_min_age(mut self, min_age: Duration) -> Self {
-        self.reconcile_min_age = min_age;
-        self
     }
 
     /// What answers a decoded `ClaimApproved` instead of the consumer.
@@ -74,9 +91,29 @@ impl AppState {
         self.claim_handler = handler;
         self
     }
+}
 
-    pub(crate) fn consumer(&self) -> &Consumer {
-        &self.consumer
+/// A timer's invocation, read within the limits every function keeps to. A body that
+/// does not arrive within them ends the run as `failed`; the next schedule runs again.
+async fn timer_invocation(body: Body, failed: TimerOutcome) -> Result<TimerInvocation, TimerEnd> {
+    match limits::read_body(body).await {
+        Ok(bytes) => Ok(TimerInvocation::decode(&bytes)),
+        Err(BodyError::TooLarge) => Err(TimerEnd::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            failed,
+            format!(
+                "request body refused (limit {} bytes)",
+                limits::MAX_REQUEST_BYTES
+            ),
+        )),
+        Err(BodyError::Timeout) => Err(TimerEnd::new(
+            StatusCode::REQUEST_TIMEOUT,
+            failed,
+            format!(
+                "request body not received within {} s",
+                limits::BODY_READ_TIMEOUT.as_secs()
+            ),
+        )),
     }
 }
 

@@ -6,14 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 
+use super::answer::{TimerEnd, TimerOutcome};
 use super::AppState;
-use crate::host::{OutcomeSummary, TimerOutcome};
-use crate::http::invocation_answer;
 
 /// The function's folder in function-app/, which is the route the host calls.
 pub(crate) const FUNCTION_NAME: &str = "Purge";
@@ -24,23 +23,27 @@ pub(crate) const BATCH: usize = 500;
 pub(crate) const RUN_BUDGET: Duration = Duration::from_secs(90);
 
 /// The `Purge` timer invocation.
-pub(crate) async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> Response {
-    let answer = |status: StatusCode, outcome: TimerOutcome, detail: String| {
-        invocation_answer(status, OutcomeSummary::of_timer(outcome, detail))
-    };
-    let store = state.consumer.store().clone();
+pub(crate) async fn invoke(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    match super::timer_invocation(body, TimerOutcome::PurgeFailed).await {
+        Ok(_) => run(&state).await.answer(),
+        Err(refused) => refused.answer(),
+    }
+}
+
+async fn run(state: &AppState) -> TimerEnd {
+    let store = &state.store;
     if store.expires_by_itself() {
-        return answer(
+        return TimerEnd::new(
             StatusCode::OK,
             TimerOutcome::PurgeSkipped,
-            "the store expires inbox records by itself (Cosmos DB ttl)".into(),
+            "the store expires inbox records by itself (Cosmos DB ttl)",
         );
     }
-    let now = state.consumer.ambient().now();
+    let now = state.ambient.now();
     match tokio::time::timeout(RUN_BUDGET, store.purge_expired(now, BATCH)).await {
         Ok(Ok(removed)) => {
             tracing::info!(trigger = "timer", removed, "purge finished");
-            answer(
+            TimerEnd::new(
                 StatusCode::OK,
                 TimerOutcome::Purged,
                 format!("removed {removed} expired inbox record(s)"),
@@ -48,7 +51,7 @@ pub(crate) async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> 
         }
         Ok(Err(e)) => {
             tracing::error!(trigger = "timer", error = %e, "purge failed");
-            answer(
+            TimerEnd::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 TimerOutcome::PurgeFailed,
                 e.to_string(),
@@ -60,7 +63,7 @@ pub(crate) async fn invoke(State(state): State<Arc<AppState>>, _body: Bytes) -> 
                 budgetSeconds = RUN_BUDGET.as_secs(),
                 "purge stopped at its time budget; the next run goes on"
             );
-            answer(
+            TimerEnd::new(
                 StatusCode::OK,
                 TimerOutcome::Purged,
                 format!(

@@ -4,15 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use tracing::Instrument;
 
+use super::answer::{TimerEnd, TimerOutcome};
+use super::envelope::TimerInvocation;
 use super::AppState;
-use crate::host::{Ended, OutcomeSummary, TimerOutcome};
-use crate::http::invocation_answer;
 use crate::reconcile::{self, Reconciler, RunLease};
 use crate::telemetry;
 
@@ -29,39 +29,27 @@ pub(crate) const RUN_BUDGET: Duration = Duration::from_secs(90);
 pub(crate) async fn invoke(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let span = telemetry::trace::timer_span(FUNCTION_NAME, &headers);
-    let response = run(state, body).instrument(span.clone()).await;
-    let outcome = response
-        .extensions()
-        .get::<TimerOutcome>()
-        .copied()
-        .unwrap_or(TimerOutcome::Reconciled);
-    let label = Ended::Timer(outcome).as_str();
-    telemetry::trace::record_outcome(&span, None, label, response.status().as_u16());
-    response
+    let end = match super::timer_invocation(body, TimerOutcome::ReconcileFailed).await {
+        Ok(invocation) => run(&state, invocation).instrument(span.clone()).await,
+        Err(refused) => refused,
+    };
+    telemetry::trace::record_outcome(&span, None, end.label(), end.status.as_u16());
+    end.answer()
 }
 
-async fn run(state: Arc<AppState>, body: Bytes) -> Response {
-    let past_due = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v.pointer("/Data/timer/IsPastDue").and_then(|d| d.as_bool()))
-        .unwrap_or(false);
-    let summary_answer = |status: StatusCode, outcome: TimerOutcome, detail: String| {
-        let mut answer = invocation_answer(status, OutcomeSummary::of_timer(outcome, detail));
-        // For the span: how the run ended.
-        answer.extensions_mut().insert(outcome);
-        answer
-    };
-    let Some(reconciler) = Reconciler::new(state.consumer.clone()) else {
-        return summary_answer(
+async fn run(state: &AppState, invocation: TimerInvocation) -> TimerEnd {
+    let past_due = invocation.is_past_due();
+    let Some(reconciler) = Reconciler::new(&state.services) else {
+        return TimerEnd::new(
             StatusCode::OK,
             TimerOutcome::ReconcileSkipped,
-            "ledger-only mode: no bank to reconcile with".into(),
+            "ledger-only mode: no bank to reconcile with",
         );
     };
-    let lease = match RunLease::take(&state.consumer, RUN_BUDGET * 2).await {
+    let lease = match RunLease::take(&reconciler, RUN_BUDGET * 2).await {
         Ok(Some(lease)) => lease,
         Ok(None) => {
             tracing::info!(
@@ -69,15 +57,15 @@ async fn run(state: Arc<AppState>, body: Bytes) -> Response {
                 pastDue = past_due,
                 "another instance is reconciling; this run is skipped"
             );
-            return summary_answer(
+            return TimerEnd::new(
                 StatusCode::OK,
                 TimerOutcome::ReconcileSkipped,
-                "another instance holds the reconcile run lease".into(),
+                "another instance holds the reconcile run lease",
             );
         }
         Err(e) => {
             tracing::error!(trigger = "timer", error = %e, "reconcile could not take its run lease");
-            return summary_answer(
+            return TimerEnd::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 TimerOutcome::ReconcileFailed,
                 e.to_string(),
@@ -90,7 +78,7 @@ async fn run(state: Arc<AppState>, body: Bytes) -> Response {
         budget: Some(RUN_BUDGET),
     };
     let result = reconciler.run(options).await;
-    lease.release(&state.consumer).await;
+    lease.release(&reconciler).await;
     match result {
         Ok(summary) => {
             reconcile::log_summary(&summary, "timer");
@@ -109,11 +97,11 @@ async fn run(state: Arc<AppState>, body: Bytes) -> Response {
                 needs_reconciliation_before: n(summary.needs_reconciliation_before),
                 orphaned_in_progress_before: n(summary.orphaned_in_progress_before),
             });
-            summary_answer(StatusCode::OK, TimerOutcome::Reconciled, summary.counts())
+            TimerEnd::new(StatusCode::OK, TimerOutcome::Reconciled, summary.counts())
         }
         Err(e) => {
             tracing::error!(trigger = "timer", error = %e, "reconcile failed");
-            summary_answer(
+            TimerEnd::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 TimerOutcome::ReconcileFailed,
                 e.to_string(),

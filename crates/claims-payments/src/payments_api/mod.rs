@@ -11,9 +11,11 @@
 //! hash the consumer uses), a lease, and, once done, the answer given.
 //!
 //! One request goes:
-//! 0. who calls and may they pay ([`caller`]: 401, 403), is the body JSON (415), is the
-//!    key a key ([`key`]) and the body one valid object (400): nothing is written for any
-//!    of these, so no refusal of the request itself is ever stored under its key;
+//! 0. who calls and may they pay ([`caller`]: 401, 403), is the body JSON (415) and
+//!    within the limits (413, 408: the route in `functions` reads it and hands over the
+//!    bytes), is the key a key ([`key`]) and the body one valid object (400): nothing is
+//!    written for any of these, so no refusal of the request itself is ever stored under
+//!    its key;
 //! 1. open the key record ([`record`]): create it (in progress, our lease) with a
 //!    conditional create; if it exists, [`record::next_action`] decides: another
 //!    fingerprint → 422; completed → the stored answer, byte for byte, with
@@ -49,17 +51,19 @@
 //! read fails too is the answer 503, and the key then waits for its lease as after a
 //! crash.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 
+use crate::ambient::Ambient;
 use crate::consumer::{Consumer, Delivery, Outcome};
 use crate::domain::{ClaimApproved, ClaimId, InvalidMessage, OutcomeKind, Purpose};
-use crate::http::{read_body, BodyError, BODY_READ_TIMEOUT, MAX_REQUEST_BYTES};
+use crate::lease::liveness::Owners;
 use crate::lease::{Lease, Terms};
-use crate::store::StoreError;
-use crate::telemetry;
+use crate::services::Services;
+use crate::store::{DynStore, StoreError};
 
 mod answer;
 mod caller;
@@ -81,7 +85,15 @@ pub(crate) const KEY_CONSUMER: &str = "payments-api";
 /// The HTTP payments API over the consumer.
 #[derive(Clone)]
 pub struct PaymentsApi {
+    /// The engine that pays: the same consumer as the messages'.
     consumer: Consumer,
+    store: DynStore,
+    owners: Arc<Owners>,
+    ambient: Ambient,
+    /// Key records are leased as long as a delivery's attempt.
+    lease: Duration,
+    /// Whether a payment request must name a payee.
+    pays_out: bool,
     auth: CallerAuth,
     retention: Duration,
 }
@@ -95,62 +107,53 @@ fn invalid_body(detail: impl Into<String>) -> Answer {
 }
 
 impl PaymentsApi {
-    pub fn new(consumer: Consumer, auth: CallerAuth, retention: Duration) -> Self {
+    /// The API over `consumer`, on the services it was built from.
+    pub fn new(
+        consumer: Consumer,
+        services: &Services,
+        auth: CallerAuth,
+        retention: Duration,
+    ) -> Self {
         PaymentsApi {
             consumer,
+            store: services.store.clone(),
+            owners: services.owners.clone(),
+            ambient: services.ambient.clone(),
+            lease: services.policy.lease,
+            pays_out: services.pays_out(),
             auth,
             retention,
         }
     }
 
-    /// Handles `POST /api/payments` as the route receives it. Every path ends in an answer.
-    ///
-    /// Everything that can refuse the request without a write comes first (caller, role,
-    /// media type, body, key), so no refusal of the request itself is ever stored under
-    /// its key: a corrected request with the same key is a first request.
-    pub(crate) async fn handle_post(&self, headers: &HeaderMap, body: Body) -> Answer {
-        telemetry::counters().http_requests.inc();
-        let caller = match self.payer(headers) {
-            Ok(c) => c,
-            Err(refused) => return refused,
-        };
-        if let Err(unsupported) = crate::http::json_request(headers) {
-            return Problem::UnsupportedMediaType.answer(unsupported.to_string());
-        }
-        let body = match read_body(body).await {
-            Ok(bytes) => bytes,
-            Err(BodyError::TooLarge) => {
-                return Problem::BodyTooLarge
-                    .answer(format!("body: at most {MAX_REQUEST_BYTES} bytes"))
-            }
-            Err(BodyError::Timeout) => {
-                return Problem::BodyTimeout.answer(format!(
-                    "body: not received within {} s",
-                    BODY_READ_TIMEOUT.as_secs()
-                ))
-            }
-        };
-        self.post_as(caller, headers, &body).await
-    }
-
     /// A payment request whose body was read already (the conformance suite drives the
-    /// engine this way): the caller's checks, then as [`Self::handle_post`]. The media
-    /// type is the route's business and is not checked here.
+    /// engine this way): the caller's checks, then as [`Self::post_as`]. The media type
+    /// and the body's limits are the route's business and are not checked here.
     pub async fn post(&self, headers: &HeaderMap, body: &[u8]) -> Answer {
         match self.payer(headers) {
-            Ok(caller) => self.post_as(caller, headers, body).await,
+            Ok(caller) => {
+                self.post_as(caller, headers, Bytes::copy_from_slice(body))
+                    .await
+            }
             Err(refused) => refused,
         }
     }
 
-    /// The caller, if it may pay.
-    fn payer(&self, headers: &HeaderMap) -> Result<Caller, Answer> {
+    /// The caller, if it may pay: checked first, before the route reads the body.
+    pub(crate) fn payer(&self, headers: &HeaderMap) -> Result<Caller, Answer> {
         let caller = Caller::authenticate(self.auth, headers)?;
         caller.authorize(Action::Pay)?;
         Ok(caller)
     }
 
-    async fn post_as(&self, caller: Caller, headers: &HeaderMap, body: &[u8]) -> Answer {
+    /// `POST /api/payments` from a caller that may pay, with the body the route read
+    /// within its limits. Every path ends in an answer.
+    ///
+    /// Everything that can refuse the request without a write comes first (caller, role,
+    /// media type and body size at the route, then body and key here), so no refusal of
+    /// the request itself is ever stored under its key: a corrected request with the
+    /// same key is a first request.
+    pub(crate) async fn post_as(&self, caller: Caller, headers: &HeaderMap, body: Bytes) -> Answer {
         let raw_key = match headers.get_all("idempotency-key").iter().collect::<Vec<_>>()[..] {
             [] => {
                 return Problem::KeyMissing.answer(
@@ -167,13 +170,13 @@ impl PaymentsApi {
             Ok(k) => k,
             Err(invalid) => return invalid_key(invalid),
         };
-        let msg = match parse_body(body) {
+        let msg = match parse_body(&body) {
             Ok(m) => m,
             Err(invalid) => return invalid_body(invalid.to_string()),
         };
         // The one way the consumer refuses a well-formed body: checked here, before the
         // key record exists, so that this 400 is not stored either.
-        if self.consumer.bank().is_some() && msg.payee.is_none() {
+        if self.pays_out && msg.payee.is_none() {
             return invalid_body("payee: is missing, and payouts are enabled");
         }
         let scope = caller.scope(&msg);
@@ -205,14 +208,14 @@ impl PaymentsApi {
         identity: KeyIdentity,
     ) -> Answer {
         let fingerprint = msg.payload_hash();
-        let store = self.consumer.store().as_ref();
+        let store = self.store.as_ref();
         let (answer, outcome) = match record::open(
             store,
-            self.consumer.owners(),
+            &self.owners,
             &identity,
             &fingerprint,
             self.terms(),
-            self.consumer.ambient(),
+            &self.ambient,
         )
         .await
         {
@@ -249,12 +252,7 @@ impl PaymentsApi {
             Ok(c) => c,
             Err(e) => return Problem::InvalidClaimId.answer(e.to_string()),
         };
-        match self
-            .consumer
-            .store()
-            .payment(claim_id, Purpose::Payout)
-            .await
-        {
+        match self.store.payment(claim_id, Purpose::Payout).await {
             Ok(Some(p)) => {
                 let own = caller
                     .principal_scope()
@@ -282,7 +280,7 @@ impl PaymentsApi {
     /// The lease and retention of key records.
     fn terms(&self) -> Terms {
         Terms {
-            lease: self.consumer.policy().lease,
+            lease: self.lease,
             retention: self.retention,
         }
     }
@@ -297,7 +295,7 @@ impl PaymentsApi {
         identity: &KeyIdentity,
         lease: Lease,
     ) -> (Answer, &'static str) {
-        let store = self.consumer.store().as_ref();
+        let store = self.store.as_ref();
         let delivery = Delivery {
             message_id: identity.key.message_id.clone(),
             delivery_count: lease.record.last_delivery_count,
@@ -310,7 +308,7 @@ impl PaymentsApi {
             (_, None) => match store.payment(msg.claim_id, Purpose::Payout).await {
                 Ok(p) => p.map(|p| p.record),
                 Err(e) => {
-                    lease.release(store, self.consumer.ambient().now()).await;
+                    lease.release(store, self.ambient.now()).await;
                     return self.store_failed(e);
                 }
             },
@@ -328,7 +326,7 @@ impl PaymentsApi {
                 label = OutcomeKind::Conflict.as_str();
             }
         }
-        let now = self.consumer.ambient().now();
+        let now = self.ambient.now();
         record::close(store, lease, &answer, &identity.key, now).await;
         (answer, label)
     }

@@ -2,8 +2,16 @@
 
 use rust_decimal::Decimal;
 
-use super::*;
-use crate::domain::{Currency, IdempotencyKey, Money, Purpose};
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use super::lookup::{judge, payable_request, CannotPayNow, Finding};
+use super::orphans::not_orphaned;
+use super::MAX_MIN_AGE;
+use crate::bank::{BankPayment, BankStatus};
+use crate::domain::{ClaimId, Currency, IdempotencyKey, MessageId, Money, PayloadHash, Purpose};
+use crate::store::{InboxKey, PaymentRecord, PaymentStatus, Versioned};
 
 fn ledger(amount: i64) -> PaymentRecord {
     let claim_id = ClaimId::random();

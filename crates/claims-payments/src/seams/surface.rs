@@ -55,16 +55,14 @@ pub mod functions {
     pub mod claim_approved {
         pub use crate::functions::claim_approved::{ClaimHandler, FUNCTION_NAME};
     }
-}
-
-/// The custom-handler protocol.
-pub mod host {
-    pub use crate::host::{BodyEncoding, Invocation};
-}
-
-/// What every route shares.
-pub mod http {
-    pub use crate::http::read_body;
+    /// The custom-handler protocol's invocation envelope.
+    pub mod envelope {
+        pub use crate::functions::envelope::{BodyEncoding, Invocation};
+    }
+    /// The body limits.
+    pub mod limits {
+        pub use crate::functions::limits::read_body;
+    }
 }
 
 /// The HTTP Idempotency-Key API.
@@ -84,6 +82,11 @@ pub mod servicebus {
     pub mod rest {
         pub use crate::servicebus::rest::{Auth, RestBroker};
     }
+}
+
+/// What one process's parts share, built once.
+pub mod services {
+    pub use crate::services::Services;
 }
 
 /// The composition root.

@@ -1,15 +1,11 @@
-//! What every route of the HTTP surface shares: request limits, reading a body within
-//! them, and the invocation answer the Functions host reads. The routes themselves are
-//! in `functions`.
+//! What every function's request must keep to: how long its headers and body may take,
+//! how large its body may be, reading a body within those limits, and which bodies the
+//! payments API reads (JSON, not content-coded).
 
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-
-use crate::host::{InvocationResult, OutcomeSummary};
+use axum::http::{header, HeaderMap};
 
 /// Service Bus messages are at most 256 KB (Standard) and base64 adds a third.
 pub(crate) const MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -97,11 +93,6 @@ pub async fn read_body(body: Body) -> Result<Bytes, BodyError> {
         Ok(Err(_)) => Err(BodyError::TooLarge),
         Err(_) => Err(BodyError::Timeout),
     }
-}
-
-/// The custom-handler answer to an invocation: `status` and the outcome as JSON.
-pub(crate) fn invocation_answer(status: StatusCode, summary: OutcomeSummary) -> Response {
-    (status, Json(InvocationResult::new(summary))).into_response()
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! The Azure Functions custom-handler protocol, as the host really speaks it.
+//! The invocation envelope of the Azure Functions custom-handler protocol, as the host
+//! really speaks it: what every function's request body holds.
 //!
 //! The host POSTs `{"Data": {...}, "Metadata": {...}}`. What it puts inside is not what
 //! the official docs show (see the host's own code and tests):
@@ -10,17 +11,17 @@
 //! - with the default data type, top-level body fields are copied into Metadata and can
 //!   overwrite real keys case-insensitively. `function.json` uses `dataType: binary`.
 //!
-//! Answers are always JSON with `Outputs`, `Logs` and `ReturnValue`: a 2xx completes the
-//! message; anything else makes the host abandon it (an empty 200 would hang the host).
+//! A timer trigger's envelope carries `Data.timer` (read into [`TimerInvocation`]). The
+//! answers are in [`super::answer`].
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 
 use base64::Engine;
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::domain::{MessageId, OutcomeKind};
+use crate::domain::MessageId;
 
 /// The binding name in `function.json`.
 pub(crate) const TRIGGER_BINDING: &str = "msg";
@@ -347,107 +348,36 @@ impl Invocation {
     }
 }
 
-/// The answer body the host expects.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct InvocationResult {
-    #[serde(rename = "Outputs")]
-    outputs: serde_json::Map<String, serde_json::Value>,
-    #[serde(rename = "Logs")]
-    logs: Vec<String>,
-    #[serde(rename = "ReturnValue")]
-    return_value: serde_json::Value,
+/// A timer trigger's invocation (`Purge`, `Reconcile`): `Data.timer` as the host sends
+/// it. Only `IsPastDue` is read, for the log: a past-due run does the same work.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct TimerInvocation {
+    #[serde(rename = "Data", alias = "data", default)]
+    data: TimerData,
 }
 
-/// How an invocation ended: what `ReturnValue.outcome` and the answer's first log line
-/// name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ended {
-    /// A `ClaimApproved` delivery, by its outcome.
-    Delivery(OutcomeKind),
-    /// A timer run (`Purge`, `Reconcile`).
-    Timer(TimerOutcome),
+#[derive(Debug, Default, Deserialize)]
+struct TimerData {
+    #[serde(default)]
+    timer: TimerInfo,
 }
 
-/// How a timer run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TimerOutcome {
-    Purged,
-    PurgeSkipped,
-    PurgeFailed,
-    Reconciled,
-    ReconcileSkipped,
-    ReconcileFailed,
+#[derive(Debug, Default, Deserialize)]
+struct TimerInfo {
+    #[serde(rename = "IsPastDue", default)]
+    is_past_due: bool,
 }
 
-impl Ended {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Ended::Delivery(kind) => kind.as_str(),
-            Ended::Timer(TimerOutcome::Purged) => "purged",
-            Ended::Timer(TimerOutcome::PurgeSkipped) => "purge-skipped",
-            Ended::Timer(TimerOutcome::PurgeFailed) => "purge-failed",
-            Ended::Timer(TimerOutcome::Reconciled) => "reconciled",
-            Ended::Timer(TimerOutcome::ReconcileSkipped) => "reconcile-skipped",
-            Ended::Timer(TimerOutcome::ReconcileFailed) => "reconcile-failed",
-        }
+impl TimerInvocation {
+    /// Decodes a timer's request body. A body that does not read as the envelope is a
+    /// punctual run: the schedule fired, and what it carries is only logged.
+    pub(crate) fn decode(request_body: &[u8]) -> Self {
+        serde_json::from_slice(request_body).unwrap_or_default()
     }
-}
 
-impl Serialize for Ended {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
-
-/// The machine-readable summary carried in `ReturnValue` (the host ignores it without a
-/// `$return` binding; tools and tests read it).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct OutcomeSummary {
-    pub(crate) outcome: Ended,
-    pub(crate) claim_id: Option<String>,
-    pub(crate) message_id: Option<String>,
-    pub(crate) delivery_count: Option<u32>,
-    pub(crate) detail: Option<String>,
-}
-
-impl OutcomeSummary {
-    /// A timer invocation's summary: no message, what the run did in `detail`.
-    pub(crate) fn of_timer(outcome: TimerOutcome, detail: String) -> Self {
-        OutcomeSummary {
-            outcome: Ended::Timer(outcome),
-            claim_id: None,
-            message_id: None,
-            delivery_count: None,
-            detail: Some(detail),
-        }
-    }
-}
-
-impl InvocationResult {
-    pub(crate) fn new(summary: OutcomeSummary) -> Self {
-        let mut logs = vec![format!("outcome: {}", summary.outcome.as_str())];
-        let mut facts = Vec::new();
-        if let Some(c) = &summary.claim_id {
-            facts.push(format!("claimId={c}"));
-        }
-        if let Some(m) = &summary.message_id {
-            facts.push(format!("messageId={m}"));
-        }
-        if let Some(d) = summary.delivery_count {
-            facts.push(format!("deliveryCount={d}"));
-        }
-        if !facts.is_empty() {
-            logs.push(facts.join(" "));
-        }
-        if let Some(detail) = &summary.detail {
-            logs.push(detail.clone());
-        }
-        InvocationResult {
-            outputs: serde_json::Map::new(),
-            logs,
-            return_value: serde_json::to_value(summary).unwrap_or(serde_json::Value::Null),
-        }
+    /// Whether the host started this run late (after a missed schedule).
+    pub(crate) fn is_past_due(&self) -> bool {
+        self.data.timer.is_past_due
     }
 }
 
@@ -591,6 +521,25 @@ mod tests {
         let b64 = base64::engine::general_purpose::STANDARD.encode(body);
         let inv = Invocation::decode(&envelope(b64.into(), host_metadata())).unwrap();
         assert!(inv.shadowed_metadata.is_empty());
+    }
+
+    #[test]
+    fn a_timer_invocation_says_whether_it_is_past_due() {
+        let past_due = serde_json::json!({"Data": {"timer": {"IsPastDue": true, "ScheduleStatus": null}}, "Metadata": {}});
+        assert!(TimerInvocation::decode(past_due.to_string().as_bytes()).is_past_due());
+        for punctual in [
+            serde_json::json!({"Data": {"timer": {"IsPastDue": false}}, "Metadata": {}})
+                .to_string(),
+            serde_json::json!({"Data": {"timer": {"IsPastDue": "yes"}}}).to_string(),
+            serde_json::json!({"Data": {}}).to_string(),
+            "not json".to_owned(),
+            String::new(),
+        ] {
+            assert!(
+                !TimerInvocation::decode(punctual.as_bytes()).is_past_due(),
+                "{punctual}"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,77 @@
+//! The run lease: one reconcile run at a time across instances, held in the store like
+//! a message's lease.
+
+use std::time::Duration;
+
+use crate::domain::{ClaimId, MessageId, PayloadHash};
+use crate::lease::{self, Created, Lease, Terms};
+use crate::store::{InboxKey, InboxOutcome, StoreError};
+
+use super::Reconciler;
+
+/// The run lease: one reconcile run at a time across instances. An inbox record of the
+/// pseudo-consumer `reconcile-run` under a fixed claim id, taken and given back with the
+/// same conditional writes as a message's lease.
+pub(crate) struct RunLease(Lease);
+
+const RUN_LEASE_CLAIM: &str = "5e3c0f1a-7d2b-4c69-9f41-2a8e6b0d9c17";
+/// The pseudo-consumer of the run lease (never a consumer name: see `config`).
+pub(crate) const RUN_LEASE_CONSUMER: &str = "reconcile-run";
+
+impl RunLease {
+    /// Takes the run lease for `length`, or `None` when another run holds it.
+    pub(crate) async fn take(
+        run: &Reconciler,
+        length: Duration,
+    ) -> Result<Option<Self>, StoreError> {
+        let store = &run.store;
+        let claim_id = ClaimId::parse(RUN_LEASE_CLAIM)
+            .map_err(|e| StoreError::Permanent(format!("run lease claim id: {e}")))?;
+        let message_id = MessageId::parse("reconcile-run")
+            .map_err(|e| StoreError::Permanent(format!("run lease id: {e}")))?;
+        let key = InboxKey {
+            consumer: RUN_LEASE_CONSUMER.into(),
+            claim_id,
+            message_id: message_id.clone(),
+        };
+        let now = run.ambient.now();
+        let me = run.ambient.attempt_id();
+        let terms = Terms {
+            lease: length,
+            retention: run.policy.inbox_retention,
+        };
+        let store = store.as_ref();
+        let seen = match store.inbox(&key).await? {
+            Some(seen) => seen,
+            None => {
+                let hash = PayloadHash::from_stored("reconcile-run".into());
+                let record = lease::new_record(&key, &hash, me, 0, terms, now, None);
+                return Ok(match Lease::create(store, record).await? {
+                    Created::Held(lease) => Some(RunLease(lease)),
+                    Created::Exists(_) => None,
+                });
+            }
+        };
+        let gone = run.owners.check(seen.record.owner).await;
+        if !lease::holder(&seen.record, me, 0, gone, now).may_take_over() {
+            return Ok(None);
+        }
+        let taken = lease::taken_over(&seen.record, me, 0, terms, now);
+        Ok(Lease::take_over(store, &seen, taken).await?.map(RunLease))
+    }
+
+    /// Gives the run lease back. Best effort: otherwise it expires.
+    pub(crate) async fn release(self, run: &Reconciler) {
+        if let Err(e) = self
+            .0
+            .complete(
+                run.store.as_ref(),
+                InboxOutcome::RunReleased,
+                run.ambient.now(),
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "could not release the reconcile run lease; it will expire");
+        }
+    }
+}
