@@ -175,6 +175,73 @@ async fn not_found(uri: Uri) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::extract::State;
+    use axum::http::HeaderMap;
+
+    /// The state of a ledger-only process on a throwaway SQLite file, as the settings'
+    /// defaults describe it.
+    fn ledger_state(dir: &tempfile::TempDir) -> Arc<AppState> {
+        let store = crate::store::sqlite::SqliteStore::open(dir.path().join("p.db")).unwrap();
+        let policy = crate::consumer::Policy {
+            consumer_name: "ClaimApprovedHandler".into(),
+            inbox_retention: Duration::from_secs(86_400),
+            lease: Duration::from_secs(90),
+            inflight_wait: Duration::from_secs(15),
+            retry_budget: Duration::from_secs(60),
+            bank_key_window: Duration::from_secs(86_400),
+        };
+        let services = Services::new(store, None, policy, Ambient::system());
+        let settings = crate::config::Settings::from_lookup(|_| None).unwrap();
+        Arc::new(AppState::new(settings.functions(), &services))
+    }
+
+    async fn answer_of(response: Response) -> (StatusCode, serde_json::Value) {
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn timers_read_their_envelope_within_the_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = ledger_state(&dir);
+        let past_due = serde_json::json!({"Data": {"timer": {"IsPastDue": true}}, "Metadata": {}});
+        let (status, answer) = answer_of(
+            reconcile::invoke(
+                State(state.clone()),
+                HeaderMap::new(),
+                Body::from(past_due.to_string()),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            answer["ReturnValue"]["outcome"], "reconcile-skipped",
+            "{answer}"
+        );
+
+        let (status, answer) =
+            answer_of(purge::invoke(State(state.clone()), Body::from(past_due.to_string())).await)
+                .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(answer["ReturnValue"]["outcome"], "purged", "{answer}");
+
+        let oversized = vec![b' '; limits::MAX_REQUEST_BYTES + 1];
+        let (status, answer) =
+            answer_of(purge::invoke(State(state), Body::from(oversized)).await).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(answer["ReturnValue"]["outcome"], "purge-failed", "{answer}");
+        assert_eq!(
+            answer["Logs"][1],
+            format!(
+                "request body refused (limit {} bytes)",
+                limits::MAX_REQUEST_BYTES
+            )
+        );
+    }
 
     #[test]
     fn the_routes_with_their_own_span_are_the_functions_that_open_one() {
