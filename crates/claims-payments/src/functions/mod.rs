@@ -191,7 +191,7 @@ mod tests {
             bank_key_window: Duration::from_secs(86_400),
         };
         let services = Services::new(store, None, policy, Ambient::system());
-        let settings = crate::config::Settings::from_lookup(|_| None).unwrap();
+        let settings = crate::configuration::Settings::from_lookup(|_| None).unwrap();
         Arc::new(AppState::new(settings.functions(), &services))
     }
 
