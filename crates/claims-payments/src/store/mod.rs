@@ -12,6 +12,7 @@
 //! `tests/postgres_conformance.rs` and the dev crate's `cosmos_conformance.rs`).
 
 pub mod cosmos;
+pub mod decorator;
 pub mod postgres;
 pub mod sqlite;
 pub(crate) mod traced;
@@ -29,6 +30,7 @@ use crate::message::{
 };
 
 pub use crate::ambient::{AttemptId, Boot};
+pub use decorator::{StoreCall, StoreDecorator};
 
 /// An opaque concurrency token: a Cosmos ETag, or a SQLite row version.
 /// Conditional writes succeed only if the record still carries it.
@@ -433,7 +435,8 @@ pub trait Store: Send + Sync + 'static {
     async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64>;
 
     /// Whether the database expires inbox records by itself (Cosmos DB's `ttl`), so that
-    /// [`purge_expired`](Self::purge_expired) has nothing to do. Decorators forward it.
+    /// [`purge_expired`](Self::purge_expired) has nothing to do. Decorators forward it
+    /// ([`StoreDecorator`]).
     fn expires_by_itself(&self) -> bool {
         false
     }
