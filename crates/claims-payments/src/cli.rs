@@ -697,9 +697,11 @@ pub(crate) async fn inbox(
 /// record's stable line shape), else a table of its `columns` and a count. A row
 /// that does not read is named on the error stream (claim, column, why: as stored text,
 /// through [`printable`]), never left out silently and never in the way of the others.
+/// A column of a listing: its header, and how a record shows in it.
+type Column<'a, T> = (&'a str, fn(&T) -> String);
+
 struct Listing<'a, T> {
-    /// Each column's header and how a record shows in it.
-    columns: &'a [(&'a str, fn(&T) -> String)],
+    columns: &'a [Column<'a, T>],
     counted: &'a str,
 }
 
