@@ -18,6 +18,7 @@ pub mod sqlite;
 pub(crate) mod traced;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -450,6 +451,22 @@ pub trait Store: Send + Sync + 'static {
 }
 
 pub type DynStore = Arc<dyn Store>;
+
+/// The round trips an adapter sent to its database: its own count, for measurements,
+/// and the process-wide `store_round_trips` counter of `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct RoundTrips(AtomicU64);
+
+impl RoundTrips {
+    pub(crate) fn count(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        crate::telemetry::counters().store_round_trips.inc();
+    }
+
+    pub(crate) fn so_far(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 #[cfg(test)]
 mod tests {
