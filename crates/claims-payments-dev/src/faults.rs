@@ -1,20 +1,17 @@
 //! Fault layers for the simulator and tests, built on the product's extension points:
-//! a store decorator is a [`Store`], and the crash after commit wraps the
+//! a store decorator is a [`StoreDecorator`], and the crash after commit wraps the
 //! [`ClaimHandler`] behind `POST /ClaimApproved`.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use claims_payments::seams::consumer::{Delivery, Outcome};
 use claims_payments::seams::functions::claim_approved::ClaimHandler;
-use claims_payments::seams::store::{
-    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
-    PaymentStatus, Store, StoreResult, Version, Versioned,
-};
-use claims_payments::{ClaimApproved, ClaimId, Purpose};
+use claims_payments::seams::store::{DynStore, Store, StoreCall, StoreDecorator, StoreResult};
+use claims_payments::ClaimApproved;
 use rand::RngExt;
-use time::OffsetDateTime;
 
 /// A store that answers every call of the message path late (`PAYMENTS_FAULT_STORE_DELAY_MS`).
 pub struct SlowStore {
@@ -28,60 +25,29 @@ impl SlowStore {
     }
 }
 
-#[async_trait]
-impl Store for SlowStore {
-    async fn claim(
+impl StoreDecorator for SlowStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    async fn around<T: Send + 'static>(
         &self,
-        inbox: &InboxRecord,
-        payment: &PaymentRecord,
-    ) -> StoreResult<ClaimResult> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.claim(inbox, payment).await
-    }
-    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.inbox(key).await
-    }
-    async fn payment(
-        &self,
-        claim: ClaimId,
-        purpose: Purpose,
-    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.payment(claim, purpose).await
-    }
-    async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.record_handled(inbox).await
-    }
-    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.replace_inbox(inbox, expected).await
-    }
-    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.finalize(write).await
-    }
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
-        self.inner.list_payments(limit).await
-    }
-    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
-        self.inner.unsettled_payments(limit).await
-    }
-    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
-        self.inner.count_payments(status, limit).await
-    }
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
-        self.inner.list_inbox(limit).await
-    }
-    async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
-        self.inner.purge_expired(now, batch).await
-    }
-    fn expires_by_itself(&self) -> bool {
-        self.inner.expires_by_itself()
-    }
-    async fn failed(&self) -> String {
-        self.inner.failed().await
+        call: StoreCall<'_>,
+        work: impl Future<Output = StoreResult<T>> + Send,
+    ) -> StoreResult<T> {
+        let on_the_message_path = matches!(
+            call,
+            StoreCall::Claim { .. }
+                | StoreCall::Inbox(_)
+                | StoreCall::Payment { .. }
+                | StoreCall::RecordHandled(_)
+                | StoreCall::ReplaceInbox { .. }
+                | StoreCall::Finalize(_)
+        );
+        if on_the_message_path {
+            tokio::time::sleep(self.delay).await;
+        }
+        work.await
     }
 }
 

@@ -640,30 +640,21 @@ pub(crate) async fn ledger(
     err: &mut impl Write,
 ) -> anyhow::Result<usize> {
     let payments = store.list_payments(limit).await?;
-    let listing = Listing {
-        header: &[
-            "CLAIM",
-            "AMOUNT",
-            "CURRENCY",
-            "STATUS",
-            "MESSAGE",
-            "BANK PAYMENT",
-            "UPDATED",
+    let listing = Listing::<PaymentRecord> {
+        columns: &[
+            ("CLAIM", |p| p.claim_id.to_string()),
+            ("AMOUNT", |p| p.money.amount_string()),
+            ("CURRENCY", |p| p.money.currency().code().to_owned()),
+            ("STATUS", |p| p.status.as_str().to_owned()),
+            ("MESSAGE", |p| p.message_id.to_string()),
+            ("BANK PAYMENT", |p| {
+                p.bank_payment_id.clone().unwrap_or_else(|| "-".into())
+            }),
+            ("UPDATED", |p| rfc3339(p.updated_at)),
         ],
-        row: |p: &PaymentRecord| {
-            vec![
-                p.claim_id.to_string(),
-                p.money.amount_string(),
-                p.money.currency().code().to_owned(),
-                p.status.as_str().to_owned(),
-                p.message_id.to_string(),
-                p.bank_payment_id.clone().unwrap_or_else(|| "-".into()),
-                rfc3339(p.updated_at),
-            ]
-        },
         counted: "payment(s)",
     };
-    listing.print::<_, LedgerLine>(out, err, json, payments)
+    listing.print::<LedgerLine>(out, err, json, payments)
 }
 
 /// Lists inbox records as [`ledger`] lists payments.
@@ -679,47 +670,44 @@ pub(crate) async fn inbox(
     records.retain(
         |r| !matches!(r, Ok(record) if record.consumer == crate::lease::liveness::CONSUMER),
     );
-    let listing = Listing {
-        header: &[
-            "MESSAGE",
-            "CLAIM",
-            "STATUS",
-            "OUTCOME",
-            "DELIVERIES",
-            "LEASE UNTIL",
-            "EXPIRES",
-        ],
-        row: |r: &InboxRecord| {
-            vec![
-                r.message_id.to_string(),
-                r.claim_id.to_string(),
-                r.status.as_str().to_owned(),
+    let listing = Listing::<InboxRecord> {
+        columns: &[
+            ("MESSAGE", |r| r.message_id.to_string()),
+            ("CLAIM", |r| r.claim_id.to_string()),
+            ("STATUS", |r| r.status.as_str().to_owned()),
+            ("OUTCOME", |r| {
                 r.outcome
                     .as_ref()
-                    .map_or_else(|| "-".into(), ToString::to_string),
-                format!("{}..{}", r.first_delivery_count, r.last_delivery_count),
-                r.lease_until.map(rfc3339).unwrap_or_else(|| "-".into()),
-                rfc3339(r.expires_at),
-            ]
-        },
+                    .map_or_else(|| "-".into(), ToString::to_string)
+            }),
+            ("DELIVERIES", |r| {
+                format!("{}..{}", r.first_delivery_count, r.last_delivery_count)
+            }),
+            ("LEASE UNTIL", |r| {
+                r.lease_until.map(rfc3339).unwrap_or_else(|| "-".into())
+            }),
+            ("EXPIRES", |r| rfc3339(r.expires_at)),
+        ],
         counted: "inbox record(s)",
     };
-    listing.print::<_, InboxLine>(out, err, json, records)
+    listing.print::<InboxLine>(out, err, json, records)
 }
 
 /// An operator's listing of stored records: one JSON line each with `--json` (`L`, the
-/// record's stable line shape), else a table of `row`s under `header` and a count. A row
+/// record's stable line shape), else a table of its `columns` and a count. A row
 /// that does not read is named on the error stream (claim, column, why: as stored text,
 /// through [`printable`]), never left out silently and never in the way of the others.
-struct Listing<'a, F> {
-    header: &'a [&'a str],
-    row: F,
+/// A column of a listing: its header, and how a record shows in it.
+type Column<'a, T> = (&'a str, fn(&T) -> String);
+
+struct Listing<'a, T> {
+    columns: &'a [Column<'a, T>],
     counted: &'a str,
 }
 
-impl<F> Listing<'_, F> {
+impl<T> Listing<'_, T> {
     /// Prints `listed`; returns how many rows did not read.
-    fn print<T, L>(
+    fn print<L>(
         &self,
         out: &mut impl Write,
         err: &mut impl Write,
@@ -727,7 +715,6 @@ impl<F> Listing<'_, F> {
         listed: Vec<Listed<T>>,
     ) -> anyhow::Result<usize>
     where
-        F: Fn(&T) -> Vec<String>,
         L: Serialize + for<'r> From<&'r T>,
     {
         let (records, unreadable): (Vec<_>, Vec<_>) = listed.into_iter().partition(Result::is_ok);
@@ -739,8 +726,12 @@ impl<F> Listing<'_, F> {
                 writeln!(out, "{}", serde_json::to_string(&L::from(record))?)?;
             }
         } else {
-            let rows: Vec<Vec<String>> = records.iter().map(&self.row).collect();
-            print_table(out, self.header, &rows)?;
+            let header: Vec<&str> = self.columns.iter().map(|(name, _)| *name).collect();
+            let rows: Vec<Vec<String>> = records
+                .iter()
+                .map(|record| self.columns.iter().map(|(_, cell)| cell(record)).collect())
+                .collect();
+            print_table(out, &header, &rows)?;
             writeln!(out, "{} {}", records.len(), self.counted)?;
         }
         for corrupt in &unreadable {

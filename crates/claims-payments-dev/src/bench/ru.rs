@@ -29,15 +29,15 @@
 //! term too. Sources and worked examples: `understand-request-unit-consumption.md`,
 //! `index-policy.md`, `optimize-cost-reads-writes.md` (see the team's research notes A1-A6).
 
+use std::any::Any;
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use azure_data_cosmos::ContainerClient;
 use serde::Serialize;
 use serde_json::Value;
-use time::OffsetDateTime;
 
 use crate::emulator::InProcessEmulator;
 use crate::sim::bank::{FakeBank, FakeBankSettings};
@@ -46,10 +46,10 @@ use claims_payments::seams::store::cosmos::container::{container_definition, DEF
 use claims_payments::seams::store::cosmos::documents::{inbox_id, payment_id};
 use claims_payments::seams::store::cosmos::CosmosStore;
 use claims_payments::seams::store::{
-    ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
-    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
+    ClaimResult, InboxRecord, InsertResult, PaymentRecord, Store, StoreCall, StoreDecorator,
+    StoreError, StoreResult, Versioned,
 };
-use claims_payments::{ClaimApproved, ClaimId, MessageId, Purpose};
+use claims_payments::{ClaimApproved, ClaimId, MessageId};
 
 /// RU per indexed term written or removed.
 pub const RU_PER_TERM: f64 = 0.2;
@@ -250,7 +250,7 @@ pub fn delete_charge(doc: &Value, policy: &IndexPolicy) -> f64 {
     write_base(size(doc)) + RU_PER_TERM * policy.terms(doc).len() as f64
 }
 
-/// A [`Store`] around a [`CosmosStore`] that logs each request the store sends, with the
+/// A [`StoreDecorator`] around a [`CosmosStore`] that logs each request the store sends, with the
 /// stored documents read back raw from the container (the reads are not part of the log).
 pub struct RecordingStore {
     inner: Arc<CosmosStore>,
@@ -338,138 +338,163 @@ impl RecordingStore {
             self.push(Request::Replace(before, after));
         }
     }
+
+    /// A create refused because the document exists: the store then reads it.
+    async fn refused_then_read(&self, claim: ClaimId, id: &str) {
+        self.push(Request::Refused);
+        let doc = self.known(claim, id).await;
+        self.push(Request::Read(doc));
+    }
+
+    async fn read(&self, claim: ClaimId, id: &str, answer: Answer) {
+        match answer {
+            Answer::Done => {
+                let doc = self.known(claim, id).await;
+                self.push(Request::Read(doc));
+            }
+            Answer::Absent => self.push(Request::Read(None)),
+            _ => {}
+        }
+    }
+
+    /// Logs what a call sent, from its answer; `before` holds the documents of
+    /// [`replaced_documents`] as they were before the call.
+    async fn record(&self, call: StoreCall<'_>, answer: Answer, before: Vec<Option<Value>>) {
+        match call {
+            StoreCall::Claim { inbox, payment } => {
+                let (claim, inbox_id) = inbox_document(inbox);
+                let payment_id = payment_id(payment.purpose);
+                match answer {
+                    Answer::Done => {
+                        self.created(claim, &inbox_id, true).await;
+                        self.created(claim, &payment_id, false).await;
+                    }
+                    Answer::InboxExists => self.refused_then_read(claim, &inbox_id).await,
+                    Answer::PaymentExists => self.refused_then_read(claim, &payment_id).await,
+                    _ => {}
+                }
+            }
+            StoreCall::RecordHandled(inbox) => {
+                let (claim, id) = inbox_document(inbox);
+                match answer {
+                    Answer::Done => self.created(claim, &id, true).await,
+                    Answer::InboxExists => self.refused_then_read(claim, &id).await,
+                    _ => {}
+                }
+            }
+            StoreCall::Inbox(key) => {
+                let id = inbox_id(&key.consumer, &key.message_id);
+                self.read(key.claim_id, &id, answer).await;
+            }
+            StoreCall::Payment { claim, purpose } => {
+                self.read(claim, &payment_id(purpose), answer).await;
+            }
+            StoreCall::ReplaceInbox { .. } | StoreCall::Finalize(_) => match answer {
+                Answer::Done => {
+                    for ((claim, id), before) in replaced_documents(&call).into_iter().zip(before) {
+                        self.replaced(claim, &id, before).await;
+                    }
+                }
+                Answer::Refused => self.push(Request::Refused),
+                // A replace of an inbox record is logged as refused whatever failed it
+                // (a condition is all that fails it here); a finalize only on its condition.
+                Answer::Failed if matches!(call, StoreCall::ReplaceInbox { .. }) => {
+                    self.push(Request::Refused)
+                }
+                _ => {}
+            },
+            // The listings and the purge are not on a message's path: not priced.
+            _ => {}
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-#[async_trait]
-impl Store for RecordingStore {
-    async fn claim(
-        &self,
-        inbox: &InboxRecord,
-        payment: &PaymentRecord,
-    ) -> StoreResult<ClaimResult> {
-        let result = self.inner.claim(inbox, payment).await?;
-        let (claim, inbox_id) = (inbox.claim_id, inbox_id(&inbox.consumer, &inbox.message_id));
-        let pay_id = payment_id(payment.purpose);
-        match &result {
-            ClaimResult::Claimed { .. } => {
-                self.created(claim, &inbox_id, true).await;
-                self.created(claim, &pay_id, false).await;
-            }
-            ClaimResult::InboxExists(_) => {
-                self.push(Request::Refused);
-                let doc = self.known(claim, &inbox_id).await;
-                self.push(Request::Read(doc));
-            }
-            ClaimResult::PaymentExists(_) => {
-                self.push(Request::Refused);
-                let doc = self.known(claim, &pay_id).await;
-                self.push(Request::Read(doc));
-            }
-        }
-        Ok(result)
-    }
+/// The partition and id of an inbox record's document.
+fn inbox_document(inbox: &InboxRecord) -> (ClaimId, String) {
+    (inbox.claim_id, inbox_id(&inbox.consumer, &inbox.message_id))
+}
 
-    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
-        let found = self.inner.inbox(key).await?;
-        let (claim, id) = (key.claim_id, inbox_id(&key.consumer, &key.message_id));
-        let doc = match found {
-            Some(_) => self.known(claim, &id).await,
-            None => None,
+/// The documents a call replaces when it succeeds, in the order it writes them.
+fn replaced_documents(call: &StoreCall<'_>) -> Vec<(ClaimId, String)> {
+    match call {
+        StoreCall::ReplaceInbox { inbox, .. } => vec![inbox_document(inbox)],
+        StoreCall::Finalize(write) => vec![
+            inbox_document(write.inbox),
+            (write.inbox.claim_id, payment_id(write.payment.purpose)),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// What a store answer says about the documents, told apart by the answer's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// The write happened, or the read found its document.
+    Done,
+    /// The read found nothing.
+    Absent,
+    /// A create found the inbox document already there.
+    InboxExists,
+    /// A claim found the payment document already there.
+    PaymentExists,
+    /// A condition refused the write.
+    Refused,
+    /// Any other failure.
+    Failed,
+}
+
+impl Answer {
+    fn of<T: 'static>(result: &StoreResult<T>) -> Answer {
+        let answer: &dyn Any = match result {
+            Ok(answer) => answer,
+            Err(StoreError::PreconditionFailed) => return Answer::Refused,
+            Err(_) => return Answer::Failed,
         };
-        self.push(Request::Read(doc));
-        Ok(found)
+        if let Some(claimed) = answer.downcast_ref::<ClaimResult>() {
+            return match claimed {
+                ClaimResult::Claimed { .. } => Answer::Done,
+                ClaimResult::InboxExists(_) => Answer::InboxExists,
+                ClaimResult::PaymentExists(_) => Answer::PaymentExists,
+            };
+        }
+        if let Some(InsertResult::AlreadyExists(_)) = answer.downcast_ref::<InsertResult>() {
+            return Answer::InboxExists;
+        }
+        let absent = answer
+            .downcast_ref::<Option<Versioned<InboxRecord>>>()
+            .is_some_and(Option::is_none)
+            || answer
+                .downcast_ref::<Option<Versioned<PaymentRecord>>>()
+                .is_some_and(Option::is_none);
+        if absent {
+            Answer::Absent
+        } else {
+            Answer::Done
+        }
+    }
+}
+
+impl StoreDecorator for RecordingStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
-    async fn payment(
+    async fn around<T: Send + 'static>(
         &self,
-        claim: ClaimId,
-        purpose: Purpose,
-    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
-        let found = self.inner.payment(claim, purpose).await?;
-        let doc = match found {
-            Some(_) => self.known(claim, &payment_id(purpose)).await,
-            None => None,
-        };
-        self.push(Request::Read(doc));
-        Ok(found)
-    }
-
-    async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
-        let result = self.inner.record_handled(inbox).await?;
-        let (claim, id) = (inbox.claim_id, inbox_id(&inbox.consumer, &inbox.message_id));
-        match &result {
-            InsertResult::Inserted(_) => self.created(claim, &id, true).await,
-            InsertResult::AlreadyExists(_) => {
-                self.push(Request::Refused);
-                let doc = self.known(claim, &id).await;
-                self.push(Request::Read(doc));
-            }
+        call: StoreCall<'_>,
+        work: impl Future<Output = StoreResult<T>> + Send,
+    ) -> StoreResult<T> {
+        let mut before = Vec::new();
+        for (claim, id) in replaced_documents(&call) {
+            before.push(self.known(claim, &id).await);
         }
-        Ok(result)
-    }
-
-    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version> {
-        let (claim, id) = (inbox.claim_id, inbox_id(&inbox.consumer, &inbox.message_id));
-        let before = self.known(claim, &id).await;
-        match self.inner.replace_inbox(inbox, expected).await {
-            Ok(version) => {
-                self.replaced(claim, &id, before).await;
-                Ok(version)
-            }
-            Err(e) => {
-                self.push(Request::Refused);
-                Err(e)
-            }
-        }
-    }
-
-    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
-        let (claim, pay_id) = (write.inbox.claim_id, payment_id(write.payment.purpose));
-        let id = inbox_id(&write.inbox.consumer, &write.inbox.message_id);
-        let (inbox_before, payment_before) = (
-            self.known(claim, &id).await,
-            self.known(claim, &pay_id).await,
-        );
-        match self.inner.finalize(write).await {
-            Ok(()) => {
-                self.replaced(claim, &id, inbox_before).await;
-                self.replaced(claim, &pay_id, payment_before).await;
-                Ok(())
-            }
-            Err(e @ StoreError::PreconditionFailed) => {
-                self.push(Request::Refused);
-                Err(e)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
-        self.inner.list_payments(limit).await
-    }
-
-    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
-        self.inner.unsettled_payments(limit).await
-    }
-
-    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
-        self.inner.count_payments(status, limit).await
-    }
-
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
-        self.inner.list_inbox(limit).await
-    }
-
-    async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
-        self.inner.purge_expired(now, batch).await
-    }
-
-    fn expires_by_itself(&self) -> bool {
-        self.inner.expires_by_itself()
+        let result = work.await;
+        self.record(call, Answer::of(&result), before).await;
+        result
     }
 }
 

@@ -3,16 +3,13 @@
 //! store faults fire here: lost answers to committed writes, throttling with and without
 //! a hint, calls slower than a lease, failing reads, outage and read-only windows.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use claims_payments::seams::store::{
-    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
-    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
+    DynStore, Store, StoreCall, StoreDecorator, StoreError, StoreResult,
 };
-use claims_payments::{ClaimId, Purpose};
-use time::OffsetDateTime;
 use tokio::time::Instant;
 
 use super::chaos::Chaos;
@@ -97,73 +94,40 @@ impl FaultyStore {
     }
 }
 
-#[async_trait]
-impl Store for FaultyStore {
-    async fn claim(
+/// The chaos plan's name of each call, and whether it writes.
+fn operation(call: &StoreCall<'_>) -> (&'static str, bool) {
+    match call {
+        StoreCall::Claim { .. } => ("claim", true),
+        StoreCall::Inbox(_) => ("inbox", false),
+        StoreCall::Payment { .. } => ("payment", false),
+        StoreCall::RecordHandled(_) => ("record_handled", true),
+        StoreCall::ReplaceInbox { .. } => ("replace_inbox", true),
+        StoreCall::Finalize(_) => ("finalize", true),
+        StoreCall::ListPayments { .. } => ("list_payments", false),
+        StoreCall::UnsettledPayments { .. } => ("unsettled_payments", false),
+        StoreCall::CountPayments { .. } => ("count_payments", false),
+        StoreCall::ListInbox { .. } => ("list_inbox", false),
+        StoreCall::PurgeExpired { .. } => ("purge_expired", true),
+    }
+}
+
+impl StoreDecorator for FaultyStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    async fn around<T: Send + 'static>(
         &self,
-        inbox: &InboxRecord,
-        payment: &PaymentRecord,
-    ) -> StoreResult<ClaimResult> {
-        self.enter("claim", true).await?;
-        let result = self.inner.claim(inbox, payment).await;
-        self.leave("claim", result)
-    }
-
-    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
-        self.enter("inbox", false).await?;
-        self.inner.inbox(key).await
-    }
-
-    async fn payment(
-        &self,
-        claim: ClaimId,
-        purpose: Purpose,
-    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
-        self.enter("payment", false).await?;
-        self.inner.payment(claim, purpose).await
-    }
-
-    async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
-        self.enter("record_handled", true).await?;
-        let result = self.inner.record_handled(inbox).await;
-        self.leave("record_handled", result)
-    }
-
-    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version> {
-        self.enter("replace_inbox", true).await?;
-        let result = self.inner.replace_inbox(inbox, expected).await;
-        self.leave("replace_inbox", result)
-    }
-
-    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
-        self.enter("finalize", true).await?;
-        let result = self.inner.finalize(write).await;
-        self.leave("finalize", result)
-    }
-
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
-        self.enter("list_payments", false).await?;
-        self.inner.list_payments(limit).await
-    }
-
-    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
-        self.enter("unsettled_payments", false).await?;
-        self.inner.unsettled_payments(limit).await
-    }
-
-    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
-        self.enter("count_payments", false).await?;
-        self.inner.count_payments(status, limit).await
-    }
-
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
-        self.enter("list_inbox", false).await?;
-        self.inner.list_inbox(limit).await
-    }
-
-    async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
-        self.enter("purge_expired", true).await?;
-        let result = self.inner.purge_expired(now, batch).await;
-        self.leave("purge_expired", result)
+        call: StoreCall<'_>,
+        work: impl Future<Output = StoreResult<T>> + Send,
+    ) -> StoreResult<T> {
+        let (op, write) = operation(&call);
+        self.enter(op, write).await?;
+        let result = work.await;
+        if write {
+            self.leave(op, result)
+        } else {
+            result
+        }
     }
 }

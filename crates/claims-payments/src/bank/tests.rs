@@ -6,6 +6,25 @@ use super::*;
 use proptest::prelude::*;
 use reqwest::header::HeaderValue;
 
+/// Serves `app` on a free local port; returns its address.
+async fn serve(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// A client of the bank at `url`, without a credential.
+fn client(url: &str, timeout: Duration) -> BankClient {
+    BankClient::new(&BankSettings {
+        url: url.parse().unwrap(),
+        api_key: None,
+        timeout,
+        key_window: Duration::from_secs(3600),
+    })
+    .unwrap()
+}
+
 fn outcome(status: u16, body: &str) -> Result<PayoutOutcome, String> {
     match classify(
         StatusCode::from_u16(status).unwrap(),
@@ -264,18 +283,10 @@ async fn oversized_answers_are_cut_off_and_read_as_unknown() {
                 axum::body::Body::from_stream(futures::stream::iter(chunks))
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve(app).await;
     let key = IdempotencyKey::from_stored(KEY.into());
     for path in ["sized", "streamed"] {
-        let client = BankClient::new(&BankSettings {
-            url: format!("http://{addr}/{path}").parse().unwrap(),
-            api_key: None,
-            timeout: Duration::from_secs(10),
-            key_window: Duration::from_secs(3600),
-        })
-        .unwrap();
+        let client = client(&format!("http://{addr}/{path}"), Duration::from_secs(10));
         match client.lookup(&key).await {
             Lookup::Unknown { reason } => {
                 assert!(reason.contains("more than 65536 bytes"), "{path}: {reason}")
@@ -308,16 +319,8 @@ async fn a_lookup_that_times_out_is_named_a_timeout() {
             "[]"
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let client = BankClient::new(&BankSettings {
-        url: format!("http://{addr}/").parse().unwrap(),
-        api_key: None,
-        timeout: Duration::from_millis(100),
-        key_window: Duration::from_secs(3600),
-    })
-    .unwrap();
+    let addr = serve(app).await;
+    let client = client(&format!("http://{addr}/"), Duration::from_millis(100));
     match client
         .lookup(&IdempotencyKey::from_stored(KEY.into()))
         .await

@@ -268,6 +268,11 @@ mod tests {
         }
     }
 
+    /// The judgement of these facts, now, with an hour's window.
+    fn judged(payment: Known<PaymentFact>, inbox: Known<Option<InboxOutcome>>) -> Judgement {
+        judge(&facts(payment, inbox), NOW, HOUR)
+    }
+
     fn paid(status: PaymentStatus, h: &str) -> Known<PaymentFact> {
         Known::Present(PaymentFact {
             status,
@@ -278,7 +283,7 @@ mod tests {
 
     #[test]
     fn nothing_paid_is_resubmit_with_the_broker_reason() {
-        let j = judge(&facts(Known::Absent, Known::Absent), NOW, HOUR);
+        let j = judged(Known::Absent, Known::Absent);
         assert_eq!(j.verdict, Verdict::Resubmit);
         assert!(
             j.reason.contains("MaxDeliveryCountExceeded"),
@@ -290,7 +295,7 @@ mod tests {
     #[test]
     fn a_paid_or_recorded_claim_is_already_paid() {
         for status in [PaymentStatus::Paid, PaymentStatus::Recorded] {
-            let j = judge(&facts(paid(status, "a"), Known::Absent), NOW, HOUR);
+            let j = judged(paid(status, "a"), Known::Absent);
             assert_eq!(j.verdict, Verdict::AlreadyPaid, "{status:?}");
         }
     }
@@ -302,7 +307,7 @@ mod tests {
             PaymentStatus::NeedsReconciliation,
             PaymentStatus::Mismatched,
         ] {
-            let j = judge(&facts(paid(status, "a"), Known::Absent), NOW, HOUR);
+            let j = judged(paid(status, "a"), Known::Absent);
             assert_eq!(j.verdict, Verdict::NeedsReconciliation, "{status:?}");
         }
     }
@@ -315,27 +320,15 @@ mod tests {
         assert_eq!(j.verdict, Verdict::Permanent);
         assert!(j.reason.contains("amount: is missing"));
 
-        let other_content = judge(
-            &facts(paid(PaymentStatus::Paid, "b"), Known::Absent),
-            NOW,
-            HOUR,
-        );
+        let other_content = judged(paid(PaymentStatus::Paid, "b"), Known::Absent);
         assert_eq!(other_content.verdict, Verdict::Permanent);
         assert!(other_content.reason.contains("conflicting content"));
 
-        let rejected = judge(
-            &facts(paid(PaymentStatus::Rejected, "a"), Known::Absent),
-            NOW,
-            HOUR,
-        );
+        let rejected = judged(paid(PaymentStatus::Rejected, "a"), Known::Absent);
         assert_eq!(rejected.verdict, Verdict::Permanent);
 
         for kind in [OutcomeKind::Conflict, OutcomeKind::InvalidMessage] {
-            let j = judge(
-                &facts(Known::Absent, Known::Present(Some(kind.into()))),
-                NOW,
-                HOUR,
-            );
+            let j = judged(Known::Absent, Known::Present(Some(kind.into())));
             assert_eq!(j.verdict, Verdict::Permanent, "{kind}");
         }
     }
@@ -344,13 +337,9 @@ mod tests {
     /// does not send it, even though nothing was paid.
     #[test]
     fn a_discarded_message_is_permanent_though_nothing_was_paid() {
-        let j = judge(
-            &facts(
-                Known::Absent,
-                Known::Present(Some(OutcomeKind::Discarded.into())),
-            ),
-            NOW,
-            HOUR,
+        let j = judged(
+            Known::Absent,
+            Known::Present(Some(OutcomeKind::Discarded.into())),
         );
         assert_eq!(j.verdict, Verdict::Permanent);
         assert!(j.reason.contains("discarded"), "{}", j.reason);

@@ -101,62 +101,50 @@ fn bounded_text(
     Ok(value.to_owned())
 }
 
-/// The insurer's tenant, when claims come from several. It scopes the bank's
-/// Idempotency-Key so two tenants can never share one.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TenantId(String);
+/// A newtype of text with a bounded length and alphabet: `parse` reads it from a message,
+/// `from_stored` back from the store (the same grammar, and no surrounding spaces).
+macro_rules! bounded_text_type {
+    ($(#[$doc:meta])* $name:ident, $field:literal, $max:literal, $allowed:expr, $alphabet:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub struct $name(String);
 
-impl TenantId {
-    pub(crate) fn parse(s: &str) -> Result<Self, InvalidMessage> {
-        bounded_text(
-            "tenantId",
-            s,
-            64,
-            |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'),
-            "letters, digits, '-', '_', '.'",
-        )
-        .map(TenantId)
-    }
+        impl $name {
+            pub(crate) fn parse(s: &str) -> Result<Self, InvalidMessage> {
+                bounded_text($field, s, $max, $allowed, $alphabet).map($name)
+            }
 
-    /// Reads a tenant back from the store: the same grammar, and no surrounding spaces.
-    pub(crate) fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
-        let tenant = Self::parse(s)?;
-        canonical("tenantId", s, tenant.as_str())?;
-        Ok(tenant)
-    }
+            pub(crate) fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
+                let value = Self::parse(s)?;
+                canonical($field, s, value.as_str())?;
+                Ok(value)
+            }
 
-    pub(crate) fn as_str(&self) -> &str {
-        &self.0
-    }
+            pub(crate) fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+    };
 }
 
-/// The account the payout goes to, as the bank knows it (an IBAN or a payee id).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PayeeRef(String);
+bounded_text_type!(
+    /// The insurer's tenant, when claims come from several. It scopes the bank's
+    /// Idempotency-Key so two tenants can never share one.
+    TenantId,
+    "tenantId",
+    64,
+    |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'),
+    "letters, digits, '-', '_', '.'"
+);
 
-impl PayeeRef {
-    pub(crate) fn parse(s: &str) -> Result<Self, InvalidMessage> {
-        bounded_text(
-            "payee",
-            s,
-            70,
-            |c| c.is_ascii_graphic() || c == ' ',
-            "printable ASCII",
-        )
-        .map(PayeeRef)
-    }
-
-    /// Reads a payee back from the store: the same grammar, and no surrounding spaces.
-    pub(crate) fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
-        let payee = Self::parse(s)?;
-        canonical("payee", s, payee.as_str())?;
-        Ok(payee)
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        &self.0
-    }
-}
+bounded_text_type!(
+    /// The account the payout goes to, as the bank knows it (an IBAN or a payee id).
+    PayeeRef,
+    "payee",
+    70,
+    |c| c.is_ascii_graphic() || c == ' ',
+    "printable ASCII"
+);
 
 /// What a payment is for. One payment document exists per (claim, purpose).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

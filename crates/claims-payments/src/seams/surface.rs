@@ -99,8 +99,8 @@ pub mod startup {
 pub mod store {
     pub use crate::store::{
         AttemptId, ClaimResult, DynStore, Finalize, InboxKey, InboxOutcome, InboxRecord,
-        InboxStatus, InsertResult, Listed, PaymentRecord, PaymentStatus, Store, StoreError,
-        StoreResult, Version, Versioned,
+        InboxStatus, InsertResult, Listed, PaymentRecord, PaymentStatus, Store, StoreCall,
+        StoreDecorator, StoreError, StoreResult, Version, Versioned,
     };
     /// Cosmos DB.
     pub mod cosmos {

@@ -200,13 +200,7 @@ impl RestBroker {
     /// Unlocks (PUT) or deletes (DELETE) a locked dead letter at its `Location`.
     async fn settle_lock(&self, method: reqwest::Method, lock: &Lock) -> Result<(), BusError> {
         let url = self.lock_url(&lock.location)?;
-        let response = self
-            .request(method, url)
-            .await?
-            .header(reqwest::header::CONTENT_LENGTH, "0")
-            .send()
-            .await
-            .map_err(transport)?;
+        let response = self.send_without_body(method, url).await?;
         match response.status() {
             StatusCode::OK => Ok(()),
             _ => Err(Self::refused(response, true).await),
@@ -253,6 +247,20 @@ impl RestBroker {
             request = request.bearer_auth(token);
         }
         Ok(request)
+    }
+
+    /// Sends a request that has no body (the broker wants its length said: `0`).
+    async fn send_without_body(
+        &self,
+        method: reqwest::Method,
+        url: reqwest::Url,
+    ) -> Result<reqwest::Response, BusError> {
+        self.request(method, url)
+            .await?
+            .header(reqwest::header::CONTENT_LENGTH, "0")
+            .send()
+            .await
+            .map_err(transport)
     }
 
     /// The error for a refused answer: the status and the broker's reason, bounded.
@@ -410,13 +418,7 @@ impl Broker for RestBroker {
             "{}/$DeadLetterQueue/messages/head?timeout=1",
             self.queue
         ))?;
-        let response = self
-            .request(reqwest::Method::POST, url)
-            .await?
-            .header(reqwest::header::CONTENT_LENGTH, "0")
-            .send()
-            .await
-            .map_err(transport)?;
+        let response = self.send_without_body(reqwest::Method::POST, url).await?;
         match response.status() {
             StatusCode::CREATED => Ok(Some(dead_letter(self, response).await)),
             StatusCode::NO_CONTENT => Ok(None),

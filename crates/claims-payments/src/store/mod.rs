@@ -12,11 +12,13 @@
 //! `tests/postgres_conformance.rs` and the dev crate's `cosmos_conformance.rs`).
 
 pub mod cosmos;
+pub mod decorator;
 pub mod postgres;
 pub mod sqlite;
 pub(crate) mod traced;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -29,6 +31,7 @@ use crate::domain::{
 };
 
 pub use crate::ambient::{AttemptId, Boot};
+pub use decorator::{StoreCall, StoreDecorator};
 
 /// An opaque concurrency token: a Cosmos ETag, or a SQLite row version.
 /// Conditional writes succeed only if the record still carries it.
@@ -433,7 +436,8 @@ pub trait Store: Send + Sync + 'static {
     async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64>;
 
     /// Whether the database expires inbox records by itself (Cosmos DB's `ttl`), so that
-    /// [`purge_expired`](Self::purge_expired) has nothing to do. Decorators forward it.
+    /// [`purge_expired`](Self::purge_expired) has nothing to do. Decorators forward it
+    /// ([`StoreDecorator`]).
     fn expires_by_itself(&self) -> bool {
         false
     }
@@ -447,6 +451,22 @@ pub trait Store: Send + Sync + 'static {
 }
 
 pub type DynStore = Arc<dyn Store>;
+
+/// The round trips an adapter sent to its database: its own count, for measurements,
+/// and the process-wide `store_round_trips` counter of `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct RoundTrips(AtomicU64);
+
+impl RoundTrips {
+    pub(crate) fn count(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        crate::telemetry::counters().store_round_trips.inc();
+    }
+
+    pub(crate) fn so_far(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 #[cfg(test)]
 mod tests {

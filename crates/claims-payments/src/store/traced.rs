@@ -2,17 +2,12 @@
 //! dependency in Application Insights) with the database system, the outcome and, on
 //! Cosmos, the request charge. Used only when telemetry is exported.
 
+use std::future::Future;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use time::OffsetDateTime;
 use tracing::Instrument;
 
-use super::{
-    ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
-    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
-};
-use crate::domain::{ClaimId, Purpose};
+use super::{DynStore, Store, StoreCall, StoreDecorator, StoreError, StoreResult};
 use crate::telemetry::{self, trace};
 
 /// The store as dependencies: every call is a client span named after the operation,
@@ -35,13 +30,36 @@ impl TracedStore {
             namespace,
         })
     }
+}
 
-    async fn call<T>(
+/// The span's operation name (`db.operation.name`) of each call.
+fn operation(call: &StoreCall<'_>) -> &'static str {
+    match call {
+        StoreCall::Claim { .. } => "claim",
+        StoreCall::Inbox(_) => "read inbox",
+        StoreCall::Payment { .. } => "read payment",
+        StoreCall::RecordHandled(_) => "record handled",
+        StoreCall::ReplaceInbox { .. } => "replace inbox",
+        StoreCall::Finalize(_) => "finalize",
+        StoreCall::ListPayments { .. } => "list payments",
+        StoreCall::UnsettledPayments { .. } => "list unsettled payments",
+        StoreCall::CountPayments { .. } => "count payments",
+        StoreCall::ListInbox { .. } => "list inbox",
+        StoreCall::PurgeExpired { .. } => "purge",
+    }
+}
+
+impl StoreDecorator for TracedStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    async fn around<T: Send + 'static>(
         &self,
-        operation: &'static str,
-        claim: Option<ClaimId>,
-        work: impl std::future::Future<Output = StoreResult<T>>,
+        call: StoreCall<'_>,
+        work: impl Future<Output = StoreResult<T>> + Send,
     ) -> StoreResult<T> {
+        let operation = operation(&call);
         let span = tracing::info_span!(
             "store",
             otel.name = format!("{} {operation}", self.system),
@@ -54,7 +72,7 @@ impl TracedStore {
             db.cosmosdb.request_charge = tracing::field::Empty,
             store.result = tracing::field::Empty,
         );
-        if let Some(claim) = claim {
+        if let Some(claim) = call.claim_id() {
             span.record("claimId", claim.to_string().as_str());
         }
         let (result, charge) = trace::charged(work.instrument(span.clone())).await;
@@ -73,107 +91,5 @@ impl TracedStore {
             trace::fail(&span, label);
         }
         result
-    }
-}
-
-#[async_trait]
-impl Store for TracedStore {
-    async fn claim(
-        &self,
-        inbox: &InboxRecord,
-        payment: &PaymentRecord,
-    ) -> StoreResult<ClaimResult> {
-        self.call(
-            "claim",
-            Some(inbox.claim_id),
-            self.inner.claim(inbox, payment),
-        )
-        .await
-    }
-
-    async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
-        self.call("read inbox", Some(key.claim_id), self.inner.inbox(key))
-            .await
-    }
-
-    async fn payment(
-        &self,
-        claim: ClaimId,
-        purpose: Purpose,
-    ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
-        self.call(
-            "read payment",
-            Some(claim),
-            self.inner.payment(claim, purpose),
-        )
-        .await
-    }
-
-    async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
-        self.call(
-            "record handled",
-            Some(inbox.claim_id),
-            self.inner.record_handled(inbox),
-        )
-        .await
-    }
-
-    async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version> {
-        self.call(
-            "replace inbox",
-            Some(inbox.claim_id),
-            self.inner.replace_inbox(inbox, expected),
-        )
-        .await
-    }
-
-    async fn finalize(&self, write: Finalize<'_>) -> StoreResult<()> {
-        self.call(
-            "finalize",
-            Some(write.inbox.claim_id),
-            self.inner.finalize(write),
-        )
-        .await
-    }
-
-    async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
-        self.call("list payments", None, self.inner.list_payments(limit))
-            .await
-    }
-
-    async fn unsettled_payments(&self, limit: usize) -> StoreResult<Vec<Versioned<PaymentRecord>>> {
-        self.call(
-            "list unsettled payments",
-            None,
-            self.inner.unsettled_payments(limit),
-        )
-        .await
-    }
-
-    async fn count_payments(&self, status: PaymentStatus, limit: usize) -> StoreResult<usize> {
-        self.call(
-            "count payments",
-            None,
-            self.inner.count_payments(status, limit),
-        )
-        .await
-    }
-
-    async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
-        self.call("list inbox", None, self.inner.list_inbox(limit))
-            .await
-    }
-
-    async fn purge_expired(&self, now: OffsetDateTime, batch: usize) -> StoreResult<u64> {
-        self.call("purge", None, self.inner.purge_expired(now, batch))
-            .await
-    }
-
-    fn expires_by_itself(&self) -> bool {
-        self.inner.expires_by_itself()
-    }
-
-    async fn failed(&self) -> String {
-        self.inner.failed().await
     }
 }

@@ -356,17 +356,7 @@ impl SpanProcessor for Bounded {
         self.inner.on_end(span);
     }
 
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.inner.set_resource(resource);
-    }
+    super::forward_lifecycle_to_inner!();
 }
 
 /// The exporter behind the queue: frees the queue's places of what it exported, and
@@ -625,16 +615,7 @@ mod tests {
     use super::*;
 
     fn settings(pairs: &[(&str, &str)]) -> anyhow::Result<TelemetrySettings> {
-        let pairs: Vec<(String, String)> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        TelemetrySettings::from_lookup(|name| {
-            pairs
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        })
+        TelemetrySettings::from_lookup(crate::telemetry::lookup(pairs))
     }
 
     #[test]

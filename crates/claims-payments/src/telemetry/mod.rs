@@ -23,6 +23,39 @@
 //! telemetry is exported, each counter is also an OpenTelemetry counter with its
 //! dimensions ([`metrics`]), so Application Insights gets real metrics, not log lines.
 
+/// The span processor methods that a processor wrapping another (`self.inner`) hands on
+/// unchanged: flushing, shutting down and the resource. Used inside `impl SpanProcessor`.
+macro_rules! forward_lifecycle_to_inner {
+    () => {
+        fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+            self.inner.force_flush()
+        }
+
+        fn shutdown_with_timeout(
+            &self,
+            timeout: std::time::Duration,
+        ) -> opentelemetry_sdk::error::OTelSdkResult {
+            self.inner.shutdown_with_timeout(timeout)
+        }
+
+        fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+            self.inner.set_resource(resource);
+        }
+    };
+}
+use forward_lifecycle_to_inner;
+
+/// For tests: settings read from `pairs`, as from the process environment.
+#[cfg(test)]
+fn lookup<'a>(pairs: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    move |name| {
+        pairs
+            .iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value.to_string())
+    }
+}
+
 pub mod export;
 pub(crate) mod metrics;
 pub mod sampling;

@@ -30,11 +30,9 @@ use opentelemetry::trace::{
     Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
 };
 use opentelemetry::{Context, KeyValue, Value};
-use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
     SamplingDecision, SamplingResult, ShouldSample, Span, SpanData, SpanProcessor,
 };
-use opentelemetry_sdk::Resource;
 
 use super::counters;
 
@@ -431,23 +429,14 @@ impl<P: SpanProcessor> SpanProcessor for TailSampler<P> {
         }
     }
 
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.inner.set_resource(resource);
-    }
+    super::forward_lifecycle_to_inner!();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use opentelemetry::trace::TraceState;
+    use opentelemetry_sdk::error::OTelSdkResult;
     use std::sync::Arc;
 
     fn trace_id(hex: &str) -> TraceId {
@@ -487,18 +476,7 @@ mod tests {
 
     #[test]
     fn settings_are_checked_strictly() {
-        let policy = |pairs: &[(&str, &str)]| {
-            let pairs: Vec<(String, String)> = pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            Policy::from_lookup(|name| {
-                pairs
-                    .iter()
-                    .find(|(k, _)| k == name)
-                    .map(|(_, v)| v.clone())
-            })
-        };
+        let policy = |pairs: &[(&str, &str)]| Policy::from_lookup(crate::telemetry::lookup(pairs));
         assert_eq!(policy(&[]).unwrap(), Policy::default());
         assert_eq!(
             policy(&[("TELEMETRY_SAMPLE_PERCENT", "100")])
@@ -559,20 +537,25 @@ mod tests {
         }
     }
 
+    fn span_context(trace: TraceId, id: u64, sampled: bool, remote: bool) -> SpanContext {
+        let flags = if sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        };
+        SpanContext::new(
+            trace,
+            SpanId::from(id),
+            flags,
+            remote,
+            TraceState::default(),
+        )
+    }
+
     fn span(trace: TraceId, id: u64, parent: u64, sampled: bool) -> SpanData {
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         SpanData {
-            span_context: SpanContext::new(
-                trace,
-                SpanId::from(id),
-                if sampled {
-                    TraceFlags::SAMPLED
-                } else {
-                    TraceFlags::default()
-                },
-                false,
-                TraceState::default(),
-            ),
+            span_context: span_context(trace, id, sampled, false),
             parent_span_id: SpanId::from(parent),
             parent_span_is_remote: false,
             span_kind: SpanKind::Internal,
@@ -732,17 +715,7 @@ mod tests {
         use opentelemetry::trace::TraceContextExt as _;
         let trace = trace_id("4bf92f3577b34da6a3ce929d0e0e4736");
         let remote = |sampled: bool| {
-            Context::new().with_remote_span_context(SpanContext::new(
-                trace,
-                SpanId::from(7),
-                if sampled {
-                    TraceFlags::SAMPLED
-                } else {
-                    TraceFlags::default()
-                },
-                true,
-                TraceState::default(),
-            ))
+            Context::new().with_remote_span_context(span_context(trace, 7, sampled, true))
         };
         let decide = |policy: Policy, cx: Option<&Context>| {
             HeadSampler { policy }

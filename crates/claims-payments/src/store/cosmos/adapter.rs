@@ -5,7 +5,6 @@
 //! per-operation status codes: a refused batch comes back as `Ok` with status 207, whose
 //! `is_success()` is true.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -30,7 +29,7 @@ use super::settings::{CosmosAuth, CosmosSettings};
 use crate::domain::{ClaimId, Purpose};
 use crate::store::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
-    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
+    PaymentStatus, RoundTrips, Store, StoreError, StoreResult, Version, Versioned,
 };
 use crate::telemetry;
 
@@ -39,7 +38,7 @@ use crate::telemetry;
 pub struct CosmosStore {
     container: ContainerClient,
     inbox_ttl_seconds: i32,
-    requests: AtomicU64,
+    requests: RoundTrips,
 }
 
 /// What a claim batch found, before any follow-up read.
@@ -56,7 +55,7 @@ impl CosmosStore {
         Ok(CosmosStore {
             container,
             inbox_ttl_seconds: ttl_seconds(retention)?,
-            requests: AtomicU64::new(0),
+            requests: RoundTrips::default(),
         })
     }
 
@@ -83,7 +82,7 @@ impl CosmosStore {
                     return Ok(CosmosStore {
                         container,
                         inbox_ttl_seconds,
-                        requests: AtomicU64::new(0),
+                        requests: RoundTrips::default(),
                     });
                 }
                 Err(ConnectError::Fatal(error)) => return Err(error),
@@ -106,17 +105,12 @@ impl CosmosStore {
     /// How many requests this store has sent to Cosmos DB (one per SDK operation; the
     /// SDK's own transparent retries of an operation are not counted separately).
     pub fn request_count(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
+        self.requests.so_far()
     }
 
     /// The container this store writes to.
     pub fn container(&self) -> &ContainerClient {
         &self.container
-    }
-
-    fn begin(&self) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        telemetry::counters().store_round_trips.inc();
     }
 
     fn fail(&self, op: &'static str, error: &CosmosError) -> StoreError {
@@ -134,7 +128,7 @@ impl CosmosStore {
         claim: ClaimId,
         id: &str,
     ) -> StoreResult<Option<(T, Version)>> {
-        self.begin();
+        self.requests.count();
         match self.container.read_item(claim.to_string(), id, None).await {
             Ok(response) => {
                 let etag = answered(op, &response)?;
@@ -162,7 +156,7 @@ impl CosmosStore {
         batch: TransactionalBatch,
         expected_ops: usize,
     ) -> StoreResult<Vec<TransactionalBatchOperationResult>> {
-        self.begin();
+        self.requests.count();
         let response = match self
             .container
             .execute_transactional_batch(batch, None)
@@ -465,7 +459,7 @@ impl Store for CosmosStore {
         const OP: &str = "record_handled";
         let doc = InboxDoc::from_record(inbox, self.inbox_ttl_seconds);
         for _ in 0..2 {
-            self.begin();
+            self.requests.count();
             match self
                 .container
                 .create_item(doc.claim_id.clone(), &doc.id, &doc, None)
@@ -494,7 +488,7 @@ impl Store for CosmosStore {
         const OP: &str = "replace_inbox";
         let doc = InboxDoc::from_record(inbox, self.inbox_ttl_seconds);
         let options = ItemWriteOptions::default().with_precondition(if_match(expected));
-        self.begin();
+        self.requests.count();
         match self
             .container
             .replace_item(doc.claim_id.clone(), &doc.id, &doc, Some(options))
@@ -641,7 +635,7 @@ impl CosmosStore {
         ))
         .with_parameter("@docType", doc_type)
         .map_err(|e| StoreError::Permanent(format!("cosmos {op}: cannot build query: {e}")))?;
-        self.begin();
+        self.requests.count();
         let pages = match self
             .container
             .query_items::<serde_json::Value>(query, FeedScope::full_container(), None)

@@ -60,7 +60,6 @@ mod rows;
 mod schema;
 pub(crate) mod settings;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -81,7 +80,7 @@ pub use settings::{Pooler, PostgresSettings};
 
 use super::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
-    PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
+    PaymentStatus, RoundTrips, Store, StoreError, StoreResult, Version, Versioned,
 };
 use crate::domain::{ClaimId, Purpose};
 use crate::telemetry;
@@ -116,7 +115,7 @@ enum Effect {
 
 pub struct PostgresStore {
     pool: pool::Pool,
-    round_trips: AtomicU64,
+    round_trips: RoundTrips,
     target: String,
     outage_wait: Duration,
 }
@@ -168,7 +167,7 @@ impl PostgresStore {
         );
         Ok(PostgresStore {
             pool,
-            round_trips: AtomicU64::new(0),
+            round_trips: RoundTrips::default(),
             target,
             outage_wait: settings.outage_wait,
         })
@@ -176,17 +175,12 @@ impl PostgresStore {
 
     /// Statements sent so far (prepares included), for round-trip measurements.
     pub fn round_trips(&self) -> u64 {
-        self.round_trips.load(Ordering::Relaxed)
+        self.round_trips.so_far()
     }
 
     /// hosts, port and database, for messages.
     pub fn target(&self) -> &str {
         &self.target
-    }
-
-    fn count(&self) {
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
-        telemetry::counters().store_round_trips.inc();
     }
 
     /// Runs `sql` with `params` and returns its rows (see [`call`](Self::call)).
@@ -333,11 +327,11 @@ impl PostgresStore {
         let mut sent = false;
         let run = async {
             for _ in 0..conn.setup_round_trips(sql) {
-                self.count();
+                self.round_trips.count();
             }
             let prepared = conn.prepare(sql, params).await?;
             sent = true;
-            self.count();
+            self.round_trips.count();
             match wants {
                 Wants::Rows => conn.query(&prepared).await.map(Output::Rows),
                 Wants::Count => conn.execute(&prepared).await.map(Output::Count),

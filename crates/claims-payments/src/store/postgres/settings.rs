@@ -373,6 +373,11 @@ mod tests {
         settings(&[("PAYMENTS_POSTGRES_URL", value)])
     }
 
+    /// The URL and one more setting.
+    fn url_and(value: &str, name: &str, setting: &str) -> Result<PostgresSettings, ConfigError> {
+        settings(&[("PAYMENTS_POSTGRES_URL", value), (name, setting)])
+    }
+
     #[test]
     fn connections_want_a_writable_server_and_keep_the_host_name() {
         let remote =
@@ -393,18 +398,10 @@ mod tests {
     fn the_outage_wait_defaults_to_20_s_and_is_bounded() {
         let local = "postgresql://app:pw@127.0.0.1/payments";
         assert_eq!(url(local).unwrap().outage_wait, Duration::from_secs(20));
-        let zero = settings(&[
-            ("PAYMENTS_POSTGRES_URL", local),
-            ("PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", "0"),
-        ])
-        .unwrap();
+        let zero = url_and(local, "PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", "0").unwrap();
         assert_eq!(zero.outage_wait, Duration::ZERO);
         for bad in ["60001", "-1", "30s"] {
-            let err = settings(&[
-                ("PAYMENTS_POSTGRES_URL", local),
-                ("PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", bad),
-            ])
-            .unwrap_err();
+            let err = url_and(local, "PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", bad).unwrap_err();
             assert_eq!(err.setting, "PAYMENTS_POSTGRES_OUTAGE_WAIT_MS", "{bad}");
         }
     }
@@ -417,20 +414,12 @@ mod tests {
             ("none", Pooler::None),
             ("pgbouncer-transaction", Pooler::PgBouncerTransaction),
         ] {
-            let s = settings(&[
-                ("PAYMENTS_POSTGRES_URL", local),
-                ("PAYMENTS_POSTGRES_POOLER", value),
-            ])
-            .unwrap();
+            let s = url_and(local, "PAYMENTS_POSTGRES_POOLER", value).unwrap();
             assert_eq!(s.pooler, pooler, "{value}");
             assert_eq!(pooler.as_str(), value);
         }
         for bad in ["pgbouncer", "session", "transaction"] {
-            let err = settings(&[
-                ("PAYMENTS_POSTGRES_URL", local),
-                ("PAYMENTS_POSTGRES_POOLER", bad),
-            ])
-            .unwrap_err();
+            let err = url_and(local, "PAYMENTS_POSTGRES_POOLER", bad).unwrap_err();
             assert_eq!(err.setting, "PAYMENTS_POSTGRES_POOLER", "{bad}");
             assert!(err.problem.contains("pgbouncer-transaction"), "{err}");
         }

@@ -549,15 +549,14 @@ impl Store for SqliteStore {
 
     async fn list_payments(&self, limit: usize) -> StoreResult<Vec<Listed<PaymentRecord>>> {
         self.read(move |c| {
-            Ok(list(
+            list_records(
                 c,
                 &format!("SELECT {PAYMENT_COLUMNS} FROM payments ORDER BY created_at_ms, claim_id LIMIT ?1"),
                 limit,
-                |r| Ok(PaymentRow::from_row(r).map_err(|e| unreadable_row(r, PAYMENT_COLUMNS, &e))),
-            )?
-            .into_iter()
-            .map(|row| row.and_then(|row| row.into_record().map(|v| v.record)))
-            .collect())
+                PAYMENT_COLUMNS,
+                PaymentRow::from_row,
+                PaymentRow::into_record,
+            )
         })
         .await
     }
@@ -597,17 +596,16 @@ impl Store for SqliteStore {
 
     async fn list_inbox(&self, limit: usize) -> StoreResult<Vec<Listed<InboxRecord>>> {
         self.read(move |c| {
-            Ok(list(
+            list_records(
                 c,
                 &format!(
                     "SELECT {INBOX_COLUMNS} FROM inbox ORDER BY created_at_ms, message_id LIMIT ?1"
                 ),
                 limit,
-                |r| Ok(InboxRow::from_row(r).map_err(|e| unreadable_row(r, INBOX_COLUMNS, &e))),
-            )?
-            .into_iter()
-            .map(|row| row.and_then(|row| row.into_record().map(|v| v.record)))
-            .collect())
+                INBOX_COLUMNS,
+                InboxRow::from_row,
+                InboxRow::into_record,
+            )
         })
         .await
     }

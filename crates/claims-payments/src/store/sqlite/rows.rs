@@ -422,3 +422,23 @@ pub(super) fn list<T>(
         .map_err(map_sqlite_error)?;
     Ok(rows)
 }
+
+/// Lists records with `sql` (`?1` is the limit): each row read with `from_row` and made
+/// a record with `into_record`; a row that does not read is listed as its
+/// [`CorruptRecord`] (`columns` names what it holds), and the rest are still read.
+pub(super) fn list_records<R, T>(
+    conn: &Connection,
+    sql: &str,
+    limit: usize,
+    columns: &'static str,
+    from_row: fn(&Row<'_>) -> rusqlite::Result<R>,
+    into_record: fn(R) -> Result<Versioned<T>, CorruptRecord>,
+) -> StoreResult<Vec<Listed<T>>> {
+    let rows = list(conn, sql, limit, |r| {
+        Ok(from_row(r).map_err(|e| unreadable_row(r, columns, &e)))
+    })?;
+    Ok(rows
+        .into_iter()
+        .map(|row| row.and_then(|row| into_record(row).map(|v| v.record)))
+        .collect())
+}
