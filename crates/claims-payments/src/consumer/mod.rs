@@ -47,8 +47,8 @@ use crate::telemetry;
 pub(crate) use crate::message::OutcomeKind;
 pub(crate) use crash::{CrashHook, Step};
 use decide::{
-    AfterClaim, AfterPayout, Attempt, Corrupt, FirstClaim, OnHeld, OnInbox, OnPayment,
-    OnPayoutOwner, TakeOverReason,
+    AfterClaim, AfterPayout, Attempt, Corrupt, FirstClaim, OnInbox, OnPayment, OnPayoutOwner,
+    OnResume, TakeOverReason,
 };
 pub use outcome::Outcome;
 use wait::BoundedWait;
@@ -393,9 +393,7 @@ impl Consumer {
             OnInbox::Finish(outcome) => return Ok(Progress::Done(outcome)),
             OnInbox::AnswerFromPayment => {
                 telemetry::counters().own_write_recognised.inc();
-                let payment = self.read_payment(a).await?;
-                let outcome = decide::answer_from_payment(payment.as_ref().map(|p| &p.record))?;
-                return Ok(Progress::Done(outcome));
+                return Ok(Progress::Next(State::Resume(seen.record, seen.version)));
             }
             OnInbox::Resume => {
                 telemetry::counters().own_write_recognised.inc();
@@ -529,14 +527,16 @@ impl Consumer {
         })
     }
 
-    /// Continues a message whose lease we now hold, from where its records say.
+    /// Continues a message whose record is ours (we hold its lease, or our own completed
+    /// write came back), from where its records say.
     async fn resume(&self, a: &Attempt<'_>, inbox: InboxRecord, version: Version) -> Advance {
         let payment = self.read_payment(a).await?;
-        match decide::on_held(a, &inbox, payment, &self.policy, self.now())? {
-            OnHeld::PayOut { payment } => {
+        match decide::on_resume(a, &inbox, payment, &self.policy, self.now())? {
+            OnResume::Finish(outcome) => Ok(Progress::Done(outcome)),
+            OnResume::PayOut { payment } => {
                 Ok(Progress::Next(State::Payout(inbox, version, payment)))
             }
-            OnHeld::CompleteInbox {
+            OnResume::CompleteInbox {
                 inbox,
                 payment,
                 outcome,
@@ -672,7 +672,8 @@ enum State {
     Payment(PaymentRecord, BoundedWait),
     /// Another message's payout of the claim is in progress: wait, then re-read it.
     AwaitPayout(PaymentRecord, BoundedWait),
-    /// We hold the lease: read the payment and continue from it.
+    /// This message's record is ours (we hold its lease, or completed it): read the
+    /// payment and continue from it.
     Resume(InboxRecord, Version),
     /// We hold the lease and the payout is owed: call the bank and finalize.
     Payout(InboxRecord, Version, PaymentRecord),
