@@ -358,14 +358,15 @@ impl Consumer {
         // delivery's answer. Unless it must stop us, we go back to waiting for the payment.
         let mut return_to: Option<State> = None;
         loop {
+            // A claim's own way first (pay out, resume), then what a refused claim found.
             let progress = match state {
-                State::Seen(seen, wait) => self.on_inbox(a, seen, wait).await?,
-                State::Payment(payment, wait) => self.on_payment(a, payment, wait).await?,
-                State::AwaitPayout(payment, wait) => self.await_payout(a, payment, wait).await?,
-                State::Resume(inbox, version) => self.resume(a, inbox, version).await?,
                 State::Payout(inbox, version, payment) => {
                     self.payout(a, inbox, version, payment).await?
                 }
+                State::Resume(inbox, version) => self.resume(a, inbox, version).await?,
+                State::Seen(seen, wait) => self.on_inbox(a, seen, wait).await?,
+                State::Payment(payment, wait) => self.on_payment(a, payment, wait).await?,
+                State::AwaitPayout(payment, wait) => self.await_payout(a, payment, wait).await?,
             };
             state = match progress {
                 Progress::Next(next) => next,
@@ -665,6 +666,11 @@ impl Consumer {
 
 /// Where one attempt stands between two store reads.
 enum State {
+    /// We hold the lease and the payout is owed: call the bank and finalize.
+    Payout(InboxRecord, Version, PaymentRecord),
+    /// This message's record is ours (we hold its lease, or completed it): read the
+    /// payment and continue from it.
+    Resume(InboxRecord, Version),
     /// This message's inbox record, to judge. The wait bounds how long a live holder
     /// is waited for; it starts when the flow first looks at the record.
     Seen(Versioned<InboxRecord>, BoundedWait),
@@ -672,11 +678,6 @@ enum State {
     Payment(PaymentRecord, BoundedWait),
     /// Another message's payout of the claim is in progress: wait, then re-read it.
     AwaitPayout(PaymentRecord, BoundedWait),
-    /// This message's record is ours (we hold its lease, or completed it): read the
-    /// payment and continue from it.
-    Resume(InboxRecord, Version),
-    /// We hold the lease and the payout is owed: call the bank and finalize.
-    Payout(InboxRecord, Version, PaymentRecord),
 }
 
 /// What one step of the loop produced.
