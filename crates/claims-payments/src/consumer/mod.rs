@@ -19,9 +19,10 @@
 //! Nothing is ever deleted after the bank may have been called. An outcome that cannot
 //! be known becomes `needs_reconciliation`, never a second payout.
 //!
-//! Layout: [`decide`](mod@decide) holds every rule as a pure function (what was read -> what to do
-//! next); this module does the I/O in one loop (read, decide, act, until an outcome);
-//! [`wait`] is the one bounded wait; [`outcome`] is how a delivery ends.
+//! Layout: [`decide`](mod@decide) holds every rule as a pure function, one per observation
+//! (what was read -> what can follow it, as its own type); this module does the I/O in
+//! one loop (read, decide, act, until an outcome); [`wait`] is the one bounded wait;
+//! [`outcome`] is how a delivery ends.
 
 pub(crate) mod crash;
 pub(crate) mod decide;
