@@ -1,19 +1,35 @@
 //! The consumer's decisions, apart from its I/O.
 //!
-//! [`decide`] looks at what the store returned ([`Observed`]), this attempt, the policy
-//! and `now`, and says what to do next ([`NextAction`]). It reads no clock and touches
-//! no store, so every rule of the state machine is a plain function of its inputs and
-//! is tested as one (see the tests below). The records an action writes are built here
-//! too, because their fields (owner, lease, retention) are part of the decision.
+//! Each thing the flow reads from the store (or the bank) has its own function here and
+//! its own answer type, listing only what can follow that observation, so the I/O loop
+//! in [`super`] matches every answer exhaustively and has no "cannot happen" arm:
+//!
+//! | observation                                  | decision            | answer          |
+//! |----------------------------------------------|---------------------|-----------------|
+//! | the message, before anything is written      | [`first_claim`]     | [`FirstClaim`]  |
+//! | our claim went through                       | [`after_claim`]     | [`AfterClaim`]  |
+//! | this message's inbox record                  | [`on_inbox`]        | [`OnInbox`]     |
+//! | the claim's payment (no inbox record)        | [`on_payment`]      | [`OnPayment`]   |
+//! | the inbox record of another message's payout | [`on_payout_owner`] | [`OnPayoutOwner`] |
+//! | the payment, for our own record              | [`on_resume`]       | [`OnResume`]    |
+//! | the bank's answer to our payout              | [`after_payout`]    | [`AfterPayout`] |
+//!
+//! None of them reads a clock or touches the store or the bank: every rule is a plain
+//! function of its inputs and is tested as one (see the tests below). The records a
+//! decision writes are built here too, because their fields (owner, lease, retention,
+//! status) are part of it; the lease rules themselves are [`lease`]'s, reached
+//! through [`Attempt`].
 
 use time::OffsetDateTime;
 
 use super::{Delivery, Outcome, OutcomeKind, Policy};
+use crate::bank::PayoutOutcome;
 use crate::domain::{ClaimApproved, PayloadHash, Purpose};
 use crate::lease::liveness::GoneOwners;
 use crate::lease::{self, Holder};
 use crate::store::{
     AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
+    Versioned,
 };
 
 /// What one attempt knows about the message it handles.
@@ -49,38 +65,92 @@ impl Attempt<'_> {
         }
     }
 
-    /// Who holds `record`, as this attempt sees it (the takeover rule:
-    /// [`lease::holder`]).
-    pub(crate) fn sees(&self, record: &InboxRecord, now: OffsetDateTime) -> Holder {
-        lease::holder(
-            record,
+    /// The broker's count this attempt judges `record` with: ours for this message's
+    /// own record, and 0 (unknown) for another message's, which our count says nothing
+    /// about.
+    fn delivery_for(&self, record: &InboxRecord) -> u32 {
+        if record.message_id == self.delivery.message_id {
+            self.delivery.delivery_count
+        } else {
+            0
+        }
+    }
+
+    /// How `record` stands for this attempt: the takeover rule ([`lease::holder`])
+    /// and, when it lets us in, the record that takes it over.
+    pub(crate) fn stands(
+        &self,
+        record: &InboxRecord,
+        policy: &Policy,
+        now: OffsetDateTime,
+    ) -> Standing {
+        let delivery = self.delivery_for(record);
+        let owner_gone = self.gone.contains(record.owner);
+        let reason = match lease::holder(record, self.id, delivery, owner_gone, now) {
+            Holder::Us => return Standing::Ours,
+            Holder::Live(until) => return Standing::Live(until),
+            Holder::Nobody => TakeOverReason::LeaseExpired,
+            Holder::Superseded => TakeOverReason::LaterDelivery,
+            Holder::OwnerGone => TakeOverReason::OwnerGone,
+        };
+        Standing::Free {
+            taken: lease::taken_over(record, self.id, delivery, policy.terms(), now),
+            reason,
+        }
+    }
+
+    /// This message's inbox record, written anew by this attempt: in progress under a
+    /// fresh lease when `outcome` is `None`, otherwise completed with it.
+    fn new_inbox(
+        &self,
+        policy: &Policy,
+        now: OffsetDateTime,
+        outcome: Option<OutcomeKind>,
+    ) -> InboxRecord {
+        lease::new_record(
+            &self.key,
+            &self.hash,
             self.id,
             self.delivery.delivery_count,
-            self.gone.contains(record.owner),
+            policy.terms(),
             now,
+            outcome.map(InboxOutcome::Message),
         )
+    }
+
+    /// `record`, which we hold, completed with `outcome` by this attempt at `now`: the
+    /// latest delivery count kept and the retention counted from this write
+    /// ([`lease::touched`]).
+    fn completes(
+        &self,
+        record: &InboxRecord,
+        outcome: &Outcome,
+        policy: &Policy,
+        now: OffsetDateTime,
+    ) -> InboxRecord {
+        let touched = lease::touched(record, self.delivery.delivery_count, policy.terms(), now);
+        lease::completed(&touched, outcome.kind().into(), now)
     }
 }
 
-/// What the store returned, at the point of the flow where it was read.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Observed<'r> {
-    /// Our claim created both records; `inbox` is the one we wrote.
-    Claimed { inbox: &'r InboxRecord },
-    /// This message's inbox record, as stored.
-    Inbox(&'r InboxRecord),
-    /// The claim's payment, read because our own completed record came back.
-    OwnCompleted(Option<&'r PaymentRecord>),
-    /// The claim's payment, found while this message has no inbox record.
-    Payment(&'r PaymentRecord),
-    /// The inbox record of the message whose payout is in progress (`None`: expired).
-    PayoutOwner(Option<&'r InboxRecord>),
-    /// The claim's payment, read while we hold `inbox`'s lease.
-    Held {
-        inbox: &'r InboxRecord,
-        payment: Option<&'r PaymentRecord>,
+/// How an inbox record stands for an attempt ([`Attempt::stands`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Standing {
+    /// This very attempt wrote it (an ambiguous timeout re-sent our own write).
+    Ours,
+    /// A live attempt holds it, until then.
+    Live(OffsetDateTime),
+    /// Nobody may hold this attempt off, for `reason`: `taken` writes over it, ours and
+    /// in progress under a fresh lease.
+    Free {
+        taken: InboxRecord,
+        reason: TakeOverReason,
     },
 }
+
+/// The store contradicts itself; retrying cannot help.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Corrupt(pub(crate) String);
 
 /// Why a lease changes hands; logged with the takeover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,30 +173,142 @@ impl TakeOverReason {
     }
 }
 
-/// What the consumer does next.
+/// The payee rule, the one place it is written (the consumer and the payments API both
+/// apply it): with payouts enabled, a claim without a payee can never be paid.
+/// `Some(reason)` refuses the message.
+pub(crate) fn missing_payee(msg: &ClaimApproved, payouts_enabled: bool) -> Option<&'static str> {
+    (payouts_enabled && msg.payee.is_none()).then_some("payee: is missing, and payouts are enabled")
+}
+
+/// The two records a first attempt claims in one atomic step.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum NextAction {
-    /// Answer with this outcome; nothing (more) is written.
+pub(crate) struct FirstClaim {
+    pub(crate) inbox: InboxRecord,
+    pub(crate) payment: PaymentRecord,
+}
+
+/// The message, before anything is written: refused ([`missing_payee`]), or the records
+/// to claim ([`first_records`]).
+pub(crate) fn first_claim(
+    a: &Attempt<'_>,
+    policy: &Policy,
+    payouts_enabled: bool,
+    now: OffsetDateTime,
+) -> Result<FirstClaim, Outcome> {
+    match missing_payee(a.msg, payouts_enabled) {
+        Some(reason) => Err(Outcome::InvalidMessage {
+            reason: format!("{reason} (BANK_API_URL is set)"),
+        }),
+        None => Ok(first_records(a, policy, payouts_enabled, now)),
+    }
+}
+
+/// The records of a first attempt. With payouts: the inbox record in progress under our
+/// lease, the payment in progress with its exact payout request. In ledger-only mode the
+/// claim itself records the payment: both are final at once.
+pub(crate) fn first_records(
+    a: &Attempt<'_>,
+    policy: &Policy,
+    payouts_enabled: bool,
+    now: OffsetDateTime,
+) -> FirstClaim {
+    let ledger_only = !payouts_enabled;
+    let inbox = a.new_inbox(policy, now, ledger_only.then_some(OutcomeKind::Recorded));
+    let payment = PaymentRecord {
+        claim_id: a.msg.claim_id,
+        purpose: Purpose::Payout,
+        tenant_id: a.msg.tenant.clone(),
+        money: a.msg.money,
+        payee: a.msg.payee.clone(),
+        payload_hash: a.hash.clone(),
+        message_id: a.delivery.message_id.clone(),
+        idempotency_key: a.msg.idempotency_key(),
+        payout_request: payouts_enabled.then(|| a.msg.payout_request_body()),
+        status: if ledger_only {
+            PaymentStatus::Recorded
+        } else {
+            PaymentStatus::InProgress
+        },
+        bank_payment_id: None,
+        status_reason: None,
+        created_at: now,
+        updated_at: now,
+    };
+    FirstClaim { inbox, payment }
+}
+
+/// What follows a claim that went through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterClaim {
+    /// Ledger-only mode: the claim itself recorded the payment; answer `recorded`.
+    Recorded,
+    /// We hold the lease and the payout is owed: call the bank, then finalize.
+    PayOut,
+}
+
+/// Our claim created both records; `inbox` is the one we wrote.
+pub(crate) fn after_claim(inbox: &InboxRecord) -> AfterClaim {
+    match inbox.status {
+        InboxStatus::Completed => AfterClaim::Recorded,
+        InboxStatus::InProgress => AfterClaim::PayOut,
+    }
+}
+
+/// What follows reading this message's inbox record.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OnInbox {
+    /// A duplicate or a conflict: answer this; nothing (more) is written.
     Finish(Outcome),
-    /// Our own completed write came back (the SDK re-sent it): answer from the payment.
+    /// Our own completed write came back (the SDK re-sent it): resume, which answers
+    /// from the payment.
     AnswerFromPayment,
     /// Our own in-progress write came back: we hold its lease; resume from the records.
     Resume,
     /// Another attempt holds a live lease on this message: wait (bounded), then re-read.
-    WaitForLiveAttempt { lease_until: Option<OffsetDateTime> },
+    WaitForLiveAttempt { lease_until: OffsetDateTime },
     /// Take the message's lease over: write `record` if the version read still holds.
     TakeOver {
         record: InboxRecord,
         reason: TakeOverReason,
     },
-    /// We hold the lease and the payout is owed: call the bank, then finalize.
-    PayOut,
-    /// The payment is already final (only a manual repair gets here): complete the
-    /// inbox record to match it.
-    CompleteInbox {
-        inbox: InboxRecord,
-        outcome: Outcome,
-    },
+}
+
+/// This message's inbox record exists (the claim was refused, or we re-read it).
+pub(crate) fn on_inbox(
+    a: &Attempt<'_>,
+    record: &InboxRecord,
+    policy: &Policy,
+    now: OffsetDateTime,
+) -> OnInbox {
+    match a.stands(record, policy, now) {
+        // Our own committed write, reported as a conflict (409) or a stale ETag (412)
+        // because the SDK re-sent it after an ambiguous timeout.
+        Standing::Ours => match record.status {
+            InboxStatus::Completed => OnInbox::AnswerFromPayment,
+            InboxStatus::InProgress => OnInbox::Resume,
+        },
+        _ if record.payload_hash != a.hash => OnInbox::Finish(Outcome::Conflict {
+            reason: format!(
+                "MessageId {} was first received with a different payload for claim {}; this delivery is refused",
+                a.delivery.message_id, a.msg.claim_id
+            ),
+        }),
+        _ if record.status == InboxStatus::Completed => OnInbox::Finish(Outcome::Duplicate {
+            first_outcome: record.outcome.as_ref().and_then(InboxOutcome::kind),
+        }),
+        Standing::Live(lease_until) => OnInbox::WaitForLiveAttempt { lease_until },
+        Standing::Free { taken, reason } => OnInbox::TakeOver {
+            record: taken,
+            reason,
+        },
+    }
+}
+
+/// What follows finding the claim's payment while this message has no inbox record.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OnPayment {
+    /// The payment has another payload: answer this conflict; nothing is written.
+    Finish(Outcome),
     /// The claim's payment is final: record this message as handled, answer `outcome`.
     FinishBusinessDuplicate {
         inbox: InboxRecord,
@@ -137,124 +319,18 @@ pub(crate) enum NextAction {
     ReclaimPayout { inbox: InboxRecord },
     /// Another message's payout is in progress: read that message's inbox record.
     InspectPayoutOwner { owner: InboxKey },
-    /// That message's attempt died (lease expired): take its lease over with `record`
-    /// and finish its payout under the same key, so it does not wait for a redelivery
-    /// that may never come.
-    AdoptOrphanedPayout { record: InboxRecord },
-    /// Another message's payout is in progress under a live attempt: wait (bounded),
-    /// then re-read the payment.
-    WaitForPayout,
-    /// The store contradicts itself; retrying cannot help.
-    Corrupt(String),
-}
-
-/// The single place where the state machine decides. Pure: `now` is a parameter.
-pub(crate) fn decide(
-    a: &Attempt<'_>,
-    seen: Observed<'_>,
-    policy: &Policy,
-    now: OffsetDateTime,
-) -> NextAction {
-    match seen {
-        Observed::Claimed { inbox } => match inbox.status {
-            // Ledger-only mode: the claim itself recorded the payment.
-            InboxStatus::Completed => NextAction::Finish(Outcome::Recorded),
-            InboxStatus::InProgress => NextAction::PayOut,
-        },
-        Observed::Inbox(record) => on_inbox(a, record, policy, now),
-        Observed::OwnCompleted(payment) => match payment {
-            Some(p) => NextAction::Finish(outcome_of(p)),
-            None => NextAction::Corrupt("completed message without a payment".into()),
-        },
-        Observed::Payment(payment) => on_payment(a, payment, policy, now),
-        Observed::PayoutOwner(owner) => match owner {
-            // Another message's record: our delivery count says nothing about it.
-            Some(o)
-                if o.status == InboxStatus::InProgress
-                    && matches!(
-                        lease::holder(o, a.id, 0, a.gone.contains(o.owner), now),
-                        Holder::Nobody | Holder::OwnerGone
-                    ) =>
-            {
-                NextAction::AdoptOrphanedPayout {
-                    record: lease::taken_over(o, a.id, 0, policy.terms(), now),
-                }
-            }
-            _ => NextAction::WaitForPayout,
-        },
-        Observed::Held { inbox, payment } => match payment {
-            None => NextAction::Corrupt(format!(
-                "claim {} has an in-progress inbox record but no payment",
-                a.msg.claim_id
-            )),
-            Some(p) if p.status == PaymentStatus::InProgress => NextAction::PayOut,
-            Some(p) => {
-                let outcome = outcome_of(p);
-                NextAction::CompleteInbox {
-                    inbox: lease::completed(
-                        &touched(a, inbox, policy, now),
-                        outcome.kind().into(),
-                        now,
-                    ),
-                    outcome,
-                }
-            }
-        },
-    }
-}
-
-/// This message's inbox record exists (the claim was refused, or we re-read it).
-fn on_inbox(
-    a: &Attempt<'_>,
-    record: &InboxRecord,
-    policy: &Policy,
-    now: OffsetDateTime,
-) -> NextAction {
-    let holder = a.sees(record, now);
-    if holder == Holder::Us {
-        // Our own committed write, reported as a conflict (409) or a stale ETag (412)
-        // because the SDK re-sent it after an ambiguous timeout.
-        return match record.status {
-            InboxStatus::Completed => NextAction::AnswerFromPayment,
-            InboxStatus::InProgress => NextAction::Resume,
-        };
-    }
-    if record.payload_hash != a.hash {
-        return NextAction::Finish(Outcome::Conflict {
-            reason: format!(
-                "MessageId {} was first received with a different payload for claim {}; this delivery is refused",
-                a.delivery.message_id, a.msg.claim_id
-            ),
-        });
-    }
-    match (record.status, holder) {
-        (InboxStatus::Completed, _) => NextAction::Finish(Outcome::Duplicate {
-            first_outcome: record.outcome.as_ref().and_then(InboxOutcome::kind),
-        }),
-        (InboxStatus::InProgress, Holder::Live(until)) => NextAction::WaitForLiveAttempt {
-            lease_until: Some(until),
-        },
-        (InboxStatus::InProgress, _) => NextAction::TakeOver {
-            record: lease::taken_over(record, a.id, a.delivery.delivery_count, policy.terms(), now),
-            reason: match holder {
-                Holder::Superseded => TakeOverReason::LaterDelivery,
-                Holder::OwnerGone => TakeOverReason::OwnerGone,
-                _ => TakeOverReason::LeaseExpired,
-            },
-        },
-    }
 }
 
 /// The claim already has a payment and this message has no inbox record: another
 /// message paid it (a business duplicate), or this one did and its record expired.
-fn on_payment(
+pub(crate) fn on_payment(
     a: &Attempt<'_>,
     payment: &PaymentRecord,
     policy: &Policy,
     now: OffsetDateTime,
-) -> NextAction {
+) -> OnPayment {
     if payment.payload_hash != a.hash {
-        return NextAction::Finish(Outcome::Conflict {
+        return OnPayment::Finish(Outcome::Conflict {
             reason: format!(
                 "claim {} already has a payment from message {} with a different amount, currency, tenant or payee",
                 a.msg.claim_id, payment.message_id
@@ -264,12 +340,12 @@ fn on_payment(
     let same_message = payment.message_id == a.delivery.message_id;
     if same_message && !payment.status.is_terminal() {
         // Our payout is owed and nobody holds it: hold it again and resume.
-        return NextAction::ReclaimPayout {
-            inbox: inbox_record(a, policy, now, Some(now + policy.lease), None),
+        return OnPayment::ReclaimPayout {
+            inbox: a.new_inbox(policy, now, None),
         };
     }
     if !payment.status.is_terminal() {
-        return NextAction::InspectPayoutOwner {
+        return OnPayment::InspectPayoutOwner {
             owner: InboxKey {
                 message_id: payment.message_id.clone(),
                 ..a.key.clone()
@@ -286,79 +362,203 @@ fn on_payment(
             original_message: payment.message_id.clone(),
         }
     };
-    NextAction::FinishBusinessDuplicate {
-        inbox: inbox_record(a, policy, now, None, Some(outcome.kind())),
+    OnPayment::FinishBusinessDuplicate {
+        inbox: a.new_inbox(policy, now, Some(outcome.kind())),
         outcome,
     }
 }
 
-/// An inbox record of this attempt: in progress under `lease_until`, or completed with
-/// `outcome` when there is no lease.
-pub(crate) fn inbox_record(
+/// What follows reading the inbox record of the message whose payout is in progress.
+// One answer per decision, moved straight into the next step: boxing would only add
+// an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OnPayoutOwner {
+    /// That message's attempt died (lease expired, or its process ended): take its lease
+    /// over, writing `record` over `seen`, and finish its payout under the same key, so
+    /// it does not wait for a redelivery that may never come.
+    AdoptOrphanedPayout {
+        seen: Versioned<InboxRecord>,
+        record: InboxRecord,
+        reason: TakeOverReason,
+    },
+    /// The payout is another attempt's, or its record is gone or final: wait (bounded),
+    /// then re-read the payment. `holder` is the attempt whose lease is live, if any: if
+    /// its process has ended, look again at once.
+    WaitForPayout { holder: Option<AttemptId> },
+}
+
+/// The inbox record of the message whose payout is in progress (`None`: expired).
+pub(crate) fn on_payout_owner(
     a: &Attempt<'_>,
+    owner: Option<Versioned<InboxRecord>>,
     policy: &Policy,
     now: OffsetDateTime,
-    lease_until: Option<OffsetDateTime>,
-    outcome: Option<OutcomeKind>,
-) -> InboxRecord {
-    let record = lease::new_record(
-        &a.key,
-        &a.hash,
-        a.id,
-        a.delivery.delivery_count,
-        policy.terms(),
-        now,
-        None,
-    );
-    InboxRecord {
-        status: if lease_until.is_some() {
-            InboxStatus::InProgress
-        } else {
-            InboxStatus::Completed
+) -> OnPayoutOwner {
+    let Some(seen) = owner else {
+        return OnPayoutOwner::WaitForPayout { holder: None };
+    };
+    match a.stands(&seen.record, policy, now) {
+        Standing::Free { taken, reason } if seen.record.status == InboxStatus::InProgress => {
+            OnPayoutOwner::AdoptOrphanedPayout {
+                record: taken,
+                reason,
+                seen,
+            }
+        }
+        _ => OnPayoutOwner::WaitForPayout {
+            holder: Some(seen.record.owner),
         },
-        outcome: outcome.map(InboxOutcome::Message),
-        lease_until,
-        ..record
     }
 }
 
-/// The payment a first attempt claims: in progress with its exact payout request, or
-/// already recorded in ledger-only mode.
-pub(crate) fn payment_record(
-    a: &Attempt<'_>,
-    ledger_only: bool,
-    now: OffsetDateTime,
-) -> PaymentRecord {
-    PaymentRecord {
-        claim_id: a.msg.claim_id,
-        purpose: Purpose::Payout,
-        tenant_id: a.msg.tenant.clone(),
-        money: a.msg.money,
-        payee: a.msg.payee.clone(),
-        payload_hash: a.hash.clone(),
-        message_id: a.delivery.message_id.clone(),
-        idempotency_key: a.msg.idempotency_key(),
-        payout_request: (!ledger_only).then(|| a.msg.payout_request_body()),
-        status: if ledger_only {
-            PaymentStatus::Recorded
-        } else {
-            PaymentStatus::InProgress
-        },
-        bank_payment_id: None,
-        status_reason: None,
-        created_at: now,
-        updated_at: now,
-    }
+/// What follows reading the claim's payment for this message's record that we own.
+// One answer per decision, moved straight into the next step: boxing would only add
+// an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OnResume {
+    /// Our record was completed already: answer with what the payment says.
+    Finish(Outcome),
+    /// We hold the lease and the payout is owed: call the bank, then finalize.
+    PayOut { payment: PaymentRecord },
+    /// We hold the lease, but the payment is already final (only a manual repair gets
+    /// here): complete the inbox record to match it.
+    CompleteInbox {
+        inbox: InboxRecord,
+        payment: Versioned<PaymentRecord>,
+        outcome: Outcome,
+    },
 }
 
-/// `record` written again by this attempt at `now` (see [`lease::touched`]).
-pub(crate) fn touched(
+/// The claim's payment, read to continue from this message's record `inbox`, which is
+/// ours: we hold its lease, or our own completed write came back.
+pub(crate) fn on_resume(
     a: &Attempt<'_>,
-    record: &InboxRecord,
+    inbox: &InboxRecord,
+    payment: Option<Versioned<PaymentRecord>>,
     policy: &Policy,
     now: OffsetDateTime,
-) -> InboxRecord {
-    lease::touched(record, a.delivery.delivery_count, policy.terms(), now)
+) -> Result<OnResume, Corrupt> {
+    let payment = match (inbox.status, payment) {
+        (InboxStatus::Completed, Some(p)) => return Ok(OnResume::Finish(outcome_of(&p.record))),
+        (InboxStatus::Completed, None) => {
+            return Err(Corrupt("completed message without a payment".into()))
+        }
+        (InboxStatus::InProgress, None) => {
+            return Err(Corrupt(format!(
+                "claim {} has an in-progress inbox record but no payment",
+                a.msg.claim_id
+            )))
+        }
+        (InboxStatus::InProgress, Some(p)) => p,
+    };
+    if payment.record.status == PaymentStatus::InProgress {
+        return Ok(OnResume::PayOut {
+            payment: payment.record,
+        });
+    }
+    let outcome = outcome_of(&payment.record);
+    Ok(OnResume::CompleteInbox {
+        inbox: a.completes(inbox, &outcome, policy, now),
+        payment,
+        outcome,
+    })
+}
+
+/// What follows the bank's answer to our payout.
+// One answer per decision, moved straight into the next step: boxing would only add
+// an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum AfterPayout {
+    /// A verdict on the payment: store both records final in one step, answer `outcome`.
+    Finalize {
+        inbox: InboxRecord,
+        payment: PaymentRecord,
+        outcome: Outcome,
+    },
+    /// No verdict, nothing to store: give our lease back so the next delivery takes
+    /// over at once instead of waiting it out, and retry later for `reason`.
+    Release { reason: String },
+}
+
+/// The bank answered our payout of `payment` (whose lease `inbox` we hold): the payment's
+/// final status and the final inbox record, or a lease to give back.
+pub(crate) fn after_payout(
+    a: &Attempt<'_>,
+    inbox: &InboxRecord,
+    payment: PaymentRecord,
+    answer: PayoutOutcome,
+    policy: &Policy,
+    now: OffsetDateTime,
+) -> AfterPayout {
+    let (status, bank_payment_id, status_reason, outcome) = match answer {
+        PayoutOutcome::Paid { payment_id } => (
+            PaymentStatus::Paid,
+            Some(payment_id.clone()),
+            None,
+            Outcome::Paid {
+                bank_payment_id: payment_id,
+            },
+        ),
+        PayoutOutcome::Rejected { reason, .. } => (
+            PaymentStatus::Rejected,
+            None,
+            Some(reason.clone()),
+            Outcome::Rejected { reason },
+        ),
+        PayoutOutcome::KeyMismatch { reason } => (
+            PaymentStatus::NeedsReconciliation,
+            None,
+            Some(reason.clone()),
+            Outcome::NeedsReconciliation { reason },
+        ),
+        PayoutOutcome::KeyWindowClosed {
+            attempts,
+            last_error,
+        } => {
+            // Resending now could pay twice: the bank may have forgotten the key.
+            let reason = format!(
+                "payout first requested at {}, and the bank's Idempotency-Key window ({}h) closes before another request could leave ({attempts} sent now{}); check the bank before paying",
+                payment.created_at,
+                policy.bank_key_window.as_secs() / 3600,
+                if last_error.is_empty() { String::new() } else { format!(", last: {last_error}") },
+            );
+            (
+                PaymentStatus::NeedsReconciliation,
+                None,
+                Some(reason.clone()),
+                Outcome::NeedsReconciliation { reason },
+            )
+        }
+        // Our own fault (credential, URL): not a verdict on the payment. Keep the
+        // message on the queue and let the next delivery go at once.
+        PayoutOutcome::ServiceFault { status, reason } => {
+            return AfterPayout::Release {
+                reason: format!("bank refused the service's request ({status}): {reason}"),
+            }
+        }
+        PayoutOutcome::GaveUp {
+            attempts,
+            last_error,
+        } => {
+            return AfterPayout::Release {
+                reason: format!("bank unavailable after {attempts} attempts: {last_error}"),
+            }
+        }
+    };
+    AfterPayout::Finalize {
+        inbox: a.completes(inbox, &outcome, policy, now),
+        payment: PaymentRecord {
+            status,
+            bank_payment_id,
+            status_reason,
+            updated_at: now,
+            ..payment
+        },
+        outcome,
+    }
 }
 
 /// The outcome a final payment stands for.
@@ -382,7 +582,7 @@ mod tests {
 
     use super::*;
     use crate::domain::{ClaimId, MessageId};
-    use crate::store::Boot;
+    use crate::store::{Boot, Version};
 
     const CLAIM: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
 
@@ -400,6 +600,13 @@ mod tests {
     fn msg(amount: &str) -> ClaimApproved {
         ClaimApproved::parse(&format!(
             r#"{{"claimId":"{CLAIM}","amount":"{amount}","currency":"EUR","payee":"NL91ABNA0417164300"}}"#
+        ))
+        .unwrap()
+    }
+
+    fn without_payee() -> ClaimApproved {
+        ClaimApproved::parse(&format!(
+            r#"{{"claimId":"{CLAIM}","amount":"10.00","currency":"EUR"}}"#
         ))
         .unwrap()
     }
@@ -435,6 +642,13 @@ mod tests {
         }
     }
 
+    fn versioned<T>(record: T) -> Versioned<T> {
+        Versioned {
+            record,
+            version: Version("v1".into()),
+        }
+    }
+
     /// The record another attempt of the same message left: in progress under a lease
     /// ending at `lease_until`, after delivery `count`.
     fn held_by_other(a: &Attempt<'_>, lease_until: OffsetDateTime, count: u32) -> InboxRecord {
@@ -442,14 +656,15 @@ mod tests {
             owner: AttemptId::new(),
             first_delivery_count: count,
             last_delivery_count: count,
-            ..inbox_record(a, &policy(), now() - secs(10), Some(lease_until), None)
+            lease_until: Some(lease_until),
+            ..a.new_inbox(&policy(), now() - secs(10), None)
         }
     }
 
     fn completed_by_other(a: &Attempt<'_>, outcome: OutcomeKind) -> InboxRecord {
         InboxRecord {
             owner: AttemptId::new(),
-            ..inbox_record(a, &policy(), now() - secs(10), None, Some(outcome))
+            ..a.new_inbox(&policy(), now() - secs(10), Some(outcome))
         }
     }
 
@@ -460,28 +675,64 @@ mod tests {
         PaymentRecord {
             status,
             bank_payment_id: (status == PaymentStatus::Paid).then(|| "bank-1".into()),
-            ..payment_record(&a, false, now() - secs(100))
+            ..first_records(&a, &policy(), true, now() - secs(100)).payment
         }
     }
 
-    fn on(a: &Attempt<'_>, seen: Observed<'_>) -> NextAction {
-        decide(a, seen, &policy(), now())
+    fn on(a: &Attempt<'_>, record: &InboxRecord) -> OnInbox {
+        on_inbox(a, record, &policy(), now())
     }
 
     #[test]
-    fn a_fresh_claim_pays_out_or_is_recorded_in_ledger_only_mode() {
-        let (m, d) = (msg("10.00"), delivery("evt-1", 1));
+    fn the_payee_rule_refuses_a_missing_payee_only_when_payouts_are_enabled() {
+        let (none, some) = (without_payee(), msg("10.00"));
+        assert_eq!(
+            missing_payee(&none, true),
+            Some("payee: is missing, and payouts are enabled")
+        );
+        assert_eq!(missing_payee(&none, false), None);
+        assert_eq!(missing_payee(&some, true), None);
+        // The consumer answers it as an invalid message, before anything is written.
+        let d = delivery("evt-1", 1);
+        assert_eq!(
+            first_claim(&attempt(&none, &d), &policy(), true, now()),
+            Err(Outcome::InvalidMessage {
+                reason: "payee: is missing, and payouts are enabled (BANK_API_URL is set)".into()
+            })
+        );
+        assert!(first_claim(&attempt(&none, &d), &policy(), false, now()).is_ok());
+    }
+
+    #[test]
+    fn a_first_claim_holds_the_payout_or_records_it_at_once_in_ledger_only_mode() {
+        let (m, d) = (msg("10.00"), delivery("evt-1", 3));
         let a = attempt(&m, &d);
-        let held = inbox_record(&a, &policy(), now(), Some(now() + secs(60)), None);
+        let FirstClaim { inbox, payment } = first_claim(&a, &policy(), true, now()).unwrap();
+        assert_eq!(inbox.key(), a.key);
+        assert_eq!(inbox.owner, a.id);
+        assert_eq!(inbox.payload_hash, a.hash);
+        assert_eq!(inbox.status, InboxStatus::InProgress);
+        assert_eq!(inbox.lease_until, Some(now() + secs(60)));
+        assert_eq!(inbox.outcome, None);
         assert_eq!(
-            on(&a, Observed::Claimed { inbox: &held }),
-            NextAction::PayOut
+            (inbox.first_delivery_count, inbox.last_delivery_count),
+            (3, 3)
         );
-        let done = inbox_record(&a, &policy(), now(), None, Some(OutcomeKind::Recorded));
-        assert_eq!(
-            on(&a, Observed::Claimed { inbox: &done }),
-            NextAction::Finish(Outcome::Recorded)
-        );
+        assert_eq!(inbox.expires_at, now() + secs(86_400));
+        assert_eq!(payment.status, PaymentStatus::InProgress);
+        assert_eq!(payment.message_id, d.message_id);
+        assert_eq!(payment.payload_hash, a.hash);
+        assert_eq!(payment.idempotency_key, m.idempotency_key());
+        assert_eq!(payment.payout_request, Some(m.payout_request_body()));
+        assert_eq!(after_claim(&inbox), AfterClaim::PayOut);
+
+        let FirstClaim { inbox, payment } = first_claim(&a, &policy(), false, now()).unwrap();
+        assert_eq!(inbox.status, InboxStatus::Completed);
+        assert_eq!(inbox.lease_until, None);
+        assert_eq!(inbox.outcome, Some(OutcomeKind::Recorded.into()));
+        assert_eq!(payment.status, PaymentStatus::Recorded);
+        assert_eq!(payment.payout_request, None);
+        assert_eq!(after_claim(&inbox), AfterClaim::Recorded);
     }
 
     #[test]
@@ -490,8 +741,8 @@ mod tests {
         let a = attempt(&m, &d);
         let seen = completed_by_other(&a, OutcomeKind::Paid);
         assert_eq!(
-            on(&a, Observed::Inbox(&seen)),
-            NextAction::Finish(Outcome::Duplicate {
+            on(&a, &seen),
+            OnInbox::Finish(Outcome::Duplicate {
                 first_outcome: Some(OutcomeKind::Paid)
             })
         );
@@ -504,13 +755,13 @@ mod tests {
         let other = msg("11.00");
         let a = attempt(&other, &d);
         assert!(
-            matches!(on(&a, Observed::Inbox(&stored)), NextAction::Finish(Outcome::Conflict { reason }) if reason.contains("different payload")),
+            matches!(on(&a, &stored), OnInbox::Finish(Outcome::Conflict { reason }) if reason.contains("different payload")),
         );
         // Also while another attempt still holds it: the payload is judged first.
         let live = held_by_other(&attempt(&first, &d), now() + secs(30), 1);
         assert!(matches!(
-            on(&a, Observed::Inbox(&live)),
-            NextAction::Finish(Outcome::Conflict { .. })
+            on(&a, &live),
+            OnInbox::Finish(Outcome::Conflict { .. })
         ));
     }
 
@@ -521,10 +772,8 @@ mod tests {
         let until = now() + secs(30);
         let seen = held_by_other(&a, until, 1);
         assert_eq!(
-            on(&a, Observed::Inbox(&seen)),
-            NextAction::WaitForLiveAttempt {
-                lease_until: Some(until)
-            }
+            on(&a, &seen),
+            OnInbox::WaitForLiveAttempt { lease_until: until }
         );
     }
 
@@ -533,7 +782,7 @@ mod tests {
         let (m, d) = (msg("10.00"), delivery("evt-1", 2));
         let a = attempt(&m, &d);
         let seen = held_by_other(&a, now() - secs(1), 1);
-        let NextAction::TakeOver { record, reason } = on(&a, Observed::Inbox(&seen)) else {
+        let OnInbox::TakeOver { record, reason } = on(&a, &seen) else {
             panic!("expected a takeover");
         };
         assert_eq!(reason, TakeOverReason::LeaseExpired);
@@ -551,8 +800,14 @@ mod tests {
         let (m, d) = (msg("10.00"), delivery("evt-1", 3));
         let a = attempt(&m, &d);
         let seen = held_by_other(&a, now() + secs(30), 2);
-        assert_eq!(a.sees(&seen, now()), Holder::Superseded);
-        let NextAction::TakeOver { record, reason } = on(&a, Observed::Inbox(&seen)) else {
+        assert!(matches!(
+            a.stands(&seen, &policy(), now()),
+            Standing::Free {
+                reason: TakeOverReason::LaterDelivery,
+                ..
+            }
+        ));
+        let OnInbox::TakeOver { record, reason } = on(&a, &seen) else {
             panic!("expected a takeover");
         };
         assert_eq!(reason, TakeOverReason::LaterDelivery);
@@ -562,11 +817,11 @@ mod tests {
         for count in [2, 1] {
             let d = delivery("evt-1", count);
             let a = attempt(&m, &d);
-            assert!(matches!(a.sees(&seen, now()), Holder::Live(_)));
             assert!(matches!(
-                on(&a, Observed::Inbox(&seen)),
-                NextAction::WaitForLiveAttempt { .. }
+                a.stands(&seen, &policy(), now()),
+                Standing::Live(_)
             ));
+            assert!(matches!(on(&a, &seen), OnInbox::WaitForLiveAttempt { .. }));
         }
     }
 
@@ -580,31 +835,33 @@ mod tests {
             owner: AttemptId::of(dead),
             ..held_by_other(&a, now() + secs(30), 2)
         };
+        let owner = |record: &InboxRecord| {
+            on_payout_owner(&a, Some(versioned(record.clone())), &policy(), now())
+        };
         // Until its process is known to have ended, a live lease is waited for.
-        assert!(matches!(
-            on(&a, Observed::Inbox(&seen)),
-            NextAction::WaitForLiveAttempt { .. }
-        ));
-        assert!(matches!(
-            on(&a, Observed::PayoutOwner(Some(&seen))),
-            NextAction::WaitForPayout
-        ));
+        assert!(matches!(on(&a, &seen), OnInbox::WaitForLiveAttempt { .. }));
+        assert_eq!(
+            owner(&seen),
+            OnPayoutOwner::WaitForPayout {
+                holder: Some(seen.owner)
+            }
+        );
         a.gone.insert(dead);
-        let NextAction::TakeOver { record, reason } = on(&a, Observed::Inbox(&seen)) else {
+        let OnInbox::TakeOver { record, reason } = on(&a, &seen) else {
             panic!("expected a takeover");
         };
         assert_eq!(reason, TakeOverReason::OwnerGone);
         assert_eq!(record.owner, a.id);
         assert!(matches!(
-            on(&a, Observed::PayoutOwner(Some(&seen))),
-            NextAction::AdoptOrphanedPayout { .. }
+            owner(&seen),
+            OnPayoutOwner::AdoptOrphanedPayout {
+                reason: TakeOverReason::OwnerGone,
+                ..
+            }
         ));
         // Another process's end says nothing about this one's own attempts.
         let ours = held_by_other(&a, now() + secs(30), 2);
-        assert!(matches!(
-            on(&a, Observed::Inbox(&ours)),
-            NextAction::WaitForLiveAttempt { .. }
-        ));
+        assert!(matches!(on(&a, &ours), OnInbox::WaitForLiveAttempt { .. }));
     }
 
     #[test]
@@ -614,25 +871,28 @@ mod tests {
         let d0 = delivery("evt-1", 0);
         let a0 = attempt(&m, &d0);
         let live = held_by_other(&a0, now() + secs(30), 1);
-        assert!(matches!(a0.sees(&live, now()), Holder::Live(_)));
         assert!(matches!(
-            on(&a0, Observed::Inbox(&live)),
-            NextAction::WaitForLiveAttempt { .. }
+            a0.stands(&live, &policy(), now()),
+            Standing::Live(_)
         ));
+        assert!(matches!(on(&a0, &live), OnInbox::WaitForLiveAttempt { .. }));
         // The holder's count is unknown (0): a later count proves nothing; wait.
         let d5 = delivery("evt-1", 5);
         let a5 = attempt(&m, &d5);
         let unknown = held_by_other(&a5, now() + secs(30), 0);
-        assert!(matches!(a5.sees(&unknown, now()), Holder::Live(_)));
         assert!(matches!(
-            on(&a5, Observed::Inbox(&unknown)),
-            NextAction::WaitForLiveAttempt { .. }
+            a5.stands(&unknown, &policy(), now()),
+            Standing::Live(_)
+        ));
+        assert!(matches!(
+            on(&a5, &unknown),
+            OnInbox::WaitForLiveAttempt { .. }
         ));
         // Once the lease ran out, it is taken over.
         let expired = held_by_other(&a0, now() - secs(1), 0);
         assert!(matches!(
-            on(&a0, Observed::Inbox(&expired)),
-            NextAction::TakeOver {
+            on(&a0, &expired),
+            OnInbox::TakeOver {
                 reason: TakeOverReason::LeaseExpired,
                 ..
             }
@@ -643,46 +903,50 @@ mod tests {
     fn our_own_write_coming_back_is_resumed_or_answered_from_the_payment() {
         let (m, d) = (msg("10.00"), delivery("evt-1", 1));
         let a = attempt(&m, &d);
-        let own_live = inbox_record(&a, &policy(), now(), Some(now() + secs(60)), None);
-        assert_eq!(on(&a, Observed::Inbox(&own_live)), NextAction::Resume);
-        let own_done = inbox_record(&a, &policy(), now(), None, Some(OutcomeKind::Paid));
-        assert_eq!(
-            on(&a, Observed::Inbox(&own_done)),
-            NextAction::AnswerFromPayment
-        );
+        let own_live = a.new_inbox(&policy(), now(), None);
+        assert_eq!(on(&a, &own_live), OnInbox::Resume);
+        let own_done = a.new_inbox(&policy(), now(), Some(OutcomeKind::Paid));
+        assert_eq!(on(&a, &own_done), OnInbox::AnswerFromPayment);
+        // Resuming our completed record answers from the payment, writing nothing.
         let paid = payment(&m, "evt-1", PaymentStatus::Paid);
         assert_eq!(
-            on(&a, Observed::OwnCompleted(Some(&paid))),
-            NextAction::Finish(Outcome::Paid {
+            on_resume(&a, &own_done, Some(versioned(paid)), &policy(), now()),
+            Ok(OnResume::Finish(Outcome::Paid {
                 bank_payment_id: "bank-1".into()
-            })
+            }))
         );
-        assert!(matches!(
-            on(&a, Observed::OwnCompleted(None)),
-            NextAction::Corrupt(_)
-        ));
+        assert_eq!(
+            on_resume(&a, &own_done, None, &policy(), now()),
+            Err(Corrupt("completed message without a payment".into()))
+        );
     }
 
     #[test]
     fn held_lease_pays_out_or_completes_the_inbox_from_a_final_payment() {
         let (m, d) = (msg("10.00"), delivery("evt-1", 2));
         let a = attempt(&m, &d);
-        let held = inbox_record(&a, &policy(), now(), Some(now() + secs(60)), None);
+        let held = a.new_inbox(&policy(), now() - secs(10), None);
         let owed = payment(&m, "evt-1", PaymentStatus::InProgress);
-        let seen = Observed::Held {
-            inbox: &held,
-            payment: Some(&owed),
-        };
-        assert_eq!(on(&a, seen), NextAction::PayOut);
+        assert_eq!(
+            on_resume(&a, &held, Some(versioned(owed.clone())), &policy(), now()),
+            Ok(OnResume::PayOut { payment: owed })
+        );
         let rejected = PaymentRecord {
             status_reason: Some("closed account".into()),
             ..payment(&m, "evt-1", PaymentStatus::Rejected)
         };
-        let seen = Observed::Held {
-            inbox: &held,
-            payment: Some(&rejected),
-        };
-        let NextAction::CompleteInbox { inbox, outcome } = on(&a, seen) else {
+        let Ok(OnResume::CompleteInbox {
+            inbox,
+            payment,
+            outcome,
+        }) = on_resume(
+            &a,
+            &held,
+            Some(versioned(rejected.clone())),
+            &policy(),
+            now(),
+        )
+        else {
             panic!("expected the inbox to be completed");
         };
         assert_eq!(
@@ -691,14 +955,126 @@ mod tests {
                 reason: "closed account".into()
             }
         );
+        // The payment is final already: it is written back as read, under its version.
+        assert_eq!(payment, versioned(rejected));
         assert_eq!(inbox.status, InboxStatus::Completed);
         assert_eq!(inbox.outcome, Some(OutcomeKind::Rejected.into()));
         assert_eq!(inbox.lease_until, None);
-        let seen = Observed::Held {
-            inbox: &held,
-            payment: None,
+        assert_eq!(inbox.updated_at, now());
+        assert_eq!(inbox.expires_at, now() + secs(86_400));
+        assert!(on_resume(&a, &held, None, &policy(), now()).is_err());
+    }
+
+    /// The final records of a payout the bank answered with `answer`.
+    fn paid_out(answer: PayoutOutcome) -> AfterPayout {
+        let (m, d) = (msg("10.00"), delivery("evt-1", 4));
+        let a = attempt(&m, &d);
+        let FirstClaim { inbox, payment } = first_records(&a, &policy(), true, now() - secs(100));
+        after_payout(&a, &inbox, payment, answer, &policy(), now())
+    }
+
+    #[test]
+    fn a_bank_verdict_finalizes_the_payment_and_completes_the_inbox_record() {
+        let cases = [
+            (
+                PayoutOutcome::Paid {
+                    payment_id: "bank-7".into(),
+                },
+                PaymentStatus::Paid,
+                Some("bank-7"),
+                None,
+                Outcome::Paid {
+                    bank_payment_id: "bank-7".into(),
+                },
+            ),
+            (
+                PayoutOutcome::Rejected {
+                    status: 402,
+                    reason: "closed account".into(),
+                },
+                PaymentStatus::Rejected,
+                None,
+                Some("closed account"),
+                Outcome::Rejected {
+                    reason: "closed account".into(),
+                },
+            ),
+            (
+                PayoutOutcome::KeyMismatch {
+                    reason: "key reused".into(),
+                },
+                PaymentStatus::NeedsReconciliation,
+                None,
+                Some("key reused"),
+                Outcome::NeedsReconciliation {
+                    reason: "key reused".into(),
+                },
+            ),
+        ];
+        for (answer, status, bank_id, reason, expected) in cases {
+            let AfterPayout::Finalize {
+                inbox,
+                payment,
+                outcome,
+            } = paid_out(answer)
+            else {
+                panic!("expected a verdict to be stored");
+            };
+            assert_eq!(outcome, expected);
+            assert_eq!(payment.status, status);
+            assert_eq!(payment.bank_payment_id.as_deref(), bank_id);
+            assert_eq!(payment.status_reason.as_deref(), reason);
+            assert_eq!(payment.updated_at, now());
+            assert_eq!(payment.created_at, now() - secs(100));
+            assert_eq!(inbox.status, InboxStatus::Completed);
+            assert_eq!(inbox.outcome, Some(expected.kind().into()));
+            assert_eq!(inbox.lease_until, None);
+            assert_eq!(inbox.last_delivery_count, 4);
+            assert_eq!(inbox.updated_at, now());
+            assert_eq!(inbox.expires_at, now() + secs(86_400));
+        }
+    }
+
+    #[test]
+    fn a_closed_key_window_needs_reconciliation_and_says_why() {
+        let AfterPayout::Finalize {
+            payment, outcome, ..
+        } = paid_out(PayoutOutcome::KeyWindowClosed {
+            attempts: 2,
+            last_error: "503".into(),
+        })
+        else {
+            panic!("expected a verdict to be stored");
         };
-        assert!(matches!(on(&a, seen), NextAction::Corrupt(_)));
+        assert_eq!(payment.status, PaymentStatus::NeedsReconciliation);
+        let Outcome::NeedsReconciliation { reason } = outcome else {
+            panic!("expected needs-reconciliation");
+        };
+        assert!(reason.contains("Idempotency-Key window (24h)"), "{reason}");
+        assert!(reason.contains("(2 sent now, last: 503)"), "{reason}");
+        assert_eq!(payment.status_reason, Some(reason));
+    }
+
+    #[test]
+    fn no_verdict_from_the_bank_gives_the_lease_back() {
+        assert_eq!(
+            paid_out(PayoutOutcome::ServiceFault {
+                status: 401,
+                reason: "bad credential".into()
+            }),
+            AfterPayout::Release {
+                reason: "bank refused the service's request (401): bad credential".into()
+            }
+        );
+        assert_eq!(
+            paid_out(PayoutOutcome::GaveUp {
+                attempts: 5,
+                last_error: "timed out".into()
+            }),
+            AfterPayout::Release {
+                reason: "bank unavailable after 5 attempts: timed out".into()
+            }
+        );
     }
 
     #[test]
@@ -709,8 +1085,8 @@ mod tests {
             payment(&m, "evt-1", PaymentStatus::Paid),
         );
         let a = attempt(&m, &d);
-        let NextAction::FinishBusinessDuplicate { inbox, outcome } =
-            on(&a, Observed::Payment(&paid))
+        let OnPayment::FinishBusinessDuplicate { inbox, outcome } =
+            on_payment(&a, &paid, &policy(), now())
         else {
             panic!("expected a business duplicate");
         };
@@ -733,8 +1109,8 @@ mod tests {
         let (m, d) = (msg("12.00"), delivery("evt-2", 1));
         let a = attempt(&m, &d);
         assert!(matches!(
-            on(&a, Observed::Payment(&paid)),
-            NextAction::Finish(Outcome::Conflict { reason }) if reason.contains("different amount")
+            on_payment(&a, &paid, &policy(), now()),
+            OnPayment::Finish(Outcome::Conflict { reason }) if reason.contains("different amount")
         ));
     }
 
@@ -746,8 +1122,8 @@ mod tests {
             payment(&m, "evt-1", PaymentStatus::Paid),
         );
         let a = attempt(&m, &d);
-        let NextAction::FinishBusinessDuplicate { inbox, outcome } =
-            on(&a, Observed::Payment(&paid))
+        let OnPayment::FinishBusinessDuplicate { inbox, outcome } =
+            on_payment(&a, &paid, &policy(), now())
         else {
             panic!("expected a duplicate");
         };
@@ -760,7 +1136,7 @@ mod tests {
         assert_eq!(inbox.outcome, Some(OutcomeKind::Duplicate.into()));
         // Its payout still owed: hold it again and resume.
         let owed = payment(&m, "evt-1", PaymentStatus::InProgress);
-        let NextAction::ReclaimPayout { inbox } = on(&a, Observed::Payment(&owed)) else {
+        let OnPayment::ReclaimPayout { inbox } = on_payment(&a, &owed, &policy(), now()) else {
             panic!("expected the payout to be reclaimed");
         };
         assert_eq!(inbox.status, InboxStatus::InProgress);
@@ -775,34 +1151,46 @@ mod tests {
         let owed = payment(&m, "evt-1", PaymentStatus::InProgress);
         let d = delivery("evt-2", 1);
         let a = attempt(&m, &d);
-        let NextAction::InspectPayoutOwner { owner } = on(&a, Observed::Payment(&owed)) else {
+        let OnPayment::InspectPayoutOwner { owner } = on_payment(&a, &owed, &policy(), now())
+        else {
             panic!("expected to look at the payout's owner");
         };
         assert_eq!(owner.message_id.as_str(), "evt-1");
         assert_eq!(owner.claim_id, m.claim_id);
         assert_eq!(owner.consumer, "payments");
 
+        let on_owner = |record: Option<&InboxRecord>| {
+            on_payout_owner(&a, record.cloned().map(versioned), &policy(), now())
+        };
         let d1 = delivery("evt-1", 1);
         let owner_attempt = attempt(&m, &d1);
         let live = held_by_other(&owner_attempt, now() + secs(30), 1);
         assert_eq!(
-            on(&a, Observed::PayoutOwner(Some(&live))),
-            NextAction::WaitForPayout
+            on_owner(Some(&live)),
+            OnPayoutOwner::WaitForPayout {
+                holder: Some(live.owner)
+            }
         );
         assert_eq!(
-            on(&a, Observed::PayoutOwner(None)),
-            NextAction::WaitForPayout
+            on_owner(None),
+            OnPayoutOwner::WaitForPayout { holder: None }
         );
         let finished = completed_by_other(&owner_attempt, OutcomeKind::Paid);
-        assert_eq!(
-            on(&a, Observed::PayoutOwner(Some(&finished))),
-            NextAction::WaitForPayout
-        );
+        assert!(matches!(
+            on_owner(Some(&finished)),
+            OnPayoutOwner::WaitForPayout { .. }
+        ));
         let dead = held_by_other(&owner_attempt, now() - secs(1), 1);
-        let NextAction::AdoptOrphanedPayout { record } = on(&a, Observed::PayoutOwner(Some(&dead)))
+        let OnPayoutOwner::AdoptOrphanedPayout {
+            seen,
+            record,
+            reason,
+        } = on_owner(Some(&dead))
         else {
             panic!("expected the orphaned payout to be adopted");
         };
+        assert_eq!(seen, versioned(dead));
+        assert_eq!(reason, TakeOverReason::LeaseExpired);
         // Held by us, but still the other message's record (its delivery count too).
         assert_eq!(record.owner, a.id);
         assert_eq!(record.message_id.as_str(), "evt-1");

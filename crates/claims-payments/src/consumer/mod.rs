@@ -19,12 +19,13 @@
 //! Nothing is ever deleted after the bank may have been called. An outcome that cannot
 //! be known becomes `needs_reconciliation`, never a second payout.
 //!
-//! Layout: [`decide`](mod@decide) holds every rule as a pure function (what was read -> what to do
-//! next); this module does the I/O in one loop (read, decide, act, until an outcome);
-//! [`wait`] is the one bounded wait; [`outcome`] is how a delivery ends.
+//! Layout: [`decide`](mod@decide) holds every rule as a pure function, one per observation
+//! (what was read -> what can follow it, as its own type); this module does the I/O in
+//! one loop (read, decide, act, until an outcome); [`wait`] is the one bounded wait;
+//! [`outcome`] is how a delivery ends.
 
 pub(crate) mod crash;
-mod decide;
+pub(crate) mod decide;
 mod outcome;
 mod wait;
 
@@ -34,19 +35,22 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use crate::ambient::Ambient;
-use crate::bank::{BankClient, PayoutOutcome, SendWindow};
+use crate::bank::{BankClient, SendWindow};
 use crate::domain::{ClaimApproved, MessageId, PayloadHash, Purpose};
 use crate::lease::liveness::Owners;
-use crate::lease::{self, Lease, Terms};
+use crate::lease::{Lease, Terms};
 use crate::store::{
     AttemptId, ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord,
-    PaymentStatus, StoreError, Version, Versioned,
+    StoreError, Version, Versioned,
 };
 use crate::telemetry;
 
 pub(crate) use crate::domain::OutcomeKind;
 pub(crate) use crash::{CrashHook, Step};
-use decide::{decide, Attempt, NextAction, Observed, TakeOverReason};
+use decide::{
+    AfterClaim, AfterPayout, Attempt, Corrupt, FirstClaim, OnInbox, OnPayment, OnPayoutOwner,
+    OnResume, TakeOverReason,
+};
 pub use outcome::Outcome;
 use wait::BoundedWait;
 
@@ -89,6 +93,12 @@ enum Failure {
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Self {
         Failure::Store(e)
+    }
+}
+
+impl From<Corrupt> for Failure {
+    fn from(Corrupt(problem): Corrupt) -> Self {
+        Failure::Store(StoreError::Permanent(problem))
     }
 }
 
@@ -268,27 +278,19 @@ impl Consumer {
     }
 
     async fn process(&self, attempt: &Attempt<'_>) -> Flow {
-        let msg = attempt.msg;
-        if self.bank.is_some() && msg.payee.is_none() {
-            return Ok(Outcome::InvalidMessage {
-                reason: "payee: is missing, and payouts are enabled (BANK_API_URL is set)".into(),
-            });
-        }
         let now = self.now();
-        let inbox = self.new_inbox(attempt, now);
-        let payment = self.new_payment(attempt, now);
+        let FirstClaim { inbox, payment } =
+            match decide::first_claim(attempt, &self.policy, self.bank.is_some(), now) {
+                Ok(claim) => claim,
+                Err(invalid) => return Ok(invalid),
+            };
         let start = match self.store.claim(&inbox, &payment).await? {
             ClaimResult::Claimed { inbox_version } => {
                 attempt.saw(&payment);
                 self.crash_point(Step::AfterClaim)?;
-                match decide(
-                    attempt,
-                    Observed::Claimed { inbox: &inbox },
-                    &self.policy,
-                    now,
-                ) {
-                    NextAction::PayOut => State::Payout(inbox, inbox_version, payment),
-                    other => return finished(other),
+                match decide::after_claim(&inbox) {
+                    AfterClaim::Recorded => return Ok(Outcome::Recorded),
+                    AfterClaim::PayOut => State::Payout(inbox, inbox_version, payment),
                 }
             }
             ClaimResult::InboxExists(seen) => State::Seen(seen, self.attempt_wait()),
@@ -322,7 +324,9 @@ impl Consumer {
             payment_seen: None,
             gone: self.owners.gone(),
         };
-        (self.new_inbox(&a, now), self.new_payment(&a, now))
+        let FirstClaim { inbox, payment } =
+            decide::first_records(&a, &self.policy, self.bank.is_some(), now);
+        (inbox, payment)
     }
 
     /// The inbox key of `delivery` for this consumer.
@@ -332,21 +336,6 @@ impl Consumer {
             claim_id: msg.claim_id,
             message_id: delivery.message_id.clone(),
         }
-    }
-
-    /// In progress under our lease; or, in ledger-only mode, completed at once.
-    fn new_inbox(&self, a: &Attempt<'_>, now: OffsetDateTime) -> InboxRecord {
-        if self.bank.is_none() {
-            let recorded = Some(OutcomeKind::Recorded);
-            decide::inbox_record(a, &self.policy, now, None, recorded)
-        } else {
-            let lease = Some(now + self.policy.lease);
-            decide::inbox_record(a, &self.policy, now, lease, None)
-        }
-    }
-
-    fn new_payment(&self, a: &Attempt<'_>, now: OffsetDateTime) -> PaymentRecord {
-        decide::payment_record(a, self.bank.is_none(), now)
     }
 
     fn attempt_wait(&self) -> BoundedWait {
@@ -359,14 +348,15 @@ impl Consumer {
         // delivery's answer. Unless it must stop us, we go back to waiting for the payment.
         let mut return_to: Option<State> = None;
         loop {
+            // A claim's own way first (pay out, resume), then what a refused claim found.
             let progress = match state {
-                State::Seen(seen, wait) => self.on_inbox(a, seen, wait).await?,
-                State::Payment(payment, wait) => self.on_payment(a, payment, wait).await?,
-                State::AwaitPayout(payment, wait) => self.await_payout(a, payment, wait).await?,
-                State::Resume(inbox, version) => self.resume(a, inbox, version).await?,
                 State::Payout(inbox, version, payment) => {
                     self.payout(a, inbox, version, payment).await?
                 }
+                State::Resume(inbox, version) => self.resume(a, inbox, version).await?,
+                State::Seen(seen, wait) => self.on_inbox(a, seen, wait).await?,
+                State::Payment(payment, wait) => self.on_payment(a, payment, wait).await?,
+                State::AwaitPayout(payment, wait) => self.await_payout(a, payment, wait).await?,
             };
             state = match progress {
                 Progress::Next(next) => next,
@@ -390,46 +380,41 @@ impl Consumer {
         seen: Versioned<InboxRecord>,
         mut wait: BoundedWait,
     ) -> Advance {
-        Ok(
-            match decide(a, Observed::Inbox(&seen.record), &self.policy, self.now()) {
-                NextAction::AnswerFromPayment => {
-                    telemetry::counters().own_write_recognised.inc();
-                    let payment = self.store.payment(a.msg.claim_id, Purpose::Payout).await?;
-                    if let Some(p) = &payment {
-                        a.saw(&p.record);
-                    }
-                    let seen = Observed::OwnCompleted(payment.as_ref().map(|p| &p.record));
-                    return finished(decide(a, seen, &self.policy, self.now())).map(Progress::Done);
+        match decide::on_inbox(a, &seen.record, &self.policy, self.now()) {
+            OnInbox::Finish(outcome) => return Ok(Progress::Done(outcome)),
+            OnInbox::AnswerFromPayment => {
+                telemetry::counters().own_write_recognised.inc();
+                return Ok(Progress::Next(State::Resume(seen.record, seen.version)));
+            }
+            OnInbox::Resume => {
+                telemetry::counters().own_write_recognised.inc();
+                tracing::info!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, "own committed write recognised after a re-sent request");
+                return Ok(Progress::Next(State::Resume(seen.record, seen.version)));
+            }
+            OnInbox::WaitForLiveAttempt { lease_until } => {
+                if self.owners.check(seen.record.owner).await {
+                    // Its process has ended: decide again, which now takes it over.
+                    return Ok(Progress::Next(State::Seen(seen, wait)));
                 }
-                NextAction::Resume => {
-                    telemetry::counters().own_write_recognised.inc();
-                    tracing::info!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, "own committed write recognised after a re-sent request");
-                    Progress::Next(State::Resume(seen.record, seen.version))
+                if !wait.pause().await {
+                    return Ok(Progress::Done(Outcome::RetryLater {
+                        reason: format!(
+                            "another attempt is processing this message (lease until {lease_until})"
+                        ),
+                    }));
                 }
-                NextAction::WaitForLiveAttempt { lease_until } => {
-                    if self.owners.check(seen.record.owner).await {
-                        // Its process has ended: decide again, which now takes it over.
-                        return Ok(Progress::Next(State::Seen(seen, wait)));
-                    }
-                    if !wait.pause().await {
-                        return Ok(Progress::Done(Outcome::RetryLater {
-                            reason: format!(
-                                "another attempt is processing this message (lease until {})",
-                                lease_until.map(|t| t.to_string()).unwrap_or_default()
-                            ),
-                        }));
-                    }
-                    Progress::Next(State::Seen(self.reread_inbox(a).await?, wait))
+            }
+            OnInbox::TakeOver { record, reason } => {
+                if let Some((taken, version)) = self.take_over(a, record, &seen, reason).await? {
+                    return Ok(Progress::Next(State::Resume(taken, version)));
                 }
-                NextAction::TakeOver { record, reason } => {
-                    match self.take_over(a, record, &seen, reason).await? {
-                        Some((taken, version)) => Progress::Next(State::Resume(taken, version)),
-                        None => Progress::Next(State::Seen(self.reread_inbox(a).await?, wait)),
-                    }
-                }
-                other => Progress::Done(finished(other)?),
-            },
-        )
+            }
+        }
+        // Waited for a live attempt, or lost the race to take it over: look again.
+        Ok(Progress::Next(State::Seen(
+            self.reread_inbox(a).await?,
+            wait,
+        )))
     }
 
     /// The claim already has a payment and this message has no inbox record.
@@ -440,8 +425,9 @@ impl Consumer {
         wait: BoundedWait,
     ) -> Advance {
         Ok(
-            match decide(a, Observed::Payment(&payment), &self.policy, self.now()) {
-                NextAction::FinishBusinessDuplicate { inbox, outcome } => {
+            match decide::on_payment(a, &payment, &self.policy, self.now()) {
+                OnPayment::Finish(outcome) => Progress::Done(outcome),
+                OnPayment::FinishBusinessDuplicate { inbox, outcome } => {
                     match self.store.record_handled(&inbox).await? {
                         InsertResult::Inserted(_) => Progress::Done(outcome),
                         InsertResult::AlreadyExists(seen) => {
@@ -449,7 +435,7 @@ impl Consumer {
                         }
                     }
                 }
-                NextAction::ReclaimPayout { inbox } => {
+                OnPayment::ReclaimPayout { inbox } => {
                     match self.store.record_handled(&inbox).await? {
                         InsertResult::Inserted(version) => {
                             Progress::Next(State::Resume(inbox, version))
@@ -459,37 +445,31 @@ impl Consumer {
                         }
                     }
                 }
-                NextAction::InspectPayoutOwner { owner } => {
+                OnPayment::InspectPayoutOwner { owner } => {
                     let owner = self.store.inbox(&owner).await?;
-                    let seen = Observed::PayoutOwner(owner.as_ref().map(|o| &o.record));
-                    match (decide(a, seen, &self.policy, self.now()), owner) {
-                        (NextAction::AdoptOrphanedPayout { record }, Some(owner)) => {
-                            let reason = if a.gone.contains(owner.record.owner) {
-                                TakeOverReason::OwnerGone
-                            } else {
-                                TakeOverReason::LeaseExpired
-                            };
-                            match self.take_over(a, record, &owner, reason).await? {
-                                Some((taken, version)) => Progress::Adopt {
-                                    finish: State::Resume(taken, version),
-                                    then: State::AwaitPayout(payment, wait),
-                                },
-                                None => Progress::Next(State::AwaitPayout(payment, wait)),
-                            }
-                        }
-                        (NextAction::WaitForPayout, Some(owner))
-                            if self.owners.check(owner.record.owner).await =>
-                        {
+                    match decide::on_payout_owner(a, owner, &self.policy, self.now()) {
+                        OnPayoutOwner::AdoptOrphanedPayout {
+                            seen,
+                            record,
+                            reason,
+                        } => match self.take_over(a, record, &seen, reason).await? {
+                            Some((taken, version)) => Progress::Adopt {
+                                finish: State::Resume(taken, version),
+                                then: State::AwaitPayout(payment, wait),
+                            },
+                            None => Progress::Next(State::AwaitPayout(payment, wait)),
+                        },
+                        OnPayoutOwner::WaitForPayout {
+                            holder: Some(holder),
+                        } if self.owners.check(holder).await => {
                             // Its process has ended: look again, which now adopts it.
                             Progress::Next(State::Payment(payment, wait))
                         }
-                        (NextAction::WaitForPayout, _) => {
+                        OnPayoutOwner::WaitForPayout { .. } => {
                             Progress::Next(State::AwaitPayout(payment, wait))
                         }
-                        (other, _) => Progress::Done(finished(other)?),
                     }
                 }
-                other => Progress::Done(finished(other)?),
             },
         )
     }
@@ -510,15 +490,26 @@ impl Consumer {
             }));
         }
         let payment = self
-            .store
-            .payment(a.msg.claim_id, Purpose::Payout)
+            .read_payment(a)
             .await?
             .ok_or_else(|| StoreError::Permanent("a payment disappeared".into()))?
             .record;
-        a.saw(&payment);
         Ok(Progress::Next(State::Payment(payment, wait)))
     }
 
+    /// The claim's payment as the store holds it now, noted as seen.
+    async fn read_payment(
+        &self,
+        a: &Attempt<'_>,
+    ) -> Result<Option<Versioned<PaymentRecord>>, Failure> {
+        let payment = self.store.payment(a.msg.claim_id, Purpose::Payout).await?;
+        if let Some(p) = &payment {
+            a.saw(&p.record);
+        }
+        Ok(payment)
+    }
+
+    /// This message's inbox record, read again (after a wait, or a lost race).
     async fn reread_inbox(&self, a: &Attempt<'_>) -> Result<Versioned<InboxRecord>, Failure> {
         self.store.inbox(&a.key).await?.ok_or_else(|| {
             Failure::Store(StoreError::Transient(
@@ -527,23 +518,20 @@ impl Consumer {
         })
     }
 
-    /// Continues a message whose lease we now hold, from where its records say.
+    /// Continues a message whose record is ours (we hold its lease, or our own completed
+    /// write came back), from where its records say.
     async fn resume(&self, a: &Attempt<'_>, inbox: InboxRecord, version: Version) -> Advance {
-        let payment = self.store.payment(a.msg.claim_id, Purpose::Payout).await?;
-        if let Some(p) = &payment {
-            a.saw(&p.record);
-        }
-        let seen = Observed::Held {
-            inbox: &inbox,
-            payment: payment.as_ref().map(|p| &p.record),
-        };
-        match (decide(a, seen, &self.policy, self.now()), payment) {
-            (NextAction::PayOut, Some(payment)) => Ok(Progress::Next(State::Payout(
+        let payment = self.read_payment(a).await?;
+        match decide::on_resume(a, &inbox, payment, &self.policy, self.now())? {
+            OnResume::Finish(outcome) => Ok(Progress::Done(outcome)),
+            OnResume::PayOut { payment } => {
+                Ok(Progress::Next(State::Payout(inbox, version, payment)))
+            }
+            OnResume::CompleteInbox {
                 inbox,
-                version,
-                payment.record,
-            ))),
-            (NextAction::CompleteInbox { inbox, outcome }, Some(payment)) => {
+                payment,
+                outcome,
+            } => {
                 self.store
                     .finalize(Finalize {
                         inbox: &inbox,
@@ -554,7 +542,6 @@ impl Consumer {
                     .await?;
                 Ok(Progress::Done(outcome))
             }
-            (other, _) => Ok(Progress::Done(finished(other)?)),
         }
     }
 
@@ -586,80 +573,22 @@ impl Consumer {
             payment.created_at,
             self.policy.bank_key_window,
         );
-        let result = bank.pay(&payment.idempotency_key, &body, window).await;
+        let answer = bank.pay(&payment.idempotency_key, &body, window).await;
         self.crash_point(Step::AfterBankCall)?;
 
-        let (status, bank_payment_id, reason, outcome) = match result {
-            PayoutOutcome::Paid { payment_id } => (
-                PaymentStatus::Paid,
-                Some(payment_id.clone()),
-                None,
-                Outcome::Paid {
-                    bank_payment_id: payment_id,
-                },
-            ),
-            PayoutOutcome::Rejected { reason, .. } => (
-                PaymentStatus::Rejected,
-                None,
-                Some(reason.clone()),
-                Outcome::Rejected { reason },
-            ),
-            PayoutOutcome::KeyMismatch { reason } => (
-                PaymentStatus::NeedsReconciliation,
-                None,
-                Some(reason.clone()),
-                Outcome::NeedsReconciliation { reason },
-            ),
-            PayoutOutcome::KeyWindowClosed {
-                attempts,
-                last_error,
-            } => {
-                // Resending now could pay twice: the bank may have forgotten the key.
-                let reason = format!(
-                    "payout first requested at {}, and the bank's Idempotency-Key window ({}h) closes before another request could leave ({attempts} sent now{}); check the bank before paying",
-                    payment.created_at,
-                    self.policy.bank_key_window.as_secs() / 3600,
-                    if last_error.is_empty() { String::new() } else { format!(", last: {last_error}") },
-                );
-                (
-                    PaymentStatus::NeedsReconciliation,
-                    None,
-                    Some(reason.clone()),
-                    Outcome::NeedsReconciliation { reason },
-                )
-            }
-            PayoutOutcome::ServiceFault { status, reason } => {
-                // Our own fault (credential, URL): not a verdict on the payment. Keep
-                // the message on the queue and let the next delivery go at once.
-                self.release(&inbox, &version).await;
-                return retry_later(format!(
-                    "bank refused the service's request ({status}): {reason}"
-                ));
-            }
-            PayoutOutcome::GaveUp {
-                attempts,
-                last_error,
-            } => {
-                // Let the next delivery take over at once instead of waiting out our lease.
-                self.release(&inbox, &version).await;
-                return retry_later(format!(
-                    "bank unavailable after {attempts} attempts: {last_error}"
-                ));
-            }
-        };
         let now = self.now();
-        let final_payment = PaymentRecord {
-            status,
-            bank_payment_id,
-            status_reason: reason,
-            updated_at: now,
-            ..payment
-        };
-        let final_inbox = lease::completed(
-            &decide::touched(a, &inbox, &self.policy, now),
-            outcome.kind().into(),
-            now,
-        );
+        let (final_inbox, final_payment, outcome) =
+            match decide::after_payout(a, &inbox, payment, answer, &self.policy, now) {
+                AfterPayout::Finalize {
+                    inbox,
+                    payment,
+                    outcome,
+                } => (inbox, payment, outcome),
+                AfterPayout::Release { reason } => {
+                    self.release(&inbox, &version).await;
+                    return retry_later(reason);
+                }
+            };
         match self
             .store
             .finalize(Finalize {
@@ -727,6 +656,11 @@ impl Consumer {
 
 /// Where one attempt stands between two store reads.
 enum State {
+    /// We hold the lease and the payout is owed: call the bank and finalize.
+    Payout(InboxRecord, Version, PaymentRecord),
+    /// This message's record is ours (we hold its lease, or completed it): read the
+    /// payment and continue from it.
+    Resume(InboxRecord, Version),
     /// This message's inbox record, to judge. The wait bounds how long a live holder
     /// is waited for; it starts when the flow first looks at the record.
     Seen(Versioned<InboxRecord>, BoundedWait),
@@ -734,10 +668,6 @@ enum State {
     Payment(PaymentRecord, BoundedWait),
     /// Another message's payout of the claim is in progress: wait, then re-read it.
     AwaitPayout(PaymentRecord, BoundedWait),
-    /// We hold the lease: read the payment and continue from it.
-    Resume(InboxRecord, Version),
-    /// We hold the lease and the payout is owed: call the bank and finalize.
-    Payout(InboxRecord, Version, PaymentRecord),
 }
 
 /// What one step of the loop produced.
@@ -755,20 +685,6 @@ enum Progress {
 }
 
 type Advance = Result<Progress, Failure>;
-
-/// The outcome of a decision that ends the flow; anything else is a broken rule.
-fn finished(action: NextAction) -> Flow {
-    match action {
-        NextAction::Finish(outcome) => Ok(outcome),
-        NextAction::Corrupt(problem) => Err(StoreError::Permanent(problem).into()),
-        // Never produced at this point by `decide`; fail safe (keep the message, alert)
-        // rather than guess or panic.
-        other => Err(StoreError::Permanent(format!(
-            "internal: decision {other:?} has no action at this point"
-        ))
-        .into()),
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -176,8 +176,8 @@ impl PaymentsApi {
         };
         // The one way the consumer refuses a well-formed body: checked here, before the
         // key record exists, so that this 400 is not stored either.
-        if self.pays_out && msg.payee.is_none() {
-            return invalid_body("payee: is missing, and payouts are enabled");
+        if let Some(reason) = crate::consumer::decide::missing_payee(&msg, self.pays_out) {
+            return invalid_body(reason);
         }
         let scope = caller.scope(&msg);
         let identity = KeyIdentity::new(&scope, &client_key);
