@@ -19,8 +19,10 @@
 //!   seam: production reads the system);
 //! - [`env_setting`]: setting names and the one settings error, below every reader;
 //! - [`configuration`]: settings from the environment, composed from each module's parser;
-//! - [`seams`]: every hook the development crate uses (crashes, a held sync, a store
-//!   decorator, another handler); production sets none;
+//! - [`hooks`]: where a development build changes the composition's parts (a store
+//!   decorator, another handler, another router);
+//! - [`seams`]: the development crate's only way in: the hooks it sets (production
+//!   sets none) and the lists of what it may name;
 //! - [`telemetry`]: logs, counters, OpenTelemetry traces and metrics;
 //! - [`cli`]: the operator commands (`ledger`, `inbox`, `provision`, `purge`, `reconcile`).
 //!
@@ -41,6 +43,7 @@ mod dead_letters;
 mod domain;
 mod env_setting;
 mod functions;
+mod hooks;
 mod lease;
 mod payments_api;
 mod reconcile;

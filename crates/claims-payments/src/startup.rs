@@ -2,7 +2,7 @@
 //! state -> router -> server. [`serve`] is what `claims-payments serve` runs; [`run`] serves a built
 //! state on a listener, so tests can start the whole application in-process.
 //!
-//! [`Seams`] (in [`crate::seams`]) are where `claims-payments-dev` changes the
+//! [`Seams`] (in [`crate::hooks`]) are where `claims-payments-dev` changes the
 //! composition; production passes `Seams::default()`. [`restarts`] is what a start
 //! learns from the process that served on its port before it.
 
@@ -23,8 +23,8 @@ use crate::consumer::{Consumer, Policy};
 use crate::functions;
 use crate::functions::limits::HEADER_READ_TIMEOUT;
 pub use crate::functions::AppState;
+use crate::hooks::Seams;
 use crate::lease::liveness;
-use crate::seams::Seams;
 pub use crate::services::Services;
 use crate::store::cosmos::CosmosStore;
 use crate::store::postgres::PostgresStore;

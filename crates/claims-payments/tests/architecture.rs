@@ -30,13 +30,14 @@ const LAYERS: &[&[&str]] = &[
     &["functions"],
     // Settings from the environment, composed from each module's own.
     &["configuration"],
-    // The development crate's hooks into the composition.
-    &["seams"],
+    // Where a development build changes the composition's parts.
+    &["hooks"],
     // The composition root, then the operator commands.
     &["startup"],
     &["cli"],
-    // What the development crate may name: lists of items from every layer below.
-    &["seams::surface"],
+    // The development crate's only way in: the hooks and the lists of what it may name,
+    // from every layer below.
+    &["seams"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {
