@@ -326,6 +326,32 @@ mod tests {
         assert_ne!(parse(other_payee).unwrap().payload_hash(), h);
     }
 
+    /// The payload hash is stored with every inbox record and payment, and the payout
+    /// body is stored and re-sent: both must stay byte-for-byte what they were.
+    #[test]
+    fn stored_hash_and_payout_body_are_pinned() {
+        let bare = serde_json::json!({"claimId": CLAIM, "amount": "10.00", "currency": "EUR"});
+        let mut full = bare.clone();
+        full["tenantId"] = "acme".into();
+        full["payee"] = "NL91ABNA0417164300".into();
+        for (body, hash, payout) in [
+            (
+                bare,
+                "sha256:53c4fe2eb35dfa2da6a2a9d20127398abe3ff6596d7fcc5ffe826fb5677a0fc3",
+                r#"{"amount":"10.00","claimId":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","currency":"EUR","payee":null,"reference":"claim-payment-6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"}"#,
+            ),
+            (
+                full,
+                "sha256:b9fed0e0db6171950934085432eeb07bc58f98c959118d4a3a8b24e62cb8e823",
+                r#"{"amount":"10.00","claimId":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","currency":"EUR","payee":"NL91ABNA0417164300","reference":"acme:claim-payment-6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"}"#,
+            ),
+        ] {
+            let m = parse(body).unwrap();
+            assert_eq!(m.payload_hash().as_str(), hash);
+            assert_eq!(m.payout_request_body(), payout);
+        }
+    }
+
     #[test]
     fn idempotency_key_is_deterministic_and_tenant_scoped() {
         let claim = ClaimId::parse(CLAIM).unwrap();
