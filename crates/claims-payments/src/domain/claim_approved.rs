@@ -112,13 +112,7 @@ impl ClaimApproved {
     /// still the same payment.
     pub fn payload_hash(&self) -> PayloadHash {
         // serde_json's map is sorted by key, so this is canonical JSON.
-        let canonical = serde_json::json!({
-            "amount": self.money.amount_string(),
-            "claimId": self.claim_id.to_string(),
-            "currency": self.money.currency().code(),
-            "payee": self.payee.as_ref().map(PayeeRef::as_str),
-            "tenantId": self.tenant.as_ref().map(TenantId::as_str),
-        });
+        let canonical = self.payment_fields("tenantId", self.tenant.as_ref().map(TenantId::as_str));
         let digest = Sha256::digest(format!("claim-approved/v1\n{canonical}").as_bytes());
         PayloadHash(format!("sha256:{}", hex::encode(digest)))
     }
@@ -132,14 +126,22 @@ impl ClaimApproved {
     /// the Idempotency-Key as `reference`, so the bank can be asked what it holds under
     /// that reference even after it forgot the key (see `reconcile`).
     pub fn payout_request_body(&self) -> String {
-        serde_json::json!({
-            "claimId": self.claim_id.to_string(),
+        self.payment_fields("reference", Some(self.idempotency_key().as_str()))
+            .to_string()
+    }
+
+    /// The fields the payload hash and the payout body both carry, written once so the
+    /// two cannot drift apart, plus the one field each adds (`tenantId`, `reference`).
+    /// The object is sorted by key, whatever the order the fields are set in.
+    fn payment_fields(&self, extra: &str, value: Option<&str>) -> serde_json::Value {
+        let mut fields = serde_json::json!({
             "amount": self.money.amount_string(),
+            "claimId": self.claim_id.to_string(),
             "currency": self.money.currency().code(),
             "payee": self.payee.as_ref().map(PayeeRef::as_str),
-            "reference": self.idempotency_key().as_str(),
-        })
-        .to_string()
+        });
+        fields[extra] = value.into();
+        fields
     }
 }
 
