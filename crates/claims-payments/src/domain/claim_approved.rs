@@ -199,77 +199,42 @@ mod tests {
 
     #[test]
     fn each_violation_names_its_field() {
-        let cases = [
-            (
-                serde_json::json!({"amount": "1", "currency": "EUR"}),
-                "claimId",
-            ),
-            (
-                serde_json::json!({"claimId": "nope", "amount": "1", "currency": "EUR"}),
-                "claimId",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "0", "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "-5", "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1.001", "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1.5", "currency": "JPY"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "abc", "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": true, "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1"}),
-                "currency",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "eur"}),
-                "currency",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "XAU"}),
-                "currency",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "tenantId": "a b"}),
-                "tenantId",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "payee": ""}),
-                "payee",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "approvedAt": "yesterday"}),
-                "approvedAt",
-            ),
-            (serde_json::json!([1, 2]), "body"),
-            (
-                serde_json::json!({"claimId": "00000000-0000-0000-0000-000000000000", "amount": "1", "currency": "EUR"}),
-                "claimId",
-            ),
-        ];
-        for (body, field) in cases {
+        let names = |body: serde_json::Value, field: &str| {
             let err = parse(body.clone()).expect_err(&body.to_string());
             assert_eq!(err.field, field, "{body}: {err}");
+        };
+        // Each case is one valid message with one field removed or set to a bad value.
+        let valid = serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR"});
+        for field in ["claimId", "amount", "currency"] {
+            let mut body = valid.clone();
+            body.as_object_mut().unwrap().remove(field);
+            names(body, field);
         }
+        for (field, values) in [
+            (
+                "claimId",
+                serde_json::json!(["nope", "00000000-0000-0000-0000-000000000000"]),
+            ),
+            (
+                "amount",
+                serde_json::json!(["0", "-5", "1.001", "abc", true]),
+            ),
+            ("currency", serde_json::json!(["eur", "XAU"])),
+            ("tenantId", serde_json::json!(["a b"])),
+            ("payee", serde_json::json!([""])),
+            ("approvedAt", serde_json::json!(["yesterday"])),
+        ] {
+            for value in values.as_array().unwrap() {
+                let mut body = valid.clone();
+                body[field] = value.clone();
+                names(body, field);
+            }
+        }
+        names(
+            serde_json::json!({"claimId": CLAIM, "amount": "1.5", "currency": "JPY"}),
+            "amount",
+        );
+        names(serde_json::json!([1, 2]), "body");
     }
 
     #[test]
