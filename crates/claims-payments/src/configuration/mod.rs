@@ -466,14 +466,9 @@ fn refuse_dev_only_settings(get: &dyn Fn(&str) -> Option<String>) -> Result<(), 
 mod tests {
     use super::*;
     use secrecy::ExposeSecret;
-    use std::collections::HashMap;
 
     fn settings(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Settings::from_lookup(|k| map.get(k).cloned())
+        Settings::from_lookup(crate::env_setting::lookup_in(pairs))
     }
 
     #[test]

@@ -16,3 +16,14 @@ pub(crate) fn non_blank(lookup: &impl Fn(&str) -> Option<String>, name: &str) ->
         .map(|v| v.trim().to_owned())
         .filter(|v| !v.is_empty())
 }
+
+/// A settings lookup over fixed name-value pairs, so the parsers' tests state the
+/// environment they read as a table.
+#[cfg(test)]
+pub(crate) fn lookup_in(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: std::collections::HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
