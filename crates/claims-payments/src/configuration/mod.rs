@@ -573,24 +573,18 @@ mod tests {
 
     #[test]
     fn postgres_settings_are_read_and_never_show_the_password() {
-        let s = settings(&[
-            ("PAYMENTS_STORE", "postgres"),
-            (
-                "PAYMENTS_POSTGRES_URL",
-                "postgresql://app:pw-SECRET@db.example.com:5432/payments?sslmode=require",
-            ),
-        ])
-        .unwrap();
+        let postgres = |url| {
+            settings(&[
+                ("PAYMENTS_STORE", "postgres"),
+                ("PAYMENTS_POSTGRES_URL", url),
+            ])
+        };
+        let s = postgres("postgresql://app:pw-SECRET@db.example.com:5432/payments?sslmode=require")
+            .unwrap();
         assert_eq!(s.store.name(), "postgres");
         assert!(!format!("{s:?}").contains("SECRET"), "{s:?}");
-        let err = settings(&[
-            ("PAYMENTS_STORE", "postgres"),
-            (
-                "PAYMENTS_POSTGRES_URL",
-                "postgresql://app:pw-SECRET@db.example.com/payments?sslmode=disable",
-            ),
-        ])
-        .unwrap_err();
+        let err = postgres("postgresql://app:pw-SECRET@db.example.com/payments?sslmode=disable")
+            .unwrap_err();
         assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL", "{err}");
         assert!(err.problem.contains("sslmode=disable is refused"), "{err}");
         assert!(!err.to_string().contains("SECRET"), "{err}");
@@ -671,20 +665,18 @@ mod tests {
             assert_eq!(err.setting, "BANK_API_URL");
             assert!(!err.to_string().contains("SECRET"), "{url}: {err}");
         }
-        let s = settings(&[
-            ("BANK_API_URL", "https://bank.example/api"),
-            ("BANK_API_KEY", " key-SECRET "),
-        ])
-        .unwrap();
+        let with_key = |key| {
+            settings(&[
+                ("BANK_API_URL", "https://bank.example/api"),
+                ("BANK_API_KEY", key),
+            ])
+        };
+        let s = with_key(" key-SECRET ").unwrap();
         let bank = s.bank.as_ref().unwrap();
         assert_eq!(bank.api_key.as_ref().unwrap().expose_secret(), "key-SECRET");
-        let err = settings(&[
-            ("BANK_API_URL", "https://bank.example/api"),
-            (
-                "BANK_API_KEY",
-                "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/bank-api-key)",
-            ),
-        ])
+        let err = with_key(
+            "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/bank-api-key)",
+        )
         .unwrap_err();
         assert_eq!(err.setting, "BANK_API_KEY", "{err}");
         assert!(
