@@ -1077,19 +1077,21 @@ mod tests {
         );
     }
 
+    /// `a` meets its claim's final payment: the inbox record it writes and its answer.
+    fn finish_duplicate(a: &Attempt, paid: &PaymentRecord) -> (InboxRecord, Outcome) {
+        let OnPayment::FinishBusinessDuplicate { inbox, outcome } =
+            on_payment(a, paid, &policy(), now())
+        else {
+            panic!("expected a duplicate");
+        };
+        (inbox, outcome)
+    }
+
     #[test]
     fn business_duplicate_of_a_final_payment_is_recorded_as_handled() {
-        let m = msg("10.00");
-        let (d, paid) = (
-            delivery("evt-2", 1),
-            payment(&m, "evt-1", PaymentStatus::Paid),
-        );
+        let (m, d) = (msg("10.00"), delivery("evt-2", 1));
         let a = attempt(&m, &d);
-        let OnPayment::FinishBusinessDuplicate { inbox, outcome } =
-            on_payment(&a, &paid, &policy(), now())
-        else {
-            panic!("expected a business duplicate");
-        };
+        let (inbox, outcome) = finish_duplicate(&a, &payment(&m, "evt-1", PaymentStatus::Paid));
         assert_eq!(
             outcome,
             Outcome::BusinessDuplicate {
@@ -1116,17 +1118,9 @@ mod tests {
 
     #[test]
     fn our_own_message_back_after_its_inbox_expired() {
-        let m = msg("10.00");
-        let (d, paid) = (
-            delivery("evt-1", 1),
-            payment(&m, "evt-1", PaymentStatus::Paid),
-        );
+        let (m, d) = (msg("10.00"), delivery("evt-1", 1));
         let a = attempt(&m, &d);
-        let OnPayment::FinishBusinessDuplicate { inbox, outcome } =
-            on_payment(&a, &paid, &policy(), now())
-        else {
-            panic!("expected a duplicate");
-        };
+        let (inbox, outcome) = finish_duplicate(&a, &payment(&m, "evt-1", PaymentStatus::Paid));
         assert_eq!(
             outcome,
             Outcome::Duplicate {
