@@ -644,6 +644,24 @@ mod tests {
     }
 
     #[test]
+    fn a_number_out_of_range_names_the_range_and_why() {
+        for (pair, problem) in [
+            (("INBOX_RETENTION_DAYS", "0"), "0 is outside 1..=3650 days"),
+            (
+                ("IDEMPOTENCY_KEY_RETENTION_HOURS", "2161"),
+                "2161 is outside 1..=2160 hours",
+            ),
+            (
+                ("MAX_DELIVERY_COUNT", "1"),
+                "1 is outside 2..=2000; with fewer than 2 deliveries a message whose handler \
+                 died would be dead-lettered instead of taken over",
+            ),
+        ] {
+            assert_eq!(settings(&[pair]).unwrap_err().problem, problem);
+        }
+    }
+
+    #[test]
     fn max_delivery_count_leaves_room_for_a_takeover() {
         assert_eq!(settings(&[]).unwrap().max_delivery_count, 10);
         for bad in ["0", "1", "many"] {
