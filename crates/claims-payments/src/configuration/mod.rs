@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub(crate) use crate::bank::BankSettings;
+use crate::env_setting::whole_number_within;
 use crate::functions::FunctionSettings;
 use crate::payments_api::CallerAuth;
 use crate::store::cosmos::CosmosSettings;
@@ -14,7 +15,7 @@ use crate::telemetry::LogFormat;
 
 // The names and the error live below every module that reads a setting; re-exported
 // here because the dev crate and the tests read them through `config`.
-pub(crate) use crate::env_setting::{millis, names, parse_u64, ConfigError};
+pub(crate) use crate::env_setting::{millis, names, ConfigError};
 
 /// Where the guard lives (`PAYMENTS_STORE`), with what that store needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -219,16 +220,10 @@ fn store_settings(
 
 /// `INBOX_RETENTION_DAYS`.
 fn inbox_retention(get: &dyn Fn(&str) -> Option<String>) -> Result<Duration, ConfigError> {
-    let retention_days = match get(names::INBOX_RETENTION_DAYS) {
-        None => 30,
-        Some(v) => parse_u64(names::INBOX_RETENTION_DAYS, &v)?,
-    };
-    if !(1..=3650).contains(&retention_days) {
-        return Err(ConfigError::new(
-            names::INBOX_RETENTION_DAYS,
-            format!("{retention_days} is outside 1..=3650 days"),
-        ));
-    }
+    let retention_days = get(names::INBOX_RETENTION_DAYS)
+        .map(|v| whole_number_within(names::INBOX_RETENTION_DAYS, &v, 1..=3650, " days"))
+        .transpose()?
+        .unwrap_or(30);
     Ok(Duration::from_secs(retention_days * 24 * 3600))
 }
 
@@ -309,21 +304,20 @@ impl Timings {
             None => Duration::from_millis(15_000),
             Some(v) => millis(names::INFLIGHT_WAIT_MS, &v, 0, 600_000)?,
         };
-        let max_delivery_count = match get(names::MAX_DELIVERY_COUNT) {
-            None => 10,
-            Some(v) => parse_u64(names::MAX_DELIVERY_COUNT, &v)?,
-        };
         // A delivery whose attempt died is taken over by the next delivery of the same
         // message (a higher DeliveryCount, see the consumer): there must be one.
-        if !(2..=2000).contains(&max_delivery_count) {
-            return Err(ConfigError::new(
-                names::MAX_DELIVERY_COUNT,
-                format!(
-                    "{max_delivery_count} is outside 2..=2000; with fewer than 2 deliveries a \
-                     message whose handler died would be dead-lettered instead of taken over"
-                ),
-            ));
-        }
+        let max_delivery_count = get(names::MAX_DELIVERY_COUNT)
+            .map(|v| {
+                whole_number_within(
+                    names::MAX_DELIVERY_COUNT,
+                    &v,
+                    2..=2000,
+                    "; with fewer than 2 deliveries a message whose handler died would be \
+                     dead-lettered instead of taken over",
+                )
+            })
+            .transpose()?
+            .unwrap_or(10);
         // Where the DeliveryCount cannot tell (a DLQ re-drive or a producer's re-send is a
         // new broker message, counting from 1 again), only the lease frees a message
         // whose attempt died. The deliveries left must be able to wait it out, or the
@@ -417,19 +411,19 @@ fn http_settings(
             ))
         }
     };
-    let key_retention = match get(names::IDEMPOTENCY_KEY_RETENTION_HOURS) {
-        None => DEFAULT_KEY_RETENTION,
-        Some(v) => {
-            let hours = parse_u64(names::IDEMPOTENCY_KEY_RETENTION_HOURS, &v)?;
-            if !(1..=24 * 90).contains(&hours) {
-                return Err(ConfigError::new(
-                    names::IDEMPOTENCY_KEY_RETENTION_HOURS,
-                    format!("{hours} is outside 1..=2160 hours"),
-                ));
-            }
+    let key_retention = get(names::IDEMPOTENCY_KEY_RETENTION_HOURS)
+        .map(|v| {
+            whole_number_within(
+                names::IDEMPOTENCY_KEY_RETENTION_HOURS,
+                &v,
+                1..=24 * 90,
+                " hours",
+            )
+        })
+        .transpose()?
+        .map_or(DEFAULT_KEY_RETENTION, |hours| {
             Duration::from_secs(hours * 3600)
-        }
-    };
+        });
     Ok((http_auth, key_retention))
 }
 

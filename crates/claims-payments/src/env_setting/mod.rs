@@ -7,7 +7,7 @@ mod error;
 pub mod names;
 
 pub use error::ConfigError;
-pub(crate) use error::{millis, parse_u64};
+pub(crate) use error::{millis, parse_u64, whole_number_within};
 
 /// A setting's value through `lookup`, trimmed; a blank one counts as unset, since app
 /// settings are often blanked rather than removed.
