@@ -401,16 +401,15 @@ pub fn default_function_settings(http_auth: CallerAuth, lease: Duration) -> Func
 fn http_settings(
     get: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(CallerAuth, Duration), ConfigError> {
-    let http_auth = match get(names::HTTP_AUTH).as_deref().map(str::trim) {
-        None | Some("functionkey") => CallerAuth::FunctionKey,
-        Some("appservice") => CallerAuth::AppService,
-        Some(other) => {
-            return Err(ConfigError::new(
-                names::HTTP_AUTH,
-                format!("{other:?} is not a caller authentication; use functionkey or appservice"),
-            ))
-        }
-    };
+    let http_auth = one_of(
+        get,
+        names::HTTP_AUTH,
+        "a caller authentication",
+        [
+            ("functionkey", CallerAuth::FunctionKey),
+            ("appservice", CallerAuth::AppService),
+        ],
+    )?;
     let key_retention = get(names::IDEMPOTENCY_KEY_RETENTION_HOURS)
         .map(|v| {
             whole_number_within(
@@ -429,17 +428,39 @@ fn http_settings(
 
 /// `LOG_FORMAT`.
 fn log_format(get: &dyn Fn(&str) -> Option<String>) -> Result<LogFormat, ConfigError> {
-    let format = match get(names::LOG_FORMAT).as_deref().map(str::trim) {
-        None | Some("json") => LogFormat::Json,
-        Some("text") => LogFormat::Text,
-        Some(other) => {
-            return Err(ConfigError::new(
-                names::LOG_FORMAT,
-                format!("{other:?} is not a log format; use json or text"),
-            ))
-        }
+    one_of(
+        get,
+        names::LOG_FORMAT,
+        "a log format",
+        [("json", LogFormat::Json), ("text", LogFormat::Text)],
+    )
+}
+
+/// A setting that names one of two `choices`, trimmed; the first when unset. Anything
+/// else is refused, shown, and said not to be `what`.
+fn one_of<T: Copy>(
+    get: &dyn Fn(&str) -> Option<String>,
+    setting: &'static str,
+    what: &str,
+    choices: [(&str, T); 2],
+) -> Result<T, ConfigError> {
+    let Some(value) = get(setting) else {
+        return Ok(choices[0].1);
     };
-    Ok(format)
+    let value = value.trim();
+    choices
+        .iter()
+        .find(|(name, _)| *name == value)
+        .map(|(_, choice)| *choice)
+        .ok_or_else(|| {
+            ConfigError::new(
+                setting,
+                format!(
+                    "{value:?} is not {what}; use {} or {}",
+                    choices[0].0, choices[1].0
+                ),
+            )
+        })
 }
 
 /// The dev crate's knobs have no business in a deployment.
@@ -653,6 +674,25 @@ mod tests {
         ] {
             assert_eq!(settings(&[pair]).unwrap_err().problem, problem);
         }
+    }
+
+    #[test]
+    fn a_choice_not_offered_is_shown_with_the_choices() {
+        for (pair, problem) in [
+            (
+                ("LOG_FORMAT", " xml "),
+                r#""xml" is not a log format; use json or text"#,
+            ),
+            (
+                ("HTTP_AUTH", "basic"),
+                r#""basic" is not a caller authentication; use functionkey or appservice"#,
+            ),
+        ] {
+            assert_eq!(settings(&[pair]).unwrap_err().problem, problem);
+        }
+        let s = settings(&[("LOG_FORMAT", " text "), ("HTTP_AUTH", "appservice")]).unwrap();
+        assert_eq!(s.log_format, LogFormat::Text);
+        assert_eq!(s.http_auth, CallerAuth::AppService);
     }
 
     #[test]
