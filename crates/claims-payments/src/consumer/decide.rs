@@ -683,6 +683,15 @@ mod tests {
         on_inbox(a, record, &policy(), now())
     }
 
+    /// `a` finds `record` held by a live attempt, and waits for it.
+    fn waits_for_live(a: &Attempt<'_>, record: &InboxRecord) {
+        assert!(matches!(
+            a.stands(record, &policy(), now()),
+            Standing::Live(_)
+        ));
+        assert!(matches!(on(a, record), OnInbox::WaitForLiveAttempt { .. }));
+    }
+
     #[test]
     fn the_payee_rule_refuses_a_missing_payee_only_when_payouts_are_enabled() {
         let (none, some) = (without_payee(), msg("10.00"));
@@ -817,11 +826,7 @@ mod tests {
         for count in [2, 1] {
             let d = delivery("evt-1", count);
             let a = attempt(&m, &d);
-            assert!(matches!(
-                a.stands(&seen, &policy(), now()),
-                Standing::Live(_)
-            ));
-            assert!(matches!(on(&a, &seen), OnInbox::WaitForLiveAttempt { .. }));
+            waits_for_live(&a, &seen);
         }
     }
 
@@ -871,23 +876,12 @@ mod tests {
         let d0 = delivery("evt-1", 0);
         let a0 = attempt(&m, &d0);
         let live = held_by_other(&a0, now() + secs(30), 1);
-        assert!(matches!(
-            a0.stands(&live, &policy(), now()),
-            Standing::Live(_)
-        ));
-        assert!(matches!(on(&a0, &live), OnInbox::WaitForLiveAttempt { .. }));
+        waits_for_live(&a0, &live);
         // The holder's count is unknown (0): a later count proves nothing; wait.
         let d5 = delivery("evt-1", 5);
         let a5 = attempt(&m, &d5);
         let unknown = held_by_other(&a5, now() + secs(30), 0);
-        assert!(matches!(
-            a5.stands(&unknown, &policy(), now()),
-            Standing::Live(_)
-        ));
-        assert!(matches!(
-            on(&a5, &unknown),
-            OnInbox::WaitForLiveAttempt { .. }
-        ));
+        waits_for_live(&a5, &unknown);
         // Once the lease ran out, it is taken over.
         let expired = held_by_other(&a0, now() - secs(1), 0);
         assert!(matches!(
