@@ -1071,32 +1071,43 @@ mod tests {
         );
     }
 
-    /// `a` meets its claim's final payment: the inbox record it writes and its answer.
-    fn finish_duplicate(a: &Attempt, paid: &PaymentRecord) -> (InboxRecord, Outcome) {
-        let OnPayment::FinishBusinessDuplicate { inbox, outcome } =
-            on_payment(a, paid, &policy(), now())
-        else {
-            panic!("expected a duplicate");
-        };
-        (inbox, outcome)
-    }
-
     #[test]
-    fn business_duplicate_of_a_final_payment_is_recorded_as_handled() {
-        let (m, d) = (msg("10.00"), delivery("evt-2", 1));
-        let a = attempt(&m, &d);
-        let (inbox, outcome) = finish_duplicate(&a, &payment(&m, "evt-1", PaymentStatus::Paid));
-        assert_eq!(
-            outcome,
-            Outcome::BusinessDuplicate {
-                original_message: MessageId::parse("evt-1").unwrap()
-            }
-        );
-        assert_eq!(inbox.status, InboxStatus::Completed);
-        assert_eq!(inbox.outcome, Some(OutcomeKind::BusinessDuplicate.into()));
-        assert_eq!(inbox.message_id.as_str(), "evt-2");
-        assert_eq!(inbox.owner, a.id);
-        assert_eq!(inbox.lease_until, None);
+    fn a_final_payment_met_again_is_recorded_as_handled() {
+        // Another message for the claim is a business duplicate; our own message back
+        // after its inbox record expired is a plain duplicate.
+        for (message, outcome, kind) in [
+            (
+                "evt-2",
+                Outcome::BusinessDuplicate {
+                    original_message: MessageId::parse("evt-1").unwrap(),
+                },
+                OutcomeKind::BusinessDuplicate,
+            ),
+            (
+                "evt-1",
+                Outcome::Duplicate {
+                    first_outcome: Some(OutcomeKind::Paid),
+                },
+                OutcomeKind::Duplicate,
+            ),
+        ] {
+            let (m, d) = (msg("10.00"), delivery(message, 1));
+            let a = attempt(&m, &d);
+            let paid = payment(&m, "evt-1", PaymentStatus::Paid);
+            let OnPayment::FinishBusinessDuplicate {
+                inbox,
+                outcome: answered,
+            } = on_payment(&a, &paid, &policy(), now())
+            else {
+                panic!("{message}: expected a duplicate");
+            };
+            assert_eq!(answered, outcome, "{message}");
+            assert_eq!(inbox.status, InboxStatus::Completed, "{message}");
+            assert_eq!(inbox.outcome, Some(kind.into()), "{message}");
+            assert_eq!(inbox.message_id.as_str(), message);
+            assert_eq!(inbox.owner, a.id, "{message}");
+            assert_eq!(inbox.lease_until, None, "{message}");
+        }
     }
 
     #[test]
@@ -1111,17 +1122,9 @@ mod tests {
     }
 
     #[test]
-    fn our_own_message_back_after_its_inbox_expired() {
+    fn our_own_message_back_after_its_inbox_expired_reclaims_its_owed_payout() {
         let (m, d) = (msg("10.00"), delivery("evt-1", 1));
         let a = attempt(&m, &d);
-        let (inbox, outcome) = finish_duplicate(&a, &payment(&m, "evt-1", PaymentStatus::Paid));
-        assert_eq!(
-            outcome,
-            Outcome::Duplicate {
-                first_outcome: Some(OutcomeKind::Paid)
-            }
-        );
-        assert_eq!(inbox.outcome, Some(OutcomeKind::Duplicate.into()));
         // Its payout still owed: hold it again and resume.
         let owed = payment(&m, "evt-1", PaymentStatus::InProgress);
         let OnPayment::ReclaimPayout { inbox } = on_payment(&a, &owed, &policy(), now()) else {
