@@ -171,16 +171,8 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
         })
     };
     match command {
-        OperatorCommand::Ledger(args) => {
-            let store = startup::open_store(settings, Access::ReadOnly).await?;
-            let mut stderr = std::io::stderr().lock();
-            listed(ledger(&store, args.json, args.limit, &mut stdout(), &mut stderr).await)
-        }
-        OperatorCommand::Inbox(args) => {
-            let store = startup::open_store(settings, Access::ReadOnly).await?;
-            let mut stderr = std::io::stderr().lock();
-            listed(inbox(&store, args.json, args.limit, &mut stdout(), &mut stderr).await)
-        }
+        OperatorCommand::Ledger(args) => listed(list(settings, Records::Payments, args).await),
+        OperatorCommand::Inbox(args) => listed(list(settings, Records::Inbox, args).await),
         OperatorCommand::Provision => {
             match &settings.store {
                 StoreSettings::Cosmos(cosmos) => {
@@ -630,76 +622,101 @@ fn print_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> s
     Ok(())
 }
 
-/// Lists payments on `out` and the rows that do not read on `err`; returns how many
-/// did not.
-pub(crate) async fn ledger(
-    store: &DynStore,
-    json: bool,
-    limit: usize,
-    out: &mut impl Write,
-    err: &mut impl Write,
-) -> anyhow::Result<usize> {
-    let payments = store.list_payments(limit).await?;
-    let listing = Listing::<PaymentRecord> {
-        columns: &[
-            ("CLAIM", |p| p.claim_id.to_string()),
-            ("AMOUNT", |p| p.money.amount_string()),
-            ("CURRENCY", |p| p.money.currency().code().to_owned()),
-            ("STATUS", |p| p.status.as_str().to_owned()),
-            ("MESSAGE", |p| p.message_id.to_string()),
-            ("BANK PAYMENT", |p| {
-                p.bank_payment_id.clone().unwrap_or_else(|| "-".into())
-            }),
-            ("UPDATED", |p| rfc3339(p.updated_at)),
-        ],
-        counted: "payment(s)",
-    };
-    listing.print::<LedgerLine>(out, err, json, payments)
+/// What `ledger` and `inbox` list.
+#[derive(Debug, Clone, Copy)]
+enum Records {
+    Payments,
+    Inbox,
 }
 
-/// Lists inbox records as [`ledger`] lists payments.
-pub(crate) async fn inbox(
+/// `ledger` and `inbox`: the configured store's records on stdout, the rows that do not
+/// read on stderr; returns how many did not.
+async fn list(settings: &Settings, records: Records, args: ListArgs) -> anyhow::Result<usize> {
+    let store = startup::open_store(settings, Access::ReadOnly).await?;
+    let mut stderr = std::io::stderr().lock();
+    let mut stdout = std::io::stdout().lock();
+    print_records(
+        &store,
+        records,
+        args.json,
+        args.limit,
+        &mut stdout,
+        &mut stderr,
+    )
+    .await
+}
+
+/// Lists `records` on `out` and the rows that do not read on `err`; returns how many
+/// did not. Both listings are one [`Listing`], with their own columns and line shape.
+async fn print_records(
     store: &DynStore,
+    records: Records,
     json: bool,
     limit: usize,
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> anyhow::Result<usize> {
-    let mut records = store.list_inbox(limit).await?;
-    // Process registrations share the table but are no message's record.
-    records.retain(
-        |r| !matches!(r, Ok(record) if record.consumer == crate::lease::liveness::CONSUMER),
-    );
-    let listing = Listing::<InboxRecord> {
-        columns: &[
-            ("MESSAGE", |r| r.message_id.to_string()),
-            ("CLAIM", |r| r.claim_id.to_string()),
-            ("STATUS", |r| r.status.as_str().to_owned()),
-            ("OUTCOME", |r| {
-                r.outcome
-                    .as_ref()
-                    .map_or_else(|| "-".into(), ToString::to_string)
-            }),
-            ("DELIVERIES", |r| {
-                format!("{}..{}", r.first_delivery_count, r.last_delivery_count)
-            }),
-            ("LEASE UNTIL", |r| {
-                r.lease_until.map(rfc3339).unwrap_or_else(|| "-".into())
-            }),
-            ("EXPIRES", |r| rfc3339(r.expires_at)),
-        ],
-        counted: "inbox record(s)",
-    };
-    listing.print::<InboxLine>(out, err, json, records)
+    match records {
+        Records::Payments => {
+            let payments = store.list_payments(limit).await?;
+            LEDGER.print::<LedgerLine>(out, err, json, payments)
+        }
+        Records::Inbox => {
+            let mut records = store.list_inbox(limit).await?;
+            // Process registrations share the table but are no message's record.
+            records.retain(
+                |r| !matches!(r, Ok(record) if record.consumer == crate::lease::liveness::CONSUMER),
+            );
+            INBOX.print::<InboxLine>(out, err, json, records)
+        }
+    }
 }
+
+/// `ledger`'s table.
+const LEDGER: Listing<'static, PaymentRecord> = Listing {
+    columns: &[
+        ("CLAIM", |p| p.claim_id.to_string()),
+        ("AMOUNT", |p| p.money.amount_string()),
+        ("CURRENCY", |p| p.money.currency().code().to_owned()),
+        ("STATUS", |p| p.status.as_str().to_owned()),
+        ("MESSAGE", |p| p.message_id.to_string()),
+        ("BANK PAYMENT", |p| {
+            p.bank_payment_id.clone().unwrap_or_else(|| "-".into())
+        }),
+        ("UPDATED", |p| rfc3339(p.updated_at)),
+    ],
+    counted: "payment(s)",
+};
+
+/// `inbox`'s table.
+const INBOX: Listing<'static, InboxRecord> = Listing {
+    columns: &[
+        ("MESSAGE", |r| r.message_id.to_string()),
+        ("CLAIM", |r| r.claim_id.to_string()),
+        ("STATUS", |r| r.status.as_str().to_owned()),
+        ("OUTCOME", |r| {
+            r.outcome
+                .as_ref()
+                .map_or_else(|| "-".into(), ToString::to_string)
+        }),
+        ("DELIVERIES", |r| {
+            format!("{}..{}", r.first_delivery_count, r.last_delivery_count)
+        }),
+        ("LEASE UNTIL", |r| {
+            r.lease_until.map(rfc3339).unwrap_or_else(|| "-".into())
+        }),
+        ("EXPIRES", |r| rfc3339(r.expires_at)),
+    ],
+    counted: "inbox record(s)",
+};
+
+/// A column of a listing: its header, and how a record shows in it.
+type Column<'a, T> = (&'a str, fn(&T) -> String);
 
 /// An operator's listing of stored records: one JSON line each with `--json` (`L`, the
 /// record's stable line shape), else a table of its `columns` and a count. A row
 /// that does not read is named on the error stream (claim, column, why: as stored text,
 /// through [`printable`]), never left out silently and never in the way of the others.
-/// A column of a listing: its header, and how a record shows in it.
-type Column<'a, T> = (&'a str, fn(&T) -> String);
-
 struct Listing<'a, T> {
     columns: &'a [Column<'a, T>],
     counted: &'a str,
@@ -803,23 +820,19 @@ mod tests {
         };
         assert_eq!(consumer.handle(&msg, &delivery).await.label(), "recorded");
 
+        let printed = |records, json| {
+            let store = &store;
+            async move {
+                let mut out = Vec::new();
+                print_records(store, records, json, 10, &mut out, &mut Vec::new())
+                    .await
+                    .unwrap();
+                String::from_utf8(out).unwrap()
+            }
+        };
         let escaped = r"evil\u{1b}[2J\nfake-claim  999.00  EUR  paid";
-        for (name, table) in [
-            ("ledger", {
-                let mut out = Vec::new();
-                ledger(&store, false, 10, &mut out, &mut Vec::new())
-                    .await
-                    .unwrap();
-                String::from_utf8(out).unwrap()
-            }),
-            ("inbox", {
-                let mut out = Vec::new();
-                inbox(&store, false, 10, &mut out, &mut Vec::new())
-                    .await
-                    .unwrap();
-                String::from_utf8(out).unwrap()
-            }),
-        ] {
+        for (name, records) in [("ledger", Records::Payments), ("inbox", Records::Inbox)] {
+            let table = printed(records, false).await;
             assert!(!table.contains('\u{1b}'), "{name}: raw ESC in {table:?}");
             let lines: Vec<&str> = table.lines().collect();
             assert_eq!(lines.len(), 3, "{name}: header, one row, count: {table:?}");
@@ -827,11 +840,7 @@ mod tests {
         }
 
         // JSON lines were already safe: serde escapes control characters.
-        let mut out = Vec::new();
-        ledger(&store, true, 10, &mut out, &mut Vec::new())
-            .await
-            .unwrap();
-        let json = String::from_utf8(out).unwrap();
+        let json = printed(Records::Payments, true).await;
         assert_eq!(json.lines().count(), 1, "{json:?}");
         let line: serde_json::Value = serde_json::from_str(json.trim_end()).unwrap();
         assert_eq!(line["messageId"], hostile);

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub(crate) use crate::bank::BankSettings;
+use crate::env_setting::whole_number_within;
 use crate::functions::FunctionSettings;
 use crate::payments_api::CallerAuth;
 use crate::store::cosmos::CosmosSettings;
@@ -14,7 +15,7 @@ use crate::telemetry::LogFormat;
 
 // The names and the error live below every module that reads a setting; re-exported
 // here because the dev crate and the tests read them through `config`.
-pub(crate) use crate::env_setting::{millis, names, parse_u64, ConfigError};
+pub(crate) use crate::env_setting::{millis, names, ConfigError};
 
 /// Where the guard lives (`PAYMENTS_STORE`), with what that store needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -219,16 +220,10 @@ fn store_settings(
 
 /// `INBOX_RETENTION_DAYS`.
 fn inbox_retention(get: &dyn Fn(&str) -> Option<String>) -> Result<Duration, ConfigError> {
-    let retention_days = match get(names::INBOX_RETENTION_DAYS) {
-        None => 30,
-        Some(v) => parse_u64(names::INBOX_RETENTION_DAYS, &v)?,
-    };
-    if !(1..=3650).contains(&retention_days) {
-        return Err(ConfigError::new(
-            names::INBOX_RETENTION_DAYS,
-            format!("{retention_days} is outside 1..=3650 days"),
-        ));
-    }
+    let retention_days = get(names::INBOX_RETENTION_DAYS)
+        .map(|v| whole_number_within(names::INBOX_RETENTION_DAYS, &v, 1..=3650, " days"))
+        .transpose()?
+        .unwrap_or(30);
     Ok(Duration::from_secs(retention_days * 24 * 3600))
 }
 
@@ -309,21 +304,20 @@ impl Timings {
             None => Duration::from_millis(15_000),
             Some(v) => millis(names::INFLIGHT_WAIT_MS, &v, 0, 600_000)?,
         };
-        let max_delivery_count = match get(names::MAX_DELIVERY_COUNT) {
-            None => 10,
-            Some(v) => parse_u64(names::MAX_DELIVERY_COUNT, &v)?,
-        };
         // A delivery whose attempt died is taken over by the next delivery of the same
         // message (a higher DeliveryCount, see the consumer): there must be one.
-        if !(2..=2000).contains(&max_delivery_count) {
-            return Err(ConfigError::new(
-                names::MAX_DELIVERY_COUNT,
-                format!(
-                    "{max_delivery_count} is outside 2..=2000; with fewer than 2 deliveries a \
-                     message whose handler died would be dead-lettered instead of taken over"
-                ),
-            ));
-        }
+        let max_delivery_count = get(names::MAX_DELIVERY_COUNT)
+            .map(|v| {
+                whole_number_within(
+                    names::MAX_DELIVERY_COUNT,
+                    &v,
+                    2..=2000,
+                    "; with fewer than 2 deliveries a message whose handler died would be \
+                     dead-lettered instead of taken over",
+                )
+            })
+            .transpose()?
+            .unwrap_or(10);
         // Where the DeliveryCount cannot tell (a DLQ re-drive or a producer's re-send is a
         // new broker message, counting from 1 again), only the lease frees a message
         // whose attempt died. The deliveries left must be able to wait it out, or the
@@ -407,45 +401,66 @@ pub fn default_function_settings(http_auth: CallerAuth, lease: Duration) -> Func
 fn http_settings(
     get: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(CallerAuth, Duration), ConfigError> {
-    let http_auth = match get(names::HTTP_AUTH).as_deref().map(str::trim) {
-        None | Some("functionkey") => CallerAuth::FunctionKey,
-        Some("appservice") => CallerAuth::AppService,
-        Some(other) => {
-            return Err(ConfigError::new(
-                names::HTTP_AUTH,
-                format!("{other:?} is not a caller authentication; use functionkey or appservice"),
-            ))
-        }
-    };
-    let key_retention = match get(names::IDEMPOTENCY_KEY_RETENTION_HOURS) {
-        None => DEFAULT_KEY_RETENTION,
-        Some(v) => {
-            let hours = parse_u64(names::IDEMPOTENCY_KEY_RETENTION_HOURS, &v)?;
-            if !(1..=24 * 90).contains(&hours) {
-                return Err(ConfigError::new(
-                    names::IDEMPOTENCY_KEY_RETENTION_HOURS,
-                    format!("{hours} is outside 1..=2160 hours"),
-                ));
-            }
+    let http_auth = one_of(
+        get,
+        names::HTTP_AUTH,
+        "a caller authentication",
+        [
+            ("functionkey", CallerAuth::FunctionKey),
+            ("appservice", CallerAuth::AppService),
+        ],
+    )?;
+    let key_retention = get(names::IDEMPOTENCY_KEY_RETENTION_HOURS)
+        .map(|v| {
+            whole_number_within(
+                names::IDEMPOTENCY_KEY_RETENTION_HOURS,
+                &v,
+                1..=24 * 90,
+                " hours",
+            )
+        })
+        .transpose()?
+        .map_or(DEFAULT_KEY_RETENTION, |hours| {
             Duration::from_secs(hours * 3600)
-        }
-    };
+        });
     Ok((http_auth, key_retention))
 }
 
 /// `LOG_FORMAT`.
 fn log_format(get: &dyn Fn(&str) -> Option<String>) -> Result<LogFormat, ConfigError> {
-    let format = match get(names::LOG_FORMAT).as_deref().map(str::trim) {
-        None | Some("json") => LogFormat::Json,
-        Some("text") => LogFormat::Text,
-        Some(other) => {
-            return Err(ConfigError::new(
-                names::LOG_FORMAT,
-                format!("{other:?} is not a log format; use json or text"),
-            ))
-        }
+    one_of(
+        get,
+        names::LOG_FORMAT,
+        "a log format",
+        [("json", LogFormat::Json), ("text", LogFormat::Text)],
+    )
+}
+
+/// A setting that names one of two `choices`, trimmed; the first when unset. Anything
+/// else is refused, shown, and said not to be `what`.
+fn one_of<T: Copy>(
+    get: &dyn Fn(&str) -> Option<String>,
+    setting: &'static str,
+    what: &str,
+    choices: [(&str, T); 2],
+) -> Result<T, ConfigError> {
+    let Some(value) = get(setting) else {
+        return Ok(choices[0].1);
     };
-    Ok(format)
+    let value = value.trim();
+    choices
+        .iter()
+        .find(|(name, _)| *name == value)
+        .map(|(_, choice)| *choice)
+        .ok_or_else(|| {
+            ConfigError::new(
+                setting,
+                format!(
+                    "{value:?} is not {what}; use {} or {}",
+                    choices[0].0, choices[1].0
+                ),
+            )
+        })
 }
 
 /// The dev crate's knobs have no business in a deployment.
@@ -466,14 +481,9 @@ fn refuse_dev_only_settings(get: &dyn Fn(&str) -> Option<String>) -> Result<(), 
 mod tests {
     use super::*;
     use secrecy::ExposeSecret;
-    use std::collections::HashMap;
 
     fn settings(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Settings::from_lookup(|k| map.get(k).cloned())
+        Settings::from_lookup(crate::env_setting::lookup_in(pairs))
     }
 
     #[test]
@@ -578,24 +588,18 @@ mod tests {
 
     #[test]
     fn postgres_settings_are_read_and_never_show_the_password() {
-        let s = settings(&[
-            ("PAYMENTS_STORE", "postgres"),
-            (
-                "PAYMENTS_POSTGRES_URL",
-                "postgresql://app:pw-SECRET@db.example.com:5432/payments?sslmode=require",
-            ),
-        ])
-        .unwrap();
+        let postgres = |url| {
+            settings(&[
+                ("PAYMENTS_STORE", "postgres"),
+                ("PAYMENTS_POSTGRES_URL", url),
+            ])
+        };
+        let s = postgres("postgresql://app:pw-SECRET@db.example.com:5432/payments?sslmode=require")
+            .unwrap();
         assert_eq!(s.store.name(), "postgres");
         assert!(!format!("{s:?}").contains("SECRET"), "{s:?}");
-        let err = settings(&[
-            ("PAYMENTS_STORE", "postgres"),
-            (
-                "PAYMENTS_POSTGRES_URL",
-                "postgresql://app:pw-SECRET@db.example.com/payments?sslmode=disable",
-            ),
-        ])
-        .unwrap_err();
+        let err = postgres("postgresql://app:pw-SECRET@db.example.com/payments?sslmode=disable")
+            .unwrap_err();
         assert_eq!(err.setting, "PAYMENTS_POSTGRES_URL", "{err}");
         assert!(err.problem.contains("sslmode=disable is refused"), "{err}");
         assert!(!err.to_string().contains("SECRET"), "{err}");
@@ -655,6 +659,43 @@ mod tests {
     }
 
     #[test]
+    fn a_number_out_of_range_names_the_range_and_why() {
+        for (pair, problem) in [
+            (("INBOX_RETENTION_DAYS", "0"), "0 is outside 1..=3650 days"),
+            (
+                ("IDEMPOTENCY_KEY_RETENTION_HOURS", "2161"),
+                "2161 is outside 1..=2160 hours",
+            ),
+            (
+                ("MAX_DELIVERY_COUNT", "1"),
+                "1 is outside 2..=2000; with fewer than 2 deliveries a message whose handler \
+                 died would be dead-lettered instead of taken over",
+            ),
+        ] {
+            assert_eq!(settings(&[pair]).unwrap_err().problem, problem);
+        }
+    }
+
+    #[test]
+    fn a_choice_not_offered_is_shown_with_the_choices() {
+        for (pair, problem) in [
+            (
+                ("LOG_FORMAT", " xml "),
+                r#""xml" is not a log format; use json or text"#,
+            ),
+            (
+                ("HTTP_AUTH", "basic"),
+                r#""basic" is not a caller authentication; use functionkey or appservice"#,
+            ),
+        ] {
+            assert_eq!(settings(&[pair]).unwrap_err().problem, problem);
+        }
+        let s = settings(&[("LOG_FORMAT", " text "), ("HTTP_AUTH", "appservice")]).unwrap();
+        assert_eq!(s.log_format, LogFormat::Text);
+        assert_eq!(s.http_auth, CallerAuth::AppService);
+    }
+
+    #[test]
     fn max_delivery_count_leaves_room_for_a_takeover() {
         assert_eq!(settings(&[]).unwrap().max_delivery_count, 10);
         for bad in ["0", "1", "many"] {
@@ -676,20 +717,18 @@ mod tests {
             assert_eq!(err.setting, "BANK_API_URL");
             assert!(!err.to_string().contains("SECRET"), "{url}: {err}");
         }
-        let s = settings(&[
-            ("BANK_API_URL", "https://bank.example/api"),
-            ("BANK_API_KEY", " key-SECRET "),
-        ])
-        .unwrap();
+        let with_key = |key| {
+            settings(&[
+                ("BANK_API_URL", "https://bank.example/api"),
+                ("BANK_API_KEY", key),
+            ])
+        };
+        let s = with_key(" key-SECRET ").unwrap();
         let bank = s.bank.as_ref().unwrap();
         assert_eq!(bank.api_key.as_ref().unwrap().expose_secret(), "key-SECRET");
-        let err = settings(&[
-            ("BANK_API_URL", "https://bank.example/api"),
-            (
-                "BANK_API_KEY",
-                "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/bank-api-key)",
-            ),
-        ])
+        let err = with_key(
+            "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/bank-api-key)",
+        )
         .unwrap_err();
         assert_eq!(err.setting, "BANK_API_KEY", "{err}");
         assert!(

@@ -683,6 +683,15 @@ mod tests {
         on_inbox(a, record, &policy(), now())
     }
 
+    /// `a` finds `record` held by a live attempt, and waits for it.
+    fn waits_for_live(a: &Attempt<'_>, record: &InboxRecord) {
+        assert!(matches!(
+            a.stands(record, &policy(), now()),
+            Standing::Live(_)
+        ));
+        assert!(matches!(on(a, record), OnInbox::WaitForLiveAttempt { .. }));
+    }
+
     #[test]
     fn the_payee_rule_refuses_a_missing_payee_only_when_payouts_are_enabled() {
         let (none, some) = (without_payee(), msg("10.00"));
@@ -817,11 +826,7 @@ mod tests {
         for count in [2, 1] {
             let d = delivery("evt-1", count);
             let a = attempt(&m, &d);
-            assert!(matches!(
-                a.stands(&seen, &policy(), now()),
-                Standing::Live(_)
-            ));
-            assert!(matches!(on(&a, &seen), OnInbox::WaitForLiveAttempt { .. }));
+            waits_for_live(&a, &seen);
         }
     }
 
@@ -871,23 +876,12 @@ mod tests {
         let d0 = delivery("evt-1", 0);
         let a0 = attempt(&m, &d0);
         let live = held_by_other(&a0, now() + secs(30), 1);
-        assert!(matches!(
-            a0.stands(&live, &policy(), now()),
-            Standing::Live(_)
-        ));
-        assert!(matches!(on(&a0, &live), OnInbox::WaitForLiveAttempt { .. }));
+        waits_for_live(&a0, &live);
         // The holder's count is unknown (0): a later count proves nothing; wait.
         let d5 = delivery("evt-1", 5);
         let a5 = attempt(&m, &d5);
         let unknown = held_by_other(&a5, now() + secs(30), 0);
-        assert!(matches!(
-            a5.stands(&unknown, &policy(), now()),
-            Standing::Live(_)
-        ));
-        assert!(matches!(
-            on(&a5, &unknown),
-            OnInbox::WaitForLiveAttempt { .. }
-        ));
+        waits_for_live(&a5, &unknown);
         // Once the lease ran out, it is taken over.
         let expired = held_by_other(&a0, now() - secs(1), 0);
         assert!(matches!(
@@ -1078,29 +1072,42 @@ mod tests {
     }
 
     #[test]
-    fn business_duplicate_of_a_final_payment_is_recorded_as_handled() {
-        let m = msg("10.00");
-        let (d, paid) = (
-            delivery("evt-2", 1),
-            payment(&m, "evt-1", PaymentStatus::Paid),
-        );
-        let a = attempt(&m, &d);
-        let OnPayment::FinishBusinessDuplicate { inbox, outcome } =
-            on_payment(&a, &paid, &policy(), now())
-        else {
-            panic!("expected a business duplicate");
-        };
-        assert_eq!(
-            outcome,
-            Outcome::BusinessDuplicate {
-                original_message: MessageId::parse("evt-1").unwrap()
-            }
-        );
-        assert_eq!(inbox.status, InboxStatus::Completed);
-        assert_eq!(inbox.outcome, Some(OutcomeKind::BusinessDuplicate.into()));
-        assert_eq!(inbox.message_id.as_str(), "evt-2");
-        assert_eq!(inbox.owner, a.id);
-        assert_eq!(inbox.lease_until, None);
+    fn a_final_payment_met_again_is_recorded_as_handled() {
+        // Another message for the claim is a business duplicate; our own message back
+        // after its inbox record expired is a plain duplicate.
+        for (message, outcome, kind) in [
+            (
+                "evt-2",
+                Outcome::BusinessDuplicate {
+                    original_message: MessageId::parse("evt-1").unwrap(),
+                },
+                OutcomeKind::BusinessDuplicate,
+            ),
+            (
+                "evt-1",
+                Outcome::Duplicate {
+                    first_outcome: Some(OutcomeKind::Paid),
+                },
+                OutcomeKind::Duplicate,
+            ),
+        ] {
+            let (m, d) = (msg("10.00"), delivery(message, 1));
+            let a = attempt(&m, &d);
+            let paid = payment(&m, "evt-1", PaymentStatus::Paid);
+            let OnPayment::FinishBusinessDuplicate {
+                inbox,
+                outcome: answered,
+            } = on_payment(&a, &paid, &policy(), now())
+            else {
+                panic!("{message}: expected a duplicate");
+            };
+            assert_eq!(answered, outcome, "{message}");
+            assert_eq!(inbox.status, InboxStatus::Completed, "{message}");
+            assert_eq!(inbox.outcome, Some(kind.into()), "{message}");
+            assert_eq!(inbox.message_id.as_str(), message);
+            assert_eq!(inbox.owner, a.id, "{message}");
+            assert_eq!(inbox.lease_until, None, "{message}");
+        }
     }
 
     #[test]
@@ -1115,25 +1122,9 @@ mod tests {
     }
 
     #[test]
-    fn our_own_message_back_after_its_inbox_expired() {
-        let m = msg("10.00");
-        let (d, paid) = (
-            delivery("evt-1", 1),
-            payment(&m, "evt-1", PaymentStatus::Paid),
-        );
+    fn our_own_message_back_after_its_inbox_expired_reclaims_its_owed_payout() {
+        let (m, d) = (msg("10.00"), delivery("evt-1", 1));
         let a = attempt(&m, &d);
-        let OnPayment::FinishBusinessDuplicate { inbox, outcome } =
-            on_payment(&a, &paid, &policy(), now())
-        else {
-            panic!("expected a duplicate");
-        };
-        assert_eq!(
-            outcome,
-            Outcome::Duplicate {
-                first_outcome: Some(OutcomeKind::Paid)
-            }
-        );
-        assert_eq!(inbox.outcome, Some(OutcomeKind::Duplicate.into()));
         // Its payout still owed: hold it again and resume.
         let owed = payment(&m, "evt-1", PaymentStatus::InProgress);
         let OnPayment::ReclaimPayout { inbox } = on_payment(&a, &owed, &policy(), now()) else {

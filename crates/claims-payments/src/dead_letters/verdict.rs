@@ -219,13 +219,11 @@ fn base_verdict(facts: &Facts) -> Judgement {
         .as_deref()
         .map(|r| format!(": {}", crate::servicebus::bounded(r, 160)))
         .unwrap_or_default();
+    let status = payment.status.as_str();
     match payment.status {
         PaymentStatus::Paid | PaymentStatus::Recorded => judged(
             Verdict::AlreadyPaid,
-            format!(
-                "already {}: resubmitting completes as a duplicate",
-                payment.status.as_str()
-            ),
+            format!("already {status}: resubmitting completes as a duplicate"),
         ),
         PaymentStatus::Rejected => judged(
             Verdict::Permanent,
@@ -234,8 +232,7 @@ fn base_verdict(facts: &Facts) -> Judgement {
         PaymentStatus::InProgress | PaymentStatus::NeedsReconciliation => judged(
             Verdict::NeedsReconciliation,
             format!(
-                "needs reconciliation first: the payout is {}{why}; run `claims-payments reconcile`",
-                payment.status.as_str()
+                "needs reconciliation first: the payout is {status}{why}; run `claims-payments reconcile`"
             ),
         ),
         PaymentStatus::Mismatched => judged(
@@ -271,6 +268,18 @@ mod tests {
     /// The judgement of these facts, now, with an hour's window.
     fn judged(payment: Known<PaymentFact>, inbox: Known<Option<InboxOutcome>>) -> Judgement {
         judge(&facts(payment, inbox), NOW, HOUR)
+    }
+
+    /// The judgement of a dead letter with this body and nothing in the store.
+    fn judged_body(body: Body) -> Judgement {
+        judge(
+            &Facts {
+                body,
+                ..facts(Known::Absent, Known::Absent)
+            },
+            NOW,
+            HOUR,
+        )
     }
 
     fn paid(status: PaymentStatus, h: &str) -> Known<PaymentFact> {
@@ -314,9 +323,7 @@ mod tests {
 
     #[test]
     fn invalid_bodies_conflicts_and_rejections_are_permanent() {
-        let mut invalid = facts(Known::Absent, Known::Absent);
-        invalid.body = Body::Invalid("amount: is missing".into());
-        let j = judge(&invalid, NOW, HOUR);
+        let j = judged_body(Body::Invalid("amount: is missing".into()));
         assert_eq!(j.verdict, Verdict::Permanent);
         assert!(j.reason.contains("amount: is missing"));
 
@@ -347,9 +354,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_broker_answer_is_its_own_verdict_never_sent() {
-        let mut f = facts(Known::Absent, Known::Absent);
-        f.body = Body::Unreadable("BrokerProperties has no LockToken".into());
-        let j = judge(&f, NOW, HOUR);
+        let j = judged_body(Body::Unreadable("BrokerProperties has no LockToken".into()));
         assert_eq!(j.verdict, Verdict::Unreadable);
         assert_eq!(j.verdict.sendable(), None);
         assert!(j.reason.contains("no LockToken"), "{}", j.reason);

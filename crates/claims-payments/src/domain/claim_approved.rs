@@ -112,13 +112,7 @@ impl ClaimApproved {
     /// still the same payment.
     pub fn payload_hash(&self) -> PayloadHash {
         // serde_json's map is sorted by key, so this is canonical JSON.
-        let canonical = serde_json::json!({
-            "amount": self.money.amount_string(),
-            "claimId": self.claim_id.to_string(),
-            "currency": self.money.currency().code(),
-            "payee": self.payee.as_ref().map(PayeeRef::as_str),
-            "tenantId": self.tenant.as_ref().map(TenantId::as_str),
-        });
+        let canonical = self.payment_fields("tenantId", self.tenant.as_ref().map(TenantId::as_str));
         let digest = Sha256::digest(format!("claim-approved/v1\n{canonical}").as_bytes());
         PayloadHash(format!("sha256:{}", hex::encode(digest)))
     }
@@ -132,14 +126,22 @@ impl ClaimApproved {
     /// the Idempotency-Key as `reference`, so the bank can be asked what it holds under
     /// that reference even after it forgot the key (see `reconcile`).
     pub fn payout_request_body(&self) -> String {
-        serde_json::json!({
-            "claimId": self.claim_id.to_string(),
+        self.payment_fields("reference", Some(self.idempotency_key().as_str()))
+            .to_string()
+    }
+
+    /// The fields the payload hash and the payout body both carry, written once so the
+    /// two cannot drift apart, plus the one field each adds (`tenantId`, `reference`).
+    /// The object is sorted by key, whatever the order the fields are set in.
+    fn payment_fields(&self, extra: &str, value: Option<&str>) -> serde_json::Value {
+        let mut fields = serde_json::json!({
             "amount": self.money.amount_string(),
+            "claimId": self.claim_id.to_string(),
             "currency": self.money.currency().code(),
             "payee": self.payee.as_ref().map(PayeeRef::as_str),
-            "reference": self.idempotency_key().as_str(),
-        })
-        .to_string()
+        });
+        fields[extra] = value.into();
+        fields
     }
 }
 
@@ -197,77 +199,42 @@ mod tests {
 
     #[test]
     fn each_violation_names_its_field() {
-        let cases = [
-            (
-                serde_json::json!({"amount": "1", "currency": "EUR"}),
-                "claimId",
-            ),
-            (
-                serde_json::json!({"claimId": "nope", "amount": "1", "currency": "EUR"}),
-                "claimId",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "0", "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "-5", "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1.001", "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1.5", "currency": "JPY"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "abc", "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": true, "currency": "EUR"}),
-                "amount",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1"}),
-                "currency",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "eur"}),
-                "currency",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "XAU"}),
-                "currency",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "tenantId": "a b"}),
-                "tenantId",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "payee": ""}),
-                "payee",
-            ),
-            (
-                serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR", "approvedAt": "yesterday"}),
-                "approvedAt",
-            ),
-            (serde_json::json!([1, 2]), "body"),
-            (
-                serde_json::json!({"claimId": "00000000-0000-0000-0000-000000000000", "amount": "1", "currency": "EUR"}),
-                "claimId",
-            ),
-        ];
-        for (body, field) in cases {
+        let names = |body: serde_json::Value, field: &str| {
             let err = parse(body.clone()).expect_err(&body.to_string());
             assert_eq!(err.field, field, "{body}: {err}");
+        };
+        // Each case is one valid message with one field removed or set to a bad value.
+        let valid = serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR"});
+        for field in ["claimId", "amount", "currency"] {
+            let mut body = valid.clone();
+            body.as_object_mut().unwrap().remove(field);
+            names(body, field);
         }
+        for (field, values) in [
+            (
+                "claimId",
+                serde_json::json!(["nope", "00000000-0000-0000-0000-000000000000"]),
+            ),
+            (
+                "amount",
+                serde_json::json!(["0", "-5", "1.001", "abc", true]),
+            ),
+            ("currency", serde_json::json!(["eur", "XAU"])),
+            ("tenantId", serde_json::json!(["a b"])),
+            ("payee", serde_json::json!([""])),
+            ("approvedAt", serde_json::json!(["yesterday"])),
+        ] {
+            for value in values.as_array().unwrap() {
+                let mut body = valid.clone();
+                body[field] = value.clone();
+                names(body, field);
+            }
+        }
+        names(
+            serde_json::json!({"claimId": CLAIM, "amount": "1.5", "currency": "JPY"}),
+            "amount",
+        );
+        names(serde_json::json!([1, 2]), "body");
     }
 
     #[test]
@@ -324,6 +291,32 @@ mod tests {
         let mut other_payee = base;
         other_payee["payee"] = "DE89370400440532013000".into();
         assert_ne!(parse(other_payee).unwrap().payload_hash(), h);
+    }
+
+    /// The payload hash is stored with every inbox record and payment, and the payout
+    /// body is stored and re-sent: both must stay byte-for-byte what they were.
+    #[test]
+    fn stored_hash_and_payout_body_are_pinned() {
+        let bare = serde_json::json!({"claimId": CLAIM, "amount": "10.00", "currency": "EUR"});
+        let mut full = bare.clone();
+        full["tenantId"] = "acme".into();
+        full["payee"] = "NL91ABNA0417164300".into();
+        for (body, hash, payout) in [
+            (
+                bare,
+                "sha256:53c4fe2eb35dfa2da6a2a9d20127398abe3ff6596d7fcc5ffe826fb5677a0fc3",
+                r#"{"amount":"10.00","claimId":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","currency":"EUR","payee":null,"reference":"claim-payment-6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"}"#,
+            ),
+            (
+                full,
+                "sha256:b9fed0e0db6171950934085432eeb07bc58f98c959118d4a3a8b24e62cb8e823",
+                r#"{"amount":"10.00","claimId":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","currency":"EUR","payee":"NL91ABNA0417164300","reference":"acme:claim-payment-6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"}"#,
+            ),
+        ] {
+            let m = parse(body).unwrap();
+            assert_eq!(m.payload_hash().as_str(), hash);
+            assert_eq!(m.payout_request_body(), payout);
+        }
     }
 
     #[test]

@@ -27,6 +27,24 @@ pub(crate) fn parse_u64(setting: &'static str, value: &str) -> Result<u64, Confi
         .map_err(|_| ConfigError::new(setting, format!("{value:?} is not a whole number")))
 }
 
+/// A whole number within `range`, or an error naming `setting` and the range, then
+/// `why` (its unit, or what a value outside it would break).
+pub(crate) fn whole_number_within(
+    setting: &'static str,
+    value: &str,
+    range: std::ops::RangeInclusive<u64>,
+    why: &str,
+) -> Result<u64, ConfigError> {
+    let n = parse_u64(setting, value)?;
+    if !range.contains(&n) {
+        return Err(ConfigError::new(
+            setting,
+            format!("{n} is outside {}..={}{why}", range.start(), range.end()),
+        ));
+    }
+    Ok(n)
+}
+
 pub(crate) fn millis(
     setting: &'static str,
     value: &str,

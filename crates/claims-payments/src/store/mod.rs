@@ -52,6 +52,8 @@ pub enum InboxStatus {
 }
 
 impl InboxStatus {
+    const ALL: [InboxStatus; 2] = [InboxStatus::InProgress, InboxStatus::Completed];
+
     pub(crate) fn as_str(&self) -> &'static str {
         match self {
             InboxStatus::InProgress => "in_progress",
@@ -59,12 +61,10 @@ impl InboxStatus {
         }
     }
 
+    /// The status a stored string names, as [`Self::as_str`] writes it; `None` for any
+    /// other string.
     pub(crate) fn parse(s: &str) -> Option<Self> {
-        match s {
-            "in_progress" => Some(InboxStatus::InProgress),
-            "completed" => Some(InboxStatus::Completed),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
     }
 }
 
@@ -191,6 +191,15 @@ pub enum PaymentStatus {
 }
 
 impl PaymentStatus {
+    const ALL: [PaymentStatus; 6] = [
+        PaymentStatus::Recorded,
+        PaymentStatus::InProgress,
+        PaymentStatus::Paid,
+        PaymentStatus::Rejected,
+        PaymentStatus::NeedsReconciliation,
+        PaymentStatus::Mismatched,
+    ];
+
     pub fn as_str(&self) -> &'static str {
         match self {
             PaymentStatus::Recorded => "recorded",
@@ -202,16 +211,10 @@ impl PaymentStatus {
         }
     }
 
+    /// The status a stored string names, as [`Self::as_str`] writes it; `None` for any
+    /// other string.
     pub(crate) fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "recorded" => PaymentStatus::Recorded,
-            "in_progress" => PaymentStatus::InProgress,
-            "paid" => PaymentStatus::Paid,
-            "rejected" => PaymentStatus::Rejected,
-            "needs_reconciliation" => PaymentStatus::NeedsReconciliation,
-            "mismatched" => PaymentStatus::Mismatched,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
     }
 
     pub(crate) fn is_terminal(&self) -> bool {
@@ -471,6 +474,36 @@ impl RoundTrips {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The strings are stored: each status reads back from exactly the string it writes.
+    #[test]
+    fn statuses_read_back_from_the_strings_they_are_stored_as() {
+        assert_eq!(
+            InboxStatus::ALL.map(|s| s.as_str()),
+            ["in_progress", "completed"]
+        );
+        assert_eq!(
+            PaymentStatus::ALL.map(|s| s.as_str()),
+            [
+                "recorded",
+                "in_progress",
+                "paid",
+                "rejected",
+                "needs_reconciliation",
+                "mismatched"
+            ]
+        );
+        for status in InboxStatus::ALL {
+            assert_eq!(InboxStatus::parse(status.as_str()), Some(status));
+        }
+        for status in PaymentStatus::ALL {
+            assert_eq!(PaymentStatus::parse(status.as_str()), Some(status));
+        }
+        for other in ["", "Paid", "in-progress", "completed "] {
+            assert_eq!(PaymentStatus::parse(other), None, "{other:?}");
+        }
+        assert_eq!(InboxStatus::parse("paid"), None);
+    }
 
     #[test]
     fn an_attempt_names_its_boot_and_an_old_owner_names_none() {

@@ -337,16 +337,10 @@ fn validate_name(setting: &'static str, name: &str) -> Result<(), ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
 
     fn settings(pairs: &[(&str, &str)]) -> Result<CosmosSettings, ConfigError> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        CosmosSettings::from_lookup(|name| map.get(name).cloned())
+        CosmosSettings::from_lookup(crate::env_setting::lookup_in(pairs))
     }
 
     const KEY: &str =

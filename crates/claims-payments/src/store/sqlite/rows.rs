@@ -249,19 +249,15 @@ pub(super) fn read_inbox(
     conn: &Connection,
     key: &InboxKey,
 ) -> StoreResult<Option<Versioned<InboxRecord>>> {
-    conn.prepare_cached(&format!(
-        "SELECT {INBOX_COLUMNS} FROM inbox WHERE consumer = ?1 AND claim_id = ?2 AND message_id = ?3"
-    ))
-    .and_then(|mut stmt| {
-        stmt.query_row(
-            params![key.consumer, key.claim_id.to_string(), key.message_id.as_str()],
-            InboxRow::from_row,
-        )
-        .optional()
-    })
-    .map_err(map_sqlite_error)?
-    .map(|row| row.into_record().map_err(StoreError::from))
-    .transpose()
+    read_one(
+        conn,
+        &format!(
+            "SELECT {INBOX_COLUMNS} FROM inbox WHERE consumer = ?1 AND claim_id = ?2 AND message_id = ?3"
+        ),
+        params![key.consumer, key.claim_id.to_string(), key.message_id.as_str()],
+        InboxRow::from_row,
+        InboxRow::into_record,
+    )
 }
 
 pub(super) fn read_payment(
@@ -269,19 +265,29 @@ pub(super) fn read_payment(
     claim: ClaimId,
     purpose: Purpose,
 ) -> StoreResult<Option<Versioned<PaymentRecord>>> {
-    conn.prepare_cached(&format!(
-        "SELECT {PAYMENT_COLUMNS} FROM payments WHERE claim_id = ?1 AND purpose = ?2"
-    ))
-    .and_then(|mut stmt| {
-        stmt.query_row(
-            params![claim.to_string(), purpose.as_str()],
-            PaymentRow::from_row,
-        )
-        .optional()
-    })
-    .map_err(map_sqlite_error)?
-    .map(|row| row.into_record().map_err(StoreError::from))
-    .transpose()
+    read_one(
+        conn,
+        &format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE claim_id = ?1 AND purpose = ?2"),
+        params![claim.to_string(), purpose.as_str()],
+        PaymentRow::from_row,
+        PaymentRow::into_record,
+    )
+}
+
+/// The record of the one row `sql` selects, if any: read as raw values first, so a
+/// value that does not convert is a corrupt record, not a SQLite error.
+fn read_one<R, T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    from_row: fn(&Row<'_>) -> rusqlite::Result<R>,
+    into_record: fn(R) -> Result<Versioned<T>, CorruptRecord>,
+) -> StoreResult<Option<Versioned<T>>> {
+    conn.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.query_row(params, from_row).optional())
+        .map_err(map_sqlite_error)?
+        .map(|row| into_record(row).map_err(StoreError::from))
+        .transpose()
 }
 
 /// The inbox row's values in [`INBOX_COLUMNS`] order, as `?1` to `?13`: the two that
