@@ -390,7 +390,14 @@ pub async fn a_bank_fault_of_our_own_never_rejects_the_payment(store: DynStore) 
     // An expired credential (401), a wrong URL (404), a proxy redirect: the service's
     // fault, not a verdict on the payment. The message stays on the queue.
     let bank = FakeBank::start().await;
-    let consumer = common::bank_consumer(store.clone(), &bank);
+    // Every answer here is immediate: a generous timeout, so that a loaded machine cannot
+    // turn a scripted status into a timeout whose retry is answered unscripted (and paid).
+    let consumer = common::bank_consumer_with(
+        store.clone(),
+        &bank,
+        common::policy(),
+        Duration::from_secs(5),
+    );
     let msg = common::message(&common::new_claim(), "9.00");
     for (count, status) in [(1, 401), (2, 403), (3, 404), (4, 405), (5, 302)] {
         bank.script([BankFault::Status(status)]);
