@@ -1,6 +1,9 @@
 //! claims-payments: pays each approved insurance claim exactly once, although the
 //! broker that asks for the payment delivers at least once.
 //!
+//! The crate is a facade: every module is private. The root exports the message contract
+//! and what `main.rs` runs; [`seams`] is the development crate's only way in.
+//!
 //! Layout, from the wire inwards:
 //! - [`startup`]: the composition root (settings -> services -> state -> router -> server);
 //! - [`functions`]: the wire edge: the router, one module per function of the app
@@ -15,6 +18,8 @@
 //! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB, PostgreSQL);
 //! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget, lookups);
 //! - [`reconcile`]: settles unknown and orphaned payouts by asking the bank;
+//! - [`dead_letters`]: the operator's dead-letter tool (list, resubmit, discard), on
+//!   [`servicebus`], the queue's REST client;
 //! - [`ambient`]: the wall clock, randomness and process identity (the simulator's
 //!   seam: production reads the system);
 //! - [`env_setting`]: setting names and the one settings error, below every reader;
