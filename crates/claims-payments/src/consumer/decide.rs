@@ -76,14 +76,8 @@ impl Attempt<'_> {
         }
     }
 
-    /// How `record` stands for this attempt: the takeover rule ([`lease::holder`])
-    /// and, when it lets us in, the record that takes it over.
-    pub(crate) fn stands(
-        &self,
-        record: &InboxRecord,
-        policy: &Policy,
-        now: OffsetDateTime,
-    ) -> Standing {
+    /// How `record` stands for this attempt: the takeover rule ([`lease::holder`]).
+    pub(crate) fn stands(&self, record: &InboxRecord, now: OffsetDateTime) -> Standing {
         let delivery = self.delivery_for(record);
         let owner_gone = self.gone.contains(record.owner);
         let reason = match lease::holder(record, self.id, delivery, owner_gone, now) {
@@ -93,10 +87,19 @@ impl Attempt<'_> {
             Holder::Superseded => TakeOverReason::LaterDelivery,
             Holder::OwnerGone => TakeOverReason::OwnerGone,
         };
-        Standing::Free {
-            taken: lease::taken_over(record, self.id, delivery, policy.terms(), now),
-            reason,
-        }
+        Standing::Free { reason }
+    }
+
+    /// The record that takes `record` over for this attempt, once [`Self::stands`] found
+    /// it free: built only then, since most records met again are completed duplicates.
+    fn taking_over(
+        &self,
+        record: &InboxRecord,
+        policy: &Policy,
+        now: OffsetDateTime,
+    ) -> InboxRecord {
+        let delivery = self.delivery_for(record);
+        lease::taken_over(record, self.id, delivery, policy.terms(), now)
     }
 
     /// This message's inbox record, written anew by this attempt: in progress under a
@@ -140,12 +143,9 @@ pub(crate) enum Standing {
     Ours,
     /// A live attempt holds it, until then.
     Live(OffsetDateTime),
-    /// Nobody may hold this attempt off, for `reason`: `taken` writes over it, ours and
-    /// in progress under a fresh lease.
-    Free {
-        taken: InboxRecord,
-        reason: TakeOverReason,
-    },
+    /// Nobody may hold this attempt off, for `reason`: [`Attempt::taking_over`] writes
+    /// over it, ours and in progress under a fresh lease.
+    Free { reason: TakeOverReason },
 }
 
 /// The store contradicts itself; retrying cannot help.
@@ -280,7 +280,7 @@ pub(crate) fn on_inbox(
     policy: &Policy,
     now: OffsetDateTime,
 ) -> OnInbox {
-    match a.stands(record, policy, now) {
+    match a.stands(record, now) {
         // Our own committed write, reported as a conflict (409) or a stale ETag (412)
         // because the SDK re-sent it after an ambiguous timeout.
         Standing::Ours => match record.status {
@@ -297,8 +297,8 @@ pub(crate) fn on_inbox(
             first_outcome: record.outcome.as_ref().and_then(InboxOutcome::kind),
         }),
         Standing::Live(lease_until) => OnInbox::WaitForLiveAttempt { lease_until },
-        Standing::Free { taken, reason } => OnInbox::TakeOver {
-            record: taken,
+        Standing::Free { reason } => OnInbox::TakeOver {
+            record: a.taking_over(record, policy, now),
             reason,
         },
     }
@@ -398,10 +398,10 @@ pub(crate) fn on_payout_owner(
     let Some(seen) = owner else {
         return OnPayoutOwner::WaitForPayout { holder: None };
     };
-    match a.stands(&seen.record, policy, now) {
-        Standing::Free { taken, reason } if seen.record.status == InboxStatus::InProgress => {
+    match a.stands(&seen.record, now) {
+        Standing::Free { reason } if seen.record.status == InboxStatus::InProgress => {
             OnPayoutOwner::AdoptOrphanedPayout {
-                record: taken,
+                record: a.taking_over(&seen.record, policy, now),
                 reason,
                 seen,
             }
@@ -685,10 +685,7 @@ mod tests {
 
     /// `a` finds `record` held by a live attempt, and waits for it.
     fn waits_for_live(a: &Attempt<'_>, record: &InboxRecord) {
-        assert!(matches!(
-            a.stands(record, &policy(), now()),
-            Standing::Live(_)
-        ));
+        assert!(matches!(a.stands(record, now()), Standing::Live(_)));
         assert!(matches!(on(a, record), OnInbox::WaitForLiveAttempt { .. }));
     }
 
@@ -810,7 +807,7 @@ mod tests {
         let a = attempt(&m, &d);
         let seen = held_by_other(&a, now() + secs(30), 2);
         assert!(matches!(
-            a.stands(&seen, &policy(), now()),
+            a.stands(&seen, now()),
             Standing::Free {
                 reason: TakeOverReason::LaterDelivery,
                 ..
