@@ -29,10 +29,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use crate::ambient::Ambient;
 use crate::payments_api::{self, CallerAuth, PaymentsApi};
 use crate::services::Services;
-use crate::store::DynStore;
 use crate::telemetry;
 use answer::{TimerEnd, TimerOutcome};
 use claim_approved::ClaimHandler;
@@ -58,10 +56,8 @@ pub struct FunctionSettings {
 pub struct AppState {
     claim_handler: Arc<dyn ClaimHandler>,
     api: PaymentsApi,
-    /// What `Purge` uses: the store and the clock.
-    store: DynStore,
-    ambient: Ambient,
-    /// What `Reconcile` builds each run's reconciler from.
+    /// What `Purge` reads (the store, the clock) and `Reconcile` builds each run's
+    /// reconciler from.
     services: Services,
     reconcile_min_age: Duration,
 }
@@ -79,8 +75,6 @@ impl AppState {
                 settings.key_retention,
             ),
             claim_handler: Arc::new(consumer),
-            store: services.store.clone(),
-            ambient: services.ambient.clone(),
             services: services.clone(),
             reconcile_min_age: settings.reconcile_min_age,
         }
@@ -190,7 +184,7 @@ mod tests {
             retry_budget: Duration::from_secs(60),
             bank_key_window: Duration::from_secs(86_400),
         };
-        let services = Services::new(store, None, policy, Ambient::system());
+        let services = Services::new(store, None, policy, crate::ambient::Ambient::system());
         let settings = crate::configuration::Settings::from_lookup(|_| None).unwrap();
         Arc::new(AppState::new(settings.functions(), &services))
     }

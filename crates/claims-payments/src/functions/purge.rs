@@ -31,7 +31,7 @@ pub(crate) async fn invoke(State(state): State<Arc<AppState>>, body: Body) -> Re
 }
 
 async fn run(state: &AppState) -> TimerEnd {
-    let store = &state.store;
+    let store = &state.services.store;
     if store.expires_by_itself() {
         return TimerEnd::new(
             StatusCode::OK,
@@ -39,7 +39,7 @@ async fn run(state: &AppState) -> TimerEnd {
             "the store expires inbox records by itself (Cosmos DB ttl)",
         );
     }
-    let now = state.ambient.now();
+    let now = state.services.ambient.now();
     match tokio::time::timeout(RUN_BUDGET, store.purge_expired(now, BATCH)).await {
         Ok(Ok(removed)) => {
             tracing::info!(trigger = "timer", removed, "purge finished");
