@@ -236,6 +236,20 @@ impl ServiceBus {
         std::mem::take(&mut locked(&self.inner).active)
     }
 
+    /// A message the broker dead-lettered on its own after its last delivery
+    /// (`MaxDeliveryCountExceeded` at the deployed MaxDeliveryCount, 10).
+    pub fn exhausted(&self, message_id: &str, body: &[u8], enqueued_at: OffsetDateTime) {
+        self.dead_letter(
+            message_id,
+            body,
+            10,
+            "MaxDeliveryCountExceeded",
+            "",
+            enqueued_at,
+            &[],
+        );
+    }
+
     /// The dead letters still in the sub-queue.
     pub fn dead_letters(&self) -> Vec<Message> {
         locked(&self.inner).dead.clone()

@@ -143,42 +143,11 @@ async fn list_shows_verdicts_beside_the_store_and_removes_nothing() {
         t,
         &[],
     );
-    w.bus.dead_letter(
-        "m-conflict",
-        &body(&conflicting, "99.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        t,
-        &[],
-    );
-    w.bus.dead_letter(
-        "m-invalid",
-        b"{\"claimId\":42}",
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        t,
-        &[],
-    );
-    w.bus.dead_letter(
-        "m-huge",
-        &vec![b'x'; 300 * 1024],
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        t,
-        &[],
-    );
-    w.bus.dead_letter(
-        "m-binary",
-        &[0xff, 0xfe, 0x00],
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        t,
-        &[],
-    );
+    w.bus
+        .exhausted("m-conflict", &body(&conflicting, "99.00"), t);
+    w.bus.exhausted("m-invalid", b"{\"claimId\":42}", t);
+    w.bus.exhausted("m-huge", &vec![b'x'; 300 * 1024], t);
+    w.bus.exhausted("m-binary", &[0xff, 0xfe, 0x00], t);
 
     let b = broker(&w, Duration::from_secs(10));
     let (lines, summary) = dead_letters::list(&b, &w.store, &options(HOUR))
@@ -249,15 +218,7 @@ async fn resubmit_sends_a_faithful_copy_before_it_removes_the_dead_letter() {
         "recorded"
     );
     let t = two_hours_ago();
-    w.bus.dead_letter(
-        "m-paid",
-        &body(&paid, "10.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        t,
-        &[],
-    );
+    w.bus.exhausted("m-paid", &body(&paid, "10.00"), t);
     w.bus.dead_letter(
         "m-unpaid",
         &body(&unpaid, "20.00"),
@@ -322,15 +283,8 @@ async fn resubmit_sends_a_faithful_copy_before_it_removes_the_dead_letter() {
 #[tokio::test]
 async fn a_refused_send_keeps_the_dead_letter() {
     let w = world(HOUR).await;
-    w.bus.dead_letter(
-        "m-1",
-        &body(&new_claim(), "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus
+        .exhausted("m-1", &body(&new_claim(), "20.00"), two_hours_ago());
     w.bus
         .fail_next(Op::Send, Fault::Status(503, "server busy".into()));
     let b = broker(&w, Duration::from_secs(10));
@@ -355,15 +309,8 @@ async fn a_refused_send_keeps_the_dead_letter() {
 async fn inside_the_window_nothing_is_sent_and_the_time_it_can_be_is_shown() {
     let w = world(HOUR).await;
     let enqueued = OffsetDateTime::now_utc() - Duration::from_secs(600);
-    w.bus.dead_letter(
-        "m-1",
-        &body(&new_claim(), "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        enqueued,
-        &[],
-    );
+    w.bus
+        .exhausted("m-1", &body(&new_claim(), "20.00"), enqueued);
     let b = broker(&w, Duration::from_secs(10));
     let named = Selection {
         message_ids: vec!["m-1".into()],
@@ -404,14 +351,10 @@ async fn inside_the_window_nothing_is_sent_and_the_time_it_can_be_is_shown() {
 async fn wait_sends_once_the_window_is_over() {
     let window = Duration::from_millis(300);
     let w = world(window).await;
-    w.bus.dead_letter(
+    w.bus.exhausted(
         "m-1",
         &body(&new_claim(), "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
         OffsetDateTime::now_utc(),
-        &[],
     );
     let b = broker(&w, Duration::from_secs(10));
     let (_, summary) = dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, true)
@@ -434,15 +377,8 @@ async fn permanent_verdicts_are_refused_unless_named() {
         deliver(&consumer, &message(&claim, "10.00"), "m-first", 1).await,
         "recorded"
     );
-    w.bus.dead_letter(
-        "m-conflict",
-        &body(&claim, "99.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus
+        .exhausted("m-conflict", &body(&claim, "99.00"), two_hours_ago());
     let b = broker(&w, Duration::from_secs(10));
     let by_verdict = Selection {
         verdict: Some("resubmit".into()),
@@ -491,15 +427,8 @@ async fn permanent_verdicts_are_refused_unless_named() {
 #[tokio::test]
 async fn a_dry_run_sends_and_removes_nothing() {
     let w = world(HOUR).await;
-    w.bus.dead_letter(
-        "m-1",
-        &body(&new_claim(), "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus
+        .exhausted("m-1", &body(&new_claim(), "20.00"), two_hours_ago());
     let b = broker(&w, Duration::from_secs(10));
     let (lines, _) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), true, false)
         .await
@@ -514,15 +443,8 @@ async fn a_dry_run_sends_and_removes_nothing() {
 #[tokio::test]
 async fn a_lock_lost_after_the_send_leaves_a_duplicate_never_a_loss() {
     let w = world(HOUR).await;
-    w.bus.dead_letter(
-        "m-1",
-        &body(&new_claim(), "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus
+        .exhausted("m-1", &body(&new_claim(), "20.00"), two_hours_ago());
     w.bus.fail_next(Op::Delete, Fault::LockLost);
     let b = broker(&w, Duration::from_secs(10));
     let (lines, summary) =
@@ -556,15 +478,8 @@ async fn a_lock_lost_after_the_send_leaves_a_duplicate_never_a_loss() {
 #[tokio::test]
 async fn a_send_that_times_out_after_it_was_accepted_keeps_the_dead_letter() {
     let w = world(HOUR).await;
-    w.bus.dead_letter(
-        "m-1",
-        &body(&new_claim(), "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus
+        .exhausted("m-1", &body(&new_claim(), "20.00"), two_hours_ago());
     w.bus
         .fail_next(Op::Send, Fault::AcceptThenHang(Duration::from_secs(120)));
     let b = broker(&w, Duration::from_secs(3));
@@ -586,15 +501,8 @@ async fn a_send_that_times_out_after_it_was_accepted_keeps_the_dead_letter() {
 #[tokio::test]
 async fn throttling_and_401_403_name_the_reason() {
     let w = world(HOUR).await;
-    w.bus.dead_letter(
-        "m-1",
-        &body(&new_claim(), "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus
+        .exhausted("m-1", &body(&new_claim(), "20.00"), two_hours_ago());
     let b = broker(&w, Duration::from_secs(10));
     for (status, reason, kind) in [
         (429, "too many requests", BusErrorKind::Throttled),
@@ -628,15 +536,8 @@ async fn throttling_and_401_403_name_the_reason() {
 async fn discard_removes_the_named_dead_letter_only() {
     let w = world(HOUR).await;
     for id in ["m-1", "m-2"] {
-        w.bus.dead_letter(
-            id,
-            &body(&new_claim(), "20.00"),
-            10,
-            "MaxDeliveryCountExceeded",
-            "",
-            two_hours_ago(),
-            &[],
-        );
+        w.bus
+            .exhausted(id, &body(&new_claim(), "20.00"), two_hours_ago());
     }
     let b = broker(&w, Duration::from_secs(10));
     let line = dead_letters::discard(
@@ -671,15 +572,8 @@ async fn discard_removes_the_named_dead_letter_only() {
 #[tokio::test]
 async fn the_command_line_prints_verdicts_and_exits_as_documented() {
     let w = world(HOUR).await;
-    w.bus.dead_letter(
-        "m-1",
-        &body(&new_claim(), "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus
+        .exhausted("m-1", &body(&new_claim(), "20.00"), two_hours_ago());
     let run = |args: &'static [&'static str]| cli(&w, args);
     let out = run(&["dead-letters", "list"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -757,24 +651,8 @@ async fn a_second_dead_letter_of_a_message_id_just_sent_waits_for_the_window() {
     let w = world(window).await;
     let claim = new_claim();
     let old = two_hours_ago();
-    w.bus.dead_letter(
-        "m-1",
-        &body(&claim, "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        old,
-        &[],
-    );
-    w.bus.dead_letter(
-        "m-1",
-        &body(&claim, "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        old,
-        &[],
-    );
+    w.bus.exhausted("m-1", &body(&claim, "20.00"), old);
+    w.bus.exhausted("m-1", &body(&claim, "20.00"), old);
     let b = broker(&w, Duration::from_secs(10));
     let (lines, summary) =
         dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, false)
@@ -794,24 +672,8 @@ async fn a_second_dead_letter_of_a_message_id_just_sent_waits_for_the_window() {
     assert_eq!(w.bus.dead_letters().len(), 1);
 
     let w = world(window).await;
-    w.bus.dead_letter(
-        "m-1",
-        &body(&claim, "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        old,
-        &[],
-    );
-    w.bus.dead_letter(
-        "m-1",
-        &body(&claim, "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        old,
-        &[],
-    );
+    w.bus.exhausted("m-1", &body(&claim, "20.00"), old);
+    w.bus.exhausted("m-1", &body(&claim, "20.00"), old);
     let b = broker(&w, Duration::from_secs(10));
     let (_, summary) = dead_letters::resubmit(&b, &w.store, &options(window), &all(), false, true)
         .await
@@ -844,15 +706,8 @@ async fn an_expired_lock_is_seen_once_and_its_delete_keeps_the_dead_letter() {
         _dir: dir,
     };
     for id in ["m-1", "m-2"] {
-        w.bus.dead_letter(
-            id,
-            &body(&new_claim(), "20.00"),
-            10,
-            "MaxDeliveryCountExceeded",
-            "",
-            two_hours_ago(),
-            &[],
-        );
+        w.bus
+            .exhausted(id, &body(&new_claim(), "20.00"), two_hours_ago());
     }
     let b = broker(&w, Duration::from_secs(10));
     let (lines, _) = dead_letters::list(&b, &w.store, &options(HOUR))
@@ -886,15 +741,7 @@ async fn a_message_id_beyond_ascii_is_listed_and_resubmitted_as_it_was() {
     let w = world(HOUR).await;
     let claim = new_claim();
     let id = "zahlung ä 695 ✓";
-    w.bus.dead_letter(
-        id,
-        &body(&claim, "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus.exhausted(id, &body(&claim, "20.00"), two_hours_ago());
     let b = broker(&w, Duration::from_secs(10));
     let (lines, _) = dead_letters::resubmit(&b, &w.store, &options(HOUR), &all(), false, false)
         .await
@@ -923,15 +770,8 @@ fn inbox_key(claim: &str, message_id: &str) -> InboxKey {
 async fn discard_records_the_decision_so_a_resend_is_not_paid() {
     let w = world(HOUR).await;
     let claim = new_claim();
-    w.bus.dead_letter(
-        "m-1",
-        &body(&claim, "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus
+        .exhausted("m-1", &body(&claim, "20.00"), two_hours_ago());
     let b = broker(&w, Duration::from_secs(10));
     let before = OffsetDateTime::now_utc();
     let line = dead_letters::discard(&b, &w.store, &options(HOUR), "m-1", "corrected as m-9")
@@ -975,15 +815,8 @@ async fn discard_records_the_decision_so_a_resend_is_not_paid() {
         "the discarded claim was paid"
     );
     // A second dead letter of that MessageId is no longer `resubmit`: it stays dropped.
-    w.bus.dead_letter(
-        "m-1",
-        &body(&claim, "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus
+        .exhausted("m-1", &body(&claim, "20.00"), two_hours_ago());
     let (lines, _) = dead_letters::list(&b, &w.store, &options(HOUR))
         .await
         .unwrap();
@@ -1004,24 +837,8 @@ async fn discard_keeps_an_existing_record_and_writes_none_for_a_body_without_a_c
         "recorded"
     );
     let t = two_hours_ago();
-    w.bus.dead_letter(
-        "m-paid",
-        &body(&paid, "10.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        t,
-        &[],
-    );
-    w.bus.dead_letter(
-        "m-bad",
-        b"{\"claimId\":42}",
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        t,
-        &[],
-    );
+    w.bus.exhausted("m-paid", &body(&paid, "10.00"), t);
+    w.bus.exhausted("m-bad", b"{\"claimId\":42}", t);
     let b = broker(&w, Duration::from_secs(10));
     let line = dead_letters::discard(&b, &w.store, &options(HOUR), "m-paid", "paid already")
         .await
@@ -1113,15 +930,8 @@ impl Store for NoWrites {
 #[tokio::test]
 async fn discard_removes_nothing_when_the_store_cannot_record_the_decision() {
     let w = world(HOUR).await;
-    w.bus.dead_letter(
-        "m-1",
-        &body(&new_claim(), "20.00"),
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        two_hours_ago(),
-        &[],
-    );
+    w.bus
+        .exhausted("m-1", &body(&new_claim(), "20.00"), two_hours_ago());
     let store: DynStore = std::sync::Arc::new(NoWrites(w.store.clone()));
     let b = broker(&w, Duration::from_secs(10));
     let line = dead_letters::discard(&b, &store, &options(HOUR), "m-1", "x")
@@ -1148,25 +958,9 @@ async fn an_unreadable_broker_answer_is_reported_and_the_others_are_still_resubm
     let w = world(HOUR).await;
     let t = two_hours_ago();
     for id in ["m-1", "m-2", "m-3", "m-4"] {
-        w.bus.dead_letter(
-            id,
-            &body(&new_claim(), "20.00"),
-            10,
-            "MaxDeliveryCountExceeded",
-            "",
-            t,
-            &[],
-        );
+        w.bus.exhausted(id, &body(&new_claim(), "20.00"), t);
     }
-    w.bus.dead_letter(
-        "m-huge",
-        &vec![b'x'; 300 * 1024],
-        10,
-        "MaxDeliveryCountExceeded",
-        "",
-        t,
-        &[],
-    );
+    w.bus.exhausted("m-huge", &vec![b'x'; 300 * 1024], t);
     let hostile = format!(
         r#"{{"MessageId":"m-1","LockToken":"t","DeliveryCount":"\u001b[2J EVIL {}"}}"#,
         "x".repeat(4000)
