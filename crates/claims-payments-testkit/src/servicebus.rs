@@ -1,23 +1,43 @@
 //! A local Service Bus stand-in: one queue and its dead-letter sub-queue, speaking the
-//! subset of the REST runtime API that `claims-payments dead-letters` uses, as
-//! documented (learn.microsoft.com/rest/api/servicebus):
-//! - send: `POST /{queue}/messages`, `BrokerProperties` `{"MessageId":..}`, custom
-//!   properties as headers, `201`; **duplicate detection**: a MessageId the queue saw less
-//!   than the window ago is answered `201` and dropped silently, as the broker does;
-//! - peek-lock: `POST /{queue}/$DeadLetterQueue/messages/head?timeout=N`: `201` with the
-//!   body, `BrokerProperties` (`MessageId`, `LockToken`, `LockedUntilUtc`,
-//!   `DeliveryCount` counted up by each lock, `SequenceNumber`, `EnqueuedTimeUtc`),
+//! subset of the REST runtime API that `claims-payments dead-letters` uses, as Microsoft
+//! documents it, unkind parts included. It follows:
+//! - learn.microsoft.com/rest/api/servicebus/send-message-to-queue: `POST
+//!   /{queue}/messages`, `BrokerProperties` `{"MessageId":..}`, custom properties as
+//!   headers, `201`; its documented refusals: 401 authorization failure, **403 quota
+//!   exceeded or message too large** (a 403 is not always a missing role), 404/410 no
+//!   such entity, 500;
+//! - learn.microsoft.com/azure/service-bus-messaging/duplicate-detection: a MessageId the
+//!   queue saw less than the window ago is answered `201` and **dropped silently**, the
+//!   window judged by **the broker's own clock** (which may run ahead of or behind the
+//!   client's: [`ServiceBus::set_clock_skew`]);
+//! - .../peek-lock-message-non-destructive-read: `POST
+//!   /{queue}/$DeadLetterQueue/messages/head?timeout=N`: `201` with the body,
+//!   `BrokerProperties` (`MessageId`, `LockToken`, `LockedUntilUtc`, `DeliveryCount`
+//!   counted up by each lock, `SequenceNumber`, `EnqueuedTimeUtc`, whole seconds),
 //!   `Location` (`.../messages/{sequence}/{lockToken}`) and the custom properties
 //!   (`DeadLetterReason`, `DeadLetterErrorDescription`, ...) as headers; `204` when none;
-//! - unlock (`PUT`) and delete (`DELETE`) at the `Location`: `200`, or `404` when the
-//!   lock expired (lockDuration) or is not the message's (lock lost).
+//! - .../unlock-message and .../delete-message: at the `Location`, `200`, or `404` once
+//!   the lock expired (lockDuration, **by the broker's clock**) or is not the message's;
+//! - .../message-headers-and-properties and "Service Bus throttling": every answer carries
+//!   the broker's `Date`; a busy namespace answers `429`/`503` with `Retry-After`;
+//! - learn.microsoft.com/azure/service-bus-messaging/service-bus-managed-service-identity
+//!   and authenticate-application: with [`ServiceBus::start_https`] every request needs
+//!   `Authorization: Bearer` with the expected token (else `401`), over HTTPS (its own
+//!   throwaway CA: [`ServiceBus::ca_pem`]); a missing data role ([`ServiceBus::deny`])
+//!   answers `403` "Unauthorized access. 'Send' claim(s) are required".
 //!
-//! Faults, each for the next call of one operation: a status with a reason (401, 403,
-//! 429, 503), a lost lock on delete, a send accepted and then answered too late (the
-//! client times out after the message was enqueued), and a peek-lock that locks the next
-//! dead letter but answers with a `BrokerProperties` header of the test's bytes (or
-//! none) or without its `Location`: an answer that does not read. Every accepted
-//! operation is logged in order, so a test can check that a send came before its delete.
+//! Custom property names are kept as the stand-in's HTTP server hands them over. That
+//! server (hyper) lower-cases header names, as every Rust HTTP stack does; the real broker
+//! keeps what arrives on the wire, and a Rust client sends lower case, so both store the
+//! same names for what the tool sends. Values are kept byte for byte.
+//!
+//! Faults, each for the next call of one operation: a status with a reason (401, 403
+//! quota, 500), throttling with `Retry-After`, a lost lock on delete, a send accepted
+//! and then answered too late (the client times out after the message was enqueued), and
+//! a peek-lock that locks the next dead letter but answers with a `BrokerProperties`
+//! header of the test's bytes (or none) or without its `Location`: an answer that does
+//! not read. Every accepted operation is logged in order, so a test can check that a send
+//! came before its delete.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -25,8 +45,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{post, put};
 use axum::Router;
@@ -75,6 +96,8 @@ pub enum Op {
 pub enum Fault {
     /// Answered with this status and reason; nothing happens.
     Status(u16, String),
+    /// Answered `429` or `503` with `Retry-After: seconds`; nothing happens.
+    Throttled(u16, u64),
     /// Delete: the lock is gone (expired, taken): `404`, the message stays, unlocked.
     LockLost,
     /// Send: the message is enqueued, then the answer waits this long (past the
@@ -100,6 +123,14 @@ pub enum Logged {
 
 struct Inner {
     queue: String,
+    /// The broker's clock: the real one shifted by this many milliseconds.
+    skew_ms: i64,
+    /// With HTTPS: the bearer token every request must carry.
+    token: Option<String>,
+    /// Operations the caller's identity has no data role for (403).
+    denied: Vec<Op>,
+    /// Requests answered, by operation (throttled and refused included).
+    requests: HashMap<Op, usize>,
     active: Vec<Message>,
     dead: Vec<Message>,
     /// MessageId -> when the queue last accepted it (duplicate detection).
@@ -112,11 +143,19 @@ struct Inner {
     base: String,
 }
 
+impl Inner {
+    /// The broker's own time.
+    fn now(&self) -> OffsetDateTime {
+        OffsetDateTime::now_utc() + time::Duration::milliseconds(self.skew_ms)
+    }
+}
+
 /// A running stand-in on a loopback port. Stops when dropped.
 pub struct ServiceBus {
     addr: SocketAddr,
     inner: Arc<Mutex<Inner>>,
     server: JoinHandle<()>,
+    ca_pem: Option<String>,
 }
 
 impl Drop for ServiceBus {
@@ -132,14 +171,42 @@ fn locked(inner: &Shared) -> MutexGuard<'_, Inner> {
 }
 
 impl ServiceBus {
-    /// A queue named `queue` with this duplicate-detection window and lock duration.
+    /// A queue named `queue` with this duplicate-detection window and lock duration, over
+    /// plain HTTP without tokens (`SERVICEBUS_ENDPOINT`).
     pub async fn start(queue: &str, window: Duration, lock_duration: Duration) -> ServiceBus {
+        Self::launch(queue, window, lock_duration, None).await
+    }
+
+    /// The same over HTTPS (a certificate for 127.0.0.1 from its own CA: [`Self::ca_pem`]),
+    /// where every request must carry `Authorization: Bearer {token}`, as the namespace
+    /// wants an Entra token: the operator tool's real path.
+    pub async fn start_https(
+        queue: &str,
+        window: Duration,
+        lock_duration: Duration,
+        token: &str,
+    ) -> ServiceBus {
+        Self::launch(queue, window, lock_duration, Some(token.to_owned())).await
+    }
+
+    async fn launch(
+        queue: &str,
+        window: Duration,
+        lock_duration: Duration,
+        token: Option<String>,
+    ) -> ServiceBus {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .expect("a loopback port for the Service Bus stand-in");
         let addr = listener.local_addr().expect("its address");
+        let https = token.is_some();
+        let scheme = if https { "https" } else { "http" };
         let inner = Arc::new(Mutex::new(Inner {
             queue: queue.to_owned(),
+            skew_ms: 0,
+            token,
+            denied: Vec::new(),
+            requests: HashMap::new(),
             active: Vec::new(),
             dead: Vec::new(),
             seen: HashMap::new(),
@@ -148,7 +215,7 @@ impl ServiceBus {
             next_sequence: 1,
             faults: HashMap::new(),
             log: Vec::new(),
-            base: format!("http://{addr}"),
+            base: format!("{scheme}://{addr}"),
         }));
         let app = Router::new()
             .route("/{queue}/messages", post(send))
@@ -157,20 +224,60 @@ impl ServiceBus {
                 "/{queue}/{sub}/messages/{seq}/{lock}",
                 put(unlock).delete(delete),
             )
+            .layer(middleware::from_fn_with_state(inner.clone(), authorise))
             .with_state(inner.clone());
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (server, ca_pem) = if https {
+            let (config, ca_pem) = tls_config();
+            (tokio::spawn(serve_tls(listener, app, config)), Some(ca_pem))
+        } else {
+            let server = tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+            (server, None)
+        };
         ServiceBus {
             addr,
             inner,
             server,
+            ca_pem,
         }
+    }
+
+    /// The PEM of the CA that signed an HTTPS stand-in's certificate (for `SSL_CERT_FILE`).
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
+    }
+
+    /// The namespace's host and port (`ServiceBusConnection__fullyQualifiedNamespace`),
+    /// for an HTTPS stand-in.
+    pub fn namespace(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Shifts the broker's clock (negative: behind the caller's): its enqueued times,
+    /// duplicate-detection window, lock expiry and `Date` headers follow it.
+    pub fn set_clock_skew(&self, skew: time::Duration) {
+        locked(&self.inner).skew_ms = skew.whole_milliseconds() as i64;
+    }
+
+    /// The broker's own time.
+    pub fn now(&self) -> OffsetDateTime {
+        locked(&self.inner).now()
+    }
+
+    /// The caller's identity has no data role for `op` from now on: `403`.
+    pub fn deny(&self, op: Op) {
+        locked(&self.inner).denied.push(op);
+    }
+
+    /// How many requests of `op` were answered (refused and throttled ones included).
+    pub fn requests(&self, op: Op) -> usize {
+        locked(&self.inner).requests.get(&op).copied().unwrap_or(0)
     }
 
     /// The endpoint for `SERVICEBUS_ENDPOINT`.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        locked(&self.inner).base.clone()
     }
 
     /// Puts a dead letter in the sub-queue as the broker would after `delivery_count`
@@ -265,6 +372,124 @@ fn fault(inner: &mut Inner, op: Op) -> Option<Fault> {
     inner.faults.get_mut(&op).and_then(VecDeque::pop_front)
 }
 
+/// The answer of a fault that refuses the call outright, if it is one.
+fn refusal(fault: &Option<Fault>) -> Option<Response> {
+    match fault {
+        Some(Fault::Status(code, reason)) => Some(status(*code, reason)),
+        Some(Fault::Throttled(code, seconds)) => {
+            let mut r = status(*code, "The request was terminated because the entity is being throttled. Please wait and retry.");
+            r.headers_mut()
+                .insert("Retry-After", HeaderValue::from(*seconds));
+            Some(r)
+        }
+        _ => None,
+    }
+}
+
+/// Which operation a request is, by its method and path.
+fn operation(request: &Request) -> Option<Op> {
+    let path = request.uri().path();
+    match *request.method() {
+        axum::http::Method::POST if path.ends_with("/messages/head") => Some(Op::Lock),
+        axum::http::Method::POST if path.ends_with("/messages") => Some(Op::Send),
+        axum::http::Method::PUT => Some(Op::Unlock),
+        axum::http::Method::DELETE => Some(Op::Delete),
+        _ => None,
+    }
+}
+
+/// Every request: counted; refused without the token (401) or its data role (403), as
+/// the namespace does with Entra ID; every answer carries the broker's `Date`.
+async fn authorise(State(inner): State<Shared>, request: Request, next: Next) -> Response {
+    let refused = {
+        let mut inner = locked(&inner);
+        let op = operation(&request);
+        if let Some(op) = op {
+            *inner.requests.entry(op).or_default() += 1;
+        }
+        let bearer = request
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match (&inner.token, op) {
+            (Some(token), _) if bearer != Some(token.as_str()) => Some(status(
+                401,
+                "ExpiredToken: The token is expired or missing.",
+            )),
+            (_, Some(op)) if inner.denied.contains(&op) => {
+                let claim = if op == Op::Send { "Send" } else { "Listen" };
+                Some(status(
+                    403,
+                    &format!("Unauthorized access. '{claim}' claim(s) are required to perform this operation."),
+                ))
+            }
+            _ => None,
+        }
+    };
+    let date = httpdate::fmt_http_date(locked(&inner).now().into());
+    let mut response = match refused {
+        Some(r) => r,
+        None => next.run(request).await,
+    };
+    if let Ok(v) = HeaderValue::from_str(&date) {
+        response.headers_mut().insert("Date", v);
+    }
+    response
+}
+
+/// A throwaway CA and a certificate for 127.0.0.1 and localhost signed by it: the TLS
+/// server's configuration and the CA's PEM.
+fn tls_config() -> (Arc<rustls::ServerConfig>, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().expect("a CA key");
+    let mut ca_params = CertificateParams::new(Vec::new()).expect("CA parameters");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "Service Bus stand-in CA");
+    let ca = ca_params.self_signed(&ca_key).expect("the CA certificate");
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().expect("a server key");
+    let params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .expect("server parameters");
+    let cert = params.signed_by(&key, &issuer).expect("the server certificate");
+    let chain = vec![cert.der().clone()];
+    let private = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der())
+        .expect("the server key as DER");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_no_client_auth()
+    .with_single_cert(chain, private)
+    .expect("the server certificate and key");
+    (Arc::new(config), ca.pem())
+}
+
+/// Serves `app` over TLS on `listener`, one task per connection.
+async fn serve_tls(listener: tokio::net::TcpListener, app: Router, config: Arc<rustls::ServerConfig>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let _ = hyper_util::server::conn::auto::Builder::new(
+                hyper_util::rt::TokioExecutor::new(),
+            )
+            .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+            .await;
+        });
+    }
+}
+
 fn status(code: u16, reason: &str) -> Response {
     let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (
@@ -291,6 +516,8 @@ fn is_protocol_header(name: &str) -> bool {
             | "user-agent"
             | "connection"
             | "transfer-encoding"
+            // Azure's request id, which every Azure SDK pipeline adds.
+            | "x-ms-client-request-id"
     )
 }
 
@@ -305,8 +532,11 @@ async fn send(
         if queue != inner.queue {
             return status(404, "no such queue");
         }
-        let hang = match fault(&mut inner, Op::Send) {
-            Some(Fault::Status(code, reason)) => return status(code, &reason),
+        let fault = fault(&mut inner, Op::Send);
+        if let Some(r) = refusal(&fault) {
+            return r;
+        }
+        let hang = match fault {
             Some(Fault::AcceptThenHang(d)) => Some(d),
             _ => None,
         };
@@ -320,7 +550,7 @@ async fn send(
             .and_then(|v| v.as_str())
             .map(str::to_owned)
             .unwrap_or_else(|| Uuid::new_v4().simple().to_string());
-        let now = OffsetDateTime::now_utc();
+        let now = inner.now();
         let window = inner.window;
         let duplicate = inner
             .seen
@@ -373,11 +603,11 @@ async fn peek_lock(
     if queue != inner.queue || sub != DLQ {
         return status(404, "no such entity");
     }
-    let mangle = match fault(&mut inner, Op::Lock) {
-        Some(Fault::Status(code, reason)) => return status(code, &reason),
-        other => other,
-    };
-    let now = OffsetDateTime::now_utc();
+    let mangle = fault(&mut inner, Op::Lock);
+    if let Some(r) = refusal(&mangle) {
+        return r;
+    }
+    let now = inner.now();
     let until = now + inner.lock_duration;
     let base = format!("{}/{}/{DLQ}/messages", inner.base, inner.queue);
     let Some(m) = inner
@@ -431,7 +661,7 @@ async fn peek_lock(
 
 /// The dead letter a lock URL names, if the lock is still its own and alive.
 fn holder(inner: &mut Inner, seq: i64, lock: &str) -> Option<usize> {
-    let now = OffsetDateTime::now_utc();
+    let now = inner.now();
     inner.dead.iter().position(|m| {
         m.sequence_number == seq
             && m.lock
@@ -444,8 +674,8 @@ async fn unlock(
     Path((_queue, _sub, seq, lock)): Path<(String, String, i64, String)>,
 ) -> Response {
     let mut inner = locked(&inner);
-    if let Some(Fault::Status(code, reason)) = fault(&mut inner, Op::Unlock) {
-        return status(code, &reason);
+    if let Some(r) = refusal(&fault(&mut inner, Op::Unlock)) {
+        return r;
     }
     match holder(&mut inner, seq, &lock) {
         Some(i) => {
@@ -461,8 +691,11 @@ async fn delete(
     Path((_queue, _sub, seq, lock)): Path<(String, String, i64, String)>,
 ) -> Response {
     let mut inner = locked(&inner);
-    match fault(&mut inner, Op::Delete) {
-        Some(Fault::Status(code, reason)) => return status(code, &reason),
+    let fault = fault(&mut inner, Op::Delete);
+    if let Some(r) = refusal(&fault) {
+        return r;
+    }
+    match fault {
         Some(Fault::LockLost) => {
             if let Some(m) = inner.dead.iter_mut().find(|m| m.sequence_number == seq) {
                 m.lock = None;

@@ -81,11 +81,12 @@ pub enum DeadLettersCommand {
     /// what the store knows and a verdict. Exit 0: none; 3: some need a person; 1: cannot
     /// run (401/403 named); 2: usage.
     List(DeadLettersListArgs),
-    /// Send copies (same MessageId, body, content type, properties, plus a re-drive record)
-    /// and remove each dead letter only after its send was accepted. Inside the
-    /// duplicate-detection window nothing is sent (--wait waits for it); permanent,
-    /// unknown and needs-reconciliation verdicts only when named with --message-id.
-    /// Exit 0: all selected sent and removed; 3: something left for a person; 1; 2.
+    /// Send copies (a MessageId of their own naming the original, the same body, content
+    /// type and properties, plus a re-drive record) one dead letter at a time, and remove
+    /// each only after its send was accepted. Permanent, unknown and needs-reconciliation
+    /// verdicts only when named with --message-id. Exit 0: all selected sent and removed;
+    /// 3: something left for a person (or --limit reached); 1: the run stopped (401/403,
+    /// quota, throttling: the reason is printed); 2: usage.
     Resubmit(DeadLettersResubmitArgs),
     /// Remove one dead letter a person decided to drop, after a warning log line with its
     /// identity, the reason and who. Exit 0: removed; 1: not found or cannot run.
@@ -107,8 +108,8 @@ pub struct DeadLettersListArgs {
 pub struct DeadLettersResubmitArgs {
     #[command(flatten)]
     list: DeadLettersListArgs,
-    /// A dead letter to send (repeatable); named, it is sent whatever its verdict, except
-    /// inside the duplicate-detection window.
+    /// A dead letter to send (repeatable; its MessageId, or for a copy the original it
+    /// names); named, it is sent whatever its verdict, unless its answer did not read.
     #[arg(long = "message-id")]
     message_id: Vec<String>,
     /// Every dead letter with this verdict (resubmit or already-paid).
@@ -120,7 +121,8 @@ pub struct DeadLettersResubmitArgs {
     /// Say what would be sent; send and remove nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Wait for the duplicate-detection window of the ones inside it, then send them.
+    /// Accepted for runbooks written for older releases, and has no effect: a copy has a
+    /// MessageId of its own, so there is no duplicate-detection window to wait for.
     #[arg(long)]
     wait: bool,
 }
@@ -295,20 +297,6 @@ fn dead_letters_broker() -> anyhow::Result<Box<dyn Broker>> {
     )?))
 }
 
-/// The duplicate-detection window the verdicts use: SERVICEBUS_DUPLICATE_WINDOW_MS, by
-/// default the Bicep's PT1H.
-fn duplicate_window() -> anyhow::Result<std::time::Duration> {
-    use crate::env_setting::names::SERVICEBUS_DUPLICATE_WINDOW_MS as NAME;
-    match std::env::var(NAME).ok().filter(|v| !v.trim().is_empty()) {
-        Some(ms) => Ok(std::time::Duration::from_millis(
-            ms.trim()
-                .parse()
-                .map_err(|_| anyhow::anyhow!("{NAME} must be a number of milliseconds"))?,
-        )),
-        None => Ok(std::time::Duration::from_secs(3600)),
-    }
-}
-
 /// Runs one `dead-letters` subcommand against `broker` and `store`; the output goes to `out`.
 pub async fn dead_letters_command(
     command: DeadLettersCommand,
@@ -320,13 +308,16 @@ pub async fn dead_letters_command(
     let options = |list: &DeadLettersListArgs| -> anyhow::Result<dead_letters::Options> {
         Ok(dead_letters::Options {
             consumer: settings.consumer_name.clone(),
-            window: duplicate_window()?,
             limit: list.limit.max(1),
             retention: settings.inbox_retention,
+            payouts_enabled: settings.bank.is_some(),
         })
     };
     let code = |summary: &dead_letters::Summary| {
-        if summary.needs_a_person {
+        if let Some(why) = &summary.stopped {
+            eprintln!("the run stopped: {why}");
+            ExitCode::FAILURE
+        } else if summary.needs_a_person {
             ExitCode::from(dead_letters::EXIT_NEEDS_A_PERSON)
         } else {
             ExitCode::SUCCESS
@@ -334,7 +325,7 @@ pub async fn dead_letters_command(
     };
     match command {
         DeadLettersCommand::List(args) => {
-            let (lines, summary) = dead_letters::list(broker, store, &options(&args)?).await?;
+            let (lines, summary) = dead_letters::list(broker, store, &options(&args)?).await;
             print_dead_letters(&lines, &summary, args.json, out)?;
             Ok(code(&summary))
         }
@@ -344,15 +335,17 @@ pub async fn dead_letters_command(
                 verdict: args.verdict.clone(),
                 all: args.all,
             };
+            if args.wait {
+                eprintln!("--wait has no effect: a copy has a MessageId of its own, so there is no duplicate-detection window to wait for");
+            }
             let (lines, summary) = dead_letters::resubmit(
                 broker,
                 store,
                 &options(&args.list)?,
                 &selection,
                 args.dry_run,
-                args.wait,
             )
-            .await?;
+            .await;
             print_dead_letters(&lines, &summary, args.list.json, out)?;
             Ok(code(&summary))
         }
@@ -420,7 +413,10 @@ pub fn print_dead_letters(
         writeln!(
             out,
             "{}  claim {}  tenant {}  {} {}  deliveries {}  {} / {}  enqueued {}  dead-lettered {}  payment {}  inbox {}",
-            printable(&dash(&l.message_id)),
+            printable(&match &l.original_message_id {
+                Some(original) => format!("{} (copy of {original})", dash(&l.message_id)),
+                None => dash(&l.message_id),
+            }),
             dash(&l.claim_id),
             printable(&dash(&l.tenant)),
             dash(&l.amount),
@@ -459,7 +455,17 @@ pub fn print_dead_letters(
         } else {
             ""
         }
-    )
+    )?;
+    if summary.limit_reached {
+        writeln!(
+            out,
+            "the limit (--limit) was reached: more dead letters may be left; run again"
+        )?;
+    }
+    if let Some(why) = &summary.stopped {
+        writeln!(out, "the run stopped, nothing more was sent or removed: {why}")?;
+    }
+    Ok(())
 }
 
 /// Renders the report for people: one line per payment, then the summary.

@@ -120,7 +120,7 @@ impl Operator {
     }
 
     /// Puts `dead` into a Service Bus stand-in's dead-letter queue, runs `dead-letters
-    /// resubmit --all --wait --json` (a separate process, with the run's store) against it,
+    /// resubmit --all --json` (a separate process, with the run's store) against it,
     /// and sends what reached the stand-in's queue to the simulated queue.
     async fn resubmit_dead_letters(
         &self,
@@ -145,10 +145,6 @@ impl Operator {
             cmd.args(args)
                 .env(names::SERVICEBUS_ENDPOINT, bus.endpoint())
                 .env(names::CLAIM_APPROVED_QUEUE, SIM_QUEUE)
-                .env(
-                    names::SERVICEBUS_DUPLICATE_WINDOW_MS,
-                    SIM_DUPLICATE_WINDOW.as_millis().to_string(),
-                )
                 .env(names::LOG_FORMAT, "json")
                 .env("RUST_LOG", "warn")
                 .kill_on_drop(true);
@@ -169,7 +165,7 @@ impl Operator {
                 Ok::<_, anyhow::Error>(out)
             }
         };
-        let out = run(&["resubmit", "--all", "--wait", "--json"]).await?;
+        let out = run(&["resubmit", "--all", "--json"]).await?;
         let mut verdicts = report::ToolVerdicts::default();
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let value: serde_json::Value = serde_json::from_str(line)
@@ -187,13 +183,16 @@ impl Operator {
             }
         }
         // What the command sent, in the order the stand-in accepted it, goes to the queue
-        // the host delivers from: each to the dead letter it copies (MessageId and body).
+        // the host delivers from: each to the dead letter it copies (the original MessageId
+        // the copy names, which the consumer keys its inbox by, and the body).
         let mut unsent: Vec<&(usize, queue::Message, u32, queue::Failure)> = dead.iter().collect();
         for m in bus.take_active() {
-            if let Some(at) = unsent
-                .iter()
-                .position(|(_, d, _, _)| *d.message_id == *m.message_id && *d.body == *m.body)
-            {
+            let original = m
+                .property(claims_payments::redrive::ORIGINAL_MESSAGE_ID)
+                .map(claims_payments::seams::servicebus::unquote);
+            if let Some(at) = unsent.iter().position(|(_, d, _, _)| {
+                original.as_deref() == Some(&*d.message_id) && *d.body == *m.body
+            }) {
                 let (entry, ..) = unsent.remove(at);
                 queue.resend_dead_letter(*entry, &m.body);
                 verdicts.resent.push(*entry);

@@ -3,16 +3,27 @@
 //! message, a [`verdict`] on it, and a safe re-drive.
 //!
 //! Safety rules, each tested (tests/dead_letters.rs):
+//! - **a copy can never be dropped by duplicate detection.** The broker answers a send
+//!   whose MessageId it saw inside its window with 201 and drops it, and the window runs
+//!   on the broker's clock. So no clock is consulted at all: the copy is sent under a
+//!   MessageId of its own, derived from the dead letter ([`redrive::copy_message_id`]),
+//!   and names the original in [`redrive::ORIGINAL_MESSAGE_ID`]; the consumer keys its
+//!   inbox by the original. The only send the broker can drop is a second copy of the
+//!   same dead letter, which means the first was accepted;
 //! - a copy is sent first and the dead letter removed **only after the broker accepted
 //!   the send**: a crash or a lost lock between the two leaves a duplicate (recognised
 //!   by the consumer), never a loss;
-//! - a dead letter inside the duplicate-detection window is not sent (the broker would
-//!   drop it silently); `--wait` waits for the window to end;
-//! - permanent (and unknown, needs-reconciliation) verdicts are refused unless the
-//!   message is named with `--message-id`;
+//! - one dead letter at a time: lock, examine, send, delete, then the next, so no lock
+//!   waits on the others' requests; the ones not sent stay locked (so the broker hands
+//!   out the next) and are given back at the end;
+//! - the verdict applies the consumer's own acceptance rules (a message it refuses on
+//!   every delivery is permanent), and permanent (and unknown, needs-reconciliation)
+//!   verdicts are refused unless the message is named with `--message-id`;
 //! - a broker answer about one dead letter that does not read is that dead letter's
 //!   `unreadable` line, and the run goes on: only what concerns the whole run (401/403,
-//!   throttling, the namespace unreachable) ends it;
+//!   a quota, throttling after retries, the namespace unreachable) ends it, after which
+//!   nothing more is sent or removed;
+//! - reaching `--limit` is said, and is not "nothing left";
 //! - `discard` records the decision before it removes the dead letter: a completed inbox
 //!   record with the outcome `discarded` (so a re-send completes as a duplicate, unpaid)
 //!   and a warning line; if the store cannot record it, nothing is removed.
@@ -29,10 +40,12 @@ use serde::Serialize;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::domain::{ClaimApproved, MessageId, OutcomeKind, PayloadHash, Purpose};
+use crate::consumer::decide::missing_payee;
+use crate::domain::{redrive, ClaimApproved, MessageId, OutcomeKind, PayloadHash, Purpose};
 use crate::lease::{self, Terms};
 use crate::servicebus::{
-    bounded, Broker, BusError, DeadLetter, Lock, Locked, Outgoing, Property, Unreadable,
+    bounded, Broker, BrokerMessageId, BusError, DeadLetter, Lock, Locked, Outgoing, Property,
+    Unreadable,
 };
 use crate::store::{AttemptId, DynStore, InboxKey, InboxStatus, InsertResult, Store};
 use verdict::{Body, Facts, Judgement, Known, PaymentFact, Verdict};
@@ -44,7 +57,7 @@ pub const REDRIVE_PROPERTY: &str = "ClaimsPaymentsRedrive";
 const DEAD_LETTER_PROPERTIES: &[&str] = &["DeadLetterReason", "DeadLetterErrorDescription"];
 
 /// `dead-letters`' exit code when something needs a person (a dead letter listed, one
-/// refused, waiting or kept); as `reconcile`'s.
+/// refused or kept, the limit reached); as `reconcile`'s.
 pub const EXIT_NEEDS_A_PERSON: u8 = 3;
 
 /// What every subcommand needs.
@@ -52,18 +65,19 @@ pub const EXIT_NEEDS_A_PERSON: u8 = 3;
 pub struct Options {
     /// The consumer name of the inbox keys (CONSUMER_NAME).
     pub consumer: String,
-    /// The queue's duplicate-detection window (SERVICEBUS_DUPLICATE_WINDOW_MS).
-    pub window: Duration,
-    /// At most this many dead letters are locked and examined at once.
+    /// At most this many dead letters are examined in one run.
     pub limit: usize,
     /// How long the inbox record `discard` writes is kept (INBOX_RETENTION_DAYS).
     pub retention: Duration,
+    /// Whether the consumer pays out (BANK_API_URL set): its acceptance rules depend on it.
+    pub payouts_enabled: bool,
 }
 
 /// Which dead letters `resubmit` sends.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
-    /// Named explicitly: sent whatever the verdict, except inside the window.
+    /// Named explicitly (the broker's MessageId, or the original a copy names): sent
+    /// whatever the verdict, except unreadable.
     pub message_ids: Vec<String>,
     /// Every dead letter with this verdict name (only sendable ones are sent).
     pub verdict: Option<String>,
@@ -75,7 +89,11 @@ pub struct Selection {
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Line {
+    /// The broker's MessageId of the dead letter.
     pub message_id: Option<String>,
+    /// For a re-drive copy: the MessageId of the message it stands for (the inbox's key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub original_message_id: Option<String>,
     pub claim_id: Option<String>,
     pub tenant: Option<String>,
     pub amount: Option<String>,
@@ -102,16 +120,24 @@ pub struct Line {
 pub struct Summary {
     pub verdicts: BTreeMap<String, usize>,
     pub actions: BTreeMap<String, usize>,
-    /// Whether anything is left for a person.
+    /// Whether anything is left for a person (exit 3).
     pub needs_a_person: bool,
+    /// `--limit` dead letters were examined and the queue may hold more.
+    pub limit_reached: bool,
+    /// What ended the run early (401/403, a quota, throttling, the namespace
+    /// unreachable): nothing was sent or removed after it (exit 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 impl Summary {
-    fn of(lines: &[Line], needs_a_person: bool) -> Self {
+    fn of(lines: &[Line], walk: &Walk<'_>, open: bool) -> Self {
         let mut s = Summary {
-            needs_a_person,
+            limit_reached: walk.limit_reached(),
+            stopped: walk.stopped.as_ref().map(ToString::to_string),
             ..Summary::default()
         };
+        s.needs_a_person = open || s.limit_reached || s.stopped.is_some();
         for l in lines {
             *s.verdicts.entry(l.verdict.name().to_owned()).or_default() += 1;
             if let Some(action) = &l.action {
@@ -138,19 +164,22 @@ fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&Rfc3339).unwrap_or_else(|_| t.to_string())
 }
 
+/// A dead letter's identity: its own MessageId, and the original it names if it is a
+/// re-drive copy. `Err`: why it has none usable.
+fn identity(letter: &DeadLetter) -> Result<(MessageId, Option<String>), String> {
+    let id = letter
+        .message_id
+        .as_ref()
+        .ok_or_else(|| "the broker gave no MessageId".to_owned())?;
+    let id = MessageId::parse(&id.0).map_err(|e| format!("MessageId: {e}"))?;
+    let original = letter.property(redrive::ORIGINAL_MESSAGE_ID);
+    let key = redrive::identity(id, original.as_deref()).map_err(|e| e.to_string())?;
+    Ok((key, original))
+}
+
 /// Parses the body and asks the store; never fails: what cannot be read is a fact.
-async fn examine(
-    letter: DeadLetter,
-    store: &DynStore,
-    options: &Options,
-    now: OffsetDateTime,
-) -> Examined {
-    let parsed: Result<(MessageId, ClaimApproved), String> = (|| {
-        let id = letter
-            .message_id
-            .as_ref()
-            .ok_or_else(|| "the broker gave no MessageId".to_owned())?;
-        let id = MessageId::parse(&id.0).map_err(|e| format!("MessageId: {e}"))?;
+async fn examine(letter: DeadLetter, store: &DynStore, options: &Options) -> Examined {
+    let parsed: Result<(MessageId, ClaimApproved), String> = identity(&letter).and_then(|(id, _)| {
         if letter.body_truncated {
             return Err(format!(
                 "the body is larger than {} bytes",
@@ -161,7 +190,7 @@ async fn examine(
             std::str::from_utf8(&letter.body).map_err(|_| "the body is not UTF-8".to_owned())?;
         let claim = ClaimApproved::parse(text).map_err(|e| format!("not a ClaimApproved: {e}"))?;
         Ok((id, claim))
-    })();
+    });
     let mut record = None;
     let (body, payment, inbox, claim) = match parsed {
         Err(why) => (
@@ -191,27 +220,27 @@ async fn examine(
                 Err(e) => Known::Unreadable(bounded(&e.to_string(), 200)),
             };
             record = Some((key, claim.payload_hash()));
-            (
-                Body::ClaimApproved(claim.payload_hash()),
-                payment,
-                inbox,
-                Some(claim),
-            )
+            // The consumer's own acceptance rule, not a copy of it.
+            let body = match missing_payee(&claim, options.payouts_enabled) {
+                Some(refusal) => Body::Refused(refusal.to_owned()),
+                None => Body::ClaimApproved(claim.payload_hash()),
+            };
+            (body, payment, inbox, Some(claim))
         }
     };
     let reason_property = |name: &str| letter.property(name).map(|v| bounded(&v, 200));
     let facts = Facts {
         body,
-        // EnqueuedTimeUtc comes in whole seconds (RFC 1123): the broker may have seen the
-        // MessageId up to a second later than it says.
-        enqueued_at: letter.enqueued_at.map(|t| t + Duration::from_secs(1)),
         dead_letter_reason: reason_property("DeadLetterReason"),
         payment,
         inbox,
     };
-    let Judgement { verdict, reason } = verdict::judge(&facts, now, options.window);
+    let Judgement { verdict, reason } = verdict::judge(&facts);
     let line = Line {
         message_id: letter.message_id.as_ref().map(|m| bounded(&m.0, 128)),
+        original_message_id: letter
+            .property(redrive::ORIGINAL_MESSAGE_ID)
+            .map(|m| bounded(&m, 128)),
         claim_id: claim.as_ref().map(|c| c.claim_id.to_string()),
         tenant: claim
             .as_ref()
@@ -248,17 +277,17 @@ async fn examine(
 }
 
 /// The line of a dead letter whose broker answer did not read: what it named, and why.
-fn examine_unreadable(u: Unreadable, options: &Options, now: OffsetDateTime) -> Examined {
+fn examine_unreadable(u: Unreadable) -> Examined {
     let facts = Facts {
         body: Body::Unreadable(u.problem),
-        enqueued_at: None,
         dead_letter_reason: None,
         payment: Known::Absent,
         inbox: Known::Absent,
     };
-    let Judgement { verdict, reason } = verdict::judge(&facts, now, options.window);
+    let Judgement { verdict, reason } = verdict::judge(&facts);
     let line = Line {
         message_id: u.message_id.as_ref().map(|m| bounded(&m.0, 128)),
+        original_message_id: None,
         claim_id: None,
         tenant: None,
         amount: None,
@@ -283,101 +312,154 @@ fn examine_unreadable(u: Unreadable, options: &Options, now: OffsetDateTime) -> 
     }
 }
 
-/// Locks and examines up to `options.limit` dead letters. A broker error before the
-/// first one is the command's error (401, 403 with the reason); after it, the ones
-/// locked so far are unlocked first.
-async fn lock_all(
-    broker: &dyn Broker,
-    store: &DynStore,
-    options: &Options,
-) -> Result<Vec<Examined>, BusError> {
-    let mut examined: Vec<Examined> = Vec::new();
-    while examined.len() < options.limit {
-        let next = match broker.lock_next_dead_letter().await {
-            Ok(Some(Locked::Letter(letter))) => {
-                examine(letter, store, options, OffsetDateTime::now_utc()).await
+/// The dead letters of one run, met one at a time: each is locked and examined when its
+/// turn comes. The ones the run keeps (not sent, or sent but not removed) stay locked, so
+/// the broker hands out the next one, and are given back at the end ([`Walk::finish`]).
+struct Walk<'a> {
+    broker: &'a dyn Broker,
+    store: &'a DynStore,
+    options: &'a Options,
+    /// Locks kept until the end, by SequenceNumber where the broker gave one.
+    held: Vec<(Option<i64>, Lock)>,
+    /// Dead letters met, by SequenceNumber.
+    seen: std::collections::HashSet<i64>,
+    examined: usize,
+    /// The broker said there is no dead letter left (unlocked).
+    exhausted: bool,
+    /// What ended the run early.
+    stopped: Option<BusError>,
+}
+
+impl<'a> Walk<'a> {
+    fn new(broker: &'a dyn Broker, store: &'a DynStore, options: &'a Options) -> Self {
+        Walk {
+            broker,
+            store,
+            options,
+            held: Vec::new(),
+            seen: Default::default(),
+            examined: 0,
+            exhausted: false,
+            stopped: None,
+        }
+    }
+
+    /// Whether the run stopped at `--limit` with dead letters possibly left unexamined.
+    fn limit_reached(&self) -> bool {
+        self.examined >= self.options.limit && !self.exhausted && self.stopped.is_none()
+    }
+
+    /// The next dead letter not met before in this run, locked and examined; `None` at the
+    /// end (none left, the limit, or a failure that ends the run: see `stopped`).
+    async fn next(&mut self) -> Option<Examined> {
+        while self.stopped.is_none() && self.examined < self.options.limit {
+            let examined = match self.broker.lock_next_dead_letter().await {
+                Ok(Some(Locked::Letter(letter))) => {
+                    if self.met_again(letter.sequence_number, &letter.lock) {
+                        continue;
+                    }
+                    examine(letter, self.store, self.options).await
+                }
+                Ok(Some(Locked::Unreadable(u))) => {
+                    if let Some(lock) = &u.lock {
+                        if self.met_again(u.sequence_number, lock) {
+                            continue;
+                        }
+                    }
+                    examine_unreadable(u)
+                }
+                Ok(None) => {
+                    self.exhausted = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.stopped = Some(e);
+                    return None;
+                }
+            };
+            self.examined += 1;
+            if let Some(seq) = examined.sequence_number {
+                self.seen.insert(seq);
             }
-            // One dead letter's answer does not read: its line says why; the run goes on.
-            Ok(Some(Locked::Unreadable(u))) => {
-                examine_unreadable(u, options, OffsetDateTime::now_utc())
-            }
-            Ok(None) => break,
-            Err(e) => {
-                unlock_all(broker, &examined).await;
-                return Err(e);
-            }
+            return Some(examined);
+        }
+        None
+    }
+
+    /// A dead letter this run met before came back: a lock it kept expired (the queue's
+    /// lockDuration) or was lost. It is kept under its new lock and not examined again.
+    fn met_again(&mut self, sequence_number: Option<i64>, lock: &Lock) -> bool {
+        let Some(seq) = sequence_number.filter(|s| self.seen.contains(s)) else {
+            return false;
         };
-        // A lock of ours expired (lockDuration) and the broker handed the same dead
-        // letter out again: every one has been seen.
-        if next.sequence_number.is_some()
-            && examined
-                .iter()
-                .any(|e| e.sequence_number == next.sequence_number)
-        {
-            release(broker, &next).await;
-            break;
-        }
-        examined.push(next);
+        self.held.retain(|(s, _)| *s != Some(seq));
+        self.held.push((Some(seq), lock.clone()));
+        true
     }
-    Ok(examined)
-}
 
-/// Gives one dead letter's lock back, if there is one to give.
-async fn release(broker: &dyn Broker, e: &Examined) {
-    if let Some(lock) = &e.lock {
-        if let Err(err) = broker.unlock(lock).await {
-            // The lock then expires by itself (lockDuration): nothing is lost.
-            tracing::warn!(error = %err, "cannot unlock a dead letter; its lock will expire");
+    /// Keeps a dead letter locked until the end of the run.
+    fn keep(&mut self, e: &Examined) {
+        if let Some(lock) = &e.lock {
+            self.held.push((e.sequence_number, lock.clone()));
         }
     }
-}
 
-async fn unlock_all(broker: &dyn Broker, examined: &[Examined]) {
-    for e in examined {
-        release(broker, e).await;
+    /// Ends the run on a failure that concerns all of it.
+    fn stop(&mut self, e: BusError) {
+        self.stopped = Some(e);
+    }
+
+    /// Gives every kept lock back: the dead letters stay for the next reader.
+    async fn finish(&mut self) {
+        for (_, lock) in std::mem::take(&mut self.held) {
+            if let Err(err) = self.broker.unlock(&lock).await {
+                // The lock then expires by itself (lockDuration): nothing is lost.
+                tracing::warn!(error = %err, "cannot unlock a dead letter; its lock will expire");
+            }
+        }
     }
 }
 
 /// `dead-letters list`: every dead letter (up to the limit) with its verdict; nothing is
 /// removed. Returns the lines and the summary.
-pub async fn list(
-    broker: &dyn Broker,
-    store: &DynStore,
-    options: &Options,
-) -> Result<(Vec<Line>, Summary), BusError> {
-    let examined = lock_all(broker, store, options).await?;
-    unlock_all(broker, &examined).await;
-    let lines: Vec<Line> = examined.into_iter().map(|e| e.line).collect();
-    let needs = !lines.is_empty();
-    let summary = Summary::of(&lines, needs);
-    Ok((lines, summary))
+pub async fn list(broker: &dyn Broker, store: &DynStore, options: &Options) -> (Vec<Line>, Summary) {
+    let mut walk = Walk::new(broker, store, options);
+    let mut lines = Vec::new();
+    while let Some(e) = walk.next().await {
+        walk.keep(&e);
+        lines.push(e.line);
+    }
+    walk.finish().await;
+    let summary = Summary::of(&lines, &walk, !lines.is_empty());
+    (lines, summary)
 }
 
-/// What happened to one dead letter in a resubmit round.
+/// What happened to one dead letter in a resubmit run.
 enum Handled {
+    /// Sent and removed (or a dry run's "would send").
     Done(String),
     /// Left for a person.
     Open(String),
-    /// Inside the window, to be tried again at this time (`--wait`).
-    Waiting(OffsetDateTime, String),
 }
 
-/// The copy of a dead letter: same MessageId, body, content type and application
-/// properties, plus [`REDRIVE_PROPERTY`].
+/// The copy of a dead letter: a MessageId of its own ([`redrive::copy_message_id`]),
+/// the original named in [`redrive::ORIGINAL_MESSAGE_ID`], the same body, content type
+/// and application properties, plus [`REDRIVE_PROPERTY`].
 fn copy_of(
     letter: &DeadLetter,
     line: &Line,
     principal: &str,
     now: OffsetDateTime,
 ) -> Option<Outgoing> {
-    let message_id = letter.message_id.clone()?;
+    let (original, _) = identity(letter).ok()?;
+    let own = letter.message_id.as_ref()?;
     let mut properties: Vec<Property> = letter
         .properties
         .iter()
         .filter(|p| {
             !DEAD_LETTER_PROPERTIES
                 .iter()
-                .chain([REDRIVE_PROPERTY].iter())
+                .chain(&[REDRIVE_PROPERTY, redrive::ORIGINAL_MESSAGE_ID])
                 .any(|n| p.name.eq_ignore_ascii_case(n))
         })
         .cloned()
@@ -396,44 +478,64 @@ fn copy_of(
     let record = serde_json::json!({
         "at": rfc3339(now),
         "by": ascii(principal),
+        "deadLetterMessageId": ascii(&own.0),
         "originalDeliveryCount": line.delivery_count,
         "originalReason": line.dead_letter_reason.as_deref().map(ascii),
     })
     .to_string();
+    let quoted = |text: &str| crate::servicebus::header_json(&serde_json::Value::String(text.to_owned()));
     properties.push(Property {
         name: REDRIVE_PROPERTY.to_owned(),
-        value: serde_json::Value::String(record).to_string(),
+        value: quoted(&record),
+    });
+    properties.push(Property {
+        name: redrive::ORIGINAL_MESSAGE_ID.to_owned(),
+        value: quoted(original.as_str()),
     });
     Some(Outgoing {
-        message_id,
+        message_id: BrokerMessageId(redrive::copy_message_id(&own.0, letter.sequence_number)),
         content_type: letter.content_type.clone(),
         properties,
         body: letter.body.clone(),
     })
 }
 
-/// Sends the copy, and removes the dead letter only once the send was accepted.
-async fn send_then_delete(broker: &dyn Broker, e: &Examined, principal: &str) -> Handled {
+/// Sends the copy, and removes the dead letter only once the send was accepted. A
+/// failure that concerns the whole run stops the walk.
+async fn send_then_delete(walk: &mut Walk<'_>, e: &Examined, principal: &str) -> Handled {
     let Some(letter) = &e.letter else {
-        release(broker, e).await;
+        walk.keep(e);
         return Handled::Open("not sent: the broker's answer for it does not read".into());
     };
     let Some(copy) = copy_of(letter, &e.line, principal, OffsetDateTime::now_utc()) else {
-        release(broker, e).await;
-        return Handled::Open("not sent: no MessageId".into());
+        walk.keep(e);
+        return Handled::Open("not sent: no usable MessageId".into());
     };
-    match broker.send(&copy).await {
-        Ok(()) => match broker.delete(&letter.lock).await {
-            Ok(()) => Handled::Done("sent: the dead letter was removed".into()),
-            Err(err) => Handled::Open(format!(
-                "sent: but the dead letter is kept ({err}); the copy is a duplicate the consumer recognises: run list again and discard it"
+    let copy_id = copy.message_id.0.clone();
+    match walk.broker.send(&copy).await {
+        Ok(()) => match walk.broker.delete(&letter.lock).await {
+            Ok(()) => Handled::Done(format!(
+                "sent as {copy_id}: the dead letter was removed"
             )),
+            Err(err) => {
+                if err.kind.ends_the_run() {
+                    walk.stop(err.clone());
+                }
+                walk.keep(e);
+                Handled::Open(format!(
+                    "sent as {copy_id}: but the dead letter is kept ({err}); the copy is a duplicate the consumer recognises: run list again and discard it"
+                ))
+            }
         },
         Err(err) => {
-            release(broker, e).await;
+            walk.keep(e);
+            if err.kind.ends_the_run() {
+                walk.stop(err.clone());
+                return Handled::Open(format!("not sent: {err}; the run stops here"));
+            }
             let what = match err.kind {
                 crate::servicebus::BusErrorKind::Timeout => {
-                    "unsure: the send timed out and may have been accepted; the dead letter is kept (a second send is a duplicate, safe)"
+                    "unsure: the send timed out and may have been accepted; the dead letter is kept (sending it again is safe: the same copy MessageId, dropped if the first arrived)"
                 }
                 _ => "not sent: the dead letter is kept",
             };
@@ -443,129 +545,63 @@ async fn send_then_delete(broker: &dyn Broker, e: &Examined, principal: &str) ->
 }
 
 /// `dead-letters resubmit`: sends the selected dead letters again (see the module's
-/// rules), waits for the window with `wait`. Returns the lines of the last round and
-/// the summary.
+/// rules), one at a time. Returns every dead letter's line and the summary.
 pub async fn resubmit(
     broker: &dyn Broker,
     store: &DynStore,
     options: &Options,
     selection: &Selection,
     dry_run: bool,
-    wait: bool,
-) -> Result<(Vec<Line>, Summary), BusError> {
+) -> (Vec<Line>, Summary) {
     let principal = broker.principal().await;
-    let mut done: Vec<Line> = Vec::new();
-    // MessageIds this run sent, and when: a second dead letter with the same MessageId
-    // (a producer's re-send) is inside the window from that send on.
-    let mut sent: BTreeMap<String, OffsetDateTime> = BTreeMap::new();
-    loop {
-        let examined = lock_all(broker, store, options).await?;
-        let mut lines = Vec::new();
-        let mut next: Option<OffsetDateTime> = None;
-        let mut open = false;
-        let mut unselected = false;
-        for mut e in examined {
-            let named = e
-                .line
-                .message_id
-                .as_ref()
-                .is_some_and(|id| selection.message_ids.iter().any(|m| m == id));
-            let by_verdict = selection.verdict.as_deref().is_some_and(|v| {
-                v == e.line.verdict.name()
-                    || (v == "inside-window"
-                        && matches!(e.line.verdict, Verdict::InsideWindow { .. }))
-            });
-            let selected = named || selection.all || by_verdict;
-            if let Some(at) = e.line.message_id.as_ref().and_then(|id| sent.get(id)) {
-                let until = *at + options.window;
-                if OffsetDateTime::now_utc() < until {
-                    e.line.verdict = match e.line.verdict.sendable() {
-                        Some(then) => Verdict::InsideWindow { until, then },
-                        None => e.line.verdict,
-                    };
-                    if matches!(e.line.verdict, Verdict::InsideWindow { .. }) {
-                        e.line.reason = format!(
-                            "inside the duplicate-detection window until {}: this run sent a copy with the same MessageId",
-                            rfc3339(until)
-                        );
-                    }
+    let mut walk = Walk::new(broker, store, options);
+    let mut lines = Vec::new();
+    let mut open = false;
+    while let Some(mut e) = walk.next().await {
+        let named = [&e.line.message_id, &e.line.original_message_id]
+            .into_iter()
+            .flatten()
+            .any(|id| selection.message_ids.iter().any(|m| m == id));
+        let by_verdict = selection.verdict.as_deref() == Some(e.line.verdict.name());
+        let handled = if !(named || selection.all || by_verdict) {
+            walk.keep(&e);
+            // Left in the queue, unselected: still something for a person.
+            open = true;
+            lines.push(e.line);
+            continue;
+        } else {
+            match e.line.verdict {
+                // Nothing is sent that did not read, named or not.
+                Verdict::Unreadable => {
+                    walk.keep(&e);
+                    Handled::Open("not sent: the broker's answer for it does not read".into())
                 }
+                v if !v.sendable() && !named => {
+                    walk.keep(&e);
+                    Handled::Open(format!(
+                        "refused: the verdict is {}; name it with --message-id to send it anyway",
+                        v.name()
+                    ))
+                }
+                _ if dry_run => {
+                    walk.keep(&e);
+                    Handled::Done("would send (dry run)".into())
+                }
+                _ => send_then_delete(&mut walk, &e, &principal).await,
             }
-            let handled = if !selected {
-                unselected = true;
-                release(broker, &e).await;
-                lines.push(e.line);
-                continue;
-            } else {
-                match e.line.verdict {
-                    // Nothing is sent that did not read, named or not.
-                    Verdict::Unreadable => {
-                        release(broker, &e).await;
-                        Handled::Open("not sent: the broker's answer for it does not read".into())
-                    }
-                    Verdict::InsideWindow { until, .. } => {
-                        release(broker, &e).await;
-                        Handled::Waiting(
-                            until,
-                            format!("not sent: inside the duplicate-detection window; it can be sent from {}", rfc3339(until)),
-                        )
-                    }
-                    v if v.sendable().is_none() && !named => {
-                        release(broker, &e).await;
-                        Handled::Open(format!(
-                            "refused: the verdict is {}; name it with --message-id to send it anyway",
-                            v.name()
-                        ))
-                    }
-                    _ if dry_run => {
-                        release(broker, &e).await;
-                        Handled::Done("would send (dry run)".into())
-                    }
-                    _ => {
-                        let handled = send_then_delete(broker, &e, &principal).await;
-                        if let (Some(id), Handled::Done(_) | Handled::Open(_)) =
-                            (&e.line.message_id, &handled)
-                        {
-                            sent.insert(id.clone(), OffsetDateTime::now_utc());
-                        }
-                        handled
-                    }
-                }
-            };
-            match handled {
-                Handled::Done(a) => {
-                    e.line.action = Some(a);
-                    done.push(e.line);
-                }
-                Handled::Open(a) => {
-                    open = true;
-                    e.line.action = Some(a);
-                    lines.push(e.line);
-                }
-                Handled::Waiting(until, a) => {
-                    next = Some(next.map_or(until, |n| n.min(until)));
-                    e.line.action = Some(a);
-                    lines.push(e.line);
-                }
+        };
+        e.line.action = Some(match handled {
+            Handled::Done(a) => a,
+            Handled::Open(a) => {
+                open = true;
+                a
             }
-        }
-        match next {
-            Some(until) if wait && !dry_run => {
-                let left = until - OffsetDateTime::now_utc();
-                let left: Duration = left.try_into().unwrap_or(Duration::ZERO);
-                tracing::info!(until = %rfc3339(until), "waiting for the duplicate-detection window");
-                tokio::time::sleep(left + Duration::from_millis(1)).await;
-            }
-            waiting => {
-                // Anything still in the dead-letter queue is left for a person.
-                let needs = open || unselected || waiting.is_some();
-                let mut all = done;
-                all.extend(lines);
-                let summary = Summary::of(&all, needs);
-                return Ok((all, summary));
-            }
-        }
+        });
+        lines.push(e.line);
     }
+    walk.finish().await;
+    let summary = Summary::of(&lines, &walk, open);
+    (lines, summary)
 }
 
 /// What `discard` left in the store for the dead letter it removes.
@@ -671,38 +707,41 @@ pub async fn discard(
     reason: &str,
 ) -> Result<Option<Line>, BusError> {
     let principal = broker.principal().await;
-    let examined = lock_all(broker, store, options).await?;
+    let mut walk = Walk::new(broker, store, options);
     let mut found = None;
-    for mut e in examined {
-        if found.is_none() && e.line.message_id.as_deref() == Some(message_id) {
+    while let Some(mut e) = walk.next().await {
+        if e.line.message_id.as_deref() == Some(message_id) {
             let reason = bounded(reason, 500);
-            let action = discard_one(broker, store.as_ref(), options, &e, &reason, &principal);
+            let action = discard_one(&mut walk, options, &e, &reason, &principal);
             e.line.action = Some(action.await);
             found = Some(e.line);
-        } else {
-            release(broker, &e).await;
+            break;
         }
+        walk.keep(&e);
     }
-    Ok(found)
+    walk.finish().await;
+    match walk.stopped {
+        Some(e) if found.is_none() => Err(e),
+        _ => Ok(found),
+    }
 }
 
 /// Records, logs and removes one dead letter (see [`discard`]); returns the action.
 async fn discard_one(
-    broker: &dyn Broker,
-    store: &dyn Store,
+    walk: &mut Walk<'_>,
     options: &Options,
     e: &Examined,
     reason: &str,
     principal: &str,
 ) -> String {
     let (Some(_), Some(lock)) = (&e.letter, &e.lock) else {
-        release(broker, e).await;
+        walk.keep(e);
         return "not discarded: the broker's answer for it does not read; nothing was recorded or removed".into();
     };
-    let recorded = match record_discard(store, options, e, OffsetDateTime::now_utc()).await {
+    let recorded = match record_discard(walk.store.as_ref(), options, e, OffsetDateTime::now_utc()).await {
         Ok(recorded) => recorded,
         Err(why) => {
-            release(broker, e).await;
+            walk.keep(e);
             return format!(
                 "not discarded: the store could not record the decision ({why}); the dead letter is kept"
             );
@@ -718,7 +757,7 @@ async fn discard_one(
         store_record = recorded.word(),
         "dead letter discarded by an operator"
     );
-    match broker.delete(lock).await {
+    match walk.broker.delete(lock).await {
         Ok(()) => format!("discarded: {reason}; {recorded}"),
         // The store already says discarded: a second `discard` finds it kept and removes it.
         Err(err) => format!("not discarded ({err}); {recorded}; run discard again"),

@@ -1,11 +1,10 @@
 //! The verdict on one dead letter: a pure function of what the broker says about it,
-//! what the store knows about its claim and message, the time, and the queue's
-//! duplicate-detection window. No I/O: every rule is tested here.
-
-use std::time::Duration;
+//! what the consumer's own acceptance rules say of its body, and what the store knows
+//! about its claim and message. No I/O and no clock: a re-drive copy has a MessageId of
+//! its own (`domain::redrive`), so the broker's duplicate-detection window never applies.
+//! Every rule is tested here.
 
 use serde::Serialize;
-use time::OffsetDateTime;
 
 use crate::domain::{OutcomeKind, PayloadHash};
 use crate::store::{InboxOutcome, PaymentStatus};
@@ -15,6 +14,10 @@ use crate::store::{InboxOutcome, PaymentStatus};
 pub enum Body {
     /// A valid ClaimApproved; its payload hash.
     ClaimApproved(PayloadHash),
+    /// A valid ClaimApproved that the consumer refuses on every delivery, writing nothing
+    /// (its acceptance rules, the same function it runs: a missing payee while payouts
+    /// are enabled): why.
+    Refused(String),
     /// Not a ClaimApproved (not UTF-8, not JSON, a field wrong), too large, or no
     /// MessageId: why, bounded.
     Invalid(String),
@@ -44,24 +47,11 @@ pub struct PaymentFact {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Facts {
     pub body: Body,
-    /// The latest time the broker may have accepted the MessageId (the dead letter's
-    /// enqueued time, rounded up to what the broker's precision allows).
-    pub enqueued_at: Option<OffsetDateTime>,
     pub dead_letter_reason: Option<String>,
     /// The claim's payment (`Absent` when the body is invalid: nothing to look up).
     pub payment: Known<PaymentFact>,
     /// This message's inbox record's outcome (`Present(None)`: in progress).
     pub inbox: Known<Option<InboxOutcome>>,
-}
-
-/// What sending the copy would lead to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Sendable {
-    /// Nothing was paid: the consumer pays it.
-    Resubmit,
-    /// The claim is paid (or recorded): the copy completes as a duplicate.
-    AlreadyPaid,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -78,12 +68,6 @@ pub enum Verdict {
     Unknown,
     /// The broker's answer for this dead letter did not read: it is left where it is.
     Unreadable,
-    /// The broker still remembers the MessageId and would drop a copy silently.
-    InsideWindow {
-        #[serde(with = "time::serde::rfc3339")]
-        until: OffsetDateTime,
-        then: Sendable,
-    },
 }
 
 impl Verdict {
@@ -96,18 +80,13 @@ impl Verdict {
             Verdict::Permanent => "permanent",
             Verdict::Unknown => "unknown",
             Verdict::Unreadable => "unreadable",
-            Verdict::InsideWindow { .. } => "inside-window",
         }
     }
 
     /// Whether `resubmit --all` (or `--verdict` of its name) may send it without it being
     /// named: only what the consumer will pay once or recognise as paid.
-    pub fn sendable(&self) -> Option<Sendable> {
-        match self {
-            Verdict::Resubmit => Some(Sendable::Resubmit),
-            Verdict::AlreadyPaid => Some(Sendable::AlreadyPaid),
-            _ => None,
-        }
+    pub fn sendable(&self) -> bool {
+        matches!(self, Verdict::Resubmit | Verdict::AlreadyPaid)
     }
 }
 
@@ -125,30 +104,9 @@ fn judged(verdict: Verdict, reason: impl Into<String>) -> Judgement {
     }
 }
 
-/// The verdict on one dead letter at `now`, with the queue's duplicate-detection
-/// `window` (the broker drops a copy whose MessageId it saw less than `window` ago).
-pub fn judge(facts: &Facts, now: OffsetDateTime, window: Duration) -> Judgement {
-    let base = base_verdict(facts);
-    let Some(then) = base.verdict.sendable() else {
-        return base;
-    };
-    // The window counts from the last time the broker saw the MessageId; the dead letter's
-    // enqueued time is the latest the tool can know. Without it, assume it was just now.
-    let seen = facts.enqueued_at.unwrap_or(now);
-    let until = seen + window;
-    if now < until {
-        return judged(
-            Verdict::InsideWindow { until, then },
-            format!(
-                "inside the duplicate-detection window until {}: a copy sent now would be dropped by the broker; then: {}",
-                until
-                    .format(&time::format_description::well_known::Rfc3339)
-                    .unwrap_or_default(),
-                base.reason
-            ),
-        );
-    }
-    base
+/// The verdict on one dead letter.
+pub fn judge(facts: &Facts) -> Judgement {
+    base_verdict(facts)
 }
 
 fn base_verdict(facts: &Facts) -> Judgement {
@@ -157,6 +115,12 @@ fn base_verdict(facts: &Facts) -> Judgement {
             return judged(
                 Verdict::Permanent,
                 format!("permanent: invalid payload ({why}); resubmitting cannot help"),
+            )
+        }
+        Body::Refused(why) => {
+            return judged(
+                Verdict::Permanent,
+                format!("permanent: the consumer refuses this message on every delivery ({why}); resubmitting cannot help: the producer must publish a corrected message"),
             )
         }
         Body::Unreadable(why) => {
@@ -244,12 +208,7 @@ fn base_verdict(facts: &Facts) -> Judgement {
 
 #[cfg(test)]
 mod tests {
-    use time::macros::datetime;
-
     use super::*;
-
-    const HOUR: Duration = Duration::from_secs(3600);
-    const NOW: OffsetDateTime = datetime!(2026-12-04 12:00 UTC);
 
     fn hash(s: &str) -> PayloadHash {
         PayloadHash::from_stored(format!("sha256:{s}"))
@@ -258,28 +217,22 @@ mod tests {
     fn facts(payment: Known<PaymentFact>, inbox: Known<Option<InboxOutcome>>) -> Facts {
         Facts {
             body: Body::ClaimApproved(hash("a")),
-            enqueued_at: Some(NOW - 2 * HOUR),
             dead_letter_reason: Some("MaxDeliveryCountExceeded".into()),
             payment,
             inbox,
         }
     }
 
-    /// The judgement of these facts, now, with an hour's window.
     fn judged(payment: Known<PaymentFact>, inbox: Known<Option<InboxOutcome>>) -> Judgement {
-        judge(&facts(payment, inbox), NOW, HOUR)
+        judge(&facts(payment, inbox))
     }
 
     /// The judgement of a dead letter with this body and nothing in the store.
     fn judged_body(body: Body) -> Judgement {
-        judge(
-            &Facts {
-                body,
-                ..facts(Known::Absent, Known::Absent)
-            },
-            NOW,
-            HOUR,
-        )
+        judge(&Facts {
+            body,
+            ..facts(Known::Absent, Known::Absent)
+        })
     }
 
     fn paid(status: PaymentStatus, h: &str) -> Known<PaymentFact> {
@@ -356,7 +309,7 @@ mod tests {
     fn an_unreadable_broker_answer_is_its_own_verdict_never_sent() {
         let j = judged_body(Body::Unreadable("BrokerProperties has no LockToken".into()));
         assert_eq!(j.verdict, Verdict::Unreadable);
-        assert_eq!(j.verdict.sendable(), None);
+        assert!(!j.verdict.sendable());
         assert!(j.reason.contains("no LockToken"), "{}", j.reason);
     }
 
@@ -366,38 +319,20 @@ mod tests {
             facts(Known::Unreadable("down".into()), Known::Absent),
             facts(Known::Absent, Known::Unreadable("down".into())),
         ] {
-            let j = judge(&f, NOW, HOUR);
+            let j = judge(&f);
             assert_eq!(j.verdict, Verdict::Unknown);
             assert!(j.reason.contains("down"));
         }
     }
 
-    /// The window rule: a sendable dead letter enqueued less than a window ago waits
-    /// until enqueued + window; at that instant it may be sent; an unknown enqueued time
-    /// waits a whole window; permanent verdicts are not turned into waits.
+    /// A message the consumer refuses on every delivery (its own rule, not a copy) is
+    /// permanent, though nothing was paid and the broker's reason looks transient.
     #[test]
-    fn the_duplicate_detection_window_holds_sendable_verdicts_back() {
-        let mut f = facts(Known::Absent, Known::Absent);
-        f.enqueued_at = Some(NOW - Duration::from_secs(600));
-        let j = judge(&f, NOW, HOUR);
-        assert_eq!(
-            j.verdict,
-            Verdict::InsideWindow {
-                until: NOW + Duration::from_secs(3000),
-                then: Sendable::Resubmit
-            }
-        );
-        assert_eq!(
-            judge(&f, NOW + Duration::from_secs(3000), HOUR).verdict,
-            Verdict::Resubmit
-        );
-        f.enqueued_at = None;
-        assert!(matches!(
-            judge(&f, NOW, HOUR).verdict,
-            Verdict::InsideWindow { until, .. } if until == NOW + HOUR
+    fn a_message_the_consumer_refuses_is_permanent() {
+        let j = judged_body(Body::Refused(
+            "payee: is missing, and payouts are enabled".into(),
         ));
-        f.enqueued_at = Some(NOW);
-        f.body = Body::Invalid("x".into());
-        assert_eq!(judge(&f, NOW, HOUR).verdict, Verdict::Permanent);
+        assert_eq!(j.verdict, Verdict::Permanent);
+        assert!(j.reason.contains("payee"), "{}", j.reason);
     }
 }

@@ -8,12 +8,14 @@
 //! - [`claim_approved`]: the message contract (wire shape, payload hash, payout body);
 //! - [`ids`]: the identities (claim, message, tenant, payee, the bank's key, the hash);
 //! - [`money`]: amounts and currencies, under one strict decimal grammar;
-//! - [`outcome`]: the stored names of how a delivery ended.
+//! - [`outcome`]: the stored names of how a delivery ended;
+//! - [`redrive`]: a re-driven message's identity (the copy's MessageId, the original it names).
 
 mod claim_approved;
 mod ids;
 mod money;
 mod outcome;
+pub mod redrive;
 
 pub use claim_approved::ClaimApproved;
 pub use ids::{ClaimId, IdempotencyKey, MessageId, PayeeRef, PayloadHash, Purpose, TenantId};

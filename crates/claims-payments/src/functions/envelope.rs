@@ -21,7 +21,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::domain::MessageId;
+use crate::domain::{redrive, MessageId};
 
 /// The binding name in `function.json`.
 pub(crate) const TRIGGER_BINDING: &str = "msg";
@@ -165,7 +165,11 @@ pub enum BodyEncoding {
 pub struct Invocation {
     pub body: String,
     pub encoding: BodyEncoding,
+    /// The message's identity: the broker's MessageId, or for a re-drive copy the
+    /// original it names ([`redrive::identity`]).
     pub message_id: MessageId,
+    /// A re-drive copy's own MessageId (the broker's), when it differs from `message_id`.
+    pub delivered_as: Option<MessageId>,
     /// 0 when the host did not send one.
     pub delivery_count: u32,
     /// Top-level body fields that may have overwritten Service Bus metadata on the way
@@ -176,20 +180,27 @@ pub struct Invocation {
     pub(crate) diagnostic_id: Option<String>,
 }
 
-/// `Diagnostic-Id` from an application-properties object (a real JSON object in
-/// Metadata; its string values may still arrive JSON-encoded once more).
-fn diagnostic_id(properties: Option<&RawValue>) -> Option<String> {
+/// An application property's text, its name matched ignoring case (the REST runtime API
+/// carries properties as HTTP headers, whose names arrive lower-cased): from the
+/// application-properties object in Metadata (a real JSON object, whose string values may
+/// still arrive JSON-encoded once more). `None` when absent or not a string.
+fn application_property(properties: Option<&RawValue>, name: &str) -> Option<String> {
     let properties: HashMap<String, serde_json::Value> =
         serde_json::from_str(properties?.get()).ok()?;
     let value = properties
         .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("Diagnostic-Id"))
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
         .map(|(_, v)| v)?;
     let text = value.as_str()?;
-    let text = match serde_json::from_str::<String>(text) {
+    Some(match serde_json::from_str::<String>(text) {
         Ok(inner) => inner,
         Err(_) => text.to_owned(),
-    };
+    })
+}
+
+/// `Diagnostic-Id`: the producer's trace context.
+fn diagnostic_id(properties: Option<&RawValue>) -> Option<String> {
+    let text = application_property(properties, "Diagnostic-Id")?;
     // A traceparent is 55 characters; anything far longer is not one.
     (!text.trim().is_empty() && text.len() <= 256).then(|| text.trim().to_owned())
 }
@@ -230,7 +241,7 @@ fn decode_body(raw: &RawValue) -> Result<(String, BodyEncoding), EnvelopeError> 
             field,
             format!(
                 "expected a JSON object or a string holding one, got {}",
-                preview(text)
+                json_kind(text)
             ),
         ));
     };
@@ -249,19 +260,20 @@ fn decode_body(raw: &RawValue) -> Result<(String, BodyEncoding), EnvelopeError> 
     }
     Err(EnvelopeError::new(
         field,
-        format!(
-            "is neither JSON, JSON in a string, nor base64: {}",
-            preview(&once)
-        ),
+        "is a string that is neither JSON, JSON in a string, nor base64",
     ))
 }
 
-fn preview(text: &str) -> String {
-    let cut: String = text.chars().take(80).collect();
-    if cut.len() < text.len() {
-        format!("{cut}…")
-    } else {
-        cut
+/// The JSON type of a value, to name what was sent without repeating it.
+fn json_kind(text: &str) -> &'static str {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(_)) => "a JSON object",
+        Ok(serde_json::Value::Array(_)) => "a JSON array",
+        Ok(serde_json::Value::String(_)) => "a JSON string",
+        Ok(serde_json::Value::Number(_)) => "a JSON number",
+        Ok(serde_json::Value::Bool(_)) => "a JSON boolean",
+        Ok(serde_json::Value::Null) => "null",
+        Err(_) => "text that is not JSON",
     }
 }
 
@@ -271,7 +283,17 @@ impl Invocation {
         let envelope: RawEnvelope = serde_json::from_slice(request_body).map_err(|e| {
             EnvelopeError::new(
                 "envelope",
-                format!("is not the host's JSON invocation: {e}"),
+                format!(
+                    "is not the host's JSON invocation ({} at line {}, column {})",
+                    match e.classify() {
+                        serde_json::error::Category::Eof => "it ends too early",
+                        serde_json::error::Category::Syntax => "not JSON",
+                        serde_json::error::Category::Data => "a value of the wrong type",
+                        serde_json::error::Category::Io => "unreadable",
+                    },
+                    e.line(),
+                    e.column()
+                ),
             )
         })?;
 
@@ -312,7 +334,7 @@ impl Invocation {
                 count.unwrap_or_else(|| {
                     tracing::warn!(
                         messageId = %message_id,
-                        deliveryCount = %preview(entry.value.get()),
+                        deliveryCount = json_kind(entry.value.get()),
                         "Metadata.DeliveryCount is not a count; carrying on as unknown (0)"
                     );
                     0
@@ -337,10 +359,26 @@ impl Invocation {
         let diagnostic_id = diagnostic_id(envelope.metadata.application_properties)
             .or_else(|| diagnostic_id(envelope.metadata.user_properties));
 
+        // A re-drive copy stands for the message it names (domain::redrive).
+        let original = application_property(
+            envelope.metadata.application_properties,
+            redrive::ORIGINAL_MESSAGE_ID,
+        )
+        .or_else(|| {
+            application_property(
+                envelope.metadata.user_properties,
+                redrive::ORIGINAL_MESSAGE_ID,
+            )
+        });
+        let delivered_as = original.is_some().then(|| message_id.clone());
+        let message_id = redrive::identity(message_id, original.as_deref())
+            .map_err(|e| EnvelopeError::new(format!("Metadata.ApplicationProperties.{}", e.field), e.problem))?;
+
         Ok(Invocation {
             body,
             encoding,
             message_id,
+            delivered_as,
             delivery_count,
             shadowed_metadata,
             diagnostic_id,

@@ -77,7 +77,7 @@ pub mod reconcile {
 
 /// The Service Bus REST client the dead-letter tool uses.
 pub mod servicebus {
-    pub use crate::servicebus::{header_json, BusErrorKind};
+    pub use crate::servicebus::{header_json, unquote, BusErrorKind};
     /// The REST client.
     pub mod rest {
         pub use crate::servicebus::rest::{Auth, RestBroker};

@@ -26,9 +26,12 @@
 //!   (`x-opt-enqueued-time`, `x-opt-deadletter-source`, ...) have no such time either, so
 //!   the listing shows the enqueued time and "-" for the dead-lettering time
 //!   (docs/runbook.md §5, step 2, gives the sources);
-//! - application properties travel as HTTP headers: names and values are kept as the
-//!   broker sent them (the REST encoding, JSON-quoted strings), byte for byte through
-//!   the headers, which AMQP would keep typed;
+//! - application properties travel as HTTP headers: values are kept byte for byte (the
+//!   REST encoding, JSON-quoted strings), which AMQP would keep typed; **names arrive in
+//!   lower case**: HTTP field names are case-insensitive (RFC 9110 §5.1) and the Rust
+//!   HTTP stack (the `http` crate under hyper, reqwest and azure_core) stores them
+//!   lower-cased, so `Diagnostic-Id` is read, and re-sent, as `diagnostic-id`. Readers
+//!   of the queue match property names ignoring case (the consumer does);
 //! - the Service Bus emulator serves messages over AMQP only (its maintainers:
 //!   github.com/Azure/azure-service-bus-emulator-installer/issues/29; its HTTP port 5300
 //!   is health and management), so this adapter cannot run against it: tests use the
@@ -139,38 +142,61 @@ pub struct Outgoing {
 }
 
 /// What went wrong talking to the broker, by what an operator does about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BusErrorKind {
-    /// 401: no or a bad token.
+    /// 401, or no token: the credential.
     Unauthorized,
-    /// 403: the identity lacks the role (Data Receiver on the queue, Data Sender).
+    /// 403 naming a missing role: the identity lacks Data Receiver or Data Sender.
     Forbidden,
-    /// 429 or 503 with throttling: try again later.
+    /// 403 to a send naming a quota or a size: the namespace's quota is exceeded (the
+    /// queue is full) or the message is too large.
+    QuotaExceeded,
+    /// 403 to a send that names neither: a missing role or a quota (both documented).
+    ForbiddenOrQuota,
+    /// 429 or 503 still after the retries, which honoured `Retry-After`.
     Throttled,
     /// 404/410 on a lock: the lock expired or the message is gone.
     LockLost,
+    /// 404/410 on the queue: the queue (or namespace path) does not exist.
+    NoSuchQueue,
     /// No answer in time: a send may or may not have been accepted.
     Timeout,
-    /// Anything else (connection, 5xx, an answer that does not read).
+    /// Anything else (the connection, a 5xx after retries, an answer that does not read).
     Other,
+}
+
+impl BusErrorKind {
+    /// Whether it concerns the whole run rather than one dead letter: the run stops
+    /// (nothing more is sent or removed) and every lock is given back.
+    pub fn ends_the_run(self) -> bool {
+        !matches!(self, BusErrorKind::LockLost | BusErrorKind::Timeout)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct BusError {
     pub kind: BusErrorKind,
-    /// Bounded, and never a token.
+    /// The tool's own words (the status and the request), bounded: never the broker's
+    /// text, never a token.
     pub detail: String,
 }
 
 impl fmt::Display for BusError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let what = match self.kind {
-            BusErrorKind::Unauthorized => "not authenticated (401)",
+            BusErrorKind::Unauthorized => "not authenticated (401): sign in again (az login) or check the managed identity",
             BusErrorKind::Forbidden => {
                 "not authorised (403): the identity needs Azure Service Bus Data Receiver and Data Sender on the queue"
             }
-            BusErrorKind::Throttled => "throttled",
+            BusErrorKind::QuotaExceeded => {
+                "refused (403): the namespace's quota is exceeded (the queue is full) or the message is too large; free space on the queue, then run again"
+            }
+            BusErrorKind::ForbiddenOrQuota => {
+                "refused (403): either the identity lacks Azure Service Bus Data Sender on the queue, or the namespace's quota is exceeded (the queue is full)"
+            }
+            BusErrorKind::Throttled => "throttled (429/503) still after retrying as the broker asked (Retry-After); run again later",
             BusErrorKind::LockLost => "lock lost",
+            BusErrorKind::NoSuchQueue => "no such queue (404): check CLAIM_APPROVED_QUEUE and the namespace",
             BusErrorKind::Timeout => "timed out",
             BusErrorKind::Other => "failed",
         };

@@ -1,16 +1,34 @@
 //! [`Broker`] over the Service Bus REST runtime API (see the module above for why REST):
 //! peek-lock on `{queue}/$DeadLetterQueue/messages/head`, unlock and delete at the
-//! `Location` the broker gave, send to `{queue}/messages`. Tokens are Entra ID tokens
-//! for [`SCOPE`]; a loopback endpoint (the testkit's stand-in) may go without one.
+//! `Location` the broker gave, send to `{queue}/messages`.
+//!
+//! Every request goes through azure_core's pipeline, as the Azure SDK clients do:
+//! - its bearer-token policy asks the credential for an Entra token for [`SCOPE`] once and
+//!   keeps it until shortly before it expires (`AzureCliCredential` caches nothing: each
+//!   of its tokens costs an `az` run of about a second, longer than a whole request);
+//! - its retry policy retries 408, 429, 500, 502, 503, 504 and transport failures with
+//!   exponential back-off and honours the broker's `Retry-After`. Retrying a send whose
+//!   answer was lost is safe: a copy's MessageId is derived from its dead letter
+//!   (`domain::redrive`), so the broker drops a second one as a duplicate.
+//!
+//! A loopback endpoint (the testkit's stand-in over plain HTTP) may go without a token.
+//! Nothing the broker says is passed on: a refusal is named by its status and what it
+//! means, and a 403's body is read (bounded) only to tell a quota from a missing role.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
+use azure_core::http::headers::Headers;
+use azure_core::http::policies::auth::BearerTokenAuthorizationPolicy;
+use azure_core::http::policies::Policy;
+use azure_core::http::{
+    AsyncRawResponse, ClientOptions, Context, ExponentialRetryOptions, Method, Pipeline,
+    PipelineStreamOptions, Request, RetryOptions, StatusCode, Transport, Url,
+};
 use base64::Engine;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use reqwest::StatusCode;
+use futures::StreamExt;
 use time::OffsetDateTime;
 
 use super::{
@@ -21,7 +39,8 @@ use super::{
 /// The Entra scope of every Service Bus namespace.
 pub const SCOPE: &str = "https://servicebus.azure.net/.default";
 
-/// Headers that are the protocol's, not application properties.
+/// Headers that are the protocol's, not application properties (names as the HTTP stack
+/// gives them: lower case).
 const PROTOCOL_HEADERS: &[&str] = &[
     "brokerproperties",
     "content-type",
@@ -35,7 +54,13 @@ const PROTOCOL_HEADERS: &[&str] = &[
     "strict-transport-security",
     "keep-alive",
     "authorization",
+    "retry-after",
+    "x-ms-request-id",
+    "x-ms-client-request-id",
 ];
+
+/// How much of a refusal's body is read to classify it (never shown).
+const MAX_REFUSAL_BYTES: usize = 4096;
 
 /// How the adapter authenticates.
 pub enum Auth {
@@ -46,11 +71,31 @@ pub enum Auth {
 }
 
 pub struct RestBroker {
-    http: reqwest::Client,
+    pipeline: Pipeline,
     /// `https://{namespace}/` (or the stand-in's loopback URL), with a trailing slash.
-    base: reqwest::Url,
+    base: Url,
     queue: String,
-    auth: Auth,
+    /// Asked once more, for the principal written into the re-drive record.
+    credential: Option<Arc<dyn TokenCredential>>,
+}
+
+/// Which request a refusal answered: a 403 or 404 means something else for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Lock,
+    Settle,
+    Send,
+}
+
+/// Where a JSON text stops reading, in words that repeat none of it.
+fn json_problem(e: &serde_json::Error) -> String {
+    let what = match e.classify() {
+        serde_json::error::Category::Eof => "ends too early",
+        serde_json::error::Category::Syntax => "is not JSON",
+        serde_json::error::Category::Data => "has a value of the wrong type",
+        serde_json::error::Category::Io => "could not be read",
+    };
+    format!("{what} (at column {})", e.column())
 }
 
 /// `BrokerProperties` as the broker sends it; only what the tool reads.
@@ -65,21 +110,11 @@ struct BrokerProperties {
 /// The longest `BrokerProperties` header read: the broker's is well under 1 KiB.
 const MAX_BROKER_PROPERTIES: usize = 16 * 1024;
 
-/// Where a JSON text stops reading, in words that repeat none of it.
-fn json_problem(e: &serde_json::Error) -> String {
-    let what = match e.classify() {
-        serde_json::error::Category::Eof => "ends too early",
-        serde_json::error::Category::Syntax => "is not JSON",
-        serde_json::error::Category::Data => "has a value of the wrong type",
-        serde_json::error::Category::Io => "could not be read",
-    };
-    format!("{what} (at column {})", e.column())
-}
 
 impl BrokerProperties {
     /// Reads the header field by field, so a problem names the field and never repeats
     /// the value; what did read (MessageId, SequenceNumber) comes back with the problem.
-    fn read(headers: &HeaderMap) -> Result<Self, (Self, String)> {
+    fn read(raw: Option<&str>) -> Result<Self, (Self, String)> {
         let none = || BrokerProperties {
             message_id: None,
             lock_token: None,
@@ -87,21 +122,21 @@ impl BrokerProperties {
             sequence_number: None,
             enqueued_time_utc: None,
         };
-        let Some(raw) = headers.get("BrokerProperties") else {
+        let Some(text) = raw else {
             return Err((none(), "no BrokerProperties header".into()));
         };
-        if raw.len() > MAX_BROKER_PROPERTIES {
+        if text.len() > MAX_BROKER_PROPERTIES {
             return Err((
                 none(),
                 format!("the BrokerProperties header is longer than {MAX_BROKER_PROPERTIES} bytes"),
             ));
         }
-        let Ok(text) = raw.to_str() else {
+        if !text.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
             return Err((
                 none(),
                 "the BrokerProperties header is not visible ASCII".into(),
             ));
-        };
+        }
         let value: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| (none(), format!("BrokerProperties {}", json_problem(&e))))?;
         let Some(object) = value.as_object() else {
@@ -161,9 +196,10 @@ impl BrokerProperties {
 }
 
 impl RestBroker {
-    /// `endpoint`: `https://{namespace}.servicebus.windows.net` or a loopback `http` URL.
+    /// `endpoint`: `https://{namespace}.servicebus.windows.net` or a loopback URL;
+    /// `timeout`: per request (each try of it).
     pub fn new(endpoint: &str, queue: &str, auth: Auth, timeout: Duration) -> anyhow::Result<Self> {
-        let mut base = reqwest::Url::parse(endpoint)
+        let mut base = Url::parse(endpoint)
             .map_err(|e| anyhow::anyhow!("the Service Bus endpoint {endpoint:?}: {e}"))?;
         let loopback = matches!(base.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
         if base.scheme() != "https" && !loopback {
@@ -171,6 +207,9 @@ impl RestBroker {
         }
         if matches!(auth, Auth::LoopbackWithoutToken) && !loopback {
             anyhow::bail!("a Service Bus endpoint that is not loopback needs an Entra credential");
+        }
+        if matches!(auth, Auth::Entra(_)) && base.scheme() != "https" {
+            anyhow::bail!("an Entra token is only sent over https");
         }
         if queue.is_empty() || queue.contains(['/', '?', '#']) {
             anyhow::bail!("the queue name {queue:?} is not a queue name");
@@ -183,33 +222,53 @@ impl RestBroker {
             .timeout(timeout)
             .build()
             .map_err(|e| anyhow::anyhow!("cannot build the HTTP client: {e}"))?;
+        let (per_try, credential): (Vec<Arc<dyn Policy>>, _) = match auth {
+            Auth::Entra(credential) => (
+                vec![Arc::new(BearerTokenAuthorizationPolicy::new(
+                    credential.clone(),
+                    [SCOPE],
+                ))],
+                Some(credential),
+            ),
+            Auth::LoopbackWithoutToken => (Vec::new(), None),
+        };
+        let options = ClientOptions {
+            // Short first waits (an operator is watching), at most a minute in all; the
+            // broker's Retry-After wins when it asks for longer.
+            retry: RetryOptions::exponential(ExponentialRetryOptions {
+                initial_delay: azure_core::time::Duration::milliseconds(200),
+                max_retries: 4,
+                max_total_elapsed: azure_core::time::Duration::seconds(60),
+                max_delay: azure_core::time::Duration::seconds(30),
+            }),
+            transport: Some(Transport::new(Arc::new(http))),
+            ..ClientOptions::default()
+        };
+        let pipeline = Pipeline::new(
+            Some(env!("CARGO_PKG_NAME")),
+            Some(env!("CARGO_PKG_VERSION")),
+            options,
+            Vec::new(),
+            per_try,
+            None,
+        );
         Ok(RestBroker {
-            http,
+            pipeline,
             base,
             queue: queue.to_owned(),
-            auth,
+            credential,
         })
     }
 
-    fn url(&self, path: &str) -> Result<reqwest::Url, BusError> {
+    fn url(&self, path: &str) -> Result<Url, BusError> {
         self.base
             .join(path)
-            .map_err(|e| BusError::new(BusErrorKind::Other, format!("bad URL {path:?}: {e}")))
-    }
-
-    /// Unlocks (PUT) or deletes (DELETE) a locked dead letter at its `Location`.
-    async fn settle_lock(&self, method: reqwest::Method, lock: &Lock) -> Result<(), BusError> {
-        let url = self.lock_url(&lock.location)?;
-        let response = self.send_without_body(method, url).await?;
-        match response.status() {
-            StatusCode::OK => Ok(()),
-            _ => Err(Self::refused(response, true).await),
-        }
+            .map_err(|_| BusError::new(BusErrorKind::Other, "a request URL does not parse"))
     }
 
     /// The lock's URL, from the broker's `Location`: only on the endpoint's own origin,
     /// so a token is never sent elsewhere.
-    fn lock_url(&self, location: &str) -> Result<reqwest::Url, BusError> {
+    fn lock_url(&self, location: &str) -> Result<Url, BusError> {
         let url = self.url(location)?;
         if url.origin() != self.base.origin() {
             return Err(BusError::new(
@@ -220,87 +279,139 @@ impl RestBroker {
         Ok(url)
     }
 
-    async fn token(&self) -> Result<Option<String>, BusError> {
-        match &self.auth {
-            Auth::LoopbackWithoutToken => Ok(None),
-            Auth::Entra(credential) => credential
-                .get_token(&[SCOPE], None)
-                .await
-                .map(|t| Some(t.token.secret().to_owned()))
-                // The error names the credential's problem, never a token.
-                .map_err(|e| {
-                    BusError::new(
-                        BusErrorKind::Unauthorized,
-                        format!("no Entra token for {SCOPE}: {e}"),
-                    )
-                }),
-        }
-    }
-
-    async fn request(
+    /// One request through the pipeline (token, retries); the answer whatever its status.
+    async fn exchange(
         &self,
-        method: reqwest::Method,
-        url: reqwest::Url,
-    ) -> Result<reqwest::RequestBuilder, BusError> {
-        let mut request = self.http.request(method, url);
-        if let Some(token) = self.token().await? {
-            request = request.bearer_auth(token);
+        method: Method,
+        url: Url,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    ) -> Result<AsyncRawResponse, BusError> {
+        let mut request = Request::new(url, method);
+        if body.is_empty() {
+            // The broker wants a bodiless request's length said.
+            request.insert_header("content-length", "0");
         }
-        Ok(request)
-    }
-
-    /// Sends a request that has no body (the broker wants its length said: `0`).
-    async fn send_without_body(
-        &self,
-        method: reqwest::Method,
-        url: reqwest::Url,
-    ) -> Result<reqwest::Response, BusError> {
-        self.request(method, url)
-            .await?
-            .header(reqwest::header::CONTENT_LENGTH, "0")
-            .send()
-            .await
-            .map_err(transport)
-    }
-
-    /// The error for a refused answer: the status and the broker's reason, bounded.
-    async fn refused(response: reqwest::Response, lock: bool) -> BusError {
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        let kind = match status {
-            StatusCode::UNAUTHORIZED => BusErrorKind::Unauthorized,
-            StatusCode::FORBIDDEN => BusErrorKind::Forbidden,
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
-                BusErrorKind::Throttled
-            }
-            StatusCode::NOT_FOUND | StatusCode::GONE if lock => BusErrorKind::LockLost,
-            _ => BusErrorKind::Other,
+        for (name, value) in headers {
+            request.insert_header(name, value);
+        }
+        request.set_body(body);
+        let options = PipelineStreamOptions {
+            skip_checks: true,
+            ..PipelineStreamOptions::default()
         };
-        BusError::new(kind, format!("{status}: {}", bounded(text.trim(), 200)))
+        self.pipeline
+            .stream(&Context::new(), &mut request, Some(options))
+            .await
+            .map_err(failed)
+    }
+
+    /// Unlocks (PUT) or deletes (DELETE) a locked dead letter at its `Location`.
+    async fn settle_lock(&self, method: Method, lock: &Lock) -> Result<(), BusError> {
+        let url = self.lock_url(&lock.location)?;
+        let response = self.exchange(method, url, Vec::new(), Vec::new()).await?;
+        match response.status() {
+            StatusCode::Ok => Ok(()),
+            _ => Err(refused(response, Call::Settle).await),
+        }
     }
 }
 
-fn transport(e: reqwest::Error) -> BusError {
-    if e.is_timeout() {
-        BusError::new(BusErrorKind::Timeout, e.to_string())
-    } else {
-        BusError::new(BusErrorKind::Other, e.to_string())
+/// A request that got no answer: the credential, a timeout, the connection.
+fn failed(e: azure_core::Error) -> BusError {
+    if matches!(e.kind(), azure_core::error::ErrorKind::Credential) {
+        return BusError::new(
+            BusErrorKind::Unauthorized,
+            format!("no Entra token for {SCOPE}: the credential failed (az login, or the managed identity's settings)"),
+        );
     }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(err) = source {
+        if err
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_timeout)
+        {
+            return BusError::new(
+                BusErrorKind::Timeout,
+                "no answer in time (SERVICEBUS_TIMEOUT_MS), after retries",
+            );
+        }
+        source = err.source();
+    }
+    BusError::new(
+        BusErrorKind::Other,
+        "the namespace could not be reached, after retries",
+    )
+}
+
+/// The error for a refused answer, by its status and the request it answered. The
+/// broker's text is never passed on; a 403's is read, bounded, to tell a quota or a
+/// message too large (documented for send) from a missing role.
+async fn refused(response: AsyncRawResponse, request: Call) -> BusError {
+    let status = response.status();
+    let code = u16::from(status);
+    let kind = match status {
+        StatusCode::Unauthorized => BusErrorKind::Unauthorized,
+        StatusCode::Forbidden => {
+            let (_, _, body) = response.deconstruct();
+            let text = String::from_utf8_lossy(&bounded_stream(body, MAX_REFUSAL_BYTES).await.0)
+                .to_ascii_lowercase();
+            if text.contains("quota") || text.contains("too large") || text.contains("size") {
+                BusErrorKind::QuotaExceeded
+            } else if request == Call::Send
+                && !(text.contains("claim") || text.contains("unauthori") || text.contains("role"))
+            {
+                BusErrorKind::ForbiddenOrQuota
+            } else {
+                BusErrorKind::Forbidden
+            }
+        }
+        StatusCode::TooManyRequests | StatusCode::ServiceUnavailable => BusErrorKind::Throttled,
+        StatusCode::NotFound | StatusCode::Gone if request == Call::Settle => {
+            BusErrorKind::LockLost
+        }
+        StatusCode::NotFound | StatusCode::Gone => BusErrorKind::NoSuchQueue,
+        _ => BusErrorKind::Other,
+    };
+    let what = match request {
+        Call::Lock => "peek-lock",
+        Call::Settle => "unlock or delete",
+        Call::Send => "send",
+    };
+    BusError::new(kind, format!("the broker answered {code} to a {what}"))
+}
+
+/// Up to `limit` bytes of a body, read chunk by chunk (a huge body is never held
+/// whole); whether it was longer; whether reading it failed, and how.
+async fn bounded_stream(
+    mut body: azure_core::http::AsyncResponseBody,
+    limit: usize,
+) -> (Vec<u8>, bool, Option<BusError>) {
+    let mut out = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => return (out, false, Some(failed(e))),
+        };
+        let room = limit - out.len();
+        if chunk.len() > room {
+            out.extend_from_slice(&chunk[..room]);
+            return (out, true, None);
+        }
+        out.extend_from_slice(&chunk);
+    }
+    (out, false, None)
 }
 
 /// Reads a peek-lock answer (201): `BrokerProperties`, `Location`, the custom
 /// properties and the body, at most [`MAX_BODY_BYTES`] of it. An answer that does not
 /// read concerns this dead letter only: it comes back as [`Unreadable`], with the lock
 /// when the `Location` is usable, so the run reports it and goes on.
-async fn dead_letter(broker: &RestBroker, response: reqwest::Response) -> Locked {
-    let headers = response.headers().clone();
-    let lock = headers
-        .get(reqwest::header::LOCATION)
+async fn dead_letter(broker: &RestBroker, response: AsyncRawResponse) -> Locked {
+    let (_, headers, body) = response.deconstruct();
+    let header = |name: &'static str| headers.get_optional_str(&name.into());
+    let lock = header("location")
         .ok_or("no Location header")
-        .and_then(|v| {
-            v.to_str()
-                .map_err(|_| "the Location header is not visible ASCII")
-        })
         .and_then(|l| match broker.lock_url(l) {
             Ok(_) => Ok(Lock {
                 location: l.to_owned(),
@@ -318,7 +429,7 @@ async fn dead_letter(broker: &RestBroker, response: reqwest::Response) -> Locked
             problem,
         })
     };
-    let broker_properties = match BrokerProperties::read(&headers) {
+    let broker_properties = match BrokerProperties::read(header("brokerproperties")) {
         Ok(read) => read,
         Err((read, problem)) => return unreadable(&read, lock.ok(), problem),
     };
@@ -332,32 +443,20 @@ async fn dead_letter(broker: &RestBroker, response: reqwest::Response) -> Locked
             )
         }
     };
-    let properties = headers
-        .iter()
-        .filter(|(name, _)| !PROTOCOL_HEADERS.contains(&name.as_str()))
-        .map(|(name, value)| Property {
-            name: name.as_str().to_owned(),
-            value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
-        })
-        .collect();
-    let content_type = headers
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let (body, body_truncated) = match bounded_body(response).await {
-        Ok(body) => body,
-        Err(e) => {
-            let how = match e.kind {
-                BusErrorKind::Timeout => "timed out",
-                _ => "the connection failed",
-            };
-            return unreadable(
-                &broker_properties,
-                Some(lock),
-                format!("the body could not be read to its end ({how})"),
-            );
-        }
-    };
+    let properties = application_properties(&headers);
+    let content_type = header("content-type").map(str::to_owned);
+    let (body, body_truncated, failure) = bounded_stream(body, MAX_BODY_BYTES).await;
+    if let Some(e) = failure {
+        let how = match e.kind {
+            BusErrorKind::Timeout => "timed out",
+            _ => "the connection failed",
+        };
+        return unreadable(
+            &broker_properties,
+            Some(lock),
+            format!("the body could not be read to its end ({how})"),
+        );
+    }
     let BrokerProperties {
         message_id,
         lock_token,
@@ -382,19 +481,19 @@ async fn dead_letter(broker: &RestBroker, response: reqwest::Response) -> Locked
     })
 }
 
-/// The body, read chunk by chunk and cut at [`MAX_BODY_BYTES`]: a huge body is never
-/// held whole.
-async fn bounded_body(mut response: reqwest::Response) -> Result<(Vec<u8>, bool), BusError> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(transport)? {
-        let room = MAX_BODY_BYTES - body.len();
-        if chunk.len() > room {
-            body.extend_from_slice(&chunk[..room]);
-            return Ok((body, true));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok((body, false))
+/// The application properties of an answer: every header that is not the protocol's.
+fn application_properties(headers: &Headers) -> Vec<Property> {
+    let mut properties: Vec<Property> = headers
+        .iter()
+        .filter(|(name, _)| !PROTOCOL_HEADERS.contains(&name.as_str()))
+        .map(|(name, value)| Property {
+            name: name.as_str().to_owned(),
+            value: value.as_str().to_owned(),
+        })
+        .collect();
+    // The pipeline's headers are a map: give them a stable order.
+    properties.sort_by(|a, b| a.name.cmp(&b.name));
+    properties
 }
 
 /// Who a JWT names (`upn`, `unique_name`, `appid`, `oid`), read without checking it:
@@ -418,64 +517,72 @@ impl Broker for RestBroker {
             "{}/$DeadLetterQueue/messages/head?timeout=1",
             self.queue
         ))?;
-        let response = self.send_without_body(reqwest::Method::POST, url).await?;
+        let response = self
+            .exchange(Method::Post, url, Vec::new(), Vec::new())
+            .await?;
         match response.status() {
-            StatusCode::CREATED => Ok(Some(dead_letter(self, response).await)),
-            StatusCode::NO_CONTENT => Ok(None),
-            _ => Err(Self::refused(response, false).await),
+            StatusCode::Created => Ok(Some(dead_letter(self, response).await)),
+            StatusCode::NoContent => Ok(None),
+            _ => Err(refused(response, Call::Lock).await),
         }
     }
 
     async fn unlock(&self, lock: &Lock) -> Result<(), BusError> {
-        self.settle_lock(reqwest::Method::PUT, lock).await
+        self.settle_lock(Method::Put, lock).await
     }
 
     async fn delete(&self, lock: &Lock) -> Result<(), BusError> {
-        self.settle_lock(reqwest::Method::DELETE, lock).await
+        self.settle_lock(Method::Delete, lock).await
     }
 
     async fn send(&self, message: &Outgoing) -> Result<(), BusError> {
         let url = self.url(&format!("{}/messages", self.queue))?;
-        let mut headers = HeaderMap::new();
-        let broker = super::header_json(&serde_json::json!({ "MessageId": message.message_id.0 }));
-        let value = |v: &str| {
-            HeaderValue::from_str(v).map_err(|_| {
-                BusError::new(
+        let header_value = |v: &str| -> Result<String, BusError> {
+            if v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+                Ok(v.to_owned())
+            } else {
+                Err(BusError::new(
                     BusErrorKind::Other,
                     "a property value is not a header value",
-                )
-            })
+                ))
+            }
         };
-        headers.insert("BrokerProperties", value(&broker)?);
+        let mut headers = vec![(
+            "BrokerProperties".to_owned(),
+            super::header_json(&serde_json::json!({ "MessageId": message.message_id.0 })),
+        )];
         if let Some(content_type) = &message.content_type {
-            headers.insert(reqwest::header::CONTENT_TYPE, value(content_type)?);
+            headers.push(("content-type".to_owned(), header_value(content_type)?));
         }
         for p in &message.properties {
-            let name = HeaderName::from_bytes(p.name.as_bytes()).map_err(|_| {
-                BusError::new(BusErrorKind::Other, "a property name is not a header name")
-            })?;
-            headers.insert(name, value(&p.value)?);
+            let name_ok = !p.name.is_empty()
+                && p.name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !name_ok {
+                return Err(BusError::new(
+                    BusErrorKind::Other,
+                    "a property name is not a header name",
+                ));
+            }
+            headers.push((p.name.clone(), header_value(&p.value)?));
         }
         let response = self
-            .request(reqwest::Method::POST, url)
-            .await?
-            .headers(headers)
-            .body(message.body.clone())
-            .send()
-            .await
-            .map_err(transport)?;
+            .exchange(Method::Post, url, headers, message.body.clone())
+            .await?;
         match response.status() {
-            StatusCode::CREATED => Ok(()),
-            _ => Err(Self::refused(response, false).await),
+            StatusCode::Created => Ok(()),
+            _ => Err(refused(response, Call::Send).await),
         }
     }
 
     async fn principal(&self) -> String {
-        match self.token().await {
-            Ok(Some(token)) => {
-                token_principal(&token).unwrap_or_else(|| "unknown principal".into())
-            }
-            Ok(None) => "unauthenticated (loopback)".into(),
+        let Some(credential) = &self.credential else {
+            return "unauthenticated (loopback)".into();
+        };
+        match credential.get_token(&[SCOPE], None).await {
+            Ok(token) => token_principal(token.token.secret())
+                .unwrap_or_else(|| "unknown principal".into()),
             Err(_) => "unknown principal".into(),
         }
     }
@@ -518,11 +625,8 @@ mod tests {
             (Some(long.as_bytes()), "longer than 16384 bytes"),
         ];
         for (raw, expected) in cases {
-            let mut headers = HeaderMap::new();
-            if let Some(raw) = raw {
-                headers.insert("BrokerProperties", HeaderValue::from_bytes(raw).unwrap());
-            }
-            let Err((read, problem)) = BrokerProperties::read(&headers) else {
+            let raw = raw.map(|r| String::from_utf8_lossy(r).into_owned());
+            let Err((read, problem)) = BrokerProperties::read(raw.as_deref()) else {
                 panic!("{raw:?} read");
             };
             assert!(problem.contains(expected), "{problem:?} for {raw:?}");
@@ -534,12 +638,11 @@ mod tests {
                 assert_eq!(read.message_id.as_deref(), Some("m-1"));
             }
         }
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            "BrokerProperties",
-            HeaderValue::from_static(r#"{"LockToken":"t","DeliveryCount":3,"SequenceNumber":7}"#),
-        );
-        let read = BrokerProperties::read(&headers).ok().unwrap();
+        let read = BrokerProperties::read(Some(
+            r#"{"LockToken":"t","DeliveryCount":3,"SequenceNumber":7}"#,
+        ))
+        .ok()
+        .unwrap();
         assert_eq!(
             (read.delivery_count, read.sequence_number),
             (Some(3), Some(7))
