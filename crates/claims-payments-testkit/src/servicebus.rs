@@ -73,6 +73,15 @@ pub struct Message {
 }
 
 impl Message {
+    /// The message it stands for: the original a re-drive copy names
+    /// (`redrive::ORIGINAL_MESSAGE_ID`), else its own MessageId; what the consumer keys its
+    /// inbox by.
+    pub fn stands_for(&self) -> String {
+        self.property(claims_payments::redrive::ORIGINAL_MESSAGE_ID)
+            .map(claims_payments::seams::servicebus::unquote)
+            .unwrap_or_else(|| self.message_id.clone())
+    }
+
     /// A custom property's raw value.
     pub fn property(&self, name: &str) -> Option<&str> {
         self.properties
@@ -113,11 +122,12 @@ pub enum Fault {
 /// An accepted operation, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Logged {
-    /// A send the queue kept, with its MessageId.
+    /// A send the queue kept, with the MessageId of the message it stands for
+    /// ([`Message::stands_for`]: a re-drive copy's original).
     Sent(String),
-    /// A send dropped as a duplicate inside the window.
+    /// A send dropped as a duplicate inside the window (the same).
     DroppedDuplicate(String),
-    /// A dead letter removed.
+    /// A dead letter removed, with its MessageId.
     Deleted(String),
 }
 
@@ -556,8 +566,13 @@ async fn send(
             .seen
             .get(&message_id)
             .is_some_and(|&seen| now < seen + window);
+        let original = headers
+            .get(claims_payments::redrive::ORIGINAL_MESSAGE_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(claims_payments::seams::servicebus::unquote)
+            .unwrap_or_else(|| message_id.clone());
         if duplicate {
-            inner.log.push(Logged::DroppedDuplicate(message_id));
+            inner.log.push(Logged::DroppedDuplicate(original));
         } else {
             let sequence_number = inner.next_sequence;
             inner.next_sequence += 1;
@@ -584,8 +599,8 @@ async fn send(
                 enqueued_at: now,
                 lock: None,
             });
-            inner.seen.insert(message_id.clone(), now);
-            inner.log.push(Logged::Sent(message_id));
+            inner.seen.insert(message_id, now);
+            inner.log.push(Logged::Sent(original));
         }
         hang
     };

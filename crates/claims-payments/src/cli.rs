@@ -456,10 +456,10 @@ pub fn print_dead_letters(
             ""
         }
     )?;
-    if summary.limit_reached {
+    if summary.more_may_be_left {
         writeln!(
             out,
-            "the limit (--limit) was reached: more dead letters may be left; run again"
+            "more dead letters may be left (the --limit was reached, or the queue's locks expired as fast as the run took them): run again"
         )?;
     }
     if let Some(why) = &summary.stopped {

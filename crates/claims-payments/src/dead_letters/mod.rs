@@ -122,8 +122,9 @@ pub struct Summary {
     pub actions: BTreeMap<String, usize>,
     /// Whether anything is left for a person (exit 3).
     pub needs_a_person: bool,
-    /// `--limit` dead letters were examined and the queue may hold more.
-    pub limit_reached: bool,
+    /// The run ended before the queue did: `--limit` dead letters were examined, or the
+    /// queue's locks expired as fast as the run took them; more may be left.
+    pub more_may_be_left: bool,
     /// What ended the run early (401/403, a quota, throttling, the namespace
     /// unreachable): nothing was sent or removed after it (exit 1).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -133,11 +134,11 @@ pub struct Summary {
 impl Summary {
     fn of(lines: &[Line], walk: &Walk<'_>, open: bool) -> Self {
         let mut s = Summary {
-            limit_reached: walk.limit_reached(),
+            more_may_be_left: walk.more_may_be_left(),
             stopped: walk.stopped.as_ref().map(ToString::to_string),
             ..Summary::default()
         };
-        s.needs_a_person = open || s.limit_reached || s.stopped.is_some();
+        s.needs_a_person = open || s.more_may_be_left || s.stopped.is_some();
         for l in lines {
             *s.verdicts.entry(l.verdict.name().to_owned()).or_default() += 1;
             if let Some(action) = &l.action {
@@ -324,6 +325,8 @@ struct Walk<'a> {
     /// Dead letters met, by SequenceNumber.
     seen: std::collections::HashSet<i64>,
     examined: usize,
+    /// Dead letters met again in a row, with no new one between.
+    again_in_a_row: usize,
     /// The broker said there is no dead letter left (unlocked).
     exhausted: bool,
     /// What ended the run early.
@@ -339,14 +342,16 @@ impl<'a> Walk<'a> {
             held: Vec::new(),
             seen: Default::default(),
             examined: 0,
+            again_in_a_row: 0,
             exhausted: false,
             stopped: None,
         }
     }
 
-    /// Whether the run stopped at `--limit` with dead letters possibly left unexamined.
-    fn limit_reached(&self) -> bool {
-        self.examined >= self.options.limit && !self.exhausted && self.stopped.is_none()
+    /// Whether the walk ended with dead letters possibly left unexamined: at `--limit`, or
+    /// when the broker kept handing out dead letters met before.
+    fn more_may_be_left(&self) -> bool {
+        !self.exhausted && self.stopped.is_none()
     }
 
     /// The next dead letter not met before in this run, locked and examined; `None` at the
@@ -356,6 +361,9 @@ impl<'a> Walk<'a> {
             let examined = match self.broker.lock_next_dead_letter().await {
                 Ok(Some(Locked::Letter(letter))) => {
                     if self.met_again(letter.sequence_number, &letter.lock) {
+                        if self.cycling() {
+                            return None;
+                        }
                         continue;
                     }
                     examine(letter, self.store, self.options).await
@@ -363,6 +371,9 @@ impl<'a> Walk<'a> {
                 Ok(Some(Locked::Unreadable(u))) => {
                     if let Some(lock) = &u.lock {
                         if self.met_again(u.sequence_number, lock) {
+                            if self.cycling() {
+                                return None;
+                            }
                             continue;
                         }
                     }
@@ -378,6 +389,7 @@ impl<'a> Walk<'a> {
                 }
             };
             self.examined += 1;
+            self.again_in_a_row = 0;
             if let Some(seq) = examined.sequence_number {
                 self.seen.insert(seq);
             }
@@ -395,6 +407,14 @@ impl<'a> Walk<'a> {
         self.held.retain(|(s, _)| *s != Some(seq));
         self.held.push((Some(seq), lock.clone()));
         true
+    }
+
+    /// Whether the broker handed out more dead letters met before, in a row, than the run
+    /// keeps: its locks expire as fast as the run takes them (a lockDuration far shorter
+    /// than a request), and going on would meet the same ones forever.
+    fn cycling(&mut self) -> bool {
+        self.again_in_a_row += 1;
+        self.again_in_a_row > self.held.len()
     }
 
     /// Keeps a dead letter locked until the end of the run.

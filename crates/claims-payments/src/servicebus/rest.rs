@@ -62,6 +62,68 @@ const PROTOCOL_HEADERS: &[&str] = &[
 /// How much of a refusal's body is read to classify it (never shown).
 const MAX_REFUSAL_BYTES: usize = 4096;
 
+/// The pipeline's transport: reqwest, as azure_core's own adapter, except that a
+/// response header whose value is not visible ASCII is kept (as UTF-8 text, invalid
+/// bytes replaced) instead of dropped with a warning: application properties travel as
+/// headers, and a dead letter must not lose one of them on its way to the copy.
+#[derive(Debug)]
+struct Http(reqwest::Client);
+
+#[async_trait]
+impl azure_core::http::HttpClient for Http {
+    async fn execute_request(&self, request: &Request) -> azure_core::Result<AsyncRawResponse> {
+        use azure_core::error::{Error, ErrorKind};
+        let method = match request.method() {
+            Method::Delete => reqwest::Method::DELETE,
+            Method::Get => reqwest::Method::GET,
+            Method::Head => reqwest::Method::HEAD,
+            Method::Patch => reqwest::Method::PATCH,
+            Method::Post => reqwest::Method::POST,
+            Method::Put => reqwest::Method::PUT,
+            _ => {
+                return Err(Error::with_message(
+                    ErrorKind::Other,
+                    "the Service Bus client uses no other method",
+                ))
+            }
+        };
+        let mut builder = self.0.request(method, request.url().clone());
+        for (name, value) in request.headers().iter() {
+            builder = builder.header(name.as_str(), value.as_str());
+        }
+        let body = match request.body() {
+            azure_core::http::Body::Bytes(bytes) => bytes.clone(),
+            azure_core::http::Body::SeekableStream(_) => {
+                return Err(Error::with_message(
+                    ErrorKind::Other,
+                    "the Service Bus client sends no streamed bodies",
+                ))
+            }
+        };
+        let response = builder.body(body).send().await.map_err(|e| {
+            let kind = if e.is_connect() {
+                ErrorKind::Connection
+            } else {
+                ErrorKind::Io
+            };
+            Error::with_error(kind, e, "the Service Bus request failed")
+        })?;
+        let status = response.status().as_u16().into();
+        let mut headers = Headers::new();
+        for (name, value) in response.headers() {
+            headers.insert(
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            );
+        }
+        let body: azure_core::http::response::PinnedStream =
+            Box::pin(response.bytes_stream().map(|chunk| {
+                chunk.map_err(|e| Error::with_error(ErrorKind::Io, e, "the answer's body failed"))
+            }));
+        Ok(AsyncRawResponse::new(status, headers, body))
+    }
+}
+
 /// How the adapter authenticates.
 pub enum Auth {
     /// Entra ID tokens (the operator's `az login`, a managed identity).
@@ -241,7 +303,7 @@ impl RestBroker {
                 max_total_elapsed: azure_core::time::Duration::seconds(60),
                 max_delay: azure_core::time::Duration::seconds(30),
             }),
-            transport: Some(Transport::new(Arc::new(http))),
+            transport: Some(Transport::new(Arc::new(Http(http)))),
             ..ClientOptions::default()
         };
         let pipeline = Pipeline::new(
@@ -537,8 +599,10 @@ impl Broker for RestBroker {
 
     async fn send(&self, message: &Outgoing) -> Result<(), BusError> {
         let url = self.url(&format!("{}/messages", self.queue))?;
+        // A header value: any text without control characters (UTF-8 beyond ASCII goes
+        // as its bytes, as HTTP's obs-text).
         let header_value = |v: &str| -> Result<String, BusError> {
-            if v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+            if !v.chars().any(|c| c.is_control() && c != '\t') {
                 Ok(v.to_owned())
             } else {
                 Err(BusError::new(
