@@ -463,7 +463,9 @@ fn tls_config() -> (Arc<rustls::ServerConfig>, String) {
     let key = KeyPair::generate().expect("a server key");
     let params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
         .expect("server parameters");
-    let cert = params.signed_by(&key, &issuer).expect("the server certificate");
+    let cert = params
+        .signed_by(&key, &issuer)
+        .expect("the server certificate");
     let chain = vec![cert.der().clone()];
     let private = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der())
         .expect("the server key as DER");
@@ -479,7 +481,11 @@ fn tls_config() -> (Arc<rustls::ServerConfig>, String) {
 }
 
 /// Serves `app` over TLS on `listener`, one task per connection.
-async fn serve_tls(listener: tokio::net::TcpListener, app: Router, config: Arc<rustls::ServerConfig>) {
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    config: Arc<rustls::ServerConfig>,
+) {
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
@@ -491,11 +497,10 @@ async fn serve_tls(listener: tokio::net::TcpListener, app: Router, config: Arc<r
                 return;
             };
             let service = hyper_util::service::TowerToHyperService::new(app);
-            let _ = hyper_util::server::conn::auto::Builder::new(
-                hyper_util::rt::TokioExecutor::new(),
-            )
-            .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-            .await;
+            let _ =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
         });
     }
 }

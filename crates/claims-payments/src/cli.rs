@@ -463,7 +463,10 @@ pub fn print_dead_letters(
         )?;
     }
     if let Some(why) = &summary.stopped {
-        writeln!(out, "the run stopped, nothing more was sent or removed: {why}")?;
+        writeln!(
+            out,
+            "the run stopped, nothing more was sent or removed: {why}"
+        )?;
     }
     Ok(())
 }

@@ -60,11 +60,11 @@ mod store;
 mod telemetry;
 
 // The message contract and the domain types it is parsed into.
+pub use domain::redrive;
 pub use domain::{
     ClaimApproved, ClaimId, Currency, IdempotencyKey, InvalidMessage, MessageId, Money,
     OutcomeKind, PayeeRef, PayloadHash, Purpose, TenantId,
 };
-pub use domain::redrive;
 // Running the service, as `main.rs` does: its settings, the server, the operator
 // commands and telemetry.
 pub use cli::{run as run_operator_command, OperatorCommand};

@@ -225,8 +225,7 @@ async fn resubmit_sends_a_faithful_copy_before_it_removes_the_dead_letter() {
     );
 
     let b = broker(&w, Duration::from_secs(10));
-    let (lines, summary) =
-        dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
+    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
     assert!(!summary.needs_a_person, "{lines:?}");
     assert!(w.bus.dead_letters().is_empty());
     let log = w.bus.log();
@@ -282,8 +281,7 @@ async fn a_refused_send_keeps_the_dead_letter() {
     w.bus
         .fail_next(Op::Send, Fault::Status(400, "bad request SECRET".into()));
     let b = broker(&w, Duration::from_secs(10));
-    let (lines, summary) =
-        dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
+    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
     assert_eq!(w.bus.dead_letters().len(), 1, "{:?}", w.bus.log());
     assert!(w.bus.active().is_empty());
     assert!(summary.needs_a_person);
@@ -334,7 +332,8 @@ async fn a_redrive_inside_the_window_is_never_dropped_whatever_the_broker_clock(
 async fn a_dead_letter_sent_twice_is_on_the_queue_once() {
     let w = world(HOUR).await;
     let claim = new_claim();
-    w.bus.exhausted("m-1", &body(&claim, "20.00"), two_hours_ago());
+    w.bus
+        .exhausted("m-1", &body(&claim, "20.00"), two_hours_ago());
     w.bus.fail_next(Op::Delete, Fault::LockLost);
     let b = broker(&w, Duration::from_secs(10));
     let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
@@ -353,8 +352,10 @@ async fn a_dead_letter_sent_twice_is_on_the_queue_once() {
     assert_eq!(w.bus.active().len(), 1);
 
     let w = world(HOUR).await;
-    w.bus.exhausted("m-1", &body(&claim, "20.00"), two_hours_ago());
-    w.bus.exhausted("m-1", &body(&claim, "20.00"), two_hours_ago());
+    w.bus
+        .exhausted("m-1", &body(&claim, "20.00"), two_hours_ago());
+    w.bus
+        .exhausted("m-1", &body(&claim, "20.00"), two_hours_ago());
     let b = broker(&w, Duration::from_secs(10));
     let (_, summary) = dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
     assert!(!summary.needs_a_person);
@@ -377,7 +378,13 @@ async fn wait_is_accepted_and_the_letters_inside_the_window_are_sent() {
     );
     let out = cli(
         &w,
-        &["dead-letters", "resubmit", "--verdict", "resubmit", "--wait"],
+        &[
+            "dead-letters",
+            "resubmit",
+            "--verdict",
+            "resubmit",
+            "--wait",
+        ],
     )
     .await;
     assert_eq!(
@@ -467,8 +474,7 @@ async fn a_lock_lost_after_the_send_leaves_a_duplicate_never_a_loss() {
         .exhausted("m-1", &body(&new_claim(), "20.00"), two_hours_ago());
     w.bus.fail_next(Op::Delete, Fault::LockLost);
     let b = broker(&w, Duration::from_secs(10));
-    let (lines, summary) =
-        dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
+    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
     assert!(summary.needs_a_person);
     assert!(
         lines[0]
@@ -568,9 +574,16 @@ async fn a_refusal_of_the_whole_run_stops_it_and_says_what_it_is() {
             dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
         let why = summary.stopped.clone().expect("the run stopped");
         assert!(why.contains(expected), "{op:?}: {why}");
-        assert!(!why.contains("SECRET"), "the broker's text passed on: {why}");
+        assert!(
+            !why.contains("SECRET"),
+            "the broker's text passed on: {why}"
+        );
         assert!(summary.needs_a_person);
-        assert_eq!(w.bus.requests(op), tries, "{op:?}: asked again while throttled");
+        assert_eq!(
+            w.bus.requests(op),
+            tries,
+            "{op:?}: asked again while throttled"
+        );
         assert_eq!(
             w.bus.requests(Op::Send),
             usize::from(op == Op::Send) * tries,
@@ -579,10 +592,17 @@ async fn a_refusal_of_the_whole_run_stops_it_and_says_what_it_is() {
         assert!(w.bus.log().is_empty(), "{:?}", w.bus.log());
         assert_eq!(w.bus.dead_letters().len(), 2);
         // Every lock was given back: a listing sees both.
-        assert_eq!(dead_letters::list(&b, &w.store, &options()).await.0.len(), 2);
+        assert_eq!(
+            dead_letters::list(&b, &w.store, &options()).await.0.len(),
+            2
+        );
         if op == Op::Send {
             assert!(
-                lines[0].action.as_deref().unwrap().contains("the run stops here"),
+                lines[0]
+                    .action
+                    .as_deref()
+                    .unwrap()
+                    .contains("the run stops here"),
                 "{lines:?}"
             );
         }
@@ -750,8 +770,7 @@ async fn an_expired_lock_is_seen_once_and_its_delete_keeps_the_dead_letter() {
         1,
         "the first dead letter came back at once: {lines:?}"
     );
-    let (lines, summary) =
-        dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
+    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
     assert!(summary.needs_a_person);
     assert!(
         lines
@@ -1002,9 +1021,11 @@ async fn an_unreadable_broker_answer_is_reported_and_the_others_are_still_resubm
     w.bus.fail_next(Op::Lock, Fault::NoLocation);
 
     let b = broker(&w, Duration::from_secs(10));
-    let (lines, summary) =
-        dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
-    assert_eq!(summary.stopped, None, "one dead letter's answer ended the whole run");
+    let (lines, summary) = dead_letters::resubmit(&b, &w.store, &options(), &all(), false).await;
+    assert_eq!(
+        summary.stopped, None,
+        "one dead letter's answer ended the whole run"
+    );
     assert_eq!(
         w.bus.log(),
         vec![Logged::Sent("m-4".into()), Logged::Deleted("m-4".into())]
@@ -1063,4 +1084,154 @@ async fn an_unreadable_broker_answer_is_reported_and_the_others_are_still_resubm
         .filter(|v: &serde_json::Value| v.get("summary").is_none())
         .collect();
     assert_eq!(listed.len(), 3, "{stdout}");
+}
+
+/// The operator's real path (a defect found in review): Entra tokens over HTTPS from
+/// `az` (which caches nothing: about a second per token), 40 dead letters. Each request
+/// asked for a token, so the locks taken first expired before their turn and copies were
+/// sent while their dead letters stayed. Now the pipeline asks once and keeps the token,
+/// and each dead letter is locked, sent and removed before the next is locked.
+#[tokio::test]
+async fn the_token_is_asked_for_once_and_each_dead_letter_is_handled_in_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let payload = base64::Engine::encode(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        br#"{"upn":"ops@example.com"}"#,
+    );
+    let token = format!("h.{payload}.s");
+    let bus = ServiceBus::start_https(QUEUE, HOUR, Duration::from_secs(60), &token).await;
+    let store: DynStore = SqliteStore::open(dir.path().join("p.db")).unwrap();
+    let w = World {
+        bus,
+        store,
+        _dir: dir,
+    };
+    let ids: Vec<String> = (0..40).map(|i| format!("m-{i:02}")).collect();
+    for id in &ids {
+        w.bus
+            .exhausted(id, &body(&new_claim(), "20.00"), two_hours_ago());
+    }
+    // A stand-in for the Azure CLI: counts its runs and prints a token as `az account
+    // get-access-token -o json` does.
+    let bin = w._dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let az = bin.join("az");
+    std::fs::write(
+        &az,
+        "#!/bin/sh\necho run >> \"$AZ_RUNS\"\nprintf '{\"accessToken\":\"%s\",\"expiresOn\":\"2099-01-01 00:00:00.000000\",\"expires_on\":4070908800,\"tokenType\":\"Bearer\"}' \"$AZ_TOKEN\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&az, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let ca = w._dir.path().join("ca.pem");
+    std::fs::write(&ca, w.bus.ca_pem().unwrap()).unwrap();
+    let runs = w._dir.path().join("az-runs");
+
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_claims-payments"));
+    for name in claims_payments::seams::env_setting::names::PRODUCT {
+        cmd.env_remove(name);
+    }
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = cmd
+        .args(["dead-letters", "resubmit", "--all", "--json"])
+        .env("PAYMENTS_STORE", "sqlite")
+        .env("PAYMENTS_SQLITE_PATH", w._dir.path().join("p.db"))
+        .env(
+            "ServiceBusConnection__fullyQualifiedNamespace",
+            w.bus.namespace(),
+        )
+        .env("CLAIM_APPROVED_QUEUE", QUEUE)
+        .env("SSL_CERT_FILE", &ca)
+        .env("PATH", path)
+        .env("AZ_RUNS", &runs)
+        .env("AZ_TOKEN", &token)
+        .env("LOG_FORMAT", "json")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let az_runs = std::fs::read_to_string(&runs).unwrap().lines().count();
+    // One token for the pipeline, one for the principal in the re-drive record.
+    assert!(
+        az_runs <= 2,
+        "az ran {az_runs} times for {} requests",
+        w.bus.requests(Op::Send) * 2 + w.bus.requests(Op::Lock)
+    );
+    assert!(w.bus.dead_letters().is_empty());
+    assert_eq!(w.bus.active().len(), 40);
+    let expected: Vec<Logged> = ids
+        .iter()
+        .flat_map(|id| [Logged::Sent(id.clone()), Logged::Deleted(id.clone())])
+        .collect();
+    assert_eq!(
+        w.bus.log(),
+        expected,
+        "each sent and removed before the next"
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&claims_payments::seams::servicebus::unquote(
+            w.bus.active()[0].property(REDRIVE_PROPERTY).unwrap(),
+        ))
+        .unwrap();
+    assert_eq!(record["by"], "ops@example.com");
+}
+
+/// `--limit` reached is not "nothing left": exit 3 and a line that says so (a defect
+/// found in review: `resubmit --all --limit 2` over 3 exited 0).
+#[tokio::test]
+async fn reaching_the_limit_exits_3_and_says_more_may_be_left() {
+    let w = world(HOUR).await;
+    for id in ["m-1", "m-2", "m-3"] {
+        w.bus
+            .exhausted(id, &body(&new_claim(), "20.00"), two_hours_ago());
+    }
+    let out = cli(&w, &["dead-letters", "resubmit", "--all", "--limit", "2"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(stdout.contains("more dead letters may be left"), "{stdout}");
+    assert_eq!(w.bus.dead_letters().len(), 1);
+    let out = cli(&w, &["dead-letters", "resubmit", "--all", "--limit", "2"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(w.bus.dead_letters().is_empty());
+}
+
+/// The verdict applies the consumer's own acceptance rules (a defect found in review):
+/// a message without a payee while payouts are enabled is refused on every delivery,
+/// so it is permanent, and `--all` does not send it to be refused ten more times.
+#[tokio::test]
+async fn a_message_the_consumer_refuses_is_permanent_and_not_sent() {
+    let w = world(HOUR).await;
+    let no_payee = format!(
+        r#"{{"claimId":"{}","amount":"20.00","currency":"EUR"}}"#,
+        new_claim()
+    );
+    w.bus.exhausted("m-1", no_payee.as_bytes(), two_hours_ago());
+    let b = broker(&w, Duration::from_secs(10));
+    let paying = Options {
+        payouts_enabled: true,
+        ..options()
+    };
+    let (lines, _) = dead_letters::list(&b, &w.store, &paying).await;
+    assert_eq!(lines[0].verdict, Verdict::Permanent, "{lines:?}");
+    assert!(lines[0].reason.contains("payee"), "{}", lines[0].reason);
+    let (_, summary) = dead_letters::resubmit(&b, &w.store, &paying, &all(), false).await;
+    assert!(summary.needs_a_person);
+    assert!(w.bus.log().is_empty(), "{:?}", w.bus.log());
+    // Without payouts the consumer records it, and so the verdict is resubmit.
+    let (lines, _) = dead_letters::list(&b, &w.store, &options()).await;
+    assert_eq!(lines[0].verdict, Verdict::Resubmit);
 }

@@ -180,18 +180,20 @@ fn identity(letter: &DeadLetter) -> Result<(MessageId, Option<String>), String> 
 
 /// Parses the body and asks the store; never fails: what cannot be read is a fact.
 async fn examine(letter: DeadLetter, store: &DynStore, options: &Options) -> Examined {
-    let parsed: Result<(MessageId, ClaimApproved), String> = identity(&letter).and_then(|(id, _)| {
-        if letter.body_truncated {
-            return Err(format!(
-                "the body is larger than {} bytes",
-                crate::servicebus::MAX_BODY_BYTES
-            ));
-        }
-        let text =
-            std::str::from_utf8(&letter.body).map_err(|_| "the body is not UTF-8".to_owned())?;
-        let claim = ClaimApproved::parse(text).map_err(|e| format!("not a ClaimApproved: {e}"))?;
-        Ok((id, claim))
-    });
+    let parsed: Result<(MessageId, ClaimApproved), String> =
+        identity(&letter).and_then(|(id, _)| {
+            if letter.body_truncated {
+                return Err(format!(
+                    "the body is larger than {} bytes",
+                    crate::servicebus::MAX_BODY_BYTES
+                ));
+            }
+            let text = std::str::from_utf8(&letter.body)
+                .map_err(|_| "the body is not UTF-8".to_owned())?;
+            let claim =
+                ClaimApproved::parse(text).map_err(|e| format!("not a ClaimApproved: {e}"))?;
+            Ok((id, claim))
+        });
     let mut record = None;
     let (body, payment, inbox, claim) = match parsed {
         Err(why) => (
@@ -442,7 +444,11 @@ impl<'a> Walk<'a> {
 
 /// `dead-letters list`: every dead letter (up to the limit) with its verdict; nothing is
 /// removed. Returns the lines and the summary.
-pub async fn list(broker: &dyn Broker, store: &DynStore, options: &Options) -> (Vec<Line>, Summary) {
+pub async fn list(
+    broker: &dyn Broker,
+    store: &DynStore,
+    options: &Options,
+) -> (Vec<Line>, Summary) {
     let mut walk = Walk::new(broker, store, options);
     let mut lines = Vec::new();
     while let Some(e) = walk.next().await {
@@ -503,7 +509,8 @@ fn copy_of(
         "originalReason": line.dead_letter_reason.as_deref().map(ascii),
     })
     .to_string();
-    let quoted = |text: &str| crate::servicebus::header_json(&serde_json::Value::String(text.to_owned()));
+    let quoted =
+        |text: &str| crate::servicebus::header_json(&serde_json::Value::String(text.to_owned()));
     properties.push(Property {
         name: REDRIVE_PROPERTY.to_owned(),
         value: quoted(&record),
@@ -534,9 +541,7 @@ async fn send_then_delete(walk: &mut Walk<'_>, e: &Examined, principal: &str) ->
     let copy_id = copy.message_id.0.clone();
     match walk.broker.send(&copy).await {
         Ok(()) => match walk.broker.delete(&letter.lock).await {
-            Ok(()) => Handled::Done(format!(
-                "sent as {copy_id}: the dead letter was removed"
-            )),
+            Ok(()) => Handled::Done(format!("sent as {copy_id}: the dead letter was removed")),
             Err(err) => {
                 if err.kind.ends_the_run() {
                     walk.stop(err.clone());
@@ -758,7 +763,9 @@ async fn discard_one(
         walk.keep(e);
         return "not discarded: the broker's answer for it does not read; nothing was recorded or removed".into();
     };
-    let recorded = match record_discard(walk.store.as_ref(), options, e, OffsetDateTime::now_utc()).await {
+    let recorded = match record_discard(walk.store.as_ref(), options, e, OffsetDateTime::now_utc())
+        .await
+    {
         Ok(recorded) => recorded,
         Err(why) => {
             walk.keep(e);

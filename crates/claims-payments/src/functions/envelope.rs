@@ -371,8 +371,12 @@ impl Invocation {
             )
         });
         let delivered_as = original.is_some().then(|| message_id.clone());
-        let message_id = redrive::identity(message_id, original.as_deref())
-            .map_err(|e| EnvelopeError::new(format!("Metadata.ApplicationProperties.{}", e.field), e.problem))?;
+        let message_id = redrive::identity(message_id, original.as_deref()).map_err(|e| {
+            EnvelopeError::new(
+                format!("Metadata.ApplicationProperties.{}", e.field),
+                e.problem,
+            )
+        })?;
 
         Ok(Invocation {
             body,

@@ -172,7 +172,6 @@ struct BrokerProperties {
 /// The longest `BrokerProperties` header read: the broker's is well under 1 KiB.
 const MAX_BROKER_PROPERTIES: usize = 16 * 1024;
 
-
 impl BrokerProperties {
     /// Reads the header field by field, so a problem names the field and never repeats
     /// the value; what did read (MessageId, SequenceNumber) comes back with the problem.
@@ -645,8 +644,9 @@ impl Broker for RestBroker {
             return "unauthenticated (loopback)".into();
         };
         match credential.get_token(&[SCOPE], None).await {
-            Ok(token) => token_principal(token.token.secret())
-                .unwrap_or_else(|| "unknown principal".into()),
+            Ok(token) => {
+                token_principal(token.token.secret()).unwrap_or_else(|| "unknown principal".into())
+            }
             Err(_) => "unknown principal".into(),
         }
     }
