@@ -11,7 +11,6 @@ use claims_payments::seams::dead_letters::{
     self, verdict::Verdict, Options, Selection, REDRIVE_PROPERTY,
 };
 use claims_payments::seams::servicebus::rest::{Auth, RestBroker};
-use claims_payments::seams::servicebus::BusErrorKind;
 use claims_payments::seams::store::sqlite::SqliteStore;
 use claims_payments::seams::store::{
     ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InboxStatus, InsertResult, Listed,

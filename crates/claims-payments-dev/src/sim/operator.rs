@@ -244,7 +244,7 @@ pub(super) fn spawn_reconcile_during(
 }
 
 /// The operator re-drives the dead-letter queue once, through `dead-letters resubmit
-/// --all --wait` against the testkit's Service Bus stand-in holding the run's dead
+/// --all` against the testkit's Service Bus stand-in holding the run's dead
 /// letters; then the host and every instance stop. Returns the command's verdicts (the
 /// outcomes after the re-drive are read from the queue afterwards, see
 /// [`report::dead_letter_tool`]).
@@ -277,8 +277,7 @@ pub(super) async fn redrive_and_stop(
     Ok(verdicts)
 }
 
-/// The queue's duplicate-detection window in the simulation: the run's dead letters are
-/// older than it, except a producer's re-sends of one MessageId, which `--wait` sends
-/// one window apart.
+/// The queue's duplicate-detection window in the simulation. The tool's copies have
+/// MessageIds of their own, so none is dropped by it, however recent the dead letter.
 const SIM_DUPLICATE_WINDOW: Duration = Duration::from_millis(200);
 const SIM_QUEUE: &str = "claim-approved";

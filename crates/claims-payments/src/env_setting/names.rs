@@ -74,8 +74,6 @@ pub const SERVICE_BUS_NAMESPACE: &str = "ServiceBusConnection__fullyQualifiedNam
 pub const CLAIM_APPROVED_QUEUE: &str = "CLAIM_APPROVED_QUEUE";
 /// `dead-letters`: another Service Bus endpoint (a loopback stand-in), instead of the namespace.
 pub const SERVICEBUS_ENDPOINT: &str = "SERVICEBUS_ENDPOINT";
-/// `dead-letters`: the queue's duplicateDetectionHistoryTimeWindow, in milliseconds.
-pub const SERVICEBUS_DUPLICATE_WINDOW_MS: &str = "SERVICEBUS_DUPLICATE_WINDOW_MS";
 /// `dead-letters`: per Service Bus request.
 pub(crate) const SERVICEBUS_TIMEOUT_MS: &str = "SERVICEBUS_TIMEOUT_MS";
 /// `dead-letters`: the user-assigned managed identity (in a pipeline) for Service Bus.
@@ -129,7 +127,6 @@ pub const PRODUCT: &[&str] = &[
     SERVICE_BUS_NAMESPACE,
     CLAIM_APPROVED_QUEUE,
     SERVICEBUS_ENDPOINT,
-    SERVICEBUS_DUPLICATE_WINDOW_MS,
     SERVICEBUS_TIMEOUT_MS,
     SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID,
 ];

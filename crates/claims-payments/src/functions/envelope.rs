@@ -441,6 +441,35 @@ mod tests {
         serde_json::json!({"MessageId": "\"m-1\"", "DeliveryCount": "3", "LockToken": "\"x\"", "sys": {"MethodName": "ClaimApproved"}})
     }
 
+    /// A re-drive copy stands for the message it names: the inbox is keyed by the
+    /// original, whatever case the property's name arrives in; a name that is not a
+    /// MessageId is refused, naming the property and never its value.
+    #[test]
+    fn a_redrive_copy_is_the_message_it_names() {
+        let body = serde_json::Value::String(BODY.to_owned());
+        for name in [
+            "ClaimsPaymentsOriginalMessageId",
+            "claimspaymentsoriginalmessageid",
+        ] {
+            let mut metadata = host_metadata();
+            metadata["ApplicationProperties"] = serde_json::json!({ name: "\"m-original\"" });
+            let inv = Invocation::decode(&envelope(body.clone(), metadata)).unwrap();
+            assert_eq!(inv.message_id.as_str(), "m-original");
+            assert_eq!(inv.delivered_as.as_ref().map(|m| m.as_str()), Some("m-1"));
+        }
+        let inv = Invocation::decode(&envelope(body.clone(), host_metadata())).unwrap();
+        assert_eq!((inv.message_id.as_str(), inv.delivered_as), ("m-1", None));
+        let mut metadata = host_metadata();
+        metadata["ApplicationProperties"] =
+            serde_json::json!({ "ClaimsPaymentsOriginalMessageId": "x".repeat(129) });
+        let err = Invocation::decode(&envelope(body, metadata)).unwrap_err();
+        assert!(
+            err.to_string().contains("ClaimsPaymentsOriginalMessageId"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("xxxx"), "{err}");
+    }
+
     #[test]
     fn decodes_every_body_encoding_the_host_uses() {
         let once = serde_json::Value::String(BODY.to_owned());

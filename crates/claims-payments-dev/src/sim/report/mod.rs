@@ -272,7 +272,7 @@ pub fn broker_summary(entries: &[EntryView], max_delivery_count: u32) -> BrokerS
     s
 }
 
-/// What `dead-letters resubmit --all --wait` said and did in the re-drive.
+/// What `dead-letters resubmit --all` said and did in the re-drive.
 #[derive(Debug, Clone, Default)]
 pub struct ToolVerdicts {
     /// Every dead letter by the command's verdict.

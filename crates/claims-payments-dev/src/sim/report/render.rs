@@ -88,7 +88,7 @@ impl Report {
             let none = |s: String| if s.is_empty() { "none".to_owned() } else { s };
             let _ = writeln!(
                 o,
-                "dlq tool   dead-letters resubmit --all --wait: verdicts {}; not sent {}; after the re-drive {}; discard {}; list: {} left in the dead-letter queue",
+                "dlq tool   dead-letters resubmit --all: verdicts {}; not sent {}; after the re-drive {}; discard {}; list: {} left in the dead-letter queue",
                 none(counts(&t.verdicts)),
                 none(counts(&t.not_sent)),
                 none(counts(&t.after)),
