@@ -715,14 +715,11 @@ async fn delete(
     if let Some(r) = refusal(&fault) {
         return r;
     }
-    match fault {
-        Some(Fault::LockLost) => {
-            if let Some(m) = inner.dead.iter_mut().find(|m| m.sequence_number == seq) {
-                m.lock = None;
-            }
-            return status(404, "the lock is lost");
+    if let Some(Fault::LockLost) = fault {
+        if let Some(m) = inner.dead.iter_mut().find(|m| m.sequence_number == seq) {
+            m.lock = None;
         }
-        _ => {}
+        return status(404, "the lock is lost");
     }
     match holder(&mut inner, seq, &lock) {
         Some(i) => {
