@@ -915,7 +915,10 @@ mod scenarios {
                 matches!(&outcome, Err(StoreError::Transient(reason)) if reason.contains("409")),
                 "{name}: {outcome:?}"
             );
-            assert!(misses.hit_count() >= 2, "{name}: read again before giving up");
+            assert!(
+                misses.hit_count() >= 2,
+                "{name}: read again before giving up"
+            );
         }
         assert_eq!(
             clean.inbox(&third.key()).await.unwrap(),

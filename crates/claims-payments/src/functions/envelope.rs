@@ -226,12 +226,13 @@ fn decode_body(raw: &RawValue) -> Result<(String, BodyEncoding), EnvelopeError> 
         return Ok((text.to_owned(), BodyEncoding::Object));
     }
     let Ok(once) = serde_json::from_str::<String>(text) else {
+        // Named by its JSON type only: the text is the message, and may hold a payee.
+        let got = serde_json::from_str(text)
+            .map(|v| crate::domain::json_type(&v))
+            .unwrap_or("not JSON");
         return Err(EnvelopeError::new(
             field,
-            format!(
-                "expected a JSON object or a string holding one, got {}",
-                preview(text)
-            ),
+            format!("expected a JSON object or a string holding one, got {got}"),
         ));
     };
     if looks_like_object(&once) {
@@ -250,8 +251,8 @@ fn decode_body(raw: &RawValue) -> Result<(String, BodyEncoding), EnvelopeError> 
     Err(EnvelopeError::new(
         field,
         format!(
-            "is neither JSON, JSON in a string, nor base64: {}",
-            preview(&once)
+            "is neither JSON, JSON in a string, nor base64 (a string of {} characters)",
+            once.chars().count()
         ),
     ))
 }
@@ -271,7 +272,10 @@ impl Invocation {
         let envelope: RawEnvelope = serde_json::from_slice(request_body).map_err(|e| {
             EnvelopeError::new(
                 "envelope",
-                format!("is not the host's JSON invocation: {e}"),
+                format!(
+                    "is not the host's JSON invocation: {}",
+                    crate::domain::json_error(&e)
+                ),
             )
         })?;
 
@@ -478,6 +482,21 @@ mod tests {
         for (body, field) in cases {
             let err = Invocation::decode(&body).unwrap_err();
             assert_eq!(err.field, field, "{err}");
+        }
+    }
+
+    /// The body is the message: a refusal names what it is, never what it says.
+    #[test]
+    fn a_refused_body_is_never_repeated() {
+        const IBAN: &str = "DE89370400440532013000";
+        for body in [
+            envelope(serde_json::json!(["payee", IBAN]), host_metadata()),
+            envelope(serde_json::json!(format!("payee {IBAN}")), host_metadata()),
+            format!(r#"{{"Data": "{IBAN}", "Metadata": {{}}}}"#).into_bytes(),
+            format!(r#"{{"Data": {{"msg": {IBAN}x}}}}"#).into_bytes(),
+        ] {
+            let err = Invocation::decode(&body).unwrap_err();
+            assert!(!err.to_string().contains("89370400"), "{err}");
         }
     }
 
