@@ -15,10 +15,13 @@ use super::report::{line, Line, Settlement};
 use super::{Options, Reconciler};
 
 /// The message's lease, held by this run: the record as written, its version, and
-/// the record as found (to give back unchanged when nothing is settled).
+/// what to write back when nothing is settled.
 struct Held {
     lease: Lease,
-    found: Option<InboxRecord>,
+    /// The record as found; for a record this run created (the old one had expired),
+    /// the new one with a lease that ran out when the payment was last touched, so the
+    /// payment looks exactly as idle to the next run as it did to this one.
+    give_back: InboxRecord,
 }
 
 impl Reconciler {
@@ -170,7 +173,7 @@ impl Reconciler {
                     .await?
                     .map(|lease| Held {
                         lease,
-                        found: Some(seen.record),
+                        give_back: seen.record,
                     }))
             }
             None => {
@@ -183,7 +186,15 @@ impl Reconciler {
                 let record =
                     lease::new_record(&key, &p.payload_hash, self.me, 0, policy.terms(), now, None);
                 Ok(match Lease::create(store, record).await? {
-                    Created::Held(lease) => Some(Held { lease, found: None }),
+                    Created::Held(lease) => {
+                        // Not `now`: a lease that ran out now would make the payment look
+                        // freshly idle, and the next run would wait the minimum age again.
+                        let give_back = InboxRecord {
+                            lease_until: Some(p.updated_at.min(lease.record.created_at)),
+                            ..lease.record.clone()
+                        };
+                        Some(Held { lease, give_back })
+                    }
                     Created::Exists(_) => None,
                 })
             }
@@ -195,15 +206,9 @@ impl Reconciler {
     /// once and the payment looks no younger than before: a release must not hide it
     /// from the next run.
     async fn release(&self, held: &Held) {
-        let record = &held.lease.record;
-        let released = match &held.found {
-            Some(found) => found.clone(),
-            None => InboxRecord {
-                lease_until: Some(self.ambient.now().min(record.created_at)),
-                ..record.clone()
-            },
-        };
-        held.lease.give_back(self.store.as_ref(), released).await;
+        held.lease
+            .give_back(self.store.as_ref(), held.give_back.clone())
+            .await;
     }
 
     async fn ask(&self, p: &PaymentRecord) -> Finding {
