@@ -653,13 +653,15 @@ pub async fn a_payment_whose_inbox_record_expired_stays_visible_after_a_failed_l
     );
 }
 
-/// Fails every read of one claim's inbox record, as a flaky store would.
-struct UnreadableInbox {
+/// Fails every read of one claim's inbox record, and of another claim's payment, as a
+/// flaky store would.
+struct Unreadable {
     inner: DynStore,
-    claim: ClaimId,
+    inbox_of: ClaimId,
+    payment_of: ClaimId,
 }
 
-impl StoreDecorator for UnreadableInbox {
+impl StoreDecorator for Unreadable {
     fn inner(&self) -> &dyn Store {
         &*self.inner
     }
@@ -669,24 +671,32 @@ impl StoreDecorator for UnreadableInbox {
         call: StoreCall<'_>,
         work: impl Future<Output = StoreResult<T>> + Send,
     ) -> StoreResult<T> {
-        match call {
-            StoreCall::Inbox(key) if key.claim_id == self.claim => Err(StoreError::Transient(
+        let fails = match call {
+            StoreCall::Inbox(key) => key.claim_id == self.inbox_of,
+            StoreCall::Payment { claim, .. } => claim == self.payment_of,
+            _ => false,
+        };
+        if fails {
+            return Err(StoreError::Transient(
                 "injected: the store did not answer".into(),
-            )),
-            _ => work.await,
+            ));
         }
+        work.await
     }
 }
 
 /// A store error on one payment is that payment's: the run reports it open and goes on
-/// with the others; the next run settles it.
+/// with the others; the next run settles it. An error under the message's lease gives
+/// the lease back, so the next run need not wait for it to run out.
 pub async fn a_store_error_on_one_payment_does_not_end_the_run(store: DynStore) {
     let bank = FakeBank::start().await;
     let (services, _, flaky, _) = needs_reconciliation(&store, &bank).await;
+    let (_, _, held, _) = needs_reconciliation(&store, &bank).await;
     let (_, _, fine, _) = needs_reconciliation(&store, &bank).await;
-    let failing: DynStore = Arc::new(UnreadableInbox {
+    let failing: DynStore = Arc::new(Unreadable {
         inner: store.clone(),
-        claim: flaky.claim_id,
+        inbox_of: flaky.claim_id,
+        payment_of: held.claim_id,
     });
     let on_a_flaky_store =
         common::bank_services_with(failing, &bank, common::policy(), Duration::from_millis(500));
@@ -696,13 +706,13 @@ pub async fn a_store_error_on_one_payment_does_not_end_the_run(store: DynStore) 
         .expect("a store error on one payment does not end the run");
     assert_eq!(
         (summary.store_errors, summary.paid_now),
-        (1, 1),
+        (2, 1),
         "{}",
         summary.counts()
     );
     assert!(!summary.all_settled(), "{}", summary.counts());
     assert!(
-        summary.counts().contains("store errors 1"),
+        summary.counts().contains("store errors 2"),
         "{}",
         summary.counts()
     );
@@ -710,20 +720,22 @@ pub async fn a_store_error_on_one_payment_does_not_end_the_run(store: DynStore) 
         payment_of(&store, fine.claim_id).await.status,
         PaymentStatus::Paid
     );
-    assert_eq!(
-        payment_of(&store, flaky.claim_id).await.status,
-        PaymentStatus::NeedsReconciliation
-    );
+    for claim in [flaky.claim_id, held.claim_id] {
+        assert_eq!(
+            payment_of(&store, claim).await.status,
+            PaymentStatus::NeedsReconciliation
+        );
+    }
     let next = reconciler(&services)
         .run(reconcile_options(Duration::ZERO))
         .await
         .unwrap();
     assert_eq!(
         (next.paid_now, next.store_errors),
-        (1, 0),
+        (2, 0),
         "{}",
         next.counts()
     );
     assert!(next.all_settled(), "{}", next.counts());
-    assert_eq!(bank.effective_payouts(), 2);
+    assert_eq!(bank.effective_payouts(), 3);
 }

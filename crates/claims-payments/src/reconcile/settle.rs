@@ -1,7 +1,7 @@
 //! Settling one payment: hold its message's lease (the same conditional write a delivery
 //! uses to take over), re-read the payment under it, ask the bank, pay now if the bank
 //! holds nothing, and finalize conditional on both records read; or give the lease back
-//! as it was found.
+//! as it was found (also after a store error under the lease).
 
 use crate::bank::{Lookup, PayoutOutcome, SendWindow};
 use crate::consumer::OutcomeKind;
@@ -66,15 +66,26 @@ impl Reconciler {
         // Under the lease, the payment as it is now, not as the listing saw it: another
         // run or a delivery may have settled it since.
         let store = &self.store;
-        let payment = store
+        // A store error under the lease gives the lease back first: held until it ran
+        // out, the payment would wait for the lease (and, for a record this run created,
+        // the minimum age) before the next run could try it again.
+        let payment = match store
             .payment(listed.record.claim_id, listed.record.purpose)
-            .await?
-            .ok_or_else(|| {
-                StoreError::Permanent(format!(
+            .await
+        {
+            Ok(Some(payment)) => payment,
+            Ok(None) => {
+                self.release(&held).await;
+                return Err(StoreError::Permanent(format!(
                     "the payment of claim {} vanished during reconciliation",
                     listed.record.claim_id
-                ))
-            })?;
+                )));
+            }
+            Err(e) => {
+                self.release(&held).await;
+                return Err(e);
+            }
+        };
         let p = &payment.record;
         if !matches!(
             p.status,
@@ -145,7 +156,13 @@ impl Reconciler {
                 "a live delivery or another run changed the records meanwhile; it settles them"
                     .into(),
             )),
-            Err(e) => Err(e),
+            // Whether the finalize landed is unknown: giving the lease back is conditional
+            // on the version we hold, so it is refused if it did, and leaves the records
+            // as found (for the next run to ask the bank again) if it did not.
+            Err(e) => {
+                self.release(&held).await;
+                Err(e)
+            }
         }
     }
 
