@@ -31,7 +31,7 @@ param capacityMode string
 @maxValue(1000000)
 param autoscaleMaxThroughput int
 
-@description('Default consistency. Strong lets a reader that got a 409 see the committed document at once.')
+@description('Default consistency. Strong (recommended) lets a reader that got a 409 see the committed document at once. BoundedStaleness and Session are supported: a read after another instance\'s 409 may miss the document for a moment, and the store answers retry-later (redelivery) instead of a store failure. Eventual and ConsistentPrefix are refused: their lag has no bound. See docs/reference.md section 5.')
 @allowed([
   'Strong'
   'BoundedStaleness'

@@ -260,6 +260,7 @@ on_both_backends!(
     documents_carry_ttl_only_on_inbox,
     injected_faults_become_transient_at_each_step,
     faults_that_clear_are_retried_by_the_sdk,
+    a_conflicting_document_not_readable_yet_is_transient,
     unusual_message_ids_round_trip,
     record_handled_and_replace_inbox,
     lists_are_oldest_first_and_bounded,
@@ -864,6 +865,75 @@ mod scenarios {
                 "finalize under {name} wrote nothing"
             );
         }
+    }
+
+    /// A 409 whose conflicting document cannot be read by its id (another instance's
+    /// write not yet on the replica that serves the read, under Session or Bounded
+    /// Staleness consistency; simulated by point reads answering 404): the store tries
+    /// again a few times, then answers Transient, so the broker redelivers instead of
+    /// dead-lettering the message as a store failure. A miss that clears is the record.
+    pub async fn a_conflicting_document_not_readable_yet_is_transient(env: Arc<Env>) {
+        let not_found = || {
+            FaultInjectionResultBuilder::new()
+                .with_custom_response(CustomResponseBuilder::new(StatusCode::NotFound).build())
+                .build()
+        };
+        let read_misses = |id: &str, limit: Option<u32>| {
+            let mut builder = FaultInjectionRuleBuilder::new(id, not_found()).with_condition(
+                FaultInjectionConditionBuilder::new()
+                    .with_operation_type(FaultOperationType::ReadItem)
+                    .build(),
+            );
+            if let Some(limit) = limit {
+                builder = builder.with_hit_limit(limit);
+            }
+            Arc::new(builder.build())
+        };
+        let clean = env.store().await;
+        let claim = ClaimId::random();
+        let inbox = inbox_record(claim, "m-lag", AttemptId::new());
+        let payment = payment_record(claim, "m-lag");
+        claimed_version(clean.claim(&inbox, &payment).await.unwrap());
+
+        // The same message again (inbox 409), the same claim under another message
+        // (payment 409), and a business duplicate's inbox record: unreadable throughout.
+        let second = inbox_record(claim, "m-lag-2", AttemptId::new());
+        clean.record_handled(&completed(&second)).await.unwrap();
+        let third = inbox_record(claim, "m-lag-3", AttemptId::new());
+        for name in ["inbox", "payment", "record_handled"] {
+            let misses = read_misses(&format!("miss-{name}"), None);
+            let store = env.store_with(vec![misses.clone()]).await;
+            let outcome = match name {
+                "inbox" => store.claim(&inbox, &payment).await.map(|_| ()),
+                "payment" => store
+                    .claim(&third, &payment_record(claim, "m-lag-3"))
+                    .await
+                    .map(|_| ()),
+                _ => store.record_handled(&completed(&second)).await.map(|_| ()),
+            };
+            assert!(
+                matches!(&outcome, Err(StoreError::Transient(reason)) if reason.contains("409")),
+                "{name}: {outcome:?}"
+            );
+            assert!(
+                misses.hit_count() >= 2,
+                "{name}: read again before giving up"
+            );
+        }
+        assert_eq!(
+            clean.inbox(&third.key()).await.unwrap(),
+            None,
+            "the refused batch wrote nothing"
+        );
+
+        // The replica catches up after two misses: the claim reports the record.
+        let lagging = read_misses("miss-twice", Some(2));
+        let store = env.store_with(vec![lagging.clone()]).await;
+        match store.claim(&inbox, &payment).await.unwrap() {
+            ClaimResult::InboxExists(existing) => assert_eq!(existing.record, inbox),
+            other => panic!("expected InboxExists, got {other:?}"),
+        }
+        assert_eq!(lagging.hit_count(), 2);
     }
 
     /// A fault that happens once (or a 429 with a short retry-after) is absorbed by the

@@ -354,6 +354,56 @@ pub async fn business_duplicate_finishes_an_orphaned_payout(store: DynStore) {
     assert_eq!(bank.requests().len(), 1);
 }
 
+pub async fn a_business_duplicate_that_loses_an_adopted_payout_defers_to_its_new_owner(
+    store: DynStore,
+) {
+    // evt-2 adopts evt-1's orphaned payout and stalls at the bank past the lease; evt-1's
+    // redelivery takes its record back and pays under the same key. evt-2's finalize is
+    // refused: the payout is evt-1's again, and evt-2, which has no inbox record of its
+    // own, goes back to waiting for the payment and ends as a business duplicate.
+    let bank = FakeBank::start().await;
+    let policy = claims_payments::seams::consumer::Policy {
+        lease: Duration::from_millis(100),
+        retry_budget: Duration::from_secs(3),
+        ..common::policy()
+    };
+    let consumer = common::bank_consumer_with(store.clone(), &bank, policy, Duration::from_secs(2));
+    let msg = common::message(&common::new_claim(), "82.00");
+    let dying = consumer
+        .clone()
+        .with_crash_hook(Arc::new(|s| s == Step::AfterClaim));
+    assert_eq!(
+        common::deliver(&dying, &msg, "evt-1", 1).await,
+        "retry-later"
+    );
+    // The scenario: the dead worker's lease (100 ms) expires.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    bank.script([BankFault::Slow(Duration::from_millis(400))]);
+    let adopter = {
+        let (consumer, msg) = (consumer.clone(), msg.clone());
+        tokio::spawn(async move { consumer.handle(&msg, &common::delivery("evt-2", 1)).await })
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "the adopted payout request",
+        || !bank.requests().is_empty(),
+    )
+    .await;
+    // The scenario: the adopter's lease (100 ms) expires while it stalls.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(common::deliver(&consumer, &msg, "evt-1", 2).await, "paid");
+    let adopter = adopter.await.unwrap();
+    assert_eq!(adopter.label(), "business-duplicate", "{adopter:?}");
+    assert_eq!(bank.effective_payouts(), 1);
+    let requests = bank.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0], requests[1], "same key, same bytes");
+    assert_eq!(
+        common::deliver(&consumer, &msg, "evt-2", 2).await,
+        "duplicate"
+    );
+}
+
 pub async fn a_later_delivery_takes_over_a_dead_attempt_at_once(store: DynStore) {
     // The deployed timings (infra/main.bicepparam): a 120 s lease and a 15 s in-flight
     // wait. The handler dies mid-payout, leaving a live lease; the host redelivers at

@@ -1,10 +1,13 @@
 //! Reconciliation: payments left `needs_reconciliation` (or orphaned in progress) are
 //! settled from what the bank holds under their reference, never paid twice.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments::seams::store::{
-    AttemptId, DynStore, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
+    AttemptId, DynStore, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus, Store, StoreCall,
+    StoreDecorator, StoreError, StoreResult,
 };
 use claims_payments::seams::Step;
 use claims_payments::{ClaimId, Purpose};
@@ -12,7 +15,7 @@ use time::OffsetDateTime;
 
 use crate::bank::{BankFault, FakeBank};
 use crate::fixtures as common;
-use crate::records::records;
+use crate::records::{records, records_for};
 use crate::wait::wait_until;
 
 fn reconcile_options(min_age: Duration) -> claims_payments::seams::reconcile::Options {
@@ -599,4 +602,140 @@ pub async fn a_failed_lookup_leaves_an_orphaned_payout_visible_to_the_next_run(s
     );
     assert!(next.all_settled(), "{}", next.counts());
     assert_eq!(bank.effective_payouts(), 1);
+}
+
+/// A run that gives back a lease on a record it created (the message's inbox record had
+/// expired) leaves the payment as idle as it found it: the next run, with the same
+/// minimum age, examines it at once instead of waiting the minimum age again.
+pub async fn a_payment_whose_inbox_record_expired_stays_visible_after_a_failed_lookup(
+    store: DynStore,
+) {
+    let bank = FakeBank::start().await;
+    let services = common::bank_services_with(
+        store.clone(),
+        &bank,
+        common::policy(),
+        Duration::from_millis(500),
+    );
+    let msg = common::message(&common::new_claim(), "44.00");
+    let an_hour_ago = OffsetDateTime::now_utc() - Duration::from_secs(3600);
+    let (mut inbox, payment) = records_for(&msg, "evt-1", AttemptId::new(), an_hour_ago);
+    // Its message's inbox record is gone (expired): written under another consumer's
+    // name, which the run does not read, the payment stands alone for it.
+    inbox.consumer = "AnotherConsumer".into();
+    store.claim(&inbox, &payment).await.unwrap();
+    let min_age = Duration::from_secs(600);
+    bank.fail_lookups(1);
+    let failed = reconciler(&services)
+        .run(reconcile_options(min_age))
+        .await
+        .unwrap();
+    assert_eq!(
+        (failed.orphaned_in_progress_before, failed.still_unknown),
+        (1, 1),
+        "{}",
+        failed.counts()
+    );
+    let next = reconciler(&services)
+        .run(reconcile_options(min_age))
+        .await
+        .unwrap();
+    assert_eq!(
+        (next.examined, next.paid_now),
+        (1, 1),
+        "the failed run hid the payment: {}",
+        next.counts()
+    );
+    assert_eq!(bank.effective_payouts(), 1);
+    assert_eq!(
+        payment_of(&store, msg.claim_id).await.status,
+        PaymentStatus::Paid
+    );
+}
+
+/// Fails every read of one claim's inbox record, and of another claim's payment, as a
+/// flaky store would.
+struct Unreadable {
+    inner: DynStore,
+    inbox_of: ClaimId,
+    payment_of: ClaimId,
+}
+
+impl StoreDecorator for Unreadable {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    async fn around<T: Send + 'static>(
+        &self,
+        call: StoreCall<'_>,
+        work: impl Future<Output = StoreResult<T>> + Send,
+    ) -> StoreResult<T> {
+        let fails = match call {
+            StoreCall::Inbox(key) => key.claim_id == self.inbox_of,
+            StoreCall::Payment { claim, .. } => claim == self.payment_of,
+            _ => false,
+        };
+        if fails {
+            return Err(StoreError::Transient(
+                "injected: the store did not answer".into(),
+            ));
+        }
+        work.await
+    }
+}
+
+/// A store error on one payment is that payment's: the run reports it open and goes on
+/// with the others; the next run settles it. An error under the message's lease gives
+/// the lease back, so the next run need not wait for it to run out.
+pub async fn a_store_error_on_one_payment_does_not_end_the_run(store: DynStore) {
+    let bank = FakeBank::start().await;
+    let (services, _, flaky, _) = needs_reconciliation(&store, &bank).await;
+    let (_, _, held, _) = needs_reconciliation(&store, &bank).await;
+    let (_, _, fine, _) = needs_reconciliation(&store, &bank).await;
+    let failing: DynStore = Arc::new(Unreadable {
+        inner: store.clone(),
+        inbox_of: flaky.claim_id,
+        payment_of: held.claim_id,
+    });
+    let on_a_flaky_store =
+        common::bank_services_with(failing, &bank, common::policy(), Duration::from_millis(500));
+    let summary = reconciler(&on_a_flaky_store)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .expect("a store error on one payment does not end the run");
+    assert_eq!(
+        (summary.store_errors, summary.paid_now),
+        (2, 1),
+        "{}",
+        summary.counts()
+    );
+    assert!(!summary.all_settled(), "{}", summary.counts());
+    assert!(
+        summary.counts().contains("store errors 2"),
+        "{}",
+        summary.counts()
+    );
+    assert_eq!(
+        payment_of(&store, fine.claim_id).await.status,
+        PaymentStatus::Paid
+    );
+    for claim in [flaky.claim_id, held.claim_id] {
+        assert_eq!(
+            payment_of(&store, claim).await.status,
+            PaymentStatus::NeedsReconciliation
+        );
+    }
+    let next = reconciler(&services)
+        .run(reconcile_options(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (next.paid_now, next.store_errors),
+        (2, 0),
+        "{}",
+        next.counts()
+    );
+    assert!(next.all_settled(), "{}", next.counts());
+    assert_eq!(bank.effective_payouts(), 3);
 }

@@ -368,6 +368,13 @@ impl Consumer {
                     Some(then) if !matches!(outcome, Outcome::RetryLater { .. }) => then,
                     _ => return Ok(outcome),
                 },
+                // Our finalize lost to a takeover: the new owner finishes the payout. An
+                // adopted payout was another message's, so this delivery has no inbox
+                // record to look at: it goes back to waiting for the payment.
+                Progress::Deferred => match return_to.take() {
+                    Some(then) => then,
+                    None => State::Seen(self.reread_inbox(a).await?, self.attempt_wait()),
+                },
             };
         }
     }
@@ -607,10 +614,9 @@ impl Consumer {
             Err(StoreError::PreconditionFailed) => {
                 // Our lease was taken over; the new owner pays under the same key and
                 // finishes. Judge the message by what is stored now.
-                tracing::warn!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, "lease lost before finalize; deferring to the new owner");
+                tracing::warn!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, leaseOf = %inbox.message_id, "lease lost before finalize; deferring to the new owner");
                 a.lost_sight_of_payment();
-                let seen = self.reread_inbox(a).await?;
-                Ok(Progress::Next(State::Seen(seen, self.attempt_wait())))
+                Ok(Progress::Deferred)
             }
             Err(e) => Err(e.into()),
         }
@@ -682,6 +688,10 @@ enum Progress {
         finish: State,
         then: State,
     },
+    /// Our payout's finalize lost to a takeover: the new owner finishes it. Look at
+    /// this message's inbox record again, or, when the payout was adopted from another
+    /// message, go back to waiting for the payment.
+    Deferred,
 }
 
 type Advance = Result<Progress, Failure>;

@@ -10,7 +10,8 @@ use time::OffsetDateTime;
 
 use super::money::parse_amount;
 use super::{
-    ClaimId, Currency, IdempotencyKey, InvalidMessage, Money, PayeeRef, PayloadHash, TenantId,
+    json_error, json_type, ClaimId, Currency, IdempotencyKey, InvalidMessage, Money, PayeeRef,
+    PayloadHash, TenantId,
 };
 
 /// The wire shape. Unknown fields are ignored so producers can add fields
@@ -47,7 +48,7 @@ fn optional_string(
         Some(serde_json::Value::String(s)) => Ok(Some(s)),
         Some(other) => Err(InvalidMessage::new(
             field,
-            format!("must be a string, got {other}"),
+            format!("must be a string, got {}", json_type(&other)),
         )),
     }
 }
@@ -60,14 +61,21 @@ impl ClaimApproved {
         if !body.trim_start().starts_with('{') {
             return Err(InvalidMessage::new("body", "is not a JSON object"));
         }
-        let wire: WireClaimApproved = serde_json::from_str(body)
-            .map_err(|e| InvalidMessage::new("body", format!("is not a JSON object: {e}")))?;
+        let wire: WireClaimApproved =
+            serde_json::from_str(body).map_err(|e| InvalidMessage::new("body", json_error(&e)))?;
 
         let claim_raw = wire
             .claim_id
             .ok_or_else(|| InvalidMessage::new("claimId", "is missing"))?;
-        let claim_text: String = serde_json::from_str(claim_raw.get())
-            .map_err(|_| InvalidMessage::new("claimId", "must be a string holding a UUID"))?;
+        let claim_text: String = serde_json::from_str(claim_raw.get()).map_err(|_| {
+            let got = serde_json::from_str(claim_raw.get())
+                .map(|v| json_type(&v))
+                .unwrap_or("not JSON");
+            InvalidMessage::new(
+                "claimId",
+                format!("must be a string holding a UUID, got {got}"),
+            )
+        })?;
         let claim_id = ClaimId::parse(&claim_text)?;
 
         let currency = optional_string("currency", wire.currency)?
@@ -87,14 +95,8 @@ impl ClaimApproved {
             .transpose()?;
         let approved_at = optional_string("approvedAt", wire.approved_at)?
             .map(|t| {
-                OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339).map_err(
-                    |_| {
-                        InvalidMessage::new(
-                            "approvedAt",
-                            format!("{t:?} is not an RFC 3339 timestamp"),
-                        )
-                    },
-                )
+                OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339)
+                    .map_err(|_| InvalidMessage::new("approvedAt", "is not an RFC 3339 timestamp"))
             })
             .transpose()?;
 
@@ -235,6 +237,92 @@ mod tests {
             "amount",
         );
         names(serde_json::json!([1, 2]), "body");
+    }
+
+    /// A refusal names the field and what is wrong with it, never the value: the reason
+    /// reaches the invocation log, exported telemetry and the dead-letter listing, and a
+    /// value may be an account number or a person's name.
+    #[test]
+    fn a_refusal_never_repeats_the_value_it_refuses() {
+        const IBAN: &str = "DE89370400440532013000";
+        const NAME: &str = "Erika Mustermann";
+        const DIGITS: &str = "31415926535";
+        let secrets = [IBAN, NAME, DIGITS, "89370400"];
+        let wrong_values = [
+            serde_json::json!({"iban": IBAN, "name": NAME}),
+            serde_json::json!([IBAN, NAME]),
+            serde_json::json!(format!("{IBAN} {NAME}")),
+            serde_json::json!(format!("{NAME}\u{7}{IBAN}")),
+            serde_json::json!(format!("{IBAN}{}", "9".repeat(70))),
+            serde_json::json!(format!("{DIGITS}.897")),
+            serde_json::json!(format!("-{DIGITS}")),
+            serde_json::json!(format!("{DIGITS}e3")),
+            serde_json::from_str::<serde_json::Value>(&format!("{DIGITS}.897")).unwrap(),
+            serde_json::from_str::<serde_json::Value>(&format!("-{DIGITS}")).unwrap(),
+            serde_json::from_str::<serde_json::Value>(&format!("{DIGITS}{DIGITS}")).unwrap(),
+            serde_json::json!(true),
+        ];
+        let valid = serde_json::json!({"claimId": CLAIM, "amount": "1", "currency": "EUR"});
+        let mut refused = 0;
+        for field in [
+            "claimId",
+            "amount",
+            "currency",
+            "tenantId",
+            "payee",
+            "approvedAt",
+        ] {
+            for value in &wrong_values {
+                let mut body = valid.clone();
+                body[field] = value.clone();
+                let Err(err) = parse(body.clone()) else {
+                    continue;
+                };
+                refused += 1;
+                assert_eq!(err.field, field, "{body}: {err}");
+                let text = err.to_string();
+                for secret in secrets {
+                    assert!(!text.contains(secret), "{field} = {value}: {text}");
+                }
+            }
+        }
+        // Every field refuses every wrong type; only strings and numbers of the right
+        // form may pass for some of them.
+        assert!(refused >= 6 * 3, "{refused}");
+        // An object under a field must say so by its JSON type.
+        let mut body = valid.clone();
+        body["payee"] = wrong_values[0].clone();
+        assert_eq!(
+            parse(body).unwrap_err().to_string(),
+            "payee: must be a string, got an object"
+        );
+        // Bodies that are not JSON, or not the expected shape.
+        for body in [
+            format!(r#"{{"claimId":"{CLAIM}","payee":"{IBAN}"#),
+            format!(r#"{{"claimId":"{CLAIM}","payee":{IBAN}x}}"#),
+            format!(r#"{{"payee":"{IBAN}","payee":"{NAME}"}}"#),
+            format!(r#"{{"claimId":"{CLAIM}","amount":"1","currency":"EUR","payee":"{IBAN}\x"}}"#),
+        ] {
+            let err = ClaimApproved::parse(&body).expect_err(&body);
+            assert_eq!(err.field, "body", "{body}: {err}");
+            for secret in secrets {
+                assert!(!err.to_string().contains(secret), "{body}: {err}");
+            }
+        }
+        // Values read back from the store are refused the same way.
+        for err in [
+            PayeeRef::from_stored(&format!(" {IBAN}")).unwrap_err(),
+            PayeeRef::from_stored(&format!("{IBAN}\u{7}")).unwrap_err(),
+            TenantId::from_stored(NAME).unwrap_err(),
+            Money::from_stored(&format!("{DIGITS}.5"), "EUR").unwrap_err(),
+            Money::from_stored(&format!("0{DIGITS}.50"), "EUR").unwrap_err(),
+            Money::from_stored("1.00", IBAN).unwrap_err(),
+            ClaimId::parse(IBAN).unwrap_err(),
+        ] {
+            for secret in secrets {
+                assert!(!err.to_string().contains(secret), "{err}");
+            }
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub struct ClaimId(Uuid);
 impl ClaimId {
     pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
         let uuid = Uuid::try_parse(s.trim())
-            .map_err(|_| InvalidMessage::new("claimId", format!("{s:?} is not a UUID")))?;
+            .map_err(|_| InvalidMessage::new("claimId", "is not a UUID"))?;
         if uuid.is_nil() {
             return Err(InvalidMessage::new(
                 "claimId",
@@ -92,10 +92,13 @@ fn bounded_text(
             format!("is longer than {max_chars} characters"),
         ));
     }
-    if let Some(bad) = value.chars().find(|c| !allowed(*c)) {
+    if let Some(position) = value.chars().position(|c| !allowed(c)) {
         return Err(InvalidMessage::new(
             field,
-            format!("contains {bad:?}; allowed: {describe_allowed}"),
+            format!(
+                "contains a character that is not allowed (character {}); allowed: {describe_allowed}",
+                position + 1
+            ),
         ));
     }
     Ok(value.to_owned())

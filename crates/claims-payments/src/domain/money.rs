@@ -9,7 +9,7 @@ use iso_currency::Currency as IsoCurrency;
 use rust_decimal::Decimal;
 use serde_json::value::RawValue;
 
-use super::{canonical, InvalidMessage};
+use super::{canonical, json_error, json_type, InvalidMessage};
 
 /// An ISO 4217 currency with a defined number of minor units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -20,13 +20,13 @@ impl Currency {
         let currency = IsoCurrency::from_code(s).ok_or_else(|| {
             InvalidMessage::new(
                 "currency",
-                format!("{s:?} is not an ISO 4217 code (three capital letters, e.g. EUR)"),
+                "is not an ISO 4217 code (three capital letters, e.g. EUR)",
             )
         })?;
         if currency.exponent().is_none() {
             return Err(InvalidMessage::new(
                 "currency",
-                format!("{s} has no minor unit (a fund or metal code), so it cannot be paid out"),
+                "has no minor unit (a fund or metal code), so it cannot be paid out",
             ));
         }
         Ok(Currency(currency))
@@ -65,15 +65,12 @@ impl Money {
     pub(crate) fn new(amount: Decimal, currency: Currency) -> Result<Self, InvalidMessage> {
         let amount = amount.normalize();
         if amount <= Decimal::ZERO {
-            return Err(InvalidMessage::new(
-                "amount",
-                format!("must be positive, got {amount}"),
-            ));
+            return Err(InvalidMessage::new("amount", "must be positive"));
         }
         if amount > Self::MAX_AMOUNT {
             return Err(InvalidMessage::new(
                 "amount",
-                format!("{amount} exceeds the maximum {}", Self::MAX_AMOUNT),
+                format!("exceeds the maximum {}", Self::MAX_AMOUNT),
             ));
         }
         let allowed = currency.max_fraction_digits();
@@ -81,7 +78,7 @@ impl Money {
             return Err(InvalidMessage::new(
                 "amount",
                 format!(
-                    "{amount} has {} fraction digits; {} allows at most {allowed}",
+                    "has {} fraction digits; {} allows at most {allowed}",
                     amount.scale(),
                     currency.code()
                 ),
@@ -105,11 +102,11 @@ impl Money {
         if !is_plain_decimal(amount) {
             return Err(InvalidMessage::new(
                 "amount",
-                format!("{amount:?} is not a plain decimal number"),
+                "is not a plain decimal number",
             ));
         }
         let value = Decimal::from_str_exact(amount)
-            .map_err(|_| InvalidMessage::new("amount", format!("{amount:?} is out of range")))?;
+            .map_err(|_| InvalidMessage::new("amount", "is out of range"))?;
         let money = Money::new(value, Currency::parse(currency)?)?;
         canonical("amount", amount, &money.amount_string())?;
         Ok(money)
@@ -138,26 +135,30 @@ impl fmt::Display for Money {
 pub(super) fn parse_amount(raw: &RawValue) -> Result<Decimal, InvalidMessage> {
     let text = raw.get().trim();
     let literal = if text.starts_with('"') {
-        serde_json::from_str::<String>(text)
-            .map_err(|e| InvalidMessage::new("amount", format!("is not a valid string: {e}")))?
+        serde_json::from_str::<String>(text).map_err(|e| {
+            InvalidMessage::new(
+                "amount",
+                format!("is not a valid JSON string: {}", json_error(&e)),
+            )
+        })?
     } else if text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
         text.to_owned()
     } else {
+        let got = serde_json::from_str(text)
+            .map(|v| json_type(&v))
+            .unwrap_or("not JSON");
         return Err(InvalidMessage::new(
             "amount",
-            format!("must be a decimal number or a string holding one, got {text}"),
+            format!("must be a decimal number or a string holding one, got {got}"),
         ));
     };
     if !is_plain_decimal(&literal) {
         return Err(InvalidMessage::new(
             "amount",
-            format!(
-                "{literal:?} is not a plain decimal number (digits, optionally '.' and digits)"
-            ),
+            "is not a plain decimal number (digits, optionally '.' and digits)",
         ));
     }
-    Decimal::from_str_exact(&literal)
-        .map_err(|_| InvalidMessage::new("amount", format!("{literal:?} is out of range")))
+    Decimal::from_str_exact(&literal).map_err(|_| InvalidMessage::new("amount", "is out of range"))
 }
 
 /// An amount another party (the bank) wrote, under the same strict grammar as a

@@ -237,12 +237,13 @@ fn decode_body(raw: &RawValue) -> Result<(String, BodyEncoding), EnvelopeError> 
         return Ok((text.to_owned(), BodyEncoding::Object));
     }
     let Ok(once) = serde_json::from_str::<String>(text) else {
+        // Named by its JSON type only: the text is the message, and may hold a payee.
+        let got = serde_json::from_str(text)
+            .map(|v| crate::domain::json_type(&v))
+            .unwrap_or("not JSON");
         return Err(EnvelopeError::new(
             field,
-            format!(
-                "expected a JSON object or a string holding one, got {}",
-                json_kind(text)
-            ),
+            format!("expected a JSON object or a string holding one, got {got}"),
         ));
     };
     if looks_like_object(&once) {
@@ -260,21 +261,11 @@ fn decode_body(raw: &RawValue) -> Result<(String, BodyEncoding), EnvelopeError> 
     }
     Err(EnvelopeError::new(
         field,
-        "is a string that is neither JSON, JSON in a string, nor base64",
+        format!(
+            "is neither JSON, JSON in a string, nor base64 (a string of {} characters)",
+            once.chars().count()
+        ),
     ))
-}
-
-/// The JSON type of a value, to name what was sent without repeating it.
-fn json_kind(text: &str) -> &'static str {
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(serde_json::Value::Object(_)) => "a JSON object",
-        Ok(serde_json::Value::Array(_)) => "a JSON array",
-        Ok(serde_json::Value::String(_)) => "a JSON string",
-        Ok(serde_json::Value::Number(_)) => "a JSON number",
-        Ok(serde_json::Value::Bool(_)) => "a JSON boolean",
-        Ok(serde_json::Value::Null) => "null",
-        Err(_) => "text that is not JSON",
-    }
 }
 
 impl Invocation {
@@ -284,15 +275,8 @@ impl Invocation {
             EnvelopeError::new(
                 "envelope",
                 format!(
-                    "is not the host's JSON invocation ({} at line {}, column {})",
-                    match e.classify() {
-                        serde_json::error::Category::Eof => "it ends too early",
-                        serde_json::error::Category::Syntax => "not JSON",
-                        serde_json::error::Category::Data => "a value of the wrong type",
-                        serde_json::error::Category::Io => "unreadable",
-                    },
-                    e.line(),
-                    e.column()
+                    "is not the host's JSON invocation: {}",
+                    crate::domain::json_error(&e)
                 ),
             )
         })?;
@@ -334,7 +318,9 @@ impl Invocation {
                 count.unwrap_or_else(|| {
                     tracing::warn!(
                         messageId = %message_id,
-                        deliveryCount = json_kind(entry.value.get()),
+                        deliveryCount = serde_json::from_str(entry.value.get())
+                            .map(|v| crate::domain::json_type(&v))
+                            .unwrap_or("not JSON"),
                         "Metadata.DeliveryCount is not a count; carrying on as unknown (0)"
                     );
                     0
@@ -549,6 +535,21 @@ mod tests {
         for (body, field) in cases {
             let err = Invocation::decode(&body).unwrap_err();
             assert_eq!(err.field, field, "{err}");
+        }
+    }
+
+    /// The body is the message: a refusal names what it is, never what it says.
+    #[test]
+    fn a_refused_body_is_never_repeated() {
+        const IBAN: &str = "DE89370400440532013000";
+        for body in [
+            envelope(serde_json::json!(["payee", IBAN]), host_metadata()),
+            envelope(serde_json::json!(format!("payee {IBAN}")), host_metadata()),
+            format!(r#"{{"Data": "{IBAN}", "Metadata": {{}}}}"#).into_bytes(),
+            format!(r#"{{"Data": {{"msg": {IBAN}x}}}}"#).into_bytes(),
+        ] {
+            let err = Invocation::decode(&body).unwrap_err();
+            assert!(!err.to_string().contains("89370400"), "{err}");
         }
     }
 

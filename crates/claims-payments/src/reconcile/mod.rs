@@ -30,8 +30,9 @@
 //! it, so the payment stays as visible to the next run as it was to this one.
 //!
 //! A run reports everything still open: what it could not settle, what it did not
-//! examine (too young, leased by a live delivery, beyond its budget or its limit) and
-//! the mismatched payments waiting for a person. [`Summary::verdict`] is "settled"
+//! examine (too young, leased by a live delivery, beyond its budget or its limit), the
+//! payments a store error stopped (each left for the next run, while the run goes on
+//! with the others) and the mismatched payments waiting for a person. [`Summary::verdict`] is "settled"
 //! only when nothing is open; `claims-payments reconcile` exits 0 then and 3
 //! otherwise, `--dry-run` included.
 //!
@@ -57,12 +58,16 @@ mod settle;
 use std::sync::Arc;
 use std::time::Duration;
 
+use time::OffsetDateTime;
+
 use crate::ambient::Ambient;
 use crate::bank::BankClient;
 use crate::consumer::Policy;
 use crate::lease::liveness::Owners;
 use crate::services::Services;
-use crate::store::{AttemptId, DynStore, InboxKey, PaymentRecord, PaymentStatus, StoreError};
+use crate::store::{
+    AttemptId, DynStore, InboxKey, PaymentRecord, PaymentStatus, StoreError, Versioned,
+};
 use crate::telemetry;
 
 use orphans::not_orphaned;
@@ -131,49 +136,84 @@ impl Reconciler {
                 summary.not_reached = total - n;
                 break;
             }
-            let key = self.inbox_key(&payment.record);
-            let inbox = store.inbox(&key).await?;
-            let p = &payment.record;
-            // A live lease of a process that has ended holds nothing (one read, only then).
-            let owner_gone = match &inbox {
-                Some(i) if i.record.lease_alive(now) => self.owners.check(i.record.owner).await,
-                _ => false,
-            };
-            if p.status == PaymentStatus::NeedsReconciliation {
-                summary.needs_reconciliation_before += 1;
-            } else if let Some(why) =
-                not_orphaned(p, inbox.as_ref(), owner_gone, now, options.min_age)
-            {
-                summary.add(line(p, Settlement::Waiting, p.status, why));
-                continue;
-            } else {
-                summary.orphaned_in_progress_before += 1;
+            // A store error on one payment is that payment's: it is reported open and
+            // left for the next run, and the run goes on with the others, so a flaky
+            // store still works a backlog through.
+            let record = payment.record.clone();
+            if let Err(e) = self.take_up(payment, now, options, &mut summary).await {
+                tracing::warn!(
+                    claimId = %record.claim_id,
+                    messageId = %record.message_id,
+                    error = %e,
+                    "reconcile: a store error on this payment; left for the next run"
+                );
+                summary.add(line(
+                    &record,
+                    Settlement::StoreError,
+                    record.status,
+                    format!("store error, left for the next run: {e}"),
+                ));
             }
-            let line = self.settle(payment, inbox, options).await?;
-            tracing::info!(
-                claimId = %line.claim_id,
-                messageId = %line.message_id,
-                before = %line.before,
-                result = ?line.result,
-                after = %line.after,
-                detail = %line.detail,
-                dryRun = options.dry_run,
-                "reconciled a payment"
-            );
-            summary.add(line);
         }
-        summary.needs_a_person = store
+        match store
             .count_payments(PaymentStatus::Mismatched, MAX_COUNTED)
-            .await?;
+            .await
+        {
+            Ok(n) => summary.needs_a_person = n,
+            Err(e) => {
+                tracing::warn!(error = %e, "reconcile: could not count the mismatched payments");
+                summary.store_errors += 1;
+            }
+        }
         if !options.dry_run {
             let c = telemetry::counters();
             c.reconcile_runs.inc();
             c.reconcile_settled
                 .add((summary.paid_by_lookup + summary.paid_now + summary.rejected) as u64);
             c.reconcile_unknown
-                .add((summary.still_unknown + summary.mismatches) as u64);
+                .add((summary.still_unknown + summary.mismatches + summary.store_errors) as u64);
         }
         Ok(summary)
+    }
+
+    /// Examines one listed payment: reports it waiting, or settles it.
+    async fn take_up(
+        &self,
+        payment: Versioned<PaymentRecord>,
+        now: OffsetDateTime,
+        options: Options,
+        summary: &mut Summary,
+    ) -> Result<(), StoreError> {
+        let key = self.inbox_key(&payment.record);
+        let inbox = self.store.inbox(&key).await?;
+        let p = &payment.record;
+        // A live lease of a process that has ended holds nothing (one read, only then).
+        let owner_gone = match &inbox {
+            Some(i) if i.record.lease_alive(now) => self.owners.check(i.record.owner).await,
+            _ => false,
+        };
+        if p.status == PaymentStatus::NeedsReconciliation {
+            summary.needs_reconciliation_before += 1;
+        } else if let Some(why) = not_orphaned(p, inbox.as_ref(), owner_gone, now, options.min_age)
+        {
+            summary.add(line(p, Settlement::Waiting, p.status, why));
+            return Ok(());
+        } else {
+            summary.orphaned_in_progress_before += 1;
+        }
+        let line = self.settle(payment, inbox, options).await?;
+        tracing::info!(
+            claimId = %line.claim_id,
+            messageId = %line.message_id,
+            before = %line.before,
+            result = ?line.result,
+            after = %line.after,
+            detail = %line.detail,
+            dryRun = options.dry_run,
+            "reconciled a payment"
+        );
+        summary.add(line);
+        Ok(())
     }
 
     fn inbox_key(&self, payment: &PaymentRecord) -> InboxKey {

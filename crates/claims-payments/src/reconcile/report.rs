@@ -27,6 +27,9 @@ pub(crate) enum Settlement {
     Skipped,
     /// Not examined: its lease ran out too recently, or a live delivery holds it.
     Waiting,
+    /// A store error stopped it (reading its records, holding its lease, writing the
+    /// settlement): left as it was for the next run.
+    StoreError,
 }
 
 /// One line of the report.
@@ -72,6 +75,10 @@ pub struct Summary {
     pub waiting: usize,
     /// Listed but not examined because the run's time budget ran out.
     pub(crate) not_reached: usize,
+    /// Payments a store error stopped, left for the next run (and a failed count of the
+    /// mismatched payments).
+    #[serde(default)]
+    pub store_errors: usize,
     /// The listing hit [`MAX_PER_RUN`]: more unsettled payments exist than were listed.
     pub(super) more_beyond_limit: bool,
     /// Mismatched payments in the store after the run, waiting for a person (counted up
@@ -92,6 +99,7 @@ impl Summary {
             + self.skipped
             + self.waiting
             + self.not_reached
+            + self.store_errors
             + self.needs_a_person;
         if open == 0 && !self.more_beyond_limit {
             Verdict::Settled
@@ -108,7 +116,7 @@ impl Summary {
     /// The counts on one line, for people and the timer's answer to the host.
     pub fn counts(&self) -> String {
         format!(
-            "{}examined {}: paid by lookup {}, paid now {}, rejected {}, still unknown {}, mismatches {} (double payments {}), skipped {}; not examined: waiting {}, not reached {}{}; mismatched payments waiting for a person {} (before: needs reconciliation {}, orphaned in progress {})",
+            "{}examined {}: paid by lookup {}, paid now {}, rejected {}, still unknown {}, mismatches {} (double payments {}), skipped {}; store errors {}; not examined: waiting {}, not reached {}{}; mismatched payments waiting for a person {} (before: needs reconciliation {}, orphaned in progress {})",
             if self.dry_run { "dry run, nothing written: " } else { "" },
             self.examined,
             self.paid_by_lookup,
@@ -118,6 +126,7 @@ impl Summary {
             self.mismatches,
             self.double_payments,
             self.skipped,
+            self.store_errors,
             self.waiting,
             self.not_reached,
             if self.more_beyond_limit { ", and more beyond the run's limit" } else { "" },
@@ -140,8 +149,12 @@ impl Summary {
             Settlement::StillUnknown => self.still_unknown += 1,
             Settlement::Skipped => self.skipped += 1,
             Settlement::Waiting => self.waiting += 1,
+            Settlement::StoreError => self.store_errors += 1,
         }
-        if !matches!(line.result, Settlement::Skipped | Settlement::Waiting) {
+        if !matches!(
+            line.result,
+            Settlement::Skipped | Settlement::Waiting | Settlement::StoreError
+        ) {
             self.examined += 1;
         }
         self.lines.push(line);
@@ -179,6 +192,7 @@ pub(crate) fn log_summary(summary: &Summary, trigger: &'static str) {
         mismatches = summary.mismatches,
         doublePayments = summary.double_payments,
         skipped = summary.skipped,
+        storeErrors = summary.store_errors,
         waiting = summary.waiting,
         notReached = summary.not_reached,
         moreBeyondLimit = summary.more_beyond_limit,

@@ -1,7 +1,7 @@
 //! Settling one payment: hold its message's lease (the same conditional write a delivery
 //! uses to take over), re-read the payment under it, ask the bank, pay now if the bank
 //! holds nothing, and finalize conditional on both records read; or give the lease back
-//! as it was found.
+//! as it was found (also after a store error under the lease).
 
 use crate::bank::{Lookup, PayoutOutcome, SendWindow};
 use crate::consumer::OutcomeKind;
@@ -15,10 +15,13 @@ use super::report::{line, Line, Settlement};
 use super::{Options, Reconciler};
 
 /// The message's lease, held by this run: the record as written, its version, and
-/// the record as found (to give back unchanged when nothing is settled).
+/// what to write back when nothing is settled.
 struct Held {
     lease: Lease,
-    found: Option<InboxRecord>,
+    /// The record as found; for a record this run created (the old one had expired),
+    /// the new one with a lease that ran out when the payment was last touched, so the
+    /// payment looks exactly as idle to the next run as it did to this one.
+    give_back: InboxRecord,
 }
 
 impl Reconciler {
@@ -63,15 +66,26 @@ impl Reconciler {
         // Under the lease, the payment as it is now, not as the listing saw it: another
         // run or a delivery may have settled it since.
         let store = &self.store;
-        let payment = store
+        // A store error under the lease gives the lease back first: held until it ran
+        // out, the payment would wait for the lease (and, for a record this run created,
+        // the minimum age) before the next run could try it again.
+        let payment = match store
             .payment(listed.record.claim_id, listed.record.purpose)
-            .await?
-            .ok_or_else(|| {
-                StoreError::Permanent(format!(
+            .await
+        {
+            Ok(Some(payment)) => payment,
+            Ok(None) => {
+                self.release(&held).await;
+                return Err(StoreError::Permanent(format!(
                     "the payment of claim {} vanished during reconciliation",
                     listed.record.claim_id
-                ))
-            })?;
+                )));
+            }
+            Err(e) => {
+                self.release(&held).await;
+                return Err(e);
+            }
+        };
         let p = &payment.record;
         if !matches!(
             p.status,
@@ -142,7 +156,13 @@ impl Reconciler {
                 "a live delivery or another run changed the records meanwhile; it settles them"
                     .into(),
             )),
-            Err(e) => Err(e),
+            // Whether the finalize landed is unknown: giving the lease back is conditional
+            // on the version we hold, so it is refused if it did, and leaves the records
+            // as found (for the next run to ask the bank again) if it did not.
+            Err(e) => {
+                self.release(&held).await;
+                Err(e)
+            }
         }
     }
 
@@ -170,7 +190,7 @@ impl Reconciler {
                     .await?
                     .map(|lease| Held {
                         lease,
-                        found: Some(seen.record),
+                        give_back: seen.record,
                     }))
             }
             None => {
@@ -183,7 +203,15 @@ impl Reconciler {
                 let record =
                     lease::new_record(&key, &p.payload_hash, self.me, 0, policy.terms(), now, None);
                 Ok(match Lease::create(store, record).await? {
-                    Created::Held(lease) => Some(Held { lease, found: None }),
+                    Created::Held(lease) => {
+                        // Not `now`: a lease that ran out now would make the payment look
+                        // freshly idle, and the next run would wait the minimum age again.
+                        let give_back = InboxRecord {
+                            lease_until: Some(p.updated_at.min(lease.record.created_at)),
+                            ..lease.record.clone()
+                        };
+                        Some(Held { lease, give_back })
+                    }
                     Created::Exists(_) => None,
                 })
             }
@@ -195,15 +223,9 @@ impl Reconciler {
     /// once and the payment looks no younger than before: a release must not hide it
     /// from the next run.
     async fn release(&self, held: &Held) {
-        let record = &held.lease.record;
-        let released = match &held.found {
-            Some(found) => found.clone(),
-            None => InboxRecord {
-                lease_until: Some(self.ambient.now().min(record.created_at)),
-                ..record.clone()
-            },
-        };
-        held.lease.give_back(self.store.as_ref(), released).await;
+        held.lease
+            .give_back(self.store.as_ref(), held.give_back.clone())
+            .await;
     }
 
     async fn ask(&self, p: &PaymentRecord) -> Finding {

@@ -1,7 +1,10 @@
 //! [`CosmosStore`]: the [`Store`] port on one Cosmos DB container.
 //!
 //! Every trait method is one request, except where a refusal is followed by the read that
-//! returns the existing record (claim, record_handled). Batches are judged by their
+//! returns the existing record (claim, record_handled); when that read misses, the write
+//! and read are tried again a few times, then answered as transient (see
+//! [`CONFLICT_READ_PAUSES`]: under Session or Bounded Staleness consistency another
+//! instance's document may not be readable at once). Batches are judged by their
 //! per-operation status codes: a refused batch comes back as `Ok` with status 207, whose
 //! `is_success()` is true.
 
@@ -359,6 +362,45 @@ fn answered(op: &'static str, response: &ItemResponse) -> StoreResult<Version> {
         .ok_or_else(|| StoreError::Permanent(format!("cosmos {op}: response has no ETag")))
 }
 
+/// The pauses before trying a refused write again when the document that refused it
+/// (409) cannot be read. A miss has three causes, and only a later look tells them apart:
+/// - a replica behind the write: under Session or Bounded Staleness consistency a read
+///   by another client (another instance) may be served by a replica that has not yet
+///   applied the write that caused the 409; it catches up within milliseconds normally;
+/// - an inbox document whose TTL expired in between: the next batch simply commits;
+/// - a document holding the same unique key (docType, dedupKey) under another id (written
+///   by hand or by an older id encoding): it never becomes readable by our id.
+///
+/// Retrying within the delivery is bounded by these pauses (under a second in all).
+/// After them the answer is transient, never permanent: the broker redelivers, and
+/// only a document that stays unreadable over every delivery ends in the dead-letter
+/// queue, as deliveries exhausted (with this reason in the log of each), not as a store
+/// failure on the first look.
+pub(crate) const CONFLICT_READ_PAUSES: [Duration; 3] = [
+    Duration::from_millis(50),
+    Duration::from_millis(150),
+    Duration::from_millis(400),
+];
+
+/// The answer when the document that refused `op` stayed unreadable through
+/// [`CONFLICT_READ_PAUSES`]: transient, counted, and logged for operators.
+fn conflict_unreadable(op: &'static str, document: &'static str, claim: ClaimId) -> StoreError {
+    let tries = CONFLICT_READ_PAUSES.len() + 1;
+    tracing::warn!(
+        operation = op,
+        claimId = %claim,
+        document,
+        tries,
+        "cosmos: a write was refused with 409 but the conflicting document cannot be read by its id"
+    );
+    note(StoreError::Transient(format!(
+        "cosmos {op} of claim {claim}: refused with 409 {tries} times, but the conflicting \
+         {document} document cannot be read by its id (a replica not yet caught up under Session \
+         or Bounded Staleness consistency, or a document holding the same (docType, dedupKey) \
+         under another id); the next delivery tries again"
+    )))
+}
+
 fn if_match(version: &Version) -> Precondition {
     Precondition::if_match(version.0.clone())
 }
@@ -393,32 +435,30 @@ impl Store for CosmosStore {
         payment: &PaymentRecord,
     ) -> StoreResult<ClaimResult> {
         let (inbox_doc, payment_doc) = self.documents("claim", inbox, payment)?;
-        // A refusal is followed by a read of the record that caused it. If that record is
-        // gone by then (an inbox document whose TTL expired in between), the batch is
-        // tried once more; a second miss means a document holds the same unique key under
-        // another id, which no retry can fix.
-        for _ in 0..2 {
-            match self.claim_batch(&inbox_doc, &payment_doc).await? {
+        // A refusal is followed by a read of the record that caused it; a miss is tried
+        // again, batch and read, after a short pause (see `CONFLICT_READ_PAUSES`).
+        let mut pauses = CONFLICT_READ_PAUSES.iter();
+        loop {
+            let missed = match self.claim_batch(&inbox_doc, &payment_doc).await? {
                 BatchOutcome::Committed(inbox_version) => {
                     return Ok(ClaimResult::Claimed { inbox_version })
                 }
-                BatchOutcome::InboxConflict => {
-                    if let Some(existing) = self.inbox(&inbox.key()).await? {
-                        return Ok(ClaimResult::InboxExists(existing));
-                    }
-                }
+                BatchOutcome::InboxConflict => match self.inbox(&inbox.key()).await? {
+                    Some(existing) => return Ok(ClaimResult::InboxExists(existing)),
+                    None => "inbox",
+                },
                 BatchOutcome::PaymentConflict => {
-                    if let Some(existing) = self.payment(payment.claim_id, payment.purpose).await? {
-                        return Ok(ClaimResult::PaymentExists(existing));
+                    match self.payment(payment.claim_id, payment.purpose).await? {
+                        Some(existing) => return Ok(ClaimResult::PaymentExists(existing)),
+                        None => "payment",
                     }
                 }
+            };
+            match pauses.next() {
+                Some(pause) => tokio::time::sleep(*pause).await,
+                None => return Err(conflict_unreadable("claim", missed, inbox.claim_id)),
             }
         }
-        Err(StoreError::Permanent(format!(
-            "claim {}: the batch was refused with 409 twice but the conflicting document cannot be \
-             read by its id; another document holds the same (docType, dedupKey) under a different id",
-            inbox.claim_id
-        )))
     }
 
     async fn inbox(&self, key: &InboxKey) -> StoreResult<Option<Versioned<InboxRecord>>> {
@@ -458,7 +498,8 @@ impl Store for CosmosStore {
     async fn record_handled(&self, inbox: &InboxRecord) -> StoreResult<InsertResult> {
         const OP: &str = "record_handled";
         let doc = InboxDoc::from_record(inbox, self.inbox_ttl_seconds);
-        for _ in 0..2 {
+        let mut pauses = CONFLICT_READ_PAUSES.iter();
+        loop {
             self.requests.count();
             match self
                 .container
@@ -476,12 +517,11 @@ impl Store for CosmosStore {
                 }
                 Err(error) => return Err(self.fail(OP, &error)),
             }
+            match pauses.next() {
+                Some(pause) => tokio::time::sleep(*pause).await,
+                None => return Err(conflict_unreadable(OP, "inbox", inbox.claim_id)),
+            }
         }
-        Err(StoreError::Permanent(format!(
-            "record_handled {}: refused with 409 twice but the inbox document cannot be read by its \
-             id; another document holds the same (docType, dedupKey) under a different id",
-            inbox.claim_id
-        )))
     }
 
     async fn replace_inbox(&self, inbox: &InboxRecord, expected: &Version) -> StoreResult<Version> {
