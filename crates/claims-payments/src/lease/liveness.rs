@@ -509,7 +509,10 @@ mod tests {
         // A renewal (a new version with a live lease): alive again, whatever was found
         // before; the memory of the old version does not outlive it.
         let renewed = registration("2", 70);
-        assert_eq!(judge(Some(&v("1")), Some(&renewed), at(40)), Liveness::Alive);
+        assert_eq!(
+            judge(Some(&v("1")), Some(&renewed), at(40)),
+            Liveness::Alive
+        );
         // It runs out again: ended again, at the new version.
         assert_eq!(
             judge(Some(&v("1")), Some(&renewed), at(70)),
@@ -567,7 +570,10 @@ mod tests {
         *clock_b.lock() = at(0) + TTL + Duration::from_secs(1);
         let view = owners.view();
         assert!(owners.check_for(a_attempt, &view).await);
-        assert!(view.contains(a_attempt), "the attempt acts on what it found");
+        assert!(
+            view.contains(a_attempt),
+            "the attempt acts on what it found"
+        );
         assert!(
             !owners.view().contains(a_attempt),
             "a later attempt starts from nothing"
@@ -580,7 +586,10 @@ mod tests {
             .await
             .unwrap();
         *clock_b.lock() = at(0) + TTL + Duration::from_secs(3);
-        assert!(!owners.check(a_attempt).await, "a renewal makes it alive again");
+        assert!(
+            !owners.check(a_attempt).await,
+            "a renewal makes it alive again"
+        );
 
         // Paused again past the renewed registration: ended again.
         *clock_b.lock() = at(0) + TTL * 2 + Duration::from_secs(3);
