@@ -488,11 +488,14 @@ async fn a_process_killed_while_it_drains_is_ended_by_the_start_that_waited_for_
     let port = a.port;
     let (a_boot, _) = state_of(tmp.path(), port);
     let claim = new_claim();
-    let _first = tokio::spawn(deliver(
-        a.url("/ClaimApproved"),
-        claim_body(&claim, "12.00"),
-        "evt-killed",
-    ));
+    // Never answered: A is killed with it in flight.
+    let envelope = host_envelope(&claim_body(&claim, "12.00"), "evt-killed", 1).to_string();
+    let request = reqwest::Client::new()
+        .post(a.url("/ClaimApproved"))
+        .header("Content-Type", "application/json; charset=utf-8")
+        .body(envelope)
+        .send();
+    tokio::spawn(async move { request.await.is_err() });
     wait_until(BOUND, "A's payout reached the bank", || {
         bank.requests_for(&claim) == 1
     })
