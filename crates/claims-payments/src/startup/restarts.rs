@@ -38,7 +38,7 @@
 //! A predecessor whose lock cannot be told (no lock file: an older build) counts as
 //! exited when its lock file is missing, and as running when the lock cannot be read.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -183,6 +183,28 @@ fn lock_file(state: &Path, boot: Boot) -> PathBuf {
     state.with_extension(format!("{boot}.lock"))
 }
 
+/// Takes the exclusive flock(2) on `file`, waiting for it or not (`WouldBlock` then).
+/// The kernel releases it when the last descriptor of the file closes: at the latest
+/// when the process ends, however it ends.
+fn flock(file: &File, wait: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let operation = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
+    loop {
+        // SAFETY: flock(2) on a descriptor `file` owns and keeps open during the call.
+        if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Creates and locks this process's lock file. Created exclusively (never through a
 /// planted file or link), and held until the process ends.
 fn hold_lock(path: &Path) -> std::io::Result<File> {
@@ -191,11 +213,8 @@ fn hold_lock(path: &Path) -> std::io::Result<File> {
         .create_new(true)
         .mode(0o600)
         .open(path)?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(TryLockError::WouldBlock) => Err(std::io::ErrorKind::WouldBlock.into()),
-        Err(TryLockError::Error(e)) => Err(e),
-    }
+    flock(&file, false)?;
+    Ok(file)
 }
 
 /// Whether the process whose lock file is `path` still runs.
@@ -222,13 +241,13 @@ fn probe(path: &Path) -> Previous {
             return Previous::Unknown;
         }
     };
-    match file.try_lock() {
+    match flock(&file, false) {
         Ok(()) => {
             let _ = std::fs::remove_file(path);
             Previous::Exited
         }
-        Err(TryLockError::WouldBlock) => Previous::Running(file),
-        Err(TryLockError::Error(e)) => {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Previous::Running(file),
+        Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot tell whether the previous process on this port still runs; its registration is left to run out");
             Previous::Unknown
         }
@@ -247,7 +266,7 @@ fn exclusively<T>(path: &Path, f: impl FnOnce() -> T) -> T {
         .custom_flags(libc::O_NOFOLLOW)
         .open(path.with_extension("lock"))
         .ok()
-        .filter(|file| file.lock().is_ok());
+        .filter(|file| flock(file, true).is_ok());
     let out = f();
     drop(lock);
     out
@@ -262,7 +281,7 @@ fn watch(store: DynStore, previous: Boot, lock: File, path: PathBuf) {
     let waiter = std::thread::Builder::new()
         .name("previous-process".into())
         .spawn(move || {
-            let _ = exited.send(lock.lock().map(|()| lock));
+            let _ = exited.send(flock(&lock, true).map(|()| lock));
         });
     if let Err(e) = waiter {
         tracing::warn!(error = %e, "cannot wait for the previous process on this port; if it is killed, its registration runs out");
