@@ -56,7 +56,7 @@ impl Holder {
 
 /// The takeover rule. `delivery` is the broker's count for this attempt (0 when it is
 /// not a broker delivery or the host did not say); `owner_gone` says that the process
-/// of the record's owner is known to have ended ([`liveness::Owners::known_gone`]).
+/// of the record's owner was found ended ([`liveness::Owners::check`]).
 ///
 /// A later delivery of the same message supersedes a live lease: the broker only
 /// redelivers once it gave up on the earlier one (its lock expired, or the host

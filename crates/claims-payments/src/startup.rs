@@ -132,16 +132,18 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
     })?;
     let address = listener.local_addr()?;
 
-    // We hold the port, so the process that served on it before is gone: if it did not
-    // stop cleanly, its leases are over now. Then this process registers (its attempts'
-    // leases count as live while it renews), and a crash loop holds back before the
-    // first answer (the host holds invocations meanwhile at no delivery's cost).
+    // We hold the port, but the process that served on it before may still be draining
+    // (its listener is closed, its in-flight invocations are not): only if it has exited
+    // without a clean stop are its leases over now. Then this process registers (its
+    // attempts' leases count as live while it renews), and a crash loop holds back
+    // before the first answer (the host holds invocations meanwhile at no delivery's
+    // cost).
     let state_file = restarts::state_file(
         &settings.consumer_name,
         &settings.store.identity(),
         address.port(),
     );
-    let (start, restarts) = restarts::begin(store.as_ref(), state_file).await;
+    let (start, restarts) = restarts::begin(&store, state_file).await;
     let registration_task =
         liveness::Registered::register(store.clone(), settings.inbox_retention, Ambient::system())
             .await
@@ -290,6 +292,10 @@ pub(crate) async fn serve_router(
             }
         });
     }
+    // The port is released before the drain: a start on it meanwhile (the host
+    // restarting the handler) serves new invocations at once instead of failing to bind
+    // (each failed start counts towards the host's limit of restarts), and knows from
+    // this process's lock file that it still drains (`restarts`).
     drop(listener);
     if tokio::time::timeout(SHUTDOWN_DRAIN, graceful.shutdown())
         .await

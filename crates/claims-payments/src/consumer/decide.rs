@@ -43,7 +43,7 @@ pub(crate) struct Attempt<'a> {
     /// caller answers with it (the HTTP API), so it need not read it back. `None` on the
     /// message path, which then copies nothing.
     pub(crate) payment_seen: Option<std::sync::Mutex<Option<PaymentRecord>>>,
-    /// The processes known to have ended: their live leases are over.
+    /// The processes this attempt found ended: their live leases are over.
     pub(crate) gone: &'a GoneOwners,
 }
 

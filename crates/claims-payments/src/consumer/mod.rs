@@ -229,6 +229,7 @@ impl Consumer {
                 return (outcome, None);
             }
         }
+        let gone = self.owners.view();
         let attempt = Attempt {
             msg,
             delivery,
@@ -236,7 +237,7 @@ impl Consumer {
             hash: hash.clone(),
             key: key.clone(),
             payment_seen: note_payment.then(Default::default),
-            gone: self.owners.gone(),
+            gone: &gone,
         };
         let outcome = match self.process(&attempt).await {
             Ok(outcome) => outcome,
@@ -315,6 +316,7 @@ impl Consumer {
         attempt: AttemptId,
         now: OffsetDateTime,
     ) -> (InboxRecord, PaymentRecord) {
+        let gone = self.owners.view();
         let a = Attempt {
             msg,
             delivery,
@@ -322,7 +324,7 @@ impl Consumer {
             hash: msg.payload_hash(),
             key: self.inbox_key(msg, delivery),
             payment_seen: None,
-            gone: self.owners.gone(),
+            gone: &gone,
         };
         let FirstClaim { inbox, payment } =
             decide::first_records(&a, &self.policy, self.bank.is_some(), now);
@@ -399,7 +401,7 @@ impl Consumer {
                 return Ok(Progress::Next(State::Resume(seen.record, seen.version)));
             }
             OnInbox::WaitForLiveAttempt { lease_until } => {
-                if self.owners.check(seen.record.owner).await {
+                if self.owners.check_for(seen.record.owner, a.gone).await {
                     // Its process has ended: decide again, which now takes it over.
                     return Ok(Progress::Next(State::Seen(seen, wait)));
                 }
@@ -468,7 +470,7 @@ impl Consumer {
                         },
                         OnPayoutOwner::WaitForPayout {
                             holder: Some(holder),
-                        } if self.owners.check(holder).await => {
+                        } if self.owners.check_for(holder, a.gone).await => {
                             // Its process has ended: look again, which now adopts it.
                             Progress::Next(State::Payment(payment, wait))
                         }

@@ -9,11 +9,18 @@
 //!
 //! A registration is an inbox record of the pseudo-consumer [`CONSUMER`], keyed by the
 //! boot and leased for [`TTL`], renewed every [`RENEW_EVERY`]. Its process has ended when
-//! that lease has run out (the process died or hangs) or was ended: at a clean stop, or
-//! by the next process on the same port, which knows that its predecessor is gone
-//! (`startup::restarts`). Anything else counts as alive and the lease decides, as
-//! before: an owner that names no boot (written by an older build), a boot that never
+//! that lease has run out (the process died, hangs or is paused) or was ended: at a clean
+//! stop, or by the next process on the same port once that process knows its predecessor
+//! has exited (`startup::restarts`). Anything else counts as alive and the lease decides,
+//! as before: an owner that names no boot (written by an older build), a boot that never
 //! registered (an operator command, a test), a registration that cannot be read.
+//!
+//! "Ended" is not for good: a process paused for longer than [`TTL`] (a VM frozen for
+//! host maintenance, a CPU-throttled container) renews its registration when it runs
+//! again, and is alive from then on. So a boot counts as ended only while its
+//! registration is unchanged (the same version) since it was found ended or run out
+//! ([`judge`]): [`Owners::check`] reads the registration every time it answers "ended",
+//! and what an attempt found ([`GoneOwners`]) lasts only as long as that attempt.
 //!
 //! Being wrong costs time, never money: a lease taken over from a live process is safe
 //! (the bank request carries the same Idempotency-Key, and the old attempt's final write
@@ -30,7 +37,8 @@ use super::{Created, Lease, Terms};
 use crate::ambient::Ambient;
 use crate::domain::{ClaimId, MessageId, PayloadHash};
 use crate::store::{
-    AttemptId, Boot, DynStore, InboxKey, InboxRecord, Store, StoreError, StoreResult,
+    AttemptId, Boot, DynStore, InboxKey, InboxRecord, Store, StoreError, StoreResult, Version,
+    Versioned,
 };
 use crate::telemetry;
 
@@ -42,8 +50,9 @@ pub(crate) const TTL: Duration = Duration::from_secs(30);
 /// How often a running process renews its registration; two renewals can fail in a row
 /// (a store blip) before the registration runs out.
 pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(10);
-/// Ended processes remembered, so a waiter reads each one's registration once.
-const GONE_REMEMBERED: usize = 4096;
+/// Ended processes remembered with the version of their registration, and processes
+/// found live: each map is cleared when it reaches this size.
+const REMEMBERED: usize = 4096;
 /// How long a registration found live is taken as live without reading it again: a
 /// waiter re-reads the record it waits for every 20 to 500 ms, and need not double that.
 const ALIVE_FOR: Duration = Duration::from_secs(1);
@@ -61,8 +70,9 @@ fn key(boot: Boot) -> StoreResult<InboxKey> {
     })
 }
 
-/// The processes known to have ended: what the pure decisions read
-/// ([`super::holder`]'s `owner_gone`). Filled by [`Owners::check`].
+/// The processes one attempt found ended: what its pure decisions read
+/// ([`super::holder`]'s `owner_gone`). Filled by [`Owners::check_for`]; it lives as long as
+/// the attempt, so no later attempt acts on what this one read.
 #[derive(Debug)]
 pub(crate) struct GoneOwners {
     /// This process, never gone.
@@ -84,7 +94,7 @@ impl GoneOwners {
         }
     }
 
-    /// Whether `owner`'s process is known to have ended. Never true for this process.
+    /// Whether `owner`'s process was found ended. Never true for this process.
     pub(crate) fn contains(&self, owner: AttemptId) -> bool {
         match owner.boot() {
             Some(boot) if boot != self.me => {
@@ -96,11 +106,37 @@ impl GoneOwners {
 
     pub(crate) fn insert(&self, boot: Boot) {
         if let Ok(mut gone) = self.gone.lock() {
-            if gone.len() >= GONE_REMEMBERED {
-                gone.clear();
-            }
             gone.insert(boot);
         }
+    }
+}
+
+/// What a registration read now says about its process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    /// Running as far as anyone can tell (its lease decides).
+    Alive,
+    /// Ended: its registration, at this version, ran out or was ended.
+    Ended(Version),
+}
+
+/// Pure: the liveness rule. `ended_at` is the version the registration had when this
+/// process last found it ended, `read` the registration as read now (`None`: never
+/// registered, or purged). A boot is ended while its registration is still the one
+/// found ended (a clock behind the one that ended it cannot revive it), or when the
+/// registration read now has no live lease; a renewal (a new version with a live lease)
+/// makes it alive again, whatever was found before.
+pub(crate) fn judge(
+    ended_at: Option<&Version>,
+    read: Option<&Versioned<InboxRecord>>,
+    now: OffsetDateTime,
+) -> Liveness {
+    match read {
+        None => Liveness::Alive,
+        Some(seen) if ended_at == Some(&seen.version) || !seen.record.lease_alive(now) => {
+            Liveness::Ended(seen.version.clone())
+        }
+        Some(_) => Liveness::Alive,
     }
 }
 
@@ -108,7 +144,8 @@ impl GoneOwners {
 pub(crate) struct Owners {
     store: DynStore,
     ambient: Ambient,
-    gone: GoneOwners,
+    /// Processes found ended, with the version of the registration that said so.
+    ended: Mutex<HashMap<Boot, Version>>,
     /// Processes found live, and when.
     alive: Mutex<HashMap<Boot, Instant>>,
 }
@@ -117,8 +154,8 @@ impl Owners {
     pub(crate) fn new(store: DynStore, ambient: Ambient) -> Self {
         Owners {
             store,
-            gone: GoneOwners::of(ambient.boot()),
             ambient,
+            ended: Mutex::new(HashMap::new()),
             alive: Mutex::new(HashMap::new()),
         }
     }
@@ -131,52 +168,89 @@ impl Owners {
 
     fn saw_alive(&self, boot: Boot) {
         if let Ok(mut alive) = self.alive.lock() {
-            if alive.len() >= GONE_REMEMBERED {
+            if alive.len() >= REMEMBERED {
                 alive.clear();
             }
             alive.insert(boot, Instant::now());
         }
     }
 
-    /// The processes known to have ended so far.
-    pub(crate) fn gone(&self) -> &GoneOwners {
-        &self.gone
+    fn ended_at(&self, boot: Boot) -> Option<Version> {
+        self.ended
+            .lock()
+            .ok()
+            .and_then(|ended| ended.get(&boot).cloned())
     }
 
-    /// Whether `owner`'s process has ended: one read of its registration, unless that is
-    /// already known or cannot be (no boot, our own). Once true, [`Self::gone`] says so
-    /// too, for good: a boot never runs again.
+    /// Remembers `boot` as ended at `version`; whether that is news (counted once per
+    /// registration version found ended).
+    fn saw_ended(&self, boot: Boot, version: Version) -> bool {
+        let Ok(mut ended) = self.ended.lock() else {
+            return false;
+        };
+        if ended.len() >= REMEMBERED {
+            ended.clear();
+        }
+        ended.insert(boot, version.clone()) != Some(version)
+    }
+
+    fn forget_ended(&self, boot: Boot) {
+        if let Ok(mut ended) = self.ended.lock() {
+            ended.remove(&boot);
+        }
+    }
+
+    /// A view for one attempt: empty, filled by [`Self::check_for`].
+    pub(crate) fn view(&self) -> GoneOwners {
+        GoneOwners::of(self.ambient.boot())
+    }
+
+    /// Whether `owner`'s process has ended: one read of its registration, unless that
+    /// cannot tell (no boot, our own) or it was found live within [`ALIVE_FOR`]. Every
+    /// "ended" comes from a read: a process that renewed its registration since it was
+    /// found ended is alive again.
     pub(crate) async fn check(&self, owner: AttemptId) -> bool {
         let Some(boot) = owner.boot() else {
             return false;
         };
-        if boot == self.ambient.boot() {
-            return false;
-        }
-        if self.gone.contains(owner) {
-            return true;
-        }
-        if self.seen_alive_lately(boot) {
+        if boot == self.ambient.boot() || self.seen_alive_lately(boot) {
             return false;
         }
         let registration = match key(boot) {
             Ok(key) => self.store.inbox(&key).await,
             Err(e) => Err(e),
         };
-        let ended = match registration {
-            Ok(Some(seen)) => !seen.record.lease_alive(self.ambient.now()),
-            // Never registered (an operator command, a test) or long purged: unknown.
-            Ok(None) => false,
+        let read = match registration {
+            Ok(read) => read,
             Err(e) => {
                 tracing::debug!(boot = %boot, error = %e, "cannot read a process registration; its lease decides");
-                false
+                return false;
             }
         };
-        if ended {
-            telemetry::counters().owners_found_gone.inc();
-            self.gone.insert(boot);
-        } else {
-            self.saw_alive(boot);
+        match judge(
+            self.ended_at(boot).as_ref(),
+            read.as_ref(),
+            self.ambient.now(),
+        ) {
+            Liveness::Ended(version) => {
+                if self.saw_ended(boot, version) {
+                    telemetry::counters().owners_found_gone.inc();
+                }
+                true
+            }
+            Liveness::Alive => {
+                self.forget_ended(boot);
+                self.saw_alive(boot);
+                false
+            }
+        }
+    }
+
+    /// [`Self::check`], noting an ended owner in the attempt's `view`.
+    pub(crate) async fn check_for(&self, owner: AttemptId, view: &GoneOwners) -> bool {
+        let ended = self.check(owner).await;
+        if let (true, Some(boot)) = (ended, owner.boot()) {
+            view.insert(boot);
         }
         ended
     }
@@ -378,5 +452,155 @@ pub async fn end_registration_of(
         // It changed since we read it: it renewed (then it was not gone) or ended.
         Err(StoreError::PreconditionFailed) => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::ambient::{Entropy, WallClock};
+
+    fn at(s: i64) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp(1_800_000_000 + s).unwrap()
+    }
+
+    /// A registration at `version`, leased until `until` (`None`: ended without a lease).
+    fn registration(version: &str, until: i64) -> Versioned<InboxRecord> {
+        let boot = Boot::numbered(1);
+        let hash = PayloadHash::from_stored(CONSUMER.into());
+        let terms = Terms {
+            lease: TTL,
+            retention: Duration::from_secs(86_400),
+        };
+        let mut record = super::super::new_record(
+            &key(boot).unwrap(),
+            &hash,
+            AttemptId::of(boot),
+            0,
+            terms,
+            at(0),
+            None,
+        );
+        record.lease_until = Some(at(until));
+        Versioned {
+            record,
+            version: Version(version.into()),
+        }
+    }
+
+    #[test]
+    fn a_boot_is_ended_only_while_its_registration_is_unchanged_since_found_ended() {
+        let v = |s: &str| Version(s.into());
+        // Never registered (or purged): unknown, the lease decides.
+        assert_eq!(judge(None, None, at(0)), Liveness::Alive);
+        assert_eq!(judge(Some(&v("1")), None, at(0)), Liveness::Alive);
+        // Renewed and live; then run out (paused, hung or dead): ended at that version.
+        let live = registration("1", 30);
+        assert_eq!(judge(None, Some(&live), at(29)), Liveness::Alive);
+        assert_eq!(judge(None, Some(&live), at(30)), Liveness::Ended(v("1")));
+        // Unchanged since it was found ended: still ended, even by a clock that reads
+        // its lease as live (the clock of whoever ended it ran ahead of ours).
+        assert_eq!(
+            judge(Some(&v("1")), Some(&live), at(10)),
+            Liveness::Ended(v("1"))
+        );
+        // A renewal (a new version with a live lease): alive again, whatever was found
+        // before; the memory of the old version does not outlive it.
+        let renewed = registration("2", 70);
+        assert_eq!(
+            judge(Some(&v("1")), Some(&renewed), at(40)),
+            Liveness::Alive
+        );
+        // It runs out again: ended again, at the new version.
+        assert_eq!(
+            judge(Some(&v("1")), Some(&renewed), at(70)),
+            Liveness::Ended(v("2"))
+        );
+    }
+
+    struct Clock(Mutex<OffsetDateTime>);
+    impl WallClock for Clock {
+        fn now(&self) -> OffsetDateTime {
+            *self.0.lock().unwrap()
+        }
+    }
+    struct Counter(std::sync::atomic::AtomicU64);
+    impl Entropy for Counter {
+        fn fill(&self, bytes: &mut [u8]) {
+            let n = self
+                .0
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .to_be_bytes();
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = n[i % n.len()];
+            }
+        }
+    }
+
+    fn ambient(boot: u64, clock: &Arc<Clock>) -> Ambient {
+        Ambient::new(
+            clock.clone(),
+            Arc::new(Counter(std::sync::atomic::AtomicU64::new(boot << 32))),
+            Boot::numbered(boot),
+        )
+    }
+
+    /// Process A is paused past its registration's TTL, found ended by process B, then
+    /// runs again and renews: B finds it alive from then on, and ended again only once
+    /// its renewed registration runs out in turn.
+    #[tokio::test]
+    async fn a_paused_process_that_renews_is_alive_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: DynStore =
+            crate::store::sqlite::SqliteStore::open(dir.path().join("p.db")).unwrap();
+        let clock_a = Arc::new(Clock(Mutex::new(at(0))));
+        let clock_b = Arc::new(Clock(Mutex::new(at(0))));
+        let (a, b) = (ambient(1, &clock_a), ambient(2, &clock_b));
+        let mut registration = register(store.as_ref(), Duration::from_secs(86_400), &a)
+            .await
+            .unwrap();
+        let owners = Owners::new(store.clone(), b.clone());
+        let a_attempt = a.attempt_id();
+        assert!(!owners.check(a_attempt).await, "registered and live");
+
+        // A is paused; its registration runs out (and B's live finding is past trusting).
+        owners.alive.lock().unwrap().clear();
+        *clock_b.lock() = at(0) + TTL + Duration::from_secs(1);
+        let view = owners.view();
+        assert!(owners.check_for(a_attempt, &view).await);
+        assert!(
+            view.contains(a_attempt),
+            "the attempt acts on what it found"
+        );
+        assert!(
+            !owners.view().contains(a_attempt),
+            "a later attempt starts from nothing"
+        );
+
+        // A runs again and renews: alive for B, at once.
+        *clock_a.lock() = at(0) + TTL + Duration::from_secs(2);
+        registration
+            .renew(store.as_ref(), clock_a.now())
+            .await
+            .unwrap();
+        *clock_b.lock() = at(0) + TTL + Duration::from_secs(3);
+        assert!(
+            !owners.check(a_attempt).await,
+            "a renewal makes it alive again"
+        );
+
+        // Paused again past the renewed registration: ended again.
+        *clock_b.lock() = at(0) + TTL * 2 + Duration::from_secs(3);
+        // (Past the time a live finding is trusted without a read.)
+        owners.alive.lock().unwrap().clear();
+        assert!(owners.check(a_attempt).await);
+    }
+
+    impl Clock {
+        fn lock(&self) -> std::sync::MutexGuard<'_, OffsetDateTime> {
+            self.0.lock().unwrap()
+        }
     }
 }
