@@ -127,7 +127,7 @@ pub(super) fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     Some(wait.min(MAX_RETRY_AFTER))
 }
 
-/// The bank contract's answers (DESIGN.md §8), in one place. Of the body, only the
+/// The bank contract's answers (docs/reference.md §7), in one place. Of the body, only the
 /// `paymentId` of a success and the `code` of an error are read.
 pub(super) fn classify(
     status: StatusCode,

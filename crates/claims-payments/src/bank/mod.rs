@@ -6,8 +6,8 @@
 //! retry, a takeover after a crash, or a redelivery can never pay twice, as long as
 //! the request leaves while the bank still remembers the key (its key window).
 //!
-//! Every answer is classified in one place, [`answer::classify`], exactly as DESIGN.md §8 lists
-//! them. Transient failures are retried with exponential backoff and full jitter inside
+//! Every answer is classified in one place, [`answer::classify`], as the bank contract
+//! lists them (docs/reference.md §7 gives the table). Transient failures are retried with exponential backoff and full jitter inside
 //! a [`SendWindow`]: the caller's retry budget, and the end of the key window (no
 //! request ever leaves after it). The credential travels in its own header from its
 //! own secret setting (`BANK_API_KEY`), never in the URL, and no error this module
@@ -145,7 +145,7 @@ impl BankStatus {
 }
 
 /// One payment the bank holds under our reference, as its lookup lists it, read into
-/// the contract's types (DESIGN.md §8): a token id, a decimal amount, a currency code.
+/// the contract's types: a token id, a decimal amount, a currency code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BankPayment {
     pub(crate) payment_id: String,

@@ -41,7 +41,7 @@ use limits::BodyError;
 /// layer): `ClaimApproved` and `Reconcile` parent theirs on what the host sends.
 pub(crate) const OWN_SPAN_ROUTES: &[&str] = &["/", "/metrics", "/ClaimApproved", "/Reconcile"];
 
-/// What the functions read from the settings (`config` composes it from the environment).
+/// What the functions read from the settings (`configuration` composes it from the environment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FunctionSettings {
     /// Who an HTTP caller is (`HTTP_AUTH`).

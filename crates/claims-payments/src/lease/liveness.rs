@@ -42,7 +42,7 @@ use crate::store::{
 };
 use crate::telemetry;
 
-/// The pseudo-consumer of registrations (never a consumer name: see `config`).
+/// The pseudo-consumer of registrations (never a consumer name: see `configuration`).
 pub(crate) const CONSUMER: &str = "process";
 /// How long a registration lasts without renewal: how long a process that died without
 /// a successor on its port (its machine went away) still counts as alive.

@@ -275,9 +275,8 @@ pub(crate) fn payment_not_found() -> Answer {
 }
 
 /// What the client is told for each way a payment can end. An outcome's `reason` is
-/// free text that may carry the bank's answer or the store's error (issue 21 item 6:
-/// a bank that echoes our `Authorization` header in its error body would hand the
-/// client our credential), so every detail here is fixed per outcome kind; the reason
+/// free text that may carry the bank's answer or the store's error (a bank that echoes
+/// our `Authorization` header in its error body would hand the client our credential), so every detail here is fixed per outcome kind; the reason
 /// goes only to the log line and the operator's records.
 pub(crate) fn answer_for(outcome: &Outcome, payment: Option<&PaymentRecord>) -> Answer {
     match (outcome, payment) {

@@ -183,8 +183,8 @@ impl PaymentsApi {
         let identity = KeyIdentity::new(&scope, &client_key);
         // The work runs on a task of its own: a client that goes away (its request
         // future is dropped) must not cut a payment between the bank's answer and the
-        // stored one, or the key would stay in progress until its lease runs out
-        // (issue 21 item 8). The task finishes and stores the answer for the retry.
+        // stored one, or the key would stay in progress until its lease runs out. The
+        // task finishes and stores the answer for the retry.
         let api = self.clone();
         let work = tokio::spawn(async move { api.pay(caller, scope, msg, identity).await });
         match work.await {

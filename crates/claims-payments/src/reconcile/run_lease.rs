@@ -15,7 +15,7 @@ use super::Reconciler;
 pub(crate) struct RunLease(Lease);
 
 const RUN_LEASE_CLAIM: &str = "5e3c0f1a-7d2b-4c69-9f41-2a8e6b0d9c17";
-/// The pseudo-consumer of the run lease (never a consumer name: see `config`).
+/// The pseudo-consumer of the run lease (never a consumer name: see `configuration`).
 pub(crate) const RUN_LEASE_CONSUMER: &str = "reconcile-run";
 
 impl RunLease {
