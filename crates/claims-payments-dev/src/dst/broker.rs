@@ -312,6 +312,9 @@ impl Sim {
         };
         let sim = self.clone();
         let task = async move {
+            let _flight = claim
+                .as_deref()
+                .map(|c| Flights::begin(&sim.flights, c, true));
             trace_event!(
                 sim.trace,
                 "deliver #{i} {message_id} count {count} slot {slot} claim {}",

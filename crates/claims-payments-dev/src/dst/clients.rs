@@ -86,7 +86,7 @@ impl Sim {
             // The same key with another amount, once the key has its answer: refused.
             let changed = body.replace(&format!(r#""amount":"{amount}""#), r#""amount":"1.23""#);
             if let Some((status, _)) = self
-                .send_once(caller, &key, &changed, Duration::from_secs(60))
+                .send_once(caller, &claim, &key, &changed, Duration::from_secs(60))
                 .await
             {
                 if status < 400 {
@@ -124,7 +124,7 @@ impl Sim {
             } else {
                 Duration::from_secs(100)
             };
-            match self.send_once(caller, &key, &body, timeout).await {
+            match self.send_once(caller, &claim, &key, &body, timeout).await {
                 Some((status, answer)) if !matches!(status, 409 | 429 | 500..=599) => {
                     self.checks
                         .http_answer(&caller.scoped(&key), &claim, status, &answer);
@@ -172,6 +172,7 @@ impl Sim {
     pub(super) async fn send_once(
         &self,
         caller: Caller,
+        claim: &str,
         key: &str,
         body: &str,
         timeout: Duration,
@@ -195,7 +196,9 @@ impl Sim {
                 .map(|k| (first + k) % slots)
                 .find(|&s| books.instances[s].alive)?;
             let router = books.instances[slot].router.clone()?;
+            let (flights, claim) = (self.flights.clone(), claim.to_owned());
             books.instances[slot].tasks.spawn(async move {
+                let _flight = Flights::begin(&flights, &claim, false);
                 let answered = async {
                     let response = router.oneshot(request).await.ok()?;
                     let status = response.status().as_u16();

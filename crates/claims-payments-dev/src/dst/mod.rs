@@ -155,6 +155,8 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     let options = RunOptions::from_args(&args);
     let (wall, cpu) = (WallInstant::now(), cpu_seconds());
     let (mut deliveries, mut virtual_secs, mut failed) = (0u64, 0f64, 0u64);
+    // Deliveries that met another attempt on their claim; the least share of one seed.
+    let (mut met, mut least, mut none) = (0u64, f64::INFINITY, 0u64);
     let mut fired: BTreeMap<faults::Fault, u64> = BTreeMap::new();
     println!(
         "dst: seeds {first}..{} ({} messages, {} HTTP intents each)",
@@ -165,6 +167,9 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     for seed in first..first + args.seeds {
         let result = run_seed(seed, &options);
         deliveries += result.deliveries;
+        met += result.deliveries_met;
+        least = least.min(share(result.deliveries_met, result.deliveries));
+        none += u64::from(result.deliveries_met == 0);
         virtual_secs += result.virtual_time.as_secs_f64();
         for (fault, n) in &result.fired {
             *fired.entry(*fault).or_default() += n;
@@ -191,6 +196,11 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
         virtual_secs / 3600.0,
         virtual_secs / 3600.0 / wall.max(1e-9)
     );
+    println!(
+        "dst: {:.1}% of deliveries met another attempt on their claim ({met} of {deliveries}; least in one seed {:.1}%, seeds with none {none})",
+        share(met, deliveries),
+        if least.is_finite() { least } else { 0.0 }
+    );
     let coverage: Vec<String> = fired.iter().map(|(f, n)| format!("{f} {n}")).collect();
     println!("dst: faults fired: {}", coverage.join(", "));
     Ok(if failed == 0 {
@@ -198,6 +208,11 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// `part` of `whole` in percent.
+fn share(part: u64, whole: u64) -> f64 {
+    100.0 * part as f64 / whole.max(1) as f64
 }
 
 /// The production timings the simulator runs with, as `infra/` deploys them.

@@ -40,6 +40,8 @@ pub struct RunResult {
     pub seed: u64,
     pub trace_hash: String,
     pub deliveries: u64,
+    /// Deliveries that met another attempt (delivery or HTTP request) on their claim.
+    pub deliveries_met: u64,
     pub http_requests: u64,
     pub virtual_time: Duration,
     pub violations: Vec<Violation>,
@@ -63,11 +65,12 @@ impl RunResult {
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         format!(
-            "seed {}: ok; trace {}; {} instance(s); {} deliveries, {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven); {:.1} virtual hours; faults: {}; outcomes: {}",
+            "seed {}: ok; trace {}; {} instance(s); {} deliveries ({} met another attempt on their claim), {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven); {:.1} virtual hours; faults: {}; outcomes: {}",
             self.seed,
             self.trace_hash,
             self.instances,
             self.deliveries,
+            self.deliveries_met,
             self.http_requests,
             self.payouts,
             self.dead_lettered,
@@ -147,6 +150,7 @@ impl Sim {
             checks: Checks::default(),
             signed_in,
             bank_dark: Default::default(),
+            flights: Default::default(),
         });
         sim.clone().timeline(instances).await;
         sim.result(instances)
@@ -324,6 +328,11 @@ impl Sim {
             seed: self.seed,
             trace_hash: self.trace.hash(),
             deliveries: books.deliveries,
+            deliveries_met: self
+                .flights
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .deliveries_met,
             http_requests: books.http_requests,
             virtual_time: self.elapsed(),
             violations: self.checks.violations(),
