@@ -45,6 +45,12 @@ impl Caller {
     }
 }
 
+/// A 409 that is final: the claim was paid by another request (a 409 also says "in
+/// progress, retry").
+fn already_paid(status: u16, answer: &[u8]) -> bool {
+    status == 409 && String::from_utf8_lossy(answer).contains("claim-already-paid")
+}
+
 impl Sim {
     /// The HTTP clients: each intent one Idempotency-Key, reused on every retry.
     pub(super) async fn http_clients(self: Arc<Self>) {
@@ -56,8 +62,8 @@ impl Sim {
         while clients.join_next().await.is_some() {}
     }
 
+    /// Intent `n` of the HTTP clients: a claim of its own.
     pub(super) async fn http_intent(self: Arc<Self>, n: usize) {
-        let caller = Caller(self.dice.range(1, 3));
         let claim = uuid::Uuid::from_u64_pair(self.seed, 1 << 40 | n as u64).to_string();
         let key = format!("intent-{}-{n}", self.seed);
         let amount = format!(
@@ -66,6 +72,20 @@ impl Sim {
             self.dice.range(0, 99)
         );
         let body = self.payment_body(&claim, &amount);
+        self.http_payment(n, key, claim, amount, body).await
+    }
+
+    /// One payment intent under `key` (its `body` asks `amount` for `claim`); `n` names
+    /// the claim another caller pays under the same key string.
+    pub(super) async fn http_payment(
+        self: Arc<Self>,
+        n: usize,
+        key: String,
+        claim: String,
+        amount: String,
+        body: String,
+    ) {
+        let caller = Caller(self.dice.range(1, 3));
         let mut submits = JoinSet::new();
         let double = self.chaos.fires(Fault::DoubleSubmit, &key);
         for _ in 0..if double { 2 } else { 1 } {
@@ -125,7 +145,9 @@ impl Sim {
                 Duration::from_secs(100)
             };
             match self.send_once(caller, &claim, &key, &body, timeout).await {
-                Some((status, answer)) if !matches!(status, 409 | 429 | 500..=599) => {
+                Some((status, answer))
+                    if !matches!(status, 409 | 429 | 500..=599) || already_paid(status, &answer) =>
+                {
                     self.checks
                         .http_answer(&caller.scoped(&key), &claim, status, &answer);
                     if (status == 200 || status == 201)

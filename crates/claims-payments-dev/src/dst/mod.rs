@@ -7,6 +7,7 @@
 //! transport. Only the edges are simulated, each in its own module:
 //! - [`world`]: the seeded generator, each instance's skewed wall clock, the trace;
 //! - [`faults`] and [`chaos`]: which fault kinds a run injects, and how often;
+//! - [`hot`]: the claims that bursts of messages and HTTP payments share;
 //! - [`store`]: the in-memory model (`crate::memory_store`) behind the store's faults;
 //! - [`bank`]: the bank behind the product's `BankTransport`, holding the ground truth;
 //! - [`state`]: what the simulated world shares; [`run`]: the run's timeline and result; [`broker`]: Service Bus and the Functions
@@ -23,6 +24,7 @@ pub mod chaos;
 pub mod check;
 mod clients;
 pub mod faults;
+mod hot;
 mod instances;
 mod run;
 mod state;

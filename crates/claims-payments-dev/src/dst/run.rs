@@ -21,6 +21,7 @@ use tower::ServiceExt;
 use super::bank::SimBank;
 use super::chaos::Chaos;
 use super::check;
+use super::hot;
 use super::check::{Checks, Violation};
 use super::faults::{Fault, FaultPlan};
 use super::state::*;
@@ -117,7 +118,7 @@ impl Sim {
             0 => dice.range(1, 4) as usize,
             n => n,
         };
-        let scenario = scenario::plan(&ScenarioSettings {
+        let mut scenario = scenario::plan(&ScenarioSettings {
             messages: options.messages,
             duplicate_rate: 0.08,
             business_duplicate_rate: 0.06,
@@ -128,6 +129,7 @@ impl Sim {
             race_window: 16,
             seed,
         });
+        let hot = hot::heat(&mut scenario, &dice);
         let signed_in = dice.hit(0.5);
         trace_event!(
             trace,
@@ -145,6 +147,7 @@ impl Sim {
             store,
             bank,
             plan: scenario,
+            hot,
             books: Mutex::new(Books::default()),
             wake: Notify::new(),
             checks: Checks::default(),

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use super::bank::SimBank;
 use super::chaos::Chaos;
 use super::check::Checks;
+use super::hot::Hot;
 use super::timings::*;
 use super::world::{Dice, Trace};
 use super::RunOptions;
@@ -102,6 +103,8 @@ pub struct Sim {
     pub(super) store: DynStore,
     pub(super) bank: Arc<SimBank>,
     pub(super) plan: Plan,
+    /// The plan's hot claims: bursts, and the HTTP payments that go with them.
+    pub(super) hot: Hot,
     pub(super) books: Mutex<Books>,
     pub(super) wake: Notify,
     pub(super) checks: Checks,
