@@ -13,9 +13,9 @@ use super::world::Dice;
 use crate::sim::scenario::{CopyKind, MessageCopy, Plan};
 
 /// Share of the scenario's claims that are hot.
-const HOT_SHARE: f64 = 0.25;
+const HOT_SHARE: f64 = 0.2;
 /// The most business duplicates one burst adds (at least one).
-const MAX_BURST: u64 = 3;
+const MAX_BURST: u64 = 2;
 /// Share of hot claims an HTTP client pays too, during the burst.
 const HTTP_SHARE: f64 = 0.4;
 /// Share of those HTTP payments that ask another amount (a conflict).
