@@ -154,8 +154,14 @@ impl Sim {
                 payments.spawn(async move {
                     tokio::time::sleep(sim.dice.millis(0, BURST_GAP_MS)).await;
                     let key = format!("intent-{}-hot-{copy}", sim.seed);
-                    sim.http_payment(1 << 20 | copy, key, payment.claim, payment.amount, payment.body)
-                        .await
+                    sim.http_payment(
+                        1 << 20 | copy,
+                        key,
+                        payment.claim,
+                        payment.amount,
+                        payment.body,
+                    )
+                    .await
                 });
             }
         }

@@ -146,7 +146,8 @@ impl Sim {
             };
             match self.send_once(caller, &claim, &key, &body, timeout).await {
                 Some((status, answer))
-                    if !matches!(status, 409 | 429 | 500..=599) || already_paid(status, &answer) =>
+                    if !matches!(status, 409 | 429 | 500..=599)
+                        || already_paid(status, &answer) =>
                 {
                     self.checks
                         .http_answer(&caller.scoped(&key), &claim, status, &answer);

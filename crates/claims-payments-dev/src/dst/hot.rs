@@ -129,7 +129,9 @@ mod tests {
             }
         }
         for (copy, payment) in &hot.http {
-            let claim = plan.copies[*copy].claim.expect("an original names its claim");
+            let claim = plan.copies[*copy]
+                .claim
+                .expect("an original names its claim");
             assert_eq!(payment.claim, plan.claims[claim].claim_id);
             let parsed = claims_payments::ClaimApproved::parse(&payment.body).expect("valid");
             assert_eq!(parsed.claim_id.to_string(), payment.claim);
