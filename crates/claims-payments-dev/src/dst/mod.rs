@@ -53,7 +53,8 @@ pub struct DstArgs {
     /// The first seed (replays it with --seeds 1).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Messages the producer publishes per run.
+    /// Messages of the producer's scenario per run (hot claims add their bursts of
+    /// business duplicates on top).
     #[arg(long, default_value_t = 200)]
     pub messages: usize,
     /// HTTP payment intents per run.
