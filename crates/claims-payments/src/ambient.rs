@@ -1,5 +1,5 @@
 //! What the service reads from its surroundings besides the store and the bank: the wall
-//! clock, randomness, and which process it is.
+//! clock, randomness, and which process it is (and, for its caches, the machine's size).
 //!
 //! Production reads the system ([`Ambient::system`]). The deterministic simulator of the
 //! development crate gives each simulated instance a virtual wall clock, a seeded
@@ -24,6 +24,9 @@ pub trait WallClock: Send + Sync + 'static {
 pub trait Entropy: Send + Sync + 'static {
     fn fill(&self, bytes: &mut [u8]);
 }
+
+/// The shards of a cache under an injected ambient: as on a machine of four CPUs.
+const INJECTED_CACHE_SHARDS: usize = 16;
 
 /// The clock, randomness and process identity every part of one process shares.
 #[derive(Clone)]
@@ -97,6 +100,26 @@ impl Ambient {
             None => value,
             Some(span) => value % span,
         }
+    }
+
+    /// The hasher of this process's in-memory caches: randomly seeded on the system, and
+    /// drawn from the injected generator otherwise, so that a simulated run hashes alike
+    /// on every machine.
+    pub(crate) fn cache_hasher(&self) -> foldhash::quality::SeedableRandomState {
+        match &self.entropy {
+            None => foldhash::quality::SeedableRandomState::random(),
+            Some(_) => foldhash::quality::SeedableRandomState::with_seed(
+                self.upto(u64::MAX),
+                foldhash::SharedSeed::global_fixed(),
+            ),
+        }
+    }
+
+    /// How many shards a concurrent cache of this process has: `None` on the system (the
+    /// cache's own choice, from the machine's CPU count); fixed for an injected ambient,
+    /// whose run must not depend on the machine that runs it.
+    pub(crate) fn cache_shards(&self) -> Option<usize> {
+        self.entropy.as_ref().map(|_| INJECTED_CACHE_SHARDS)
     }
 
     fn random_bytes<const N: usize>(&self) -> [u8; N] {

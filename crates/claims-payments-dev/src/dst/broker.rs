@@ -12,11 +12,13 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use claims_payments_testkit::host::{envelope, DataType, DeliveryFields};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::check::Violation;
 use super::faults::Fault;
+use super::hot::BURST_GAP_MS;
 use super::state::*;
 use super::timings::*;
 use super::world::{self};
@@ -124,10 +126,12 @@ impl Sim {
         copy.claim.map(|c| self.plan.claims[c].claim_id.clone())
     }
 
-    /// The producer: the plan's copies in order; re-sends and conflicting copies of a
-    /// MessageId partly after the duplicate-detection window (otherwise dropped).
+    /// The producer: the plan's copies in order (a hot claim's burst right behind its
+    /// original, with its HTTP payment); re-sends and conflicting copies of a MessageId
+    /// partly after the duplicate-detection window (otherwise dropped).
     pub(super) async fn producer(self: Arc<Self>) {
         let mut late = Vec::new();
+        let mut payments = JoinSet::new();
         for &copy in &self.plan.send_order {
             let c = &self.plan.copies[copy];
             if matches!(
@@ -138,9 +142,30 @@ impl Sim {
                 late.push(copy);
                 continue;
             }
-            tokio::time::sleep(self.dice.millis(0, 400)).await;
+            let pause = if self.hot.follows.contains(&copy) {
+                self.dice.millis(0, BURST_GAP_MS)
+            } else {
+                self.dice.millis(0, 400)
+            };
+            tokio::time::sleep(pause).await;
             self.publish(&c.message_id, c.body.clone(), self.claim_of(copy), c.kind);
+            if let Some(payment) = self.hot.http.get(&copy) {
+                let (sim, payment) = (self.clone(), payment.clone());
+                payments.spawn(async move {
+                    tokio::time::sleep(sim.dice.millis(0, BURST_GAP_MS)).await;
+                    let key = format!("intent-{}-hot-{copy}", sim.seed);
+                    sim.http_payment(
+                        1 << 20 | copy,
+                        key,
+                        payment.claim,
+                        payment.amount,
+                        payment.body,
+                    )
+                    .await
+                });
+            }
         }
+        while payments.join_next().await.is_some() {}
         let wait = (DUPLICATE_WINDOW + Duration::from_secs(60)).saturating_sub(self.elapsed());
         tokio::time::sleep(wait).await;
         for copy in late {
@@ -312,6 +337,9 @@ impl Sim {
         };
         let sim = self.clone();
         let task = async move {
+            let _flight = claim
+                .as_deref()
+                .map(|c| Flights::begin(&sim.flights, c, true));
             trace_event!(
                 sim.trace,
                 "deliver #{i} {message_id} count {count} slot {slot} claim {}",

@@ -45,6 +45,12 @@ impl Caller {
     }
 }
 
+/// A 409 that is final: the claim was paid by another request (a 409 also says "in
+/// progress, retry").
+fn already_paid(status: u16, answer: &[u8]) -> bool {
+    status == 409 && String::from_utf8_lossy(answer).contains("claim-already-paid")
+}
+
 impl Sim {
     /// The HTTP clients: each intent one Idempotency-Key, reused on every retry.
     pub(super) async fn http_clients(self: Arc<Self>) {
@@ -56,8 +62,8 @@ impl Sim {
         while clients.join_next().await.is_some() {}
     }
 
+    /// Intent `n` of the HTTP clients: a claim of its own.
     pub(super) async fn http_intent(self: Arc<Self>, n: usize) {
-        let caller = Caller(self.dice.range(1, 3));
         let claim = uuid::Uuid::from_u64_pair(self.seed, 1 << 40 | n as u64).to_string();
         let key = format!("intent-{}-{n}", self.seed);
         let amount = format!(
@@ -66,6 +72,20 @@ impl Sim {
             self.dice.range(0, 99)
         );
         let body = self.payment_body(&claim, &amount);
+        self.http_payment(n, key, claim, amount, body).await
+    }
+
+    /// One payment intent under `key` (its `body` asks `amount` for `claim`); `n` names
+    /// the claim another caller pays under the same key string.
+    pub(super) async fn http_payment(
+        self: Arc<Self>,
+        n: usize,
+        key: String,
+        claim: String,
+        amount: String,
+        body: String,
+    ) {
+        let caller = Caller(self.dice.range(1, 3));
         let mut submits = JoinSet::new();
         let double = self.chaos.fires(Fault::DoubleSubmit, &key);
         for _ in 0..if double { 2 } else { 1 } {
@@ -86,7 +106,7 @@ impl Sim {
             // The same key with another amount, once the key has its answer: refused.
             let changed = body.replace(&format!(r#""amount":"{amount}""#), r#""amount":"1.23""#);
             if let Some((status, _)) = self
-                .send_once(caller, &key, &changed, Duration::from_secs(60))
+                .send_once(caller, &claim, &key, &changed, Duration::from_secs(60))
                 .await
             {
                 if status < 400 {
@@ -124,8 +144,11 @@ impl Sim {
             } else {
                 Duration::from_secs(100)
             };
-            match self.send_once(caller, &key, &body, timeout).await {
-                Some((status, answer)) if !matches!(status, 409 | 429 | 500..=599) => {
+            match self.send_once(caller, &claim, &key, &body, timeout).await {
+                Some((status, answer))
+                    if !matches!(status, 409 | 429 | 500..=599)
+                        || already_paid(status, &answer) =>
+                {
                     self.checks
                         .http_answer(&caller.scoped(&key), &claim, status, &answer);
                     if (status == 200 || status == 201)
@@ -172,6 +195,7 @@ impl Sim {
     pub(super) async fn send_once(
         &self,
         caller: Caller,
+        claim: &str,
         key: &str,
         body: &str,
         timeout: Duration,
@@ -195,7 +219,9 @@ impl Sim {
                 .map(|k| (first + k) % slots)
                 .find(|&s| books.instances[s].alive)?;
             let router = books.instances[slot].router.clone()?;
+            let (flights, claim) = (self.flights.clone(), claim.to_owned());
             books.instances[slot].tasks.spawn(async move {
+                let _flight = Flights::begin(&flights, &claim, false);
                 let answered = async {
                     let response = router.oneshot(request).await.ok()?;
                     let status = response.status().as_u16();

@@ -7,6 +7,7 @@
 //! transport. Only the edges are simulated, each in its own module:
 //! - [`world`]: the seeded generator, each instance's skewed wall clock, the trace;
 //! - [`faults`] and [`chaos`]: which fault kinds a run injects, and how often;
+//! - [`hot`]: the claims that bursts of messages and HTTP payments share;
 //! - [`store`]: the in-memory model (`crate::memory_store`) behind the store's faults;
 //! - [`bank`]: the bank behind the product's `BankTransport`, holding the ground truth;
 //! - [`state`]: what the simulated world shares; [`run`]: the run's timeline and result; [`broker`]: Service Bus and the Functions
@@ -23,6 +24,7 @@ pub mod chaos;
 pub mod check;
 mod clients;
 pub mod faults;
+mod hot;
 mod instances;
 mod run;
 mod state;
@@ -51,7 +53,8 @@ pub struct DstArgs {
     /// The first seed (replays it with --seeds 1).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Messages the producer publishes per run.
+    /// Messages of the producer's scenario per run (hot claims add their bursts of
+    /// business duplicates on top).
     #[arg(long, default_value_t = 200)]
     pub messages: usize,
     /// HTTP payment intents per run.
@@ -155,6 +158,8 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     let options = RunOptions::from_args(&args);
     let (wall, cpu) = (WallInstant::now(), cpu_seconds());
     let (mut deliveries, mut virtual_secs, mut failed) = (0u64, 0f64, 0u64);
+    // Deliveries that met another attempt on their claim; the least share of one seed.
+    let (mut met, mut least, mut none) = (0u64, f64::INFINITY, 0u64);
     let mut fired: BTreeMap<faults::Fault, u64> = BTreeMap::new();
     println!(
         "dst: seeds {first}..{} ({} messages, {} HTTP intents each)",
@@ -165,6 +170,9 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     for seed in first..first + args.seeds {
         let result = run_seed(seed, &options);
         deliveries += result.deliveries;
+        met += result.deliveries_met;
+        least = least.min(share(result.deliveries_met, result.deliveries));
+        none += u64::from(result.deliveries_met == 0);
         virtual_secs += result.virtual_time.as_secs_f64();
         for (fault, n) in &result.fired {
             *fired.entry(*fault).or_default() += n;
@@ -191,6 +199,11 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
         virtual_secs / 3600.0,
         virtual_secs / 3600.0 / wall.max(1e-9)
     );
+    println!(
+        "dst: {:.1}% of deliveries met another attempt on their claim ({met} of {deliveries}; least in one seed {:.1}%, seeds with none {none})",
+        share(met, deliveries),
+        if least.is_finite() { least } else { 0.0 }
+    );
     let coverage: Vec<String> = fired.iter().map(|(f, n)| format!("{f} {n}")).collect();
     println!("dst: faults fired: {}", coverage.join(", "));
     Ok(if failed == 0 {
@@ -198,6 +211,11 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// `part` of `whole` in percent.
+fn share(part: u64, whole: u64) -> f64 {
+    100.0 * part as f64 / whole.max(1) as f64
 }
 
 /// The production timings the simulator runs with, as `infra/` deploys them.

@@ -23,6 +23,7 @@ use super::chaos::Chaos;
 use super::check;
 use super::check::{Checks, Violation};
 use super::faults::{Fault, FaultPlan};
+use super::hot;
 use super::state::*;
 use super::store::FaultyStore;
 use super::timings::*;
@@ -40,6 +41,8 @@ pub struct RunResult {
     pub seed: u64,
     pub trace_hash: String,
     pub deliveries: u64,
+    /// Deliveries that met another attempt (delivery or HTTP request) on their claim.
+    pub deliveries_met: u64,
     pub http_requests: u64,
     pub virtual_time: Duration,
     pub violations: Vec<Violation>,
@@ -63,11 +66,12 @@ impl RunResult {
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         format!(
-            "seed {}: ok; trace {}; {} instance(s); {} deliveries, {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven); {:.1} virtual hours; faults: {}; outcomes: {}",
+            "seed {}: ok; trace {}; {} instance(s); {} deliveries ({} met another attempt on their claim), {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven); {:.1} virtual hours; faults: {}; outcomes: {}",
             self.seed,
             self.trace_hash,
             self.instances,
             self.deliveries,
+            self.deliveries_met,
             self.http_requests,
             self.payouts,
             self.dead_lettered,
@@ -114,7 +118,7 @@ impl Sim {
             0 => dice.range(1, 4) as usize,
             n => n,
         };
-        let scenario = scenario::plan(&ScenarioSettings {
+        let mut scenario = scenario::plan(&ScenarioSettings {
             messages: options.messages,
             duplicate_rate: 0.08,
             business_duplicate_rate: 0.06,
@@ -125,6 +129,7 @@ impl Sim {
             race_window: 16,
             seed,
         });
+        let hot = hot::heat(&mut scenario, &dice);
         let signed_in = dice.hit(0.5);
         trace_event!(
             trace,
@@ -142,11 +147,13 @@ impl Sim {
             store,
             bank,
             plan: scenario,
+            hot,
             books: Mutex::new(Books::default()),
             wake: Notify::new(),
             checks: Checks::default(),
             signed_in,
             bank_dark: Default::default(),
+            flights: Default::default(),
         });
         sim.clone().timeline(instances).await;
         sim.result(instances)
@@ -324,6 +331,11 @@ impl Sim {
             seed: self.seed,
             trace_hash: self.trace.hash(),
             deliveries: books.deliveries,
+            deliveries_met: self
+                .flights
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .deliveries_met,
             http_requests: books.http_requests,
             virtual_time: self.elapsed(),
             violations: self.checks.violations(),

@@ -1,7 +1,8 @@
 //! The state the simulated world shares: the run's handles (store, bank, chaos, trace),
 //! the queue's books, the instances, and the deployed settings every instance starts
 //! with. The modules above add behaviour to [`Sim`]: `broker` (the queue and the host),
-//! `instances`, `clients` and `run` (the timeline).
+//! `instances`, `clients` and `run` (the timeline). [`Flights`] counts the attempts
+//! that met on a claim.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,6 +21,7 @@ use tokio::time::Instant;
 use super::bank::SimBank;
 use super::chaos::Chaos;
 use super::check::Checks;
+use super::hot::Hot;
 use super::timings::*;
 use super::world::{Dice, Trace};
 use super::RunOptions;
@@ -101,6 +103,8 @@ pub struct Sim {
     pub(super) store: DynStore,
     pub(super) bank: Arc<SimBank>,
     pub(super) plan: Plan,
+    /// The plan's hot claims: bursts, and the HTTP payments that go with them.
+    pub(super) hot: Hot,
     pub(super) books: Mutex<Books>,
     pub(super) wake: Notify,
     pub(super) checks: Checks,
@@ -108,6 +112,74 @@ pub struct Sim {
     pub(super) signed_in: bool,
     /// The bank is dark past its key window.
     pub(super) bank_dark: std::sync::atomic::AtomicBool,
+    /// The attempts in flight on each claim (kept apart from `books`: a flight ends when
+    /// its task is dropped, which may happen while `books` is held).
+    pub(super) flights: Arc<Mutex<Flights>>,
+}
+
+/// Which attempts (deliveries and HTTP requests) are in flight on each claim, to count
+/// the deliveries that met another attempt on their claim: the interleavings a run
+/// exercised. Counting changes nothing in the run (no draw, no event).
+#[derive(Default)]
+pub(super) struct Flights {
+    next: u64,
+    /// Claim -> the attempts in flight on it.
+    live: BTreeMap<String, BTreeSet<u64>>,
+    /// Attempt in flight -> (its claim, a delivery, it met another attempt).
+    attempts: BTreeMap<u64, (String, bool, bool)>,
+    /// Deliveries whose flight overlapped another attempt's on their claim.
+    pub(super) deliveries_met: u64,
+}
+
+/// One attempt in flight on a claim, from its first poll until its task ends or is
+/// dropped (a crash, a cut connection).
+pub(super) struct Flight {
+    flights: Arc<Mutex<Flights>>,
+    id: u64,
+}
+
+impl Flights {
+    /// `delivery`: a delivery of the queue (otherwise an HTTP request).
+    pub(super) fn begin(flights: &Arc<Mutex<Flights>>, claim: &str, delivery: bool) -> Flight {
+        let mut f = flights.lock().unwrap_or_else(|e| e.into_inner());
+        f.next += 1;
+        let id = f.next;
+        let others: Vec<u64> = f
+            .live
+            .get(claim)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        for other in &others {
+            if let Some(a) = f.attempts.get_mut(other) {
+                a.2 = true;
+            }
+        }
+        f.live.entry(claim.to_owned()).or_default().insert(id);
+        f.attempts
+            .insert(id, (claim.to_owned(), delivery, !others.is_empty()));
+        Flight {
+            flights: flights.clone(),
+            id,
+        }
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        let mut f = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((claim, delivery, met)) = f.attempts.remove(&self.id) else {
+            return;
+        };
+        if let Some(live) = f.live.get_mut(&claim) {
+            live.remove(&self.id);
+            if live.is_empty() {
+                f.live.remove(&claim);
+            }
+        }
+        if delivery && met {
+            f.deliveries_met += 1;
+        }
+    }
 }
 
 pub(super) fn policy() -> Policy {

@@ -109,7 +109,14 @@ type Flow = Result<Outcome, Failure>;
 /// A completed inbox record never changes again, so a redelivery of a message in this
 /// cache is answered without a store round trip. Anything else (a different payload, a
 /// message seen in progress, a miss) goes through the store as usual, where the guard is.
-type CompletedCache = quick_cache::sync::Cache<InboxKey, (PayloadHash, Option<OutcomeKind>)>;
+/// Its hasher and shard count come from the [`Ambient`]: random and the machine's on the
+/// system, fixed under the simulator (whose runs must not depend on the machine).
+type CompletedCache = quick_cache::sync::Cache<
+    InboxKey,
+    (PayloadHash, Option<OutcomeKind>),
+    quick_cache::UnitWeighter,
+    foldhash::quality::SeedableRandomState,
+>;
 
 /// Enough for the redeliveries of the last few minutes at full speed, a few MiB.
 const COMPLETED_CACHE_ENTRIES: usize = 20_000;
@@ -121,22 +128,31 @@ const COMPLETED_CACHE_ENTRIES: usize = 20_000;
 /// round trips per duplicate "from memory" with the default.
 const COMPLETED_CACHE_HOT_SHARE: f64 = 0.05;
 
-fn completed_cache(entries: usize) -> CompletedCache {
-    quick_cache::OptionsBuilder::new()
+fn completed_cache(entries: usize, ambient: &Ambient) -> CompletedCache {
+    let mut options = quick_cache::OptionsBuilder::new();
+    options
         .estimated_items_capacity(entries)
         .weight_capacity(entries as u64)
-        .hot_allocation(COMPLETED_CACHE_HOT_SHARE)
+        .hot_allocation(COMPLETED_CACHE_HOT_SHARE);
+    if let Some(shards) = ambient.cache_shards() {
+        options.shards(shards);
+    }
+    let options = options
         .build()
-        .map(|options| {
-            CompletedCache::with_options(
-                options,
-                quick_cache::UnitWeighter,
-                Default::default(),
-                Default::default(),
-            )
-        })
         // Unreachable (both capacities are set); the default policy is still a cache.
-        .unwrap_or_else(|_| CompletedCache::new(entries))
+        .unwrap_or_else(|_| {
+            quick_cache::OptionsBuilder::new()
+                .estimated_items_capacity(entries)
+                .weight_capacity(entries as u64)
+                .build()
+                .expect("both capacities are set")
+        });
+    CompletedCache::with_options(
+        options,
+        quick_cache::UnitWeighter,
+        ambient.cache_hasher(),
+        Default::default(),
+    )
 }
 
 #[derive(Clone)]
@@ -184,7 +200,7 @@ impl Consumer {
             bank,
             policy,
             crash_hook: None,
-            completed: Arc::new(completed_cache(COMPLETED_CACHE_ENTRIES)),
+            completed: Arc::new(completed_cache(COMPLETED_CACHE_ENTRIES, &ambient)),
             ambient,
         }
     }
@@ -714,7 +730,7 @@ mod tests {
     /// ones a redelivery would ask about.
     #[test]
     fn a_full_cache_remembers_the_latest_completed_messages() {
-        let cache = completed_cache(2_000);
+        let cache = completed_cache(2_000, &Ambient::system());
         let hash = crate::domain::ClaimApproved::parse(
             r#"{"claimId":"6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b","amount":"1.00","currency":"EUR"}"#,
         )
@@ -732,5 +748,46 @@ mod tests {
         }
         let remembered = latest.iter().filter(|k| cache.get(*k).is_some()).count();
         assert_eq!(remembered, latest.len());
+    }
+
+    /// Under an injected ambient the cache is laid out by the seed alone: the same shard
+    /// count on every machine, and the same shard for each key.
+    #[test]
+    fn an_injected_ambient_lays_the_cache_out_alike_on_every_machine() {
+        struct Seeded(std::sync::Mutex<u64>);
+        impl crate::ambient::Entropy for Seeded {
+            fn fill(&self, bytes: &mut [u8]) {
+                let mut state = self.0.lock().unwrap();
+                for b in bytes {
+                    *state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    *b = (*state >> 56) as u8;
+                }
+            }
+        }
+        struct Epoch;
+        impl crate::ambient::WallClock for Epoch {
+            fn now(&self) -> OffsetDateTime {
+                OffsetDateTime::UNIX_EPOCH
+            }
+        }
+        let injected = || {
+            Ambient::new(
+                Arc::new(Epoch),
+                Arc::new(Seeded(std::sync::Mutex::new(7))),
+                crate::ambient::Boot::numbered(1),
+            )
+        };
+        let (a, b) = (
+            completed_cache(COMPLETED_CACHE_ENTRIES, &injected()),
+            completed_cache(COMPLETED_CACHE_ENTRIES, &injected()),
+        );
+        assert_eq!(a.num_shards(), 16);
+        let keys: Vec<InboxKey> = (0..64).map(key).collect();
+        let shards = |c: &CompletedCache| keys.iter().map(|k| c.shard_index(k)).collect::<Vec<_>>();
+        assert_eq!(shards(&a), shards(&b));
+        assert!(
+            shards(&a).iter().any(|&s| s != shards(&a)[0]),
+            "keys spread over shards"
+        );
     }
 }
