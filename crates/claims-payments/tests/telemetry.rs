@@ -994,24 +994,29 @@ async fn failing_uploads_are_logged_at_most_once_a_minute() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The endpoint counts an upload when it has read it; the handler counts it failed
+    // when the answer arrives, a moment later: wait for the handler's count.
+    let failures = || async {
+        client
+            .get(process.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()["telemetryExportFailures"]
+            .as_u64()
+            .unwrap_or(0)
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while requests.load(std::sync::atomic::Ordering::SeqCst) < 5 {
+    while requests.load(std::sync::atomic::Ordering::SeqCst) < 5 || failures().await < 5 {
         assert!(
             std::time::Instant::now() < deadline,
             "too few uploads tried"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let failures = client
-        .get(process.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap()["telemetryExportFailures"]
-        .as_u64()
-        .unwrap_or(0);
+    let failures = failures().await;
     process.stop().await;
     let minutes = started.elapsed().as_secs() / 60;
     let text = std::fs::read_to_string(&log).unwrap();

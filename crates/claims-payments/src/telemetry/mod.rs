@@ -67,9 +67,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use serde::Serialize;
+use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::{fmt, EnvFilter, Layer};
 
 use self::metrics::{Binding, F64Binding};

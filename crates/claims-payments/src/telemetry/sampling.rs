@@ -29,8 +29,8 @@ use opentelemetry::{InstrumentationScope, KeyValue, Value};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks, SpanProcessor};
 
-use super::trace::Recorded;
 use super::counters;
+use super::trace::Recorded;
 
 /// The share of plain successes kept when nothing is set.
 pub(crate) const DEFAULT_PERCENT: f64 = 5.0;
@@ -271,7 +271,9 @@ pub(crate) struct Tail {
 
 impl std::fmt::Debug for Tail {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tail").field("policy", &self.policy).finish()
+        f.debug_struct("Tail")
+            .field("policy", &self.policy)
+            .finish()
     }
 }
 
@@ -502,7 +504,11 @@ pub(crate) mod tests {
         assert_eq!(kept.len(), 3, "{kept:#?}");
         assert!(kept.iter().all(|s| s.span_context.is_sampled()));
         assert!(kept.iter().all(|s| rate(s) == Some(100.0)));
-        assert_eq!(kept[2].span_context.span_id(), SpanId::from(1), "the root last");
+        assert_eq!(
+            kept[2].span_context.span_id(),
+            SpanId::from(1),
+            "the root last"
+        );
 
         // Plain successes of the same trace id (a redelivery shares it): dropped unless
         // flagged sampled, then kept at the configured rate.

@@ -33,8 +33,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
-    Event, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
-    TraceState,
+    Event, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
 };
 use opentelemetry::{Array, Key, KeyValue, StringValue, Value};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
@@ -96,6 +95,10 @@ impl Recorded {
         )
     }
 }
+
+/// At most this many finished spans wait under one open span (a long timer run's store
+/// and bank calls); more are dropped and counted in `telemetryDropped`.
+pub(crate) const MAX_UNDER: usize = 4096;
 
 /// A span still open: its record, and the finished spans under it (at any depth).
 struct Open {
@@ -238,6 +241,11 @@ where
             if let Some(into) = parent.extensions_mut().get_mut::<Open>() {
                 into.under.push(open.span);
                 into.under.append(&mut open.under);
+                if into.under.len() > MAX_UNDER {
+                    let lost = into.under.len() - MAX_UNDER;
+                    into.under.truncate(MAX_UNDER);
+                    super::counters().telemetry_dropped.add(lost as u64);
+                }
                 return;
             }
         }
@@ -763,10 +771,18 @@ mod tests {
         let before = built();
         let kept = exported(0.0, || delivery("paid", 200));
         assert!(kept.is_empty(), "{kept:#?}");
-        assert_eq!(built(), before, "a dropped success built OpenTelemetry spans");
+        assert_eq!(
+            built(),
+            before,
+            "a dropped success built OpenTelemetry spans"
+        );
 
         let kept = exported(0.0, || delivery("retry-later", 503));
-        assert_eq!(built() - before, 2, "the failure's two spans, built once each");
+        assert_eq!(
+            built() - before,
+            2,
+            "the failure's two spans, built once each"
+        );
         let [store, root] = &kept[..] else {
             panic!("{kept:#?}")
         };
