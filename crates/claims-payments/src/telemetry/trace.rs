@@ -42,7 +42,6 @@ use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
 use tracing::{Instrument, Span, Subscriber};
-use tracing_subscriber::filter::{filter_fn, FilterExt, Targets};
 use tracing_subscriber::layer::Context as LayerContext;
 use tracing_subscriber::registry::{LookupSpan, Registry};
 use tracing_subscriber::Layer;
@@ -127,15 +126,39 @@ impl Recorder {
 
 /// The recording layer: spans of this crate at INFO and above, and its WARN and ERROR
 /// events (they become span events, traces under the operation; the host forwards every
-/// log line anyway).
+/// log line anyway). It picks them itself rather than through a per-layer filter, which
+/// would look every span up again at each enter and exit (every poll).
 pub(crate) fn layer<S>(recorder: Recorder) -> impl Layer<S> + Send + Sync
 where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
-    let ours = Targets::new().with_target("claims_payments", tracing::Level::INFO);
-    let spans_and_warnings =
-        filter_fn(|meta| meta.is_span() || *meta.level() <= tracing::Level::WARN);
-    recorder.with_filter(ours.and(spans_and_warnings))
+    recorder
+}
+
+/// Whether a span or event is one the recorder keeps.
+fn recorded(meta: &tracing::Metadata<'_>) -> bool {
+    let level = if meta.is_span() {
+        tracing::Level::INFO
+    } else {
+        tracing::Level::WARN
+    };
+    *meta.level() <= level
+        && meta
+            .target()
+            .strip_prefix("claims_payments")
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+}
+
+/// The nearest ancestor of `span` that the recorder keeps, with its record.
+fn recorded_parent<'a, S>(
+    span: &tracing_subscriber::registry::SpanRef<'a, S>,
+) -> Option<tracing_subscriber::registry::SpanRef<'a, S>>
+where
+    S: Subscriber + for<'b> LookupSpan<'b>,
+{
+    span.scope()
+        .skip(1)
+        .find(|ancestor| ancestor.extensions().get::<Open>().is_some())
 }
 
 impl<S> Layer<S> for Recorder
@@ -143,9 +166,11 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: LayerContext<'_, S>) {
+        if !recorded(attrs.metadata()) {
+            return;
+        }
         let Some(span) = ctx.span(id) else { return };
-        // The nearest recorded ancestor (the filter hides the others).
-        let parent = span.parent().and_then(|parent| {
+        let parent = recorded_parent(&span).and_then(|parent| {
             parent.extensions().get::<Open>().map(|open| {
                 let p = &open.span;
                 (p.trace_id, p.span_id, p.sampled, p.trace_state.clone())
@@ -176,9 +201,15 @@ where
             events: Vec::new(),
         };
         attrs.record(&mut SpanFields(&mut record));
+        // A root gathers the spans under it: room for a delivery's usual handful.
+        let under = if parent_span_id == SpanId::INVALID {
+            Vec::with_capacity(8)
+        } else {
+            Vec::new()
+        };
         span.extensions_mut().insert(Open {
             span: record,
-            under: Vec::new(),
+            under,
         });
     }
 
@@ -191,13 +222,25 @@ where
     }
 
     fn on_event(&self, event: &tracing::Event<'_>, ctx: LayerContext<'_, S>) {
+        if !recorded(event.metadata()) {
+            return;
+        }
         let span = match event.parent() {
             Some(parent) => ctx.span(parent),
             None if event.is_contextual() => ctx.lookup_current(),
             None => None,
         };
-        // An event outside every span goes to the logs only.
+        // An event outside every span goes to the logs only; one in a span of another
+        // crate goes to the nearest recorded one.
         let Some(span) = span else { return };
+        let span = if span.extensions().get::<Open>().is_some() {
+            span
+        } else {
+            match recorded_parent(&span) {
+                Some(parent) => parent,
+                None => return,
+            }
+        };
         let meta = event.metadata();
         let mut recorded = Event::new(
             String::new(),
@@ -237,7 +280,7 @@ where
         open.span.end = SystemTime::now();
         // A child always ends before its parent (the registry keeps the parent open), so
         // the parent's record is still there to take it.
-        if let Some(parent) = span.parent() {
+        if let Some(parent) = recorded_parent(&span) {
             if let Some(into) = parent.extensions_mut().get_mut::<Open>() {
                 into.under.push(open.span);
                 into.under.append(&mut open.under);
