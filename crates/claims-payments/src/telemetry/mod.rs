@@ -16,7 +16,8 @@
 //! Traces are sampled ([`sampling`]): every invocation that went other than plainly well
 //! is exported whole, and `TELEMETRY_SAMPLE_PERCENT` (default 5) of the plain successes;
 //! each exported item carries its sample rate, so Application Insights' counts are
-//! estimated totals.
+//! estimated totals. Until an invocation ends its spans are plain records
+//! ([`trace::Recorder`]); OpenTelemetry spans are built only for the traces kept.
 //!
 //! Counters are process-wide atomics: cheap on the hot path, logged as a summary every
 //! minute and at shutdown, and served as JSON on `GET /metrics` for local runs. When
