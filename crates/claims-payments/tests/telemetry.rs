@@ -994,24 +994,29 @@ async fn failing_uploads_are_logged_at_most_once_a_minute() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The endpoint counts an upload when it has read it; the handler counts it failed
+    // when the answer arrives, a moment later: wait for the handler's count.
+    let failures = || async {
+        client
+            .get(process.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()["telemetryExportFailures"]
+            .as_u64()
+            .unwrap_or(0)
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while requests.load(std::sync::atomic::Ordering::SeqCst) < 5 {
+    while requests.load(std::sync::atomic::Ordering::SeqCst) < 5 || failures().await < 5 {
         assert!(
             std::time::Instant::now() < deadline,
             "too few uploads tried"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let failures = client
-        .get(process.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap()["telemetryExportFailures"]
-        .as_u64()
-        .unwrap_or(0);
+    let failures = failures().await;
     process.stop().await;
     let minutes = started.elapsed().as_secs() / 60;
     let text = std::fs::read_to_string(&log).unwrap();
@@ -1030,4 +1035,67 @@ async fn failing_uploads_are_logged_at_most_once_a_minute() {
         !text.contains("5e1d7c3a-0b4f-4c8e-9a2d-6f7e8d9c0b1a"),
         "the instrumentation key was logged"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_whose_connection_drops_mid_payout_still_ends_counted_and_recorded() {
+    let ingestion = Ingestion::start().await;
+    let bank = FakeBank::start().await;
+    let (_dir, db) = temp_db();
+    let bank_url = bank.url();
+    let connection_string = ingestion.connection_string();
+    let handler = Handler::start(
+        EXE,
+        &db,
+        &[
+            ("BANK_API_URL", bank_url.as_str()),
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", &connection_string),
+            ("TELEMETRY_SAMPLE_PERCENT", "0"),
+        ],
+    );
+    // The bank holds the payout while the host gives up on the invocation.
+    bank.script([BankFault::Slow(Duration::from_millis(1500))]);
+    let body = claim_body(&common::new_claim(), "55.00");
+    let envelope = host_envelope(&body, "m-dropped", 1);
+    let url = handler.url("/ClaimApproved");
+    let request = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .header("Content-Type", "application/json; charset=utf-8")
+            .body(envelope.to_string())
+            .send()
+            .await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while bank.traceparents().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the payout never reached the bank"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The connection goes away mid-payout.
+    request.abort();
+    let _ = request.await;
+
+    // The payout still ends: counted, recorded, and the redelivery finds it done.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while counter(&handler, "paid").await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dropped delivery was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, again) = deliver(&handler, &host_envelope(&body, "m-dropped", 2), None).await;
+    assert_eq!((status, outcome(&again)), (200, "duplicate"));
+    assert_eq!(bank.effective_payouts(), 1);
+    stop(handler).await;
+    let paid: f64 = ingestion
+        .metric("claims_payments.outcomes")
+        .iter()
+        .filter(|(_, p)| p["outcome"] == "paid")
+        .map(|(v, _)| v)
+        .sum();
+    assert_eq!(paid, 1.0, "the outcome metric missed the dropped delivery");
 }

@@ -1,7 +1,7 @@
 //! What telemetry costs `serve`, three ways in one run: telemetry off, exported at the
 //! production default (`TELEMETRY_SAMPLE_PERCENT` unset: 5% of plain successes, every
-//! failure) and exported at 100%; and a fourth, 0% (every span built and held, only
-//! failures exported), which separates what building spans costs from what exporting
+//! failure) and exported at 100%; and a fourth, 0% (every span recorded and held, only
+//! failures exported), which separates what recording spans costs from what exporting
 //! them costs. Each exporting side exports to its own local Application Insights
 //! ingestion endpoint (testkit's, running in this process, so its work lands on
 //! the generator, not on `serve`).
@@ -250,7 +250,7 @@ pub(super) async fn overhead(
         "telemetry off",
         "default (5% of successes)",
         "100%",
-        "0% (spans built, failures only)",
+        "0% (spans recorded, failures only)",
     ];
     let percents = [None, None, Some(100.0), Some(0.0)];
     let _pinned = super::GeneratorPin::new(pinning)?;

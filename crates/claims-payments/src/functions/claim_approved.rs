@@ -130,9 +130,34 @@ pub(crate) async fn invoke(
         invocation.message_id.as_str(),
         invocation.delivery_count,
     );
-    handle(state, invocation_id, invocation, span.clone())
-        .instrument(span)
-        .await
+    // The work runs on a task of its own: when the host drops the connection (its
+    // timeout, a restart) the request future is dropped, and a payout cut there would
+    // leave no outcome, no log line, no count and a root span without an outcome that
+    // the sampling would take for a success. The task finishes and records all of it;
+    // the redelivery then finds the stored outcome.
+    let work = tokio::spawn(
+        handle(state, invocation_id.clone(), invocation, span.clone()).instrument(span),
+    );
+    match work.await {
+        Ok(response) => response,
+        Err(e) => {
+            // A panic in the consumer: the lease runs out and a redelivery takes over.
+            telemetry::counters().retry_later.inc();
+            tracing::error!(invocationId = %invocation_id, error = %e, trigger = "servicebus", outcome = "retry-later", "the invocation task failed");
+            invocation_answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                OutcomeSummary {
+                    outcome: Ended::Delivery(OutcomeKind::RetryLater),
+                    claim_id: None,
+                    message_id: None,
+                    delivery_count: None,
+                    detail: Some(
+                        "the invocation task failed; the redelivery takes over".to_owned(),
+                    ),
+                },
+            )
+        }
+    }
 }
 
 /// The decoded invocation, inside its span.

@@ -11,7 +11,7 @@
 //! - neither: nothing is exported, no span is created, no metric instrument exists.
 //!
 //! Spans first pass the sampling ([`super::sampling`]): each invocation's spans wait for
-//! its end and leave whole or not at all. Then they are batched on the SDK's own thread
+//! its end, as records, and leave whole or not at all. Then they are batched on the SDK's own thread
 //! and leave through a queue of at most [`QUEUE_CAPACITY`] spans: a span that finds the
 //! queue full is dropped and counted (`telemetryDropped` in `/metrics` and the counters
 //! log line), never waited for, and spans of an export that failed are counted the same
@@ -29,19 +29,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
 use azure_identity::{ManagedIdentityCredential, ManagedIdentityCredentialOptions, UserAssignedId};
-use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::Context;
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, Span, SpanData, SpanExporter,
-    SpanProcessor, Tracer,
+    BatchConfigBuilder, BatchSpanProcessor, Span, SpanData, SpanExporter, SpanProcessor,
 };
 use opentelemetry_sdk::Resource;
 
 use super::counters;
-use super::sampling::{HeadSampler, Policy, TailSampler, SAMPLE_RATE_ATTRIBUTE};
+use super::sampling::{Policy, Tail, SAMPLE_RATE_ATTRIBUTE};
+use super::trace::Recorder;
 
 /// The settings this module and the sampling read (the dev tools remove them from what
 /// they inherit).
@@ -163,7 +162,7 @@ impl TelemetrySettings {
 
 /// Flushes and stops the exporters when the service stops.
 pub struct TelemetryGuard {
-    tracer_provider: SdkTracerProvider,
+    spans: Arc<Tail>,
     meter_provider: SdkMeterProvider,
 }
 
@@ -171,7 +170,7 @@ impl TelemetryGuard {
     /// Exports what is still queued, within [`SHUTDOWN_FLUSH`], off the runtime's workers.
     pub async fn shutdown(self) {
         let work = tokio::task::spawn_blocking(move || {
-            let _ = self.tracer_provider.shutdown_with_timeout(SHUTDOWN_FLUSH);
+            let _ = self.spans.shutdown_with_timeout(SHUTDOWN_FLUSH);
             let _ = self.meter_provider.shutdown_with_timeout(SHUTDOWN_FLUSH);
         });
         // A hung endpoint must not hold the exit: past the bound, what is left is lost.
@@ -189,16 +188,16 @@ pub(crate) fn flush_metrics() {
     }
 }
 
-/// Builds the exporters the settings name and installs the metrics provider; the tracer
-/// goes to [`super::init_with`]. Call inside the runtime (uploads run on it).
+/// Builds the exporters the settings name and installs the metrics provider; the span
+/// recorder goes to [`super::init_with`]. Call inside the runtime (uploads run on it).
 pub(crate) fn init_exporter(
     settings: &TelemetrySettings,
     policy: Policy,
-) -> anyhow::Result<Option<(Tracer, TelemetryGuard)>> {
+) -> anyhow::Result<Option<(Recorder, TelemetryGuard)>> {
     let client = ExportClient::new(settings)?;
     let resource = resource();
     let pending = Arc::new(AtomicUsize::new(0));
-    let (tracer_provider, meter_provider) = match settings {
+    let (spans, meter_provider) = match settings {
         TelemetrySettings::Off => return Ok(None),
         TelemetrySettings::Otlp => {
             use opentelemetry_otlp::WithHttpConfig;
@@ -242,12 +241,11 @@ pub(crate) fn init_exporter(
     };
     opentelemetry::global::set_meter_provider(meter_provider.clone());
     let _ = METER_PROVIDER.set(meter_provider.clone());
-    let tracer = tracer_provider.tracer("claims-payments");
     ENABLED.store(true, Ordering::Relaxed);
     Ok(Some((
-        tracer,
+        Recorder::new(spans.clone()),
         TelemetryGuard {
-            tracer_provider,
+            spans,
             meter_provider,
         },
     )))
@@ -277,12 +275,12 @@ fn providers<S, M>(
     resource: Resource,
     pending: Arc<AtomicUsize>,
     policy: Policy,
-) -> (SdkTracerProvider, SdkMeterProvider)
+) -> (Arc<Tail>, SdkMeterProvider)
 where
     S: SpanExporter + 'static,
     M: opentelemetry_sdk::metrics::exporter::PushMetricExporter,
 {
-    let batch = BatchSpanProcessor::builder(Counted {
+    let mut batch = BatchSpanProcessor::builder(Counted {
         inner: spans,
         pending: pending.clone(),
     })
@@ -292,24 +290,21 @@ where
             .build(),
     )
     .build();
-    // Explicitly ours: the SDK would otherwise read OTEL_TRACES_SAMPLER and could drop
-    // a failure's spans before the tail sees them.
-    let tracer_provider = SdkTracerProvider::builder()
-        .with_sampler(HeadSampler { policy })
-        .with_span_processor(TailSampler::new(
-            Bounded {
-                inner: batch,
-                pending,
-            },
-            policy,
-        ))
-        .with_resource(resource.clone())
-        .build();
+    batch.set_resource(&resource);
+    // No SDK tracer: the recorder builds the spans of kept traces itself and the tail
+    // hands them to the queue (nothing reads OTEL_TRACES_SAMPLER but our policy).
+    let spans = Arc::new(Tail::new(
+        Bounded {
+            inner: batch,
+            pending,
+        },
+        policy,
+    ));
     let meter_provider = SdkMeterProvider::builder()
         .with_reader(PeriodicReader::builder(metrics).build())
         .with_resource(resource)
         .build();
-    (tracer_provider, meter_provider)
+    (spans, meter_provider)
 }
 
 /// `service.name` becomes the cloud role in Application Insights: the function app's

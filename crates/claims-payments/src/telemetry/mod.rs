@@ -16,7 +16,8 @@
 //! Traces are sampled ([`sampling`]): every invocation that went other than plainly well
 //! is exported whole, and `TELEMETRY_SAMPLE_PERCENT` (default 5) of the plain successes;
 //! each exported item carries its sample rate, so Application Insights' counts are
-//! estimated totals.
+//! estimated totals. Until an invocation ends its spans are plain records
+//! ([`trace::Recorder`]); OpenTelemetry spans are built only for the traces kept.
 //!
 //! Counters are process-wide atomics: cheap on the hot path, logged as a summary every
 //! minute and at shutdown, and served as JSON on `GET /metrics` for local runs. When
@@ -67,6 +68,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use serde::Serialize;
+use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
@@ -99,8 +101,8 @@ pub fn start(format: LogFormat) -> anyhow::Result<Option<TelemetryGuard>> {
     // Checked even when nothing is exported: a bad value is found before it matters.
     let policy = sampling::Policy::from_lookup(|name| std::env::var(name).ok())?;
     match init_exporter(&settings, policy)? {
-        Some((tracer, guard)) => {
-            init_with(format, Some(tracer));
+        Some((recorder, guard)) => {
+            init_with(format, Some(recorder));
             tracing::info!(
                 telemetry = settings.name(),
                 samplePercent = policy.percent,
@@ -123,12 +125,13 @@ pub(crate) fn init(format: LogFormat) {
     init_with(format, None);
 }
 
-/// Installs the global subscriber: the log lines, and the OpenTelemetry layer when an
-/// exporter was built (see [`export::init_exporter`]). A second init (tests, simulate)
-/// keeps the first subscriber.
-pub(crate) fn init_with(format: LogFormat, tracer: Option<opentelemetry_sdk::trace::Tracer>) {
+/// Installs the global subscriber: the log lines, and the span recorder when an exporter
+/// was built (see [`export::init_exporter`]). A second init (tests, simulate) keeps the
+/// first subscriber.
+pub(crate) fn init_with(format: LogFormat, recorder: Option<trace::Recorder>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // The log line stays what it was: no span list, no current span.
+    // The log line stays what it was: no span list, no current span. So the JSON lines
+    // never see a span (else each span's fields would be formatted, for nothing).
     let logs = match format {
         LogFormat::Json => fmt::layer()
             .json()
@@ -136,12 +139,17 @@ pub(crate) fn init_with(format: LogFormat, tracer: Option<opentelemetry_sdk::tra
             .with_current_span(false)
             .with_span_list(false)
             .with_writer(std::io::stdout)
+            .with_filter(filter.and(filter_fn(|meta| meta.is_event())))
             .boxed(),
-        LogFormat::Text => fmt::layer().compact().with_writer(std::io::stdout).boxed(),
+        LogFormat::Text => fmt::layer()
+            .compact()
+            .with_writer(std::io::stdout)
+            .with_filter(filter)
+            .boxed(),
     };
-    let otel = tracer.map(trace::layer);
+    let otel = recorder.map(trace::layer);
     let result = tracing_subscriber::registry()
-        .with(logs.with_filter(filter))
+        .with(logs)
         .with(otel)
         .try_init();
     drop(result);

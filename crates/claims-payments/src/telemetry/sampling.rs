@@ -3,48 +3,39 @@
 //! Two parts, because one decision is known when an invocation starts and the other only
 //! when it ends:
 //!
-//! - [`HeadSampler`] (the SDK's sampler) records every span, so a failure can always be
-//!   exported, and sets the W3C `sampled` flag to the *success* decision: a caller's
-//!   sampled `traceparent` (unless `OTEL_TRACES_SAMPLER=traceidratio`), else the trace
-//!   id's score under `TELEMETRY_SAMPLE_PERCENT`, computed as the Application Insights
-//!   SDKs do ([`sampling_score`]), so the host, the producer and this process keep or drop
-//!   the same traces. The bank sees that flag in our `traceparent`.
-//! - [`TailSampler`] (a span processor in front of the export queue) holds the spans of
-//!   each invocation until its root span (the invocation's server span, or any span
-//!   without a local parent) ends, then forwards the whole set or drops it
-//!   ([`Policy::verdict`]): kept whole, at sample rate 100, when anything went other than
-//!   plainly well; kept at the configured rate when the `sampled` flag says so.
+//! - The head decision ([`Policy::head_decision`]), taken when an invocation's root span
+//!   is created (or given its remote parent): a caller's sampled `traceparent` (unless
+//!   `OTEL_TRACES_SAMPLER=traceidratio`), else the trace id's score under
+//!   `TELEMETRY_SAMPLE_PERCENT`, computed as the Application Insights SDKs do
+//!   ([`sampling_score`]), so the host, the producer and this process keep or drop the
+//!   same traces. It is the W3C `sampled` flag of our `traceparent` to the bank.
+//! - The tail decision ([`Tail::finish`]), taken when the root ends with every span under
+//!   it ([`Policy::verdict`]): kept whole, at sample rate 100, when anything went other
+//!   than plainly well; kept at the configured rate when the head decision says so;
+//!   otherwise dropped.
 //!
-//! Every kept span carries `microsoft.sample_rate` (a percentage; the attribute the Azure
-//! Monitor exporters read), which the Application Insights export turns into each item's
-//! `sampleRate`, so the portal's counts are estimated totals. Metrics never pass through
-//! here: they count everything. What the processor holds is bounded ([`MAX_HELD`]) and
-//! spans whose root never ends are let go after [`HOLD_PERIOD`]; both are counted as
-//! dropped.
+//! Until then an invocation's spans are plain records ([`super::trace::Recorded`]: names,
+//! times, attributes); OpenTelemetry spans ([`SpanData`]) are built only for a trace that
+//! is kept, so a dropped success costs no span at all. Every kept span carries
+//! `microsoft.sample_rate` (a percentage; the attribute the Azure Monitor exporters read),
+//! which the Application Insights export turns into each item's `sampleRate`, so the
+//! portal's counts are estimated totals. Metrics never pass through here: they count
+//! everything.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use opentelemetry::trace::{
-    Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
-};
-use opentelemetry::{Context, KeyValue, Value};
-use opentelemetry_sdk::trace::{
-    SamplingDecision, SamplingResult, ShouldSample, Span, SpanData, SpanProcessor,
-};
+use opentelemetry::trace::{SpanContext, Status, TraceFlags, TraceId};
+use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks, SpanProcessor};
 
 use super::counters;
+use super::trace::Recorded;
 
 /// The share of plain successes kept when nothing is set.
 pub(crate) const DEFAULT_PERCENT: f64 = 5.0;
 /// An invocation slower than this is kept whatever its outcome.
 pub(crate) const DEFAULT_SLOW: Duration = Duration::from_secs(2);
-/// At most this many finished spans wait for their root's end.
-pub(crate) const MAX_HELD: usize = 4096;
-/// Spans whose root has not ended within one to two of these are let go (a root always
-/// ends sooner: functionTimeout is minutes, the timer functions stop at 90 s).
-pub(crate) const HOLD_PERIOD: Duration = Duration::from_secs(300);
 /// The span attribute the Azure Monitor exporters read as an item's sample rate (%).
 pub const SAMPLE_RATE_ATTRIBUTE: &str = "microsoft.sample_rate";
 
@@ -150,19 +141,29 @@ impl Policy {
         keeps_share(trace_id, self.percent)
     }
 
+    /// The head decision of a trace: whether a plain success of it is kept. `remote` is
+    /// the caller's span context, when there is one.
+    pub(crate) fn head_decision(&self, trace_id: TraceId, remote: Option<&SpanContext>) -> bool {
+        match remote {
+            // A caller's sampled trace stays whole; an unsampled one gets our share.
+            Some(p) if self.honour_parent && p.is_sampled() => true,
+            _ => self.keeps_share(trace_id),
+        }
+    }
+
     /// What to do with a finished invocation: its root span and every span under it.
-    pub(crate) fn verdict(&self, root: &SpanData, under: &[SpanData]) -> Verdict {
+    pub(crate) fn verdict(&self, root: &Recorded, under: &[Recorded]) -> Verdict {
         if let Some(reason) = self.reason_to_keep(root, under) {
             return Verdict::Keep(reason);
         }
-        if root.span_context.is_sampled() {
+        if root.sampled {
             Verdict::Sampled
         } else {
             Verdict::Drop
         }
     }
 
-    fn reason_to_keep(&self, root: &SpanData, under: &[SpanData]) -> Option<&'static str> {
+    fn reason_to_keep(&self, root: &Recorded, under: &[Recorded]) -> Option<&'static str> {
         if matches!(root.status, Status::Error { .. }) {
             return Some("error");
         }
@@ -182,10 +183,7 @@ impl Policy {
                 _ => {}
             }
         }
-        let took = root
-            .end_time
-            .duration_since(root.start_time)
-            .unwrap_or_default();
+        let took = root.end.duration_since(root.start).unwrap_or_default();
         if took > self.slow {
             return Some("slow");
         }
@@ -197,7 +195,7 @@ impl Policy {
 
 /// Why a span (any of the trace) makes its trace worth keeping: a failed dependency, a
 /// warning or error logged in it, a flag such as a takeover, a lost race at the store.
-fn unusual(span: &SpanData, is_root: bool) -> Option<&'static str> {
+fn unusual(span: &Recorded, is_root: bool) -> Option<&'static str> {
     if !is_root && matches!(span.status, Status::Error { .. }) {
         return Some("dependency error");
     }
@@ -262,110 +260,35 @@ fn bounded(text: &str, max: f64) -> Option<f64> {
         .filter(|v| v.is_finite() && (0.0..=max).contains(v))
 }
 
-/// The SDK's sampler: records every span (so the tail can keep a failure) and sets the
-/// `sampled` flag to whether a plain success of this trace is kept.
-#[derive(Debug, Clone)]
-pub(crate) struct HeadSampler {
+/// The tail of the sampling: given each finished invocation, builds the OpenTelemetry
+/// spans of a kept one and hands them to `inner` (the export queue); a dropped one is
+/// only counted.
+pub(crate) struct Tail {
+    inner: Box<dyn SpanProcessor>,
     pub(crate) policy: Policy,
+    scope: InstrumentationScope,
 }
 
-impl ShouldSample for HeadSampler {
-    fn should_sample(
-        &self,
-        parent_context: Option<&Context>,
-        trace_id: TraceId,
-        _name: &str,
-        _span_kind: &SpanKind,
-        _attributes: &[KeyValue],
-        _links: &[Link],
-    ) -> SamplingResult {
-        let parent = parent_context.map(|cx| cx.span().span_context().clone());
-        let parent = parent.filter(SpanContext::is_valid);
-        let sampled = match &parent {
-            // Inside an invocation: its decision.
-            Some(p) if !p.is_remote() => p.is_sampled(),
-            // A caller's sampled trace stays whole; an unsampled one gets our share.
-            Some(p) if self.policy.honour_parent && p.is_sampled() => true,
-            _ => self.policy.keeps_share(trace_id),
-        };
-        SamplingResult {
-            decision: if sampled {
-                SamplingDecision::RecordAndSample
-            } else {
-                SamplingDecision::RecordOnly
-            },
-            attributes: Vec::new(),
-            trace_state: parent.map(|p| p.trace_state().clone()).unwrap_or_default(),
-        }
+impl std::fmt::Debug for Tail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tail")
+            .field("policy", &self.policy)
+            .finish()
     }
 }
 
-/// Finished spans waiting for their root, by parent span id, in two generations: what
-/// is still in `previous` when a generation ends was never claimed and is let go.
-#[derive(Debug, Default)]
-struct Held {
-    current: HashMap<SpanId, Vec<SpanData>>,
-    previous: HashMap<SpanId, Vec<SpanData>>,
-    count: usize,
-    generation_start: Option<SystemTime>,
-}
-
-impl Held {
-    /// Takes every span under `root`, at any depth.
-    fn take_under(&mut self, root: SpanId, into: &mut Vec<SpanData>) {
-        let mut parents = vec![root];
-        while let Some(parent) = parents.pop() {
-            for map in [&mut self.current, &mut self.previous] {
-                if let Some(children) = map.remove(&parent) {
-                    self.count -= children.len();
-                    parents.extend(children.iter().map(|c| c.span_context.span_id()));
-                    into.extend(children);
-                }
-            }
-        }
-    }
-
-    /// Starts a new generation when the current one is older than [`HOLD_PERIOD`] (by
-    /// the spans' own end times: no clock read); returns how many spans were let go.
-    fn age(&mut self, now: SystemTime) -> usize {
-        let start = *self.generation_start.get_or_insert(now);
-        if now.duration_since(start).unwrap_or_default() < HOLD_PERIOD {
-            return 0;
-        }
-        let expired: usize = self.previous.values().map(Vec::len).sum();
-        self.previous = std::mem::take(&mut self.current);
-        self.count -= expired;
-        self.generation_start = Some(now);
-        expired
-    }
-}
-
-/// The tail of the sampling: holds each invocation's spans until its root ends, then
-/// forwards all of them to `inner` (the export queue) or none.
-#[derive(Debug)]
-pub(crate) struct TailSampler<P> {
-    inner: P,
-    policy: Policy,
-    held: Mutex<Held>,
-}
-
-impl<P: SpanProcessor> TailSampler<P> {
-    pub(crate) fn new(inner: P, policy: Policy) -> Self {
-        TailSampler {
-            inner,
+impl Tail {
+    pub(crate) fn new(inner: impl SpanProcessor + 'static, policy: Policy) -> Self {
+        Tail {
+            inner: Box::new(inner),
             policy,
-            held: Mutex::new(Held::default()),
+            scope: InstrumentationScope::builder("claims-payments").build(),
         }
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn root_ended(&self, root: SpanData) {
-        let mut under = Vec::new();
-        self.held()
-            .take_under(root.span_context.span_id(), &mut under);
+    /// A local root ended (the invocation's server span, or any span without a local
+    /// parent), with every span under it.
+    pub(crate) fn finish(&self, root: Recorded, under: Vec<Recorded>) {
         let rate = match self.policy.verdict(&root, &under) {
             Verdict::Keep(_) => 100.0,
             // At 0% only a caller's sampled flag keeps a success: count it once rather
@@ -379,65 +302,64 @@ impl<P: SpanProcessor> TailSampler<P> {
         };
         counters().telemetry_traces_kept.inc();
         for span in under.into_iter().chain(std::iter::once(root)) {
-            self.inner.on_end(exportable(span, rate));
-        }
-    }
-}
-
-/// A kept span as the export queue takes it: `sampled`, with its sample rate.
-fn exportable(mut span: SpanData, rate: f64) -> SpanData {
-    if !span.span_context.is_sampled() {
-        let sc = &span.span_context;
-        span.span_context = SpanContext::new(
-            sc.trace_id(),
-            sc.span_id(),
-            TraceFlags::SAMPLED,
-            sc.is_remote(),
-            sc.trace_state().clone(),
-        );
-    }
-    span.attributes
-        .push(KeyValue::new(SAMPLE_RATE_ATTRIBUTE, rate));
-    span
-}
-
-impl<P: SpanProcessor> SpanProcessor for TailSampler<P> {
-    fn on_start(&self, span: &mut Span, cx: &Context) {
-        self.inner.on_start(span, cx);
-    }
-
-    fn on_end(&self, span: SpanData) {
-        // A local root: no parent, or a parent in another process.
-        if span.parent_span_id == SpanId::INVALID || span.parent_span_is_remote {
-            self.root_ended(span);
-            return;
-        }
-        let mut held = self.held();
-        let expired = held.age(span.end_time);
-        let full = held.count >= MAX_HELD;
-        if !full {
-            held.count += 1;
-            held.current
-                .entry(span.parent_span_id)
-                .or_default()
-                .push(span);
-        }
-        drop(held);
-        let lost = expired + usize::from(full);
-        if lost > 0 {
-            counters().telemetry_dropped.add(lost as u64);
+            self.inner.on_end(self.exportable(span, rate));
         }
     }
 
-    super::forward_lifecycle_to_inner!();
+    /// A kept span as the export queue takes it: `sampled`, with its sample rate.
+    fn exportable(&self, span: Recorded, rate: f64) -> SpanData {
+        #[cfg(test)]
+        tests::BUILT.with(|b| b.set(b.get() + 1));
+        let mut attributes = span.attributes;
+        attributes.push(KeyValue::new(SAMPLE_RATE_ATTRIBUTE, rate));
+        let mut events = SpanEvents::default();
+        events.events = span.events;
+        SpanData {
+            span_context: SpanContext::new(
+                span.trace_id,
+                span.span_id,
+                TraceFlags::SAMPLED,
+                false,
+                span.trace_state,
+            ),
+            parent_span_id: span.parent_span_id,
+            parent_span_is_remote: span.parent_remote,
+            span_kind: span.kind,
+            name: span.name,
+            start_time: span.start,
+            end_time: span.end,
+            attributes,
+            dropped_attributes_count: 0,
+            events,
+            links: SpanLinks::default(),
+            status: span.status,
+            instrumentation_scope: self.scope.clone(),
+        }
+    }
+
+    pub(crate) fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use opentelemetry::trace::TraceState;
-    use opentelemetry_sdk::error::OTelSdkResult;
-    use std::sync::Arc;
+    use opentelemetry::trace::{SpanId, SpanKind, TraceState};
+    use opentelemetry::Context;
+    use opentelemetry_sdk::trace::Span;
+    use std::cell::Cell;
+    use std::sync::{Arc, Mutex};
+    use std::time::SystemTime;
+
+    thread_local! {
+        /// OpenTelemetry spans built on this thread ([`Tail::exportable`]).
+        pub(super) static BUILT: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(crate) fn built() -> u64 {
+        BUILT.with(Cell::get)
+    }
 
     fn trace_id(hex: &str) -> TraceId {
         TraceId::from_hex(hex).unwrap()
@@ -522,7 +444,7 @@ mod tests {
 
     /// What reached the export queue.
     #[derive(Debug, Default, Clone)]
-    struct Queue(Arc<Mutex<Vec<SpanData>>>);
+    pub(crate) struct Queue(pub(crate) Arc<Mutex<Vec<SpanData>>>);
 
     impl SpanProcessor for Queue {
         fn on_start(&self, _span: &mut Span, _cx: &Context) {}
@@ -537,41 +459,26 @@ mod tests {
         }
     }
 
-    fn span_context(trace: TraceId, id: u64, sampled: bool, remote: bool) -> SpanContext {
-        let flags = if sampled {
-            TraceFlags::SAMPLED
-        } else {
-            TraceFlags::default()
-        };
-        SpanContext::new(
-            trace,
-            SpanId::from(id),
-            flags,
-            remote,
-            TraceState::default(),
-        )
-    }
-
-    fn span(trace: TraceId, id: u64, parent: u64, sampled: bool) -> SpanData {
+    fn span(trace: TraceId, id: u64, parent: u64, sampled: bool) -> Recorded {
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        SpanData {
-            span_context: span_context(trace, id, sampled, false),
-            parent_span_id: SpanId::from(parent),
-            parent_span_is_remote: false,
-            span_kind: SpanKind::Internal,
+        Recorded {
             name: "s".into(),
-            start_time: start,
-            end_time: start + Duration::from_millis(5),
+            kind: SpanKind::Internal,
+            trace_id: trace,
+            span_id: SpanId::from(id),
+            parent_span_id: SpanId::from(parent),
+            parent_remote: false,
+            sampled,
+            trace_state: TraceState::default(),
+            start,
+            end: start + Duration::from_millis(5),
             attributes: Vec::new(),
-            dropped_attributes_count: 0,
-            events: Default::default(),
-            links: Default::default(),
             status: Status::Unset,
-            instrumentation_scope: Default::default(),
+            events: Vec::new(),
         }
     }
 
-    fn rate(span: &SpanData) -> Option<f64> {
+    pub(crate) fn rate(span: &SpanData) -> Option<f64> {
         span.attributes.iter().find_map(|kv| {
             (kv.key.as_str() == SAMPLE_RATE_ATTRIBUTE).then_some(match kv.value {
                 Value::F64(r) => r,
@@ -583,35 +490,38 @@ mod tests {
     #[test]
     fn a_failure_leaves_whole_at_rate_100_and_a_plain_success_follows_its_flag() {
         let queue = Queue::default();
-        let tail = TailSampler::new(queue.clone(), Policy::default());
+        let tail = Tail::new(queue.clone(), Policy::default());
         let trace = trace_id("4bf92f3577b34da6a3ce929d0e0e4736");
 
         // A failed invocation, not in the share: a store call, a bank call under it, the root.
         let mut bank = span(trace, 3, 2, false);
         bank.status = Status::error("transient");
-        tail.on_end(bank);
-        tail.on_end(span(trace, 2, 1, false));
         let mut root = span(trace, 1, 0, false);
         root.attributes
             .push(KeyValue::new("outcome", "needs-reconciliation"));
-        tail.on_end(root);
+        tail.finish(root, vec![bank, span(trace, 2, 1, false)]);
         let kept = std::mem::take(&mut *queue.0.lock().unwrap());
         assert_eq!(kept.len(), 3, "{kept:#?}");
         assert!(kept.iter().all(|s| s.span_context.is_sampled()));
         assert!(kept.iter().all(|s| rate(s) == Some(100.0)));
+        assert_eq!(
+            kept[2].span_context.span_id(),
+            SpanId::from(1),
+            "the root last"
+        );
 
         // Plain successes of the same trace id (a redelivery shares it): dropped unless
         // flagged sampled, then kept at the configured rate.
+        let before = built();
         for (first_id, sampled) in [(10, false), (20, true)] {
-            tail.on_end(span(trace, first_id + 1, first_id, sampled));
             let mut root = span(trace, first_id, 0, sampled);
             root.attributes.push(KeyValue::new("outcome", "paid"));
-            tail.on_end(root);
+            tail.finish(root, vec![span(trace, first_id + 1, first_id, sampled)]);
         }
         let kept = std::mem::take(&mut *queue.0.lock().unwrap());
         assert_eq!(kept.len(), 2, "{kept:#?}");
         assert!(kept.iter().all(|s| rate(s) == Some(DEFAULT_PERCENT)));
-        assert_eq!(tail.held().count, 0, "nothing left behind");
+        assert_eq!(built() - before, 2, "the dropped success built no span");
     }
 
     #[test]
@@ -621,36 +531,16 @@ mod tests {
             percent: 0.0,
             ..Policy::default()
         };
-        let tail = TailSampler::new(queue.clone(), policy);
+        let tail = Tail::new(queue.clone(), policy);
         let trace = trace_id("4bf92f3577b34da6a3ce929d0e0e4736");
         let mut root = span(trace, 1, 9, true);
-        root.parent_span_is_remote = true;
+        root.parent_remote = true;
         root.attributes.push(KeyValue::new("outcome", "paid"));
-        tail.on_end(root);
+        tail.finish(root, Vec::new());
         let kept = queue.0.lock().unwrap();
         assert_eq!(kept.len(), 1);
+        assert!(kept[0].parent_span_is_remote);
         assert_eq!(rate(&kept[0]), Some(100.0), "never a rate of 0");
-    }
-
-    #[test]
-    fn what_waits_for_a_root_is_bounded_and_let_go_when_the_root_never_ends() {
-        let queue = Queue::default();
-        let tail = TailSampler::new(queue.clone(), Policy::default());
-        let trace = trace_id("0af7651916cd43dd8448eb211c80319c");
-        let dropped_before = counters().telemetry_dropped.get();
-        for i in 0..(MAX_HELD as u64 + 10) {
-            // Children of parents that never end.
-            tail.on_end(span(trace, 100_000 + i, 50_000 + i, false));
-        }
-        assert_eq!(tail.held().count, MAX_HELD);
-        assert!(counters().telemetry_dropped.get() - dropped_before >= 10);
-        // Two hold periods later the orphans are gone.
-        for step in 1..=2u32 {
-            let mut late = span(trace, 900 + u64::from(step), 800, false);
-            late.end_time += HOLD_PERIOD * step + Duration::from_secs(1);
-            tail.on_end(late);
-        }
-        assert!(tail.held().count <= 2, "{}", tail.held().count);
     }
 
     #[test]
@@ -687,7 +577,7 @@ mod tests {
         let refused = root(vec![KeyValue::new("http.response.status_code", 409i64)]);
         assert!(matches!(policy.verdict(&refused, &[]), Verdict::Keep(_)));
         let mut slow = root(vec![KeyValue::new("outcome", "paid")]);
-        slow.end_time = slow.start_time + DEFAULT_SLOW + Duration::from_millis(1);
+        slow.end = slow.start + DEFAULT_SLOW + Duration::from_millis(1);
         assert!(matches!(policy.verdict(&slow, &[]), Verdict::Keep(_)));
         let takeover = root(vec![
             KeyValue::new("outcome", "paid"),
@@ -711,16 +601,15 @@ mod tests {
     }
 
     #[test]
-    fn the_head_sampler_honours_a_callers_flag_and_otherwise_the_share() {
-        use opentelemetry::trace::TraceContextExt as _;
+    fn the_head_decision_honours_a_callers_flag_and_otherwise_the_share() {
         let trace = trace_id("4bf92f3577b34da6a3ce929d0e0e4736");
         let remote = |sampled: bool| {
-            Context::new().with_remote_span_context(span_context(trace, 7, sampled, true))
-        };
-        let decide = |policy: Policy, cx: Option<&Context>| {
-            HeadSampler { policy }
-                .should_sample(cx, trace, "x", &SpanKind::Server, &[], &[])
-                .decision
+            let flags = if sampled {
+                TraceFlags::SAMPLED
+            } else {
+                TraceFlags::default()
+            };
+            SpanContext::new(trace, SpanId::from(7), flags, true, TraceState::default())
         };
         let none = Policy {
             percent: 0.0,
@@ -730,24 +619,14 @@ mod tests {
             percent: 100.0,
             ..Policy::default()
         };
-        // Never dropped: a failure must still be recordable.
-        assert_eq!(decide(none, None), SamplingDecision::RecordOnly);
-        assert_eq!(decide(all, None), SamplingDecision::RecordAndSample);
-        assert_eq!(
-            decide(none, Some(&remote(true))),
-            SamplingDecision::RecordAndSample
-        );
-        assert_eq!(
-            decide(none, Some(&remote(false))),
-            SamplingDecision::RecordOnly
-        );
+        assert!(!none.head_decision(trace, None));
+        assert!(all.head_decision(trace, None));
+        assert!(none.head_decision(trace, Some(&remote(true))));
+        assert!(!none.head_decision(trace, Some(&remote(false))));
         let ignoring = Policy {
             honour_parent: false,
             ..none
         };
-        assert_eq!(
-            decide(ignoring, Some(&remote(true))),
-            SamplingDecision::RecordOnly
-        );
+        assert!(!ignoring.head_decision(trace, Some(&remote(true))));
     }
 }

@@ -12,45 +12,545 @@
 //! - Attributes: claimId, messageId, deliveryCount, outcome, takeover, bank answer class.
 //!   Never a secret, a payee account, a request body or the bank's answer text.
 //!
+//! - Spans are `tracing` spans, recorded by [`Recorder`]: a small record per span (name,
+//!   ids, start and end, attributes, status, logged warnings) in the span's extensions;
+//!   an invocation's records wait in its root until it ends, and only a trace the
+//!   sampling keeps becomes OpenTelemetry spans ([`super::sampling`]).
+//!
 //! When telemetry is not exported ([`super::enabled`] is false) none of this creates a
 //! span: the functions return [`Span::none`] or go straight to the call.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::time::Instant;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{Status, TraceContextExt};
+use opentelemetry::trace::{
+    Event, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{Array, Key, KeyValue, StringValue, Value};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use tracing::{Instrument, Span};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::filter::{filter_fn, FilterExt, Targets};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
+use tracing::{Instrument, Span, Subscriber};
+use tracing_subscriber::layer::Context as LayerContext;
+use tracing_subscriber::registry::{LookupSpan, Registry};
 use tracing_subscriber::Layer;
 
 use super::metrics;
+use super::sampling::Tail;
 
-/// The OpenTelemetry layer: spans of this crate at INFO and above, and its WARN and ERROR
-/// events (they become traces under the operation; the host forwards every log line
-/// anyway). No code locations, threads or busy/idle timings: less work per span.
-pub(crate) fn layer<S>(tracer: opentelemetry_sdk::trace::Tracer) -> impl Layer<S> + Send + Sync
+/// One span as recorded: what its OpenTelemetry span would carry, in plain values. Only
+/// a trace the sampling keeps becomes OpenTelemetry spans ([`Tail::finish`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Recorded {
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) kind: SpanKind,
+    pub(crate) trace_id: TraceId,
+    pub(crate) span_id: SpanId,
+    /// `SpanId::INVALID` for a root without a caller.
+    pub(crate) parent_span_id: SpanId,
+    pub(crate) parent_remote: bool,
+    /// The head decision of the trace (see [`super::sampling`]): our `sampled` flag.
+    pub(crate) sampled: bool,
+    pub(crate) trace_state: TraceState,
+    pub(crate) start: SystemTime,
+    pub(crate) end: SystemTime,
+    pub(crate) attributes: Vec<KeyValue>,
+    pub(crate) status: Status,
+    /// Warnings and errors logged in the span.
+    pub(crate) events: Vec<Event>,
+}
+
+impl Recorded {
+    /// Statuses only rise (Unset, then Error, then Ok), as OpenTelemetry's spans do.
+    fn set_status(&mut self, status: Status) {
+        if status > self.status {
+            self.status = status;
+        }
+    }
+
+    fn context(&self) -> SpanContext {
+        let flags = if self.sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        };
+        SpanContext::new(
+            self.trace_id,
+            self.span_id,
+            flags,
+            false,
+            self.trace_state.clone(),
+        )
+    }
+}
+
+/// At most this many finished spans wait under one open span (a long timer run's store
+/// and bank calls); more are dropped and counted in `telemetryDropped`.
+pub(crate) const MAX_UNDER: usize = 4096;
+
+/// A span still open: its record, and the finished spans under it (at any depth).
+struct Open {
+    span: Recorded,
+    under: Vec<Recorded>,
+}
+
+/// The layer that records spans cheaply ([`Recorded`], in the span's extensions) and, when
+/// a local root ends, hands it with every span under it to the sampling's [`Tail`]. It
+/// replaces `tracing-opentelemetry`, which builds an OpenTelemetry span (sampler, span
+/// processors, attribute copies) for every span, and activates an OpenTelemetry context at
+/// every poll, whether or not the trace is exported.
+pub(crate) struct Recorder {
+    tail: Arc<Tail>,
+    ids: RandomIdGenerator,
+}
+
+impl Recorder {
+    pub(crate) fn new(tail: Arc<Tail>) -> Self {
+        Recorder {
+            tail,
+            ids: RandomIdGenerator::default(),
+        }
+    }
+}
+
+/// The recording layer: spans of this crate at INFO and above, and its WARN and ERROR
+/// events (they become span events, traces under the operation; the host forwards every
+/// log line anyway). It picks them itself rather than through a per-layer filter, which
+/// would look every span up again at each enter and exit (every poll).
+pub(crate) fn layer<S>(recorder: Recorder) -> impl Layer<S> + Send + Sync
 where
-    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+    S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
-    let ours = Targets::new().with_target("claims_payments", tracing::Level::INFO);
-    let spans_and_warnings =
-        filter_fn(|meta| meta.is_span() || *meta.level() <= tracing::Level::WARN);
-    tracing_opentelemetry::layer()
-        .with_tracer(tracer)
-        .with_location(false)
-        .with_threads(false)
-        .with_target(false)
-        .with_tracked_inactivity(false)
-        .with_filter(ours.and(spans_and_warnings))
+    recorder
+}
+
+/// Whether a span or event is one the recorder keeps.
+fn recorded(meta: &tracing::Metadata<'_>) -> bool {
+    let level = if meta.is_span() {
+        tracing::Level::INFO
+    } else {
+        tracing::Level::WARN
+    };
+    *meta.level() <= level
+        && meta
+            .target()
+            .strip_prefix("claims_payments")
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+}
+
+/// The nearest ancestor of `span` that the recorder keeps, with its record.
+fn recorded_parent<'a, S>(
+    span: &tracing_subscriber::registry::SpanRef<'a, S>,
+) -> Option<tracing_subscriber::registry::SpanRef<'a, S>>
+where
+    S: Subscriber + for<'b> LookupSpan<'b>,
+{
+    span.scope()
+        .skip(1)
+        .find(|ancestor| ancestor.extensions().get::<Open>().is_some())
+}
+
+impl<S> Layer<S> for Recorder
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: LayerContext<'_, S>) {
+        if !recorded(attrs.metadata()) {
+            return;
+        }
+        let Some(span) = ctx.span(id) else { return };
+        let parent = recorded_parent(&span).and_then(|parent| {
+            parent.extensions().get::<Open>().map(|open| {
+                let p = &open.span;
+                (p.trace_id, p.span_id, p.sampled, p.trace_state.clone())
+            })
+        });
+        let (trace_id, parent_span_id, sampled, trace_state) = match parent {
+            Some(inherited) => inherited,
+            None => {
+                let trace_id = self.ids.new_trace_id();
+                let sampled = self.tail.policy.head_decision(trace_id, None);
+                (trace_id, SpanId::INVALID, sampled, TraceState::default())
+            }
+        };
+        let now = SystemTime::now();
+        let mut record = Recorded {
+            name: Cow::Borrowed(attrs.metadata().name()),
+            kind: SpanKind::Internal,
+            trace_id,
+            span_id: self.ids.new_span_id(),
+            parent_span_id,
+            parent_remote: false,
+            sampled,
+            trace_state,
+            start: now,
+            end: now,
+            attributes: Vec::with_capacity(attrs.fields().len()),
+            status: Status::Unset,
+            events: Vec::new(),
+        };
+        attrs.record(&mut SpanFields(&mut record));
+        // A root gathers the spans under it: room for a delivery's usual handful.
+        let under = if parent_span_id == SpanId::INVALID {
+            Vec::with_capacity(8)
+        } else {
+            Vec::new()
+        };
+        span.extensions_mut().insert(Open {
+            span: record,
+            under,
+        });
+    }
+
+    fn on_record(&self, id: &Id, values: &tracing::span::Record<'_>, ctx: LayerContext<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut extensions = span.extensions_mut();
+        if let Some(open) = extensions.get_mut::<Open>() {
+            values.record(&mut SpanFields(&mut open.span));
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: LayerContext<'_, S>) {
+        if !recorded(event.metadata()) {
+            return;
+        }
+        let span = match event.parent() {
+            Some(parent) => ctx.span(parent),
+            None if event.is_contextual() => ctx.lookup_current(),
+            None => None,
+        };
+        // An event outside every span goes to the logs only; one in a span of another
+        // crate goes to the nearest recorded one.
+        let Some(span) = span else { return };
+        let span = if span.extensions().get::<Open>().is_some() {
+            span
+        } else {
+            match recorded_parent(&span) {
+                Some(parent) => parent,
+                None => return,
+            }
+        };
+        let meta = event.metadata();
+        let mut recorded = Event::new(
+            String::new(),
+            SystemTime::now(),
+            vec![
+                KeyValue::new("level", meta.level().as_str()),
+                KeyValue::new("target", meta.target()),
+            ],
+            0,
+        );
+        let mut status = None;
+        event.record(&mut EventFields {
+            event: &mut recorded,
+            status: &mut status,
+        });
+        if recorded.name.is_empty() {
+            recorded.name = Cow::Borrowed(meta.name());
+        }
+        let mut extensions = span.extensions_mut();
+        let Some(open) = extensions.get_mut::<Open>() else {
+            return;
+        };
+        if *meta.level() == tracing::Level::ERROR {
+            open.span.set_status(Status::error(""));
+        }
+        if let Some(status) = status {
+            open.span.set_status(status);
+        }
+        open.span.events.push(recorded);
+    }
+
+    fn on_close(&self, id: Id, ctx: LayerContext<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        let Some(mut open) = span.extensions_mut().remove::<Open>() else {
+            return;
+        };
+        open.span.end = SystemTime::now();
+        // A child always ends before its parent (the registry keeps the parent open), so
+        // the parent's record is still there to take it.
+        if let Some(parent) = recorded_parent(&span) {
+            if let Some(into) = parent.extensions_mut().get_mut::<Open>() {
+                into.under.push(open.span);
+                into.under.append(&mut open.under);
+                if into.under.len() > MAX_UNDER {
+                    let lost = into.under.len() - MAX_UNDER;
+                    into.under.truncate(MAX_UNDER);
+                    super::counters().telemetry_dropped.add(lost as u64);
+                }
+                return;
+            }
+        }
+        self.tail.finish(open.span, open.under);
+    }
+}
+
+/// A span's fields as attributes; `otel.name`, `otel.kind`, `otel.status_code` and
+/// `otel.status_description` set the name, kind and status instead (as
+/// `tracing-opentelemetry` reads them). Unsigned integers are text, as there.
+struct SpanFields<'a>(&'a mut Recorded);
+
+impl SpanFields<'_> {
+    fn push(&mut self, field: &Field, value: Value) {
+        self.0.attributes.push(KeyValue::new(field.name(), value));
+    }
+
+    fn text(&mut self, field: &Field, value: Cow<'_, str>) {
+        match field.name() {
+            "otel.name" => {
+                self.0.name = match known("otel.name", &value) {
+                    Some(fixed) => Cow::Borrowed(fixed),
+                    None => Cow::Owned(value.into_owned()),
+                }
+            }
+            "otel.kind" => {
+                if let Some(kind) = span_kind(&value) {
+                    self.0.kind = kind;
+                }
+            }
+            "otel.status_code" => self.0.set_status(status_of(&value)),
+            "otel.status_description" => self.0.set_status(Status::error(value.into_owned())),
+            name => {
+                let value = match known(name, &value) {
+                    Some(fixed) => StringValue::from(fixed),
+                    None => value.into_owned().into(),
+                };
+                self.push(field, Value::String(value));
+            }
+        }
+    }
+}
+
+/// The value of a field whose values are a few fixed words, as that word (no copy): most
+/// of what a span records is one of these.
+fn known(field: &str, value: &str) -> Option<&'static str> {
+    let words: &[&'static str] = match field {
+        // The functions' own server spans.
+        "otel.name" => &["ClaimApproved", "Reconcile"],
+        "faas.trigger" => &["pubsub", "timer", "http"],
+        "messaging.system" => &["servicebus"],
+        "db.system.name" => &["sqlite", "cosmosdb", "postgresql"],
+        "db.operation.name" => &[
+            "claim",
+            "read inbox",
+            "read payment",
+            "record handled",
+            "replace inbox",
+            "finalize",
+        ],
+        "store.result" => &["ok", "precondition-failed", "transient", "permanent"],
+        "outcome" => &[
+            "recorded",
+            "paid",
+            "duplicate",
+            "business-duplicate",
+            "rejected",
+            "needs-reconciliation",
+            "conflict",
+            "invalid-message",
+            "retry-later",
+            "store-failure",
+        ],
+        "bank.operation" => &["payout", "lookup"],
+        "bank.answer" => &[
+            "success",
+            "rejected",
+            "transient",
+            "key-mismatch",
+            "service-fault",
+            "timeout",
+            "connection-error",
+        ],
+        "http.request.method" => &["POST", "GET"],
+        _ => return None,
+    };
+    words.iter().copied().find(|word| *word == value)
+}
+
+impl Visit for SpanFields<'_> {
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.push(field, Value::Bool(value));
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.push(field, Value::I64(value));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.push(field, Value::F64(value));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.text(field, Cow::Borrowed(value));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.text(field, Cow::Owned(format!("{value:?}")));
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        let (message, chain) = error_chain(value);
+        self.0
+            .attributes
+            .push(KeyValue::new("exception.message", message.clone()));
+        self.0.attributes.push(KeyValue::new(
+            "exception.stacktrace",
+            Value::Array(Array::String(chain.clone())),
+        ));
+        self.push(field, Value::String(message.into()));
+        self.0.attributes.push(KeyValue::new(
+            format!("{}.chain", field.name()),
+            Value::Array(Array::String(chain)),
+        ));
+    }
+}
+
+/// An error's text and the texts of its sources.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> (String, Vec<StringValue>) {
+    let mut chain = Vec::new();
+    let mut next = error.source();
+    while let Some(source) = next {
+        chain.push(source.to_string().into());
+        next = source.source();
+    }
+    (error.to_string(), chain)
+}
+
+/// A warning's or error's fields as a span event: `message` is its name, an `error`
+/// field makes it an `exception` and the span's status an error (as
+/// `tracing-opentelemetry` records them).
+struct EventFields<'a> {
+    event: &'a mut Event,
+    status: &'a mut Option<Status>,
+}
+
+impl EventFields<'_> {
+    fn text(&mut self, field: &Field, value: String) {
+        match field.name() {
+            "message" => self.event.name = Cow::Owned(value),
+            "error" if self.event.name.is_empty() => {
+                let described = format!("{value:?}");
+                *self.status = Some(Status::error(described.clone()));
+                self.event.name = Cow::Borrowed("exception");
+                self.event
+                    .attributes
+                    .push(KeyValue::new("exception.message", described));
+            }
+            name => self.event.attributes.push(KeyValue::new(name, value)),
+        }
+    }
+
+    fn value(&mut self, field: &Field, value: Value) {
+        match field.name() {
+            "message" => self.event.name = Cow::Owned(value.to_string()),
+            name => self.event.attributes.push(KeyValue::new(name, value)),
+        }
+    }
+}
+
+impl Visit for EventFields<'_> {
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.value(field, Value::Bool(value));
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.value(field, Value::I64(value));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.value(field, Value::F64(value));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.text(field, value.to_owned());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.text(field, format!("{value:?}"));
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        let (message, chain) = error_chain(value);
+        let attributes = &mut self.event.attributes;
+        attributes.push(KeyValue::new("exception.message", message.clone()));
+        attributes.push(KeyValue::new(
+            "exception.stacktrace",
+            Value::Array(Array::String(chain.clone())),
+        ));
+        attributes.push(KeyValue::new(field.name(), message));
+        attributes.push(KeyValue::new(
+            Key::new(format!("{}.chain", field.name())),
+            Value::Array(Array::String(chain)),
+        ));
+    }
+}
+
+fn span_kind(text: &str) -> Option<SpanKind> {
+    [
+        ("server", SpanKind::Server),
+        ("client", SpanKind::Client),
+        ("producer", SpanKind::Producer),
+        ("consumer", SpanKind::Consumer),
+        ("internal", SpanKind::Internal),
+    ]
+    .into_iter()
+    .find_map(|(name, kind)| text.eq_ignore_ascii_case(name).then_some(kind))
+}
+
+fn status_of(text: &str) -> Status {
+    if text.eq_ignore_ascii_case("ok") {
+        Status::Ok
+    } else if text.eq_ignore_ascii_case("error") {
+        Status::error("")
+    } else {
+        Status::Unset
+    }
+}
+
+/// Runs `f` on `span`'s record, if it is one the recording layer keeps.
+fn with_record<R>(span: &Span, f: impl FnOnce(&mut Recorded, &Recorder) -> R) -> Option<R> {
+    let mut f = Some(f);
+    span.with_subscriber(|(id, dispatch)| {
+        let recorder = dispatch.downcast_ref::<Recorder>()?;
+        let registry = dispatch.downcast_ref::<Registry>()?;
+        let data = registry.span(id)?;
+        let mut extensions = data.extensions_mut();
+        let open = extensions.get_mut::<Open>()?;
+        f.take().map(|f| f(&mut open.span, recorder))
+    })
+    .flatten()
+}
+
+/// Makes a caller's span the parent of `span` (a local root): its trace, its trace state,
+/// and the head decision under its `sampled` flag. Call before any span under it starts.
+fn set_parent(span: &Span, parent: &opentelemetry::Context) {
+    let remote = parent.span().span_context().clone();
+    with_record(span, |record, recorder| {
+        record.trace_id = remote.trace_id();
+        record.parent_span_id = remote.span_id();
+        record.parent_remote = true;
+        record.trace_state = remote.trace_state().clone();
+        record.sampled = recorder
+            .tail
+            .policy
+            .head_decision(remote.trace_id(), Some(&remote));
+    });
+}
+
+/// Sets an attribute on `span`'s record.
+fn set_attribute(span: &Span, attribute: KeyValue) {
+    with_record(span, |record, _| record.attributes.push(attribute));
 }
 
 /// The parent a caller handed us in W3C Trace Context headers (`traceparent`).
@@ -89,7 +589,7 @@ pub(crate) fn invocation_span(
     let parent =
         parent_from_headers(headers).or_else(|| diagnostic_id.and_then(parent_from_diagnostic_id));
     if let Some(parent) = parent {
-        let _ = span.set_parent(parent);
+        set_parent(&span, &parent);
     }
     span
 }
@@ -101,7 +601,7 @@ pub(crate) fn timer_span(function: &'static str, headers: &HeaderMap) -> Span {
     }
     let span = server_span(function, "timer");
     if let Some(parent) = parent_from_headers(headers) {
-        let _ = span.set_parent(parent);
+        set_parent(&span, &parent);
     }
     span
 }
@@ -129,26 +629,37 @@ pub(crate) fn record_outcome(span: &Span, claim_id: Option<&str>, outcome: &str,
     if span.is_none() {
         return;
     }
-    if let Some(claim_id) = claim_id {
-        span.record("claimId", claim_id);
-    }
-    span.record("outcome", outcome);
-    span.record("http.response.status_code", status);
-    span.record(
-        "otel.status_code",
-        if (200..300).contains(&status) {
-            "ok"
+    // Straight into the record, in one look-up: the "invocation finished" log line
+    // carries the same fields.
+    with_record(span, |record, _| {
+        if let Some(claim_id) = claim_id {
+            record
+                .attributes
+                .push(KeyValue::new("claimId", claim_id.to_owned()));
+        }
+        let outcome = match known("outcome", outcome) {
+            Some(fixed) => StringValue::from(fixed),
+            None => outcome.to_owned().into(),
+        };
+        record.attributes.push(KeyValue::new("outcome", outcome));
+        // Text, as a recorded unsigned field is.
+        record.attributes.push(KeyValue::new(
+            "http.response.status_code",
+            status.to_string(),
+        ));
+        record.set_status(if (200..300).contains(&status) {
+            Status::Ok
         } else {
-            "error"
-        },
-    );
+            Status::error("")
+        });
+    });
 }
 
 /// Sets `flag = true` on the current span (the invocation's: counters are counted
 /// between store and bank calls), e.g. `takeover` when a delivery took over a lease.
 pub(crate) fn flag_current_span(flag: &'static str) {
     if super::enabled() {
-        Span::current().set_attribute(flag, true);
+        set_attribute(&Span::current(), KeyValue::new(flag, true));
     }
 }
 
@@ -188,7 +699,7 @@ pub(crate) async fn layer_http(
             span.record("faas.trigger", "timer");
         }
         if let Some(parent) = parent_from_headers(request.headers()) {
-            let _ = span.set_parent(parent);
+            set_parent(&span, &parent);
         }
         let response = next.run(request).instrument(span.clone()).await;
         let status = response.status().as_u16();
@@ -270,8 +781,12 @@ pub(crate) async fn bank_call(
         )
         .as_str(),
     );
-    TraceContextPropagator::new()
-        .inject_context(&span.context(), &mut HeaderInjector(built.headers_mut()));
+    if let Some(context) = with_record(&span, |record, _| record.context()) {
+        TraceContextPropagator::new().inject_context(
+            &opentelemetry::Context::new().with_remote_span_context(context),
+            &mut HeaderInjector(built.headers_mut()),
+        );
+    }
     let started = Instant::now();
     let result = client.execute(built).instrument(span.clone()).await;
     let millis = started.elapsed().as_secs_f64() * 1000.0;
@@ -289,7 +804,7 @@ pub(crate) async fn bank_call(
         "otel.status_code",
         if answer == "success" { "ok" } else { "error" },
     );
-    invocation.set_attribute("bankAnswer", answer);
+    set_attribute(&invocation, KeyValue::new("bankAnswer", answer));
     metrics::bank_duration(operation, answer, millis);
     result
 }
@@ -316,12 +831,127 @@ pub(crate) async fn charged<T>(work: impl std::future::Future<Output = T>) -> (T
 
 /// Marks `span` failed with `label`.
 pub(crate) fn fail(span: &Span, label: &'static str) {
-    span.set_status(Status::error(label));
+    with_record(span, |record, _| record.set_status(Status::error(label)));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::sampling::tests::{built, rate, Queue};
+    use crate::telemetry::sampling::Policy;
+    use opentelemetry_sdk::trace::SpanData;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    /// What the export queue received while `work` ran under the recording layer, with
+    /// `percent` of plain successes sampled.
+    fn exported(percent: f64, work: impl FnOnce()) -> Vec<SpanData> {
+        let queue = Queue::default();
+        let policy = Policy {
+            percent,
+            ..Policy::default()
+        };
+        let tail = Arc::new(Tail::new(queue.clone(), policy));
+        let subscriber = tracing_subscriber::registry().with(layer(Recorder::new(tail)));
+        tracing::subscriber::with_default(subscriber, work);
+        let spans = queue.0.lock().unwrap().clone();
+        spans
+    }
+
+    /// One delivery as `ClaimApproved` records it: its server span, a store call under
+    /// it, a warning when it fails, and its outcome.
+    fn delivery(outcome: &str, status: u16) {
+        let span = server_span("ClaimApproved", "pubsub");
+        span.record("messageId", "m-1");
+        let _entered = span.enter();
+        let store = tracing::info_span!(
+            "store",
+            otel.name = "sqlite claim",
+            otel.kind = "client",
+            store.result = tracing::field::Empty,
+        );
+        store.record("store.result", "ok");
+        drop(store);
+        if status >= 300 {
+            tracing::warn!(outcome, "invocation finished");
+        }
+        record_outcome(&span, Some("c-1"), outcome, status);
+    }
+
+    #[test]
+    fn a_success_the_sampling_drops_builds_no_span_and_a_failure_leaves_whole() {
+        let before = built();
+        let kept = exported(0.0, || delivery("paid", 200));
+        assert!(kept.is_empty(), "{kept:#?}");
+        assert_eq!(
+            built(),
+            before,
+            "a dropped success built OpenTelemetry spans"
+        );
+
+        let kept = exported(0.0, || delivery("retry-later", 503));
+        assert_eq!(
+            built() - before,
+            2,
+            "the failure's two spans, built once each"
+        );
+        let [store, root] = &kept[..] else {
+            panic!("{kept:#?}")
+        };
+        assert_eq!(root.name, "ClaimApproved");
+        assert_eq!(root.span_kind, SpanKind::Server);
+        assert_eq!(root.parent_span_id, SpanId::INVALID);
+        assert!(matches!(root.status, Status::Error { .. }));
+        assert_eq!(root.events.len(), 1, "the warning, as a span event");
+        assert_eq!(root.events[0].name, "invocation finished");
+        let attribute = |span: &SpanData, key: &str| {
+            span.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == key)
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(attribute(root, "outcome").as_deref(), Some("retry-later"));
+        assert_eq!(attribute(root, "messageId").as_deref(), Some("m-1"));
+        assert_eq!(attribute(root, "claimId").as_deref(), Some("c-1"));
+        assert_eq!(store.name, "sqlite claim");
+        assert_eq!(store.span_kind, SpanKind::Client);
+        assert_eq!(store.parent_span_id, root.span_context.span_id());
+        assert_eq!(store.span_context.trace_id(), root.span_context.trace_id());
+        assert_eq!(attribute(store, "store.result").as_deref(), Some("ok"));
+        assert!(kept.iter().all(|s| s.span_context.is_sampled()));
+        assert!(kept.iter().all(|s| rate(s) == Some(100.0)));
+        assert!(root.start_time <= store.start_time && store.end_time <= root.end_time);
+
+        // At 100% the same success is exported whole, at rate 100.
+        let kept = exported(100.0, || delivery("paid", 200));
+        assert_eq!(kept.len(), 2, "{kept:#?}");
+    }
+
+    #[test]
+    fn a_callers_parent_gives_the_trace_and_the_bank_sees_the_head_decision() {
+        let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "traceparent",
+            format!("00-{trace}-00f067aa0ba902b7-01").parse().unwrap(),
+        );
+        let mut seen = None;
+        let kept = exported(0.0, || {
+            let span = server_span("ClaimApproved", "pubsub");
+            set_parent(&span, &parent_from_headers(&headers).unwrap());
+            let _entered = span.enter();
+            let bank = tracing::info_span!("bank", otel.kind = "client");
+            seen = with_record(&bank, |record, _| record.context());
+            record_outcome(&span, None, "paid", 200);
+        });
+        let seen = seen.expect("the bank span's context");
+        assert_eq!(seen.trace_id().to_string(), trace);
+        assert!(seen.is_sampled(), "the caller sampled it");
+        let root = kept.iter().find(|s| s.span_kind == SpanKind::Server);
+        let root = root.expect("a caller's sampled success is kept");
+        assert_eq!(root.parent_span_id.to_string(), "00f067aa0ba902b7");
+        assert!(root.parent_span_is_remote);
+        assert_eq!(rate(root), Some(100.0));
+    }
 
     #[test]
     fn a_w3c_diagnostic_id_is_a_parent_and_a_legacy_one_is_not() {
