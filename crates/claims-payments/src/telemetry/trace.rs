@@ -717,8 +717,9 @@ pub(crate) async fn layer_http(
 /// Timer functions that have no span of their own (the handler's HTTP span is theirs).
 const TIMER_ROUTES: [&str; 1] = ["/Purge"];
 
-/// The class of a bank answer, as DESIGN.md §8 sorts them (for span attributes and the
-/// latency metric's dimension; the bank client's own `classify` decides what to do).
+/// The class of a bank answer, as the bank contract sorts them (docs/reference.md §7), for
+/// span attributes and the latency metric's dimension; the bank client's own `classify`
+/// decides what to do.
 pub(crate) fn bank_answer_class(status: u16) -> &'static str {
     match status {
         200..=299 => "success",
