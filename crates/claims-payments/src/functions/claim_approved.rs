@@ -174,6 +174,14 @@ async fn handle(
             "body fields may have overwritten Service Bus metadata; set dataType binary in function.json"
         );
     }
+    if let Some(copy) = &invocation.delivered_as {
+        // Its own MessageId is the copy's; the inbox and every later line use the original.
+        tracing::info!(
+            messageId = %invocation.message_id,
+            redriveMessageId = %copy,
+            "a dead-letter re-drive copy, handled as the message it names"
+        );
+    }
     let delivery = Delivery {
         message_id: invocation.message_id.clone(),
         delivery_count: invocation.delivery_count,
