@@ -335,6 +335,12 @@ impl SpanFields<'_> {
 /// The value of a field whose values are a few fixed words, as that word (no copy): most
 /// of what a span records is one of these.
 fn known(field: &str, value: &str) -> Option<&'static str> {
+    if field == "outcome" {
+        return crate::domain::OutcomeKind::ALL
+            .iter()
+            .map(crate::domain::OutcomeKind::as_str)
+            .find(|word| *word == value);
+    }
     let words: &[&'static str] = match field {
         // The functions' own server spans.
         "otel.name" => &["ClaimApproved", "Reconcile"],
@@ -350,18 +356,6 @@ fn known(field: &str, value: &str) -> Option<&'static str> {
             "finalize",
         ],
         "store.result" => &["ok", "precondition-failed", "transient", "permanent"],
-        "outcome" => &[
-            "recorded",
-            "paid",
-            "duplicate",
-            "business-duplicate",
-            "rejected",
-            "needs-reconciliation",
-            "conflict",
-            "invalid-message",
-            "retry-later",
-            "store-failure",
-        ],
         "bank.operation" => &["payout", "lookup"],
         "bank.answer" => &[
             "success",
