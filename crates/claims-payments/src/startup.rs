@@ -164,7 +164,7 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
         handler = seams.label.unwrap_or("consumer"),
         "claims-payments custom handler listening"
     );
-    telemetry::metrics::started();
+    telemetry::started();
 
     // No purge here: the `Purge` timer function (`PURGE_SCHEDULE`) is the retention's one
     // owner, so the documented schedule decides when rows are deleted, and one run at a

@@ -173,14 +173,13 @@ fn instruments() -> Option<&'static Instruments> {
     }))
 }
 
-/// `serve` started: counted and exported at once, so a handler that keeps crashing
-/// soon after its start still shows its starts.
-pub(crate) fn started() {
+/// `serve` started: counted (`super::started` exports it at once).
+pub(crate) fn count_start() -> bool {
     if !super::enabled() {
-        return;
+        return false;
     }
     meter().u64_counter(names::STARTS).build().add(1, &[]);
-    super::export::flush_metrics();
+    true
 }
 
 /// One bank request took `millis` and was answered as `answer`.

@@ -59,10 +59,19 @@ fn lookup<'a>(pairs: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<String> + 'a
 
 pub mod export;
 pub(crate) mod metrics;
+mod record;
 pub mod sampling;
 pub(crate) mod trace;
 
 pub(crate) use export::{enabled, init_exporter, TelemetryGuard, TelemetrySettings};
+
+/// `serve` started: counted and exported at once, so a handler that keeps crashing soon
+/// after its start still shows its starts.
+pub(crate) fn started() {
+    if metrics::count_start() {
+        export::flush_metrics();
+    }
+}
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -14,7 +14,7 @@
 //!   than plainly well; kept at the configured rate when the head decision says so;
 //!   otherwise dropped.
 //!
-//! Until then an invocation's spans are plain records ([`super::trace::Recorded`]: names,
+//! Until then an invocation's spans are plain records ([`super::record::Recorded`]: names,
 //! times, attributes); OpenTelemetry spans ([`SpanData`]) are built only for a trace that
 //! is kept, so a dropped success costs no span at all. Every kept span carries
 //! `microsoft.sample_rate` (a percentage; the attribute the Azure Monitor exporters read),
@@ -30,7 +30,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks, SpanProcessor};
 
 use super::counters;
-use super::trace::Recorded;
+use super::record::Recorded;
 
 /// The share of plain successes kept when nothing is set.
 pub(crate) const DEFAULT_PERCENT: f64 = 5.0;

@@ -32,9 +32,7 @@ use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{
-    Event, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
-};
+use opentelemetry::trace::{Event, SpanId, SpanKind, Status, TraceContextExt, TraceState};
 use opentelemetry::{Array, Key, KeyValue, StringValue, Value};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -47,53 +45,8 @@ use tracing_subscriber::registry::{LookupSpan, Registry};
 use tracing_subscriber::Layer;
 
 use super::metrics;
+use super::record::Recorded;
 use super::sampling::Tail;
-
-/// One span as recorded: what its OpenTelemetry span would carry, in plain values. Only
-/// a trace the sampling keeps becomes OpenTelemetry spans ([`Tail::finish`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Recorded {
-    pub(crate) name: Cow<'static, str>,
-    pub(crate) kind: SpanKind,
-    pub(crate) trace_id: TraceId,
-    pub(crate) span_id: SpanId,
-    /// `SpanId::INVALID` for a root without a caller.
-    pub(crate) parent_span_id: SpanId,
-    pub(crate) parent_remote: bool,
-    /// The head decision of the trace (see [`super::sampling`]): our `sampled` flag.
-    pub(crate) sampled: bool,
-    pub(crate) trace_state: TraceState,
-    pub(crate) start: SystemTime,
-    pub(crate) end: SystemTime,
-    pub(crate) attributes: Vec<KeyValue>,
-    pub(crate) status: Status,
-    /// Warnings and errors logged in the span.
-    pub(crate) events: Vec<Event>,
-}
-
-impl Recorded {
-    /// Statuses only rise (Unset, then Error, then Ok), as OpenTelemetry's spans do.
-    fn set_status(&mut self, status: Status) {
-        if status > self.status {
-            self.status = status;
-        }
-    }
-
-    fn context(&self) -> SpanContext {
-        let flags = if self.sampled {
-            TraceFlags::SAMPLED
-        } else {
-            TraceFlags::default()
-        };
-        SpanContext::new(
-            self.trace_id,
-            self.span_id,
-            flags,
-            false,
-            self.trace_state.clone(),
-        )
-    }
-}
 
 /// At most this many finished spans wait under one open span (a long timer run's store
 /// and bank calls); more are dropped and counted in `telemetryDropped`.
