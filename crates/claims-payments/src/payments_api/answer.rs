@@ -7,6 +7,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::consumer::Outcome;
+use crate::domain::OutcomeKind;
 use crate::store::PaymentRecord;
 
 /// Where problem types live (`type` of every problem answer).
@@ -279,6 +280,15 @@ pub(crate) fn payment_not_found() -> Answer {
 /// our `Authorization` header in its error body would hand the client our credential), so every detail here is fixed per outcome kind; the reason
 /// goes only to the log line and the operator's records.
 pub(crate) fn answer_for(outcome: &Outcome, payment: Option<&PaymentRecord>) -> Answer {
+    // A request that meets its own key's finished work (a retry whose first answer could
+    // not be stored under the key) answers as the first one did: by the first outcome, so
+    // a key never gets 200 once and 201 later.
+    let first = match outcome {
+        Outcome::Duplicate {
+            first_outcome: Some(first),
+        } => Some(*first),
+        _ => None,
+    };
     match (outcome, payment) {
         (Outcome::RetryLater { .. }, _) => Problem::Unavailable.answer(
                         "the payment could not be finished now (the bank or the store did not answer in time, or another attempt holds this claim); retry with the same Idempotency-Key",
@@ -289,7 +299,11 @@ pub(crate) fn answer_for(outcome: &Outcome, payment: Option<&PaymentRecord>) -> 
                         "body: cannot be paid as sent (payee: is required when payouts are enabled)",
         ),
         (Outcome::Conflict { .. }, _) => claim_already_paid(),
+        (_, _) if first == Some(OutcomeKind::Conflict) => claim_already_paid(),
         (Outcome::BusinessDuplicate { .. }, Some(p)) => Answer::resource(StatusCode::OK, p),
+        (_, Some(p)) if first == Some(OutcomeKind::BusinessDuplicate) => {
+            Answer::resource(StatusCode::OK, p)
+        }
         (Outcome::NeedsReconciliation { .. }, Some(p)) => Answer::resource(StatusCode::ACCEPTED, p),
         (_, Some(p)) => Answer::resource(StatusCode::CREATED, p),
         // The consumer finished but the payment cannot be read back: nothing final to
@@ -314,7 +328,52 @@ mod tests {
         assert_eq!(types.len(), Problem::ALL.len());
     }
 
-    /// Issue 21 item 6: no outcome's reason reaches the client.
+    /// A retry that meets its key's finished work answers as the first request did: a
+    /// business duplicate stays 200 (a seed of the simulator's hot claims found 200 and
+    /// then 201 under one key when the first answer could not be stored).
+    #[test]
+    fn a_duplicate_answers_as_its_first_outcome_did() {
+        let claim_id = crate::domain::ClaimId::random();
+        let now = time::OffsetDateTime::now_utc();
+        let p = PaymentRecord {
+            claim_id,
+            purpose: crate::domain::Purpose::Payout,
+            tenant_id: None,
+            money: crate::domain::Money::new(
+                rust_decimal::Decimal::new(10, 0),
+                crate::domain::Currency::parse("EUR").unwrap(),
+            )
+            .unwrap(),
+            payee: None,
+            payload_hash: crate::domain::PayloadHash::from_stored("h".into()),
+            message_id: crate::domain::MessageId::parse("m-1").unwrap(),
+            idempotency_key: crate::domain::IdempotencyKey::for_payout(None, claim_id),
+            payout_request: None,
+            status: crate::store::PaymentStatus::Paid,
+            bank_payment_id: None,
+            status_reason: None,
+            created_at: now,
+            updated_at: now,
+        };
+        let first = |kind| Outcome::Duplicate {
+            first_outcome: Some(kind),
+        };
+        let business = Outcome::BusinessDuplicate {
+            original_message: crate::domain::MessageId::parse("m-0").unwrap(),
+        };
+        assert_eq!(answer_for(&business, Some(&p)).status, 200);
+        assert_eq!(
+            answer_for(&first(OutcomeKind::BusinessDuplicate), Some(&p)).status,
+            200
+        );
+        assert_eq!(answer_for(&first(OutcomeKind::Paid), Some(&p)).status, 201);
+        assert_eq!(
+            answer_for(&first(OutcomeKind::Conflict), Some(&p)).status,
+            409
+        );
+    }
+
+    /// No outcome's reason reaches the client.
     #[test]
     fn no_outcome_reason_reaches_a_problem_detail() {
         let secret = "Bearer s3cr3t-from-the-bank-echo";
