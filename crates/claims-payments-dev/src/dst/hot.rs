@@ -102,21 +102,11 @@ pub(super) fn heat(plan: &mut Plan, dice: &Dice) -> Hot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::scenario::{self, ScenarioSettings};
+    use crate::sim::scenario;
 
     #[test]
     fn a_burst_follows_its_original_and_pays_the_same_claim() {
-        let mut plan = scenario::plan(&ScenarioSettings {
-            messages: 200,
-            duplicate_rate: 0.08,
-            business_duplicate_rate: 0.06,
-            conflict_rate: 0.03,
-            invalid_rate: 0.03,
-            closed_account_rate: 0.04,
-            allow_non_utf8: true,
-            race_window: 16,
-            seed: 7,
-        });
+        let mut plan = scenario::plan(&crate::dst::run::scenario_settings(200, 7));
         let before = plan.copies.len();
         let hot = heat(&mut plan, &Dice::new(7));
         assert!(plan.copies.len() > before && !hot.http.is_empty());

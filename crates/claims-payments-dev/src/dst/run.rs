@@ -118,17 +118,7 @@ impl Sim {
             0 => dice.range(1, 4) as usize,
             n => n,
         };
-        let mut scenario = scenario::plan(&ScenarioSettings {
-            messages: options.messages,
-            duplicate_rate: 0.08,
-            business_duplicate_rate: 0.06,
-            conflict_rate: 0.03,
-            invalid_rate: 0.03,
-            closed_account_rate: 0.04,
-            allow_non_utf8: true,
-            race_window: 16,
-            seed,
-        });
+        let mut scenario = scenario::plan(&scenario_settings(options.messages, seed));
         let hot = hot::heat(&mut scenario, &dice);
         let signed_in = dice.hit(0.5);
         trace_event!(
@@ -353,5 +343,20 @@ impl Sim {
             },
             trace: self.trace.clone(),
         }
+    }
+}
+
+/// The message mix of one seed: `messages` originals and their copies.
+pub(super) fn scenario_settings(messages: usize, seed: u64) -> ScenarioSettings {
+    ScenarioSettings {
+        messages,
+        duplicate_rate: 0.08,
+        business_duplicate_rate: 0.06,
+        conflict_rate: 0.03,
+        invalid_rate: 0.03,
+        closed_account_rate: 0.04,
+        allow_non_utf8: true,
+        race_window: 16,
+        seed,
     }
 }
