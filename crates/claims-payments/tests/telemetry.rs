@@ -143,6 +143,19 @@ async fn one_delivery_is_one_trace_from_the_host_through_the_store_to_the_bank()
         .collect();
     assert!(store_calls.contains(&"sqlite claim"), "{store_calls:?}");
     assert!(store_calls.contains(&"sqlite finalize"), "{store_calls:?}");
+    for call in dependencies
+        .iter()
+        .filter(|d| d["data"]["baseData"]["type"] == "sqlite")
+    {
+        assert_eq!(
+            call["tags"]["ai.operation.parentId"], request_id,
+            "{call:#}"
+        );
+        assert_eq!(call["data"]["baseData"]["success"], true, "{call:#}");
+        assert_eq!(property(call, "store.result"), "ok");
+        assert_eq!(property(call, "claimId"), claim.as_str());
+        assert!(!property(call, "db.operation.name").is_empty(), "{call:#}");
+    }
 
     // The bank saw the same trace, parented on the bank call's span.
     let traceparents = bank.traceparents();

@@ -177,6 +177,12 @@ impl Policy {
                 ("faas.trigger", Value::String(t)) if t.as_str() == "timer" => {
                     return Some("timer");
                 }
+                // The recorder records an unsigned status as text (`trace::SpanFields`).
+                ("http.response.status_code", Value::String(status))
+                    if status.as_str().parse::<u16>().is_ok_and(|s| s >= 400) =>
+                {
+                    return Some("status");
+                }
                 ("http.response.status_code", Value::I64(status)) if *status >= 400 => {
                     return Some("status");
                 }
@@ -574,8 +580,13 @@ pub(crate) mod tests {
         }
         let timer = root(vec![KeyValue::new("faas.trigger", "timer")]);
         assert!(matches!(policy.verdict(&timer, &[]), Verdict::Keep(_)));
-        let refused = root(vec![KeyValue::new("http.response.status_code", 409i64)]);
-        assert!(matches!(policy.verdict(&refused, &[]), Verdict::Keep(_)));
+        // As the recorder records it (text), and as a number.
+        for status in [Value::from("409"), Value::I64(409)] {
+            let refused = root(vec![KeyValue::new("http.response.status_code", status)]);
+            assert!(matches!(policy.verdict(&refused, &[]), Verdict::Keep(_)));
+        }
+        let answered = root(vec![KeyValue::new("http.response.status_code", "201")]);
+        assert_eq!(policy.verdict(&answered, &[]), Verdict::Drop);
         let mut slow = root(vec![KeyValue::new("outcome", "paid")]);
         slow.end = slow.start + DEFAULT_SLOW + Duration::from_millis(1);
         assert!(matches!(policy.verdict(&slow, &[]), Verdict::Keep(_)));

@@ -8,7 +8,10 @@
 //!   from [`layer_http`], parented on `traceparent`.
 //! - Every store call is a **client span** (a dependency; `store::traced`) with the
 //!   Cosmos request charge it cost; every bank request is one too ([`bank_call`]), and
-//!   it carries `traceparent` so the bank's side joins the trace.
+//!   it carries `traceparent` so the bank's side joins the trace. A store call is no
+//!   `tracing` span: it is timed around the call ([`observe_call`]) and its record added
+//!   under the current span ([`record_call`]), which costs a fraction of a span's
+//!   creation, enter and exit at every poll, and close.
 //! - Attributes: claimId, messageId, deliveryCount, outcome, takeover, bank answer class.
 //!   Never a secret, a payee account, a request body or the bank's answer text.
 //!
@@ -21,7 +24,7 @@
 //! span: the functions return [`Span::none`] or go straight to the call.
 
 use std::borrow::Cow;
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -178,6 +181,17 @@ where
         if !recorded(event.metadata()) {
             return;
         }
+        let error = *event.metadata().level() == tracing::Level::ERROR;
+        // Logged inside a store call: the call's warning, as a span's would be.
+        let in_call = IN_CALL.try_with(|call| {
+            let (recorded, status) = self.event_record(event);
+            let mut call = call.borrow_mut();
+            call.error |= error || status.is_some();
+            call.events.push(recorded);
+        });
+        if in_call.is_ok() {
+            return;
+        }
         let span = match event.parent() {
             Some(parent) => ctx.span(parent),
             None if event.is_contextual() => ctx.lookup_current(),
@@ -194,29 +208,12 @@ where
                 None => return,
             }
         };
-        let meta = event.metadata();
-        let mut recorded = Event::new(
-            String::new(),
-            SystemTime::now(),
-            vec![
-                KeyValue::new("level", meta.level().as_str()),
-                KeyValue::new("target", meta.target()),
-            ],
-            0,
-        );
-        let mut status = None;
-        event.record(&mut EventFields {
-            event: &mut recorded,
-            status: &mut status,
-        });
-        if recorded.name.is_empty() {
-            recorded.name = Cow::Borrowed(meta.name());
-        }
+        let (recorded, status) = self.event_record(event);
         let mut extensions = span.extensions_mut();
         let Some(open) = extensions.get_mut::<Open>() else {
             return;
         };
-        if *meta.level() == tracing::Level::ERROR {
+        if error {
             open.span.set_status(Status::error(""));
         }
         if let Some(status) = status {
@@ -235,17 +232,50 @@ where
         // the parent's record is still there to take it.
         if let Some(parent) = recorded_parent(&span) {
             if let Some(into) = parent.extensions_mut().get_mut::<Open>() {
-                into.under.push(open.span);
-                into.under.append(&mut open.under);
-                if into.under.len() > MAX_UNDER {
-                    let lost = into.under.len() - MAX_UNDER;
-                    into.under.truncate(MAX_UNDER);
-                    super::counters().telemetry_dropped.add(lost as u64);
-                }
+                into.take(open.span, open.under);
                 return;
             }
         }
         self.tail.finish(open.span, open.under);
+    }
+}
+
+impl Open {
+    /// Takes a finished span, and the spans under it, under this one (at most
+    /// [`MAX_UNDER`]; more are counted as dropped).
+    fn take(&mut self, span: Recorded, mut under: Vec<Recorded>) {
+        self.under.push(span);
+        self.under.append(&mut under);
+        if self.under.len() > MAX_UNDER {
+            let lost = self.under.len() - MAX_UNDER;
+            self.under.truncate(MAX_UNDER);
+            super::counters().telemetry_dropped.add(lost as u64);
+        }
+    }
+}
+
+impl Recorder {
+    /// A warning's or error's record as a span event, with the status it sets, if any.
+    fn event_record(&self, event: &tracing::Event<'_>) -> (Event, Option<Status>) {
+        let meta = event.metadata();
+        let mut recorded = Event::new(
+            String::new(),
+            SystemTime::now(),
+            vec![
+                KeyValue::new("level", meta.level().as_str()),
+                KeyValue::new("target", meta.target()),
+            ],
+            0,
+        );
+        let mut status = None;
+        event.record(&mut EventFields {
+            event: &mut recorded,
+            status: &mut status,
+        });
+        if recorded.name.is_empty() {
+            recorded.name = Cow::Borrowed(meta.name());
+        }
+        (recorded, status)
     }
 }
 
@@ -757,29 +787,125 @@ pub(crate) async fn bank_call(
     result
 }
 
+/// What happened inside a store call in progress: the request units it was charged,
+/// the warnings logged in it and whether one of them was an error.
+#[derive(Default)]
+struct InCall {
+    charge: f64,
+    events: Vec<Event>,
+    error: bool,
+}
+
 tokio::task_local! {
-    /// The request units charged to the store call in progress.
-    static REQUEST_CHARGE: Cell<f64>;
+    static IN_CALL: RefCell<InCall>;
 }
 
 /// Adds a Cosmos request charge to the store call in progress, if one is traced.
 pub(crate) fn add_request_charge(ru: f64) {
-    let _ = REQUEST_CHARGE.try_with(|c| c.set(c.get() + ru));
+    let _ = IN_CALL.try_with(|call| call.borrow_mut().charge += ru);
 }
 
-/// Runs a store call and returns what it charged, in Cosmos request units (0 elsewhere).
-pub(crate) async fn charged<T>(work: impl std::future::Future<Output = T>) -> (T, f64) {
-    REQUEST_CHARGE
-        .scope(Cell::new(0.0), async {
+/// A finished store call, as [`observe_call`] saw it.
+pub(crate) struct Observed {
+    start: SystemTime,
+    end: SystemTime,
+    /// Cosmos request units (0 elsewhere).
+    pub(crate) charge: f64,
+    events: Vec<Event>,
+    error: bool,
+}
+
+/// Runs a store call, timing it and gathering what is logged and charged inside it.
+pub(crate) async fn observe_call<T>(work: impl std::future::Future<Output = T>) -> (T, Observed) {
+    let start = SystemTime::now();
+    IN_CALL
+        .scope(RefCell::new(InCall::default()), async {
             let result = work.await;
-            (result, REQUEST_CHARGE.with(|c| c.get()))
+            let call = IN_CALL.with(RefCell::take);
+            let observed = Observed {
+                start,
+                end: SystemTime::now(),
+                charge: call.charge,
+                events: call.events,
+                error: call.error,
+            };
+            (result, observed)
         })
         .await
 }
 
-/// Marks `span` failed with `label`.
-pub(crate) fn fail(span: &Span, label: &'static str) {
-    with_record(span, |record, _| record.set_status(Status::error(label)));
+/// Records a finished store call as a client span under the current span (a root of
+/// its own outside every recorded span), failed with `failed` when it is set.
+pub(crate) fn record_call(
+    name: Cow<'static, str>,
+    attributes: Vec<KeyValue>,
+    call: Observed,
+    failed: Option<&'static str>,
+) {
+    let mut record = Recorded {
+        name,
+        kind: SpanKind::Client,
+        trace_id: opentelemetry::trace::TraceId::INVALID,
+        span_id: SpanId::INVALID,
+        parent_span_id: SpanId::INVALID,
+        parent_remote: false,
+        sampled: false,
+        trace_state: TraceState::default(),
+        start: call.start,
+        end: call.end,
+        attributes,
+        status: Status::Unset,
+        events: call.events,
+    };
+    if call.error {
+        record.set_status(Status::error(""));
+    }
+    if let Some(label) = failed {
+        record.set_status(Status::error(label));
+    }
+    let current = Span::current();
+    let mut record = Some(record);
+    current.with_subscriber(|(id, dispatch)| {
+        let (Some(recorder), Some(registry)) = (
+            dispatch.downcast_ref::<Recorder>(),
+            dispatch.downcast_ref::<Registry>(),
+        ) else {
+            return;
+        };
+        let Some(span) = registry.span(id) else {
+            return;
+        };
+        let Some(parent) = span
+            .scope()
+            .find(|s| s.extensions().get::<Open>().is_some())
+        else {
+            return;
+        };
+        let mut extensions = parent.extensions_mut();
+        let Some(open) = extensions.get_mut::<Open>() else {
+            return;
+        };
+        if let Some(mut record) = record.take() {
+            let p = &open.span;
+            record.trace_id = p.trace_id;
+            record.parent_span_id = p.span_id;
+            record.sampled = p.sampled;
+            record.trace_state = p.trace_state.clone();
+            record.span_id = recorder.ids.new_span_id();
+            open.take(record, Vec::new());
+        }
+    });
+    // Outside every recorded span (a background call): a trace of its own.
+    if let Some(mut record) = record {
+        tracing::dispatcher::get_default(|dispatch| {
+            if let Some(recorder) = dispatch.downcast_ref::<Recorder>() {
+                record.trace_id = recorder.ids.new_trace_id();
+                record.span_id = recorder.ids.new_span_id();
+                record.sampled = recorder.tail.policy.head_decision(record.trace_id, None);
+                recorder.tail.finish(record.clone(), Vec::new());
+            }
+        });
+    }
 }
 
 #[cfg(test)]
@@ -872,6 +998,87 @@ mod tests {
         // At 100% the same success is exported whole, at rate 100.
         let kept = exported(100.0, || delivery("paid", 200));
         assert_eq!(kept.len(), 2, "{kept:#?}");
+    }
+
+    /// A store call as `store::traced` records it: no span, a record under the current one.
+    async fn store_call(result: &'static str, warn: bool) {
+        let ((), observed) = observe_call(async {
+            add_request_charge(2.5);
+            if warn {
+                tracing::warn!("the store is slow");
+            }
+        })
+        .await;
+        let failed = (result != "ok").then_some(result);
+        record_call(
+            Cow::Borrowed("cosmosdb claim"),
+            vec![KeyValue::new("store.result", result)],
+            observed,
+            failed,
+        );
+    }
+
+    fn block_on(work: impl std::future::Future<Output = ()>) {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(work)
+    }
+
+    #[test]
+    fn a_store_call_is_a_client_span_under_its_invocation_with_what_it_logged() {
+        let before = built();
+        let kept = exported(0.0, || {
+            block_on(async {
+                let span = server_span("ClaimApproved", "pubsub");
+                async {
+                    store_call("ok", false).await;
+                    store_call("transient", true).await;
+                }
+                .instrument(span.clone())
+                .await;
+                record_outcome(&span, Some("c-1"), "retry-later", 503);
+            })
+        });
+        assert_eq!(built() - before, 3, "the failure's spans, built once each");
+        let [fine, failed, root] = &kept[..] else {
+            panic!("{kept:#?}")
+        };
+        assert_eq!(root.name, "ClaimApproved");
+        assert!(root.events.is_empty(), "the call's warning is the call's");
+        for call in [fine, failed] {
+            assert_eq!(call.name, "cosmosdb claim");
+            assert_eq!(call.span_kind, SpanKind::Client);
+            assert_eq!(call.parent_span_id, root.span_context.span_id());
+            assert_eq!(call.span_context.trace_id(), root.span_context.trace_id());
+            assert_ne!(call.span_context.span_id(), root.span_context.span_id());
+            assert!(root.start_time <= call.start_time && call.end_time <= root.end_time);
+        }
+        assert_ne!(fine.span_context.span_id(), failed.span_context.span_id());
+        assert_eq!(fine.status, Status::Unset);
+        assert_eq!(failed.status, Status::error("transient"));
+        assert_eq!(failed.events.len(), 1);
+        assert_eq!(failed.events[0].name, "the store is slow");
+
+        // A plain success dropped by the sampling builds nothing for its store calls.
+        let before = built();
+        let kept = exported(0.0, || {
+            block_on(async {
+                let span = server_span("ClaimApproved", "pubsub");
+                store_call("ok", false).instrument(span.clone()).await;
+                record_outcome(&span, Some("c-1"), "paid", 200);
+            })
+        });
+        assert!(kept.is_empty(), "{kept:#?}");
+        assert_eq!(built(), before);
+
+        // Outside every invocation (a background call), a failed call is a trace of its own.
+        let kept = exported(0.0, || block_on(store_call("permanent", false)));
+        let [alone] = &kept[..] else {
+            panic!("{kept:#?}")
+        };
+        assert_eq!(alone.parent_span_id, SpanId::INVALID);
+        assert!(alone.span_context.trace_id() != opentelemetry::trace::TraceId::INVALID);
     }
 
     #[test]
