@@ -8,7 +8,9 @@
 //! - [`world`]: the seeded generator, each instance's skewed wall clock, the trace;
 //! - [`faults`] and [`chaos`]: which fault kinds a run injects, and how often;
 //! - [`hot`]: the claims that bursts of messages and HTTP payments share;
-//! - [`store`]: the in-memory model (`crate::memory_store`) behind the store's faults;
+//! - [`stores`]: the store a run uses (`--store`: the in-memory model `crate::memory_store`,
+//!   or the production SQLite or Cosmos DB adapter; what replays for each is said there),
+//!   and [`store`]: the store's faults above it;
 //! - [`bank`]: the bank behind the product's `BankTransport`, holding the ground truth;
 //! - [`state`]: what the simulated world shares; [`run`]: the run's timeline and result; [`broker`]: Service Bus and the Functions
 //!   host (peek-lock, DeliveryCount, dead-lettering, duplicate detection); [`instances`]:
@@ -29,6 +31,7 @@ mod instances;
 mod run;
 mod state;
 pub mod store;
+pub mod stores;
 pub mod world;
 
 use std::collections::BTreeMap;
@@ -72,6 +75,20 @@ pub struct DstArgs {
     /// Stop at the first failing seed.
     #[arg(long, default_value_t = true)]
     pub stop_at_failure: bool,
+    /// The store under the simulator: the in-memory model, or a production adapter.
+    #[arg(long, value_enum, default_value_t = StoreKind::Model)]
+    pub store: StoreKind,
+}
+
+/// Which store a run uses (see [`stores`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreKind {
+    /// The in-memory model (`crate::memory_store`).
+    Model,
+    /// The production SQLite adapter on a file of its own per run.
+    Sqlite,
+    /// The production Cosmos DB adapter through the SDK over its in-memory emulator.
+    Cosmos,
 }
 
 /// What one run does.
@@ -85,6 +102,7 @@ pub struct RunOptions {
     pub keep_trace: bool,
     /// Print the product's own log lines as the run goes (a replay's detail).
     pub product_logs: bool,
+    pub store: StoreKind,
 }
 
 impl RunOptions {
@@ -96,6 +114,7 @@ impl RunOptions {
             all_faults: args.all_faults,
             keep_trace: true,
             product_logs: args.verbose,
+            store: args.store,
         }
     }
 }

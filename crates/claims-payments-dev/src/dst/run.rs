@@ -26,10 +26,10 @@ use super::faults::{Fault, FaultPlan};
 use super::hot;
 use super::state::*;
 use super::store::FaultyStore;
+use super::stores::{self, SettledWatch};
 use super::timings::*;
 use super::world::{Dice, Trace};
 use super::RunOptions;
-use crate::memory_store::MemoryStore;
 use crate::sim::scenario::{self, CopyKind, ScenarioSettings};
 use crate::trace_event;
 
@@ -111,8 +111,12 @@ impl Sim {
         let trace = Trace::new(start, options.keep_trace);
         let dice = Dice::new(seed);
         let chaos = Chaos::new(plan, dice.fork(), trace.clone());
-        let memory = Arc::new(MemoryStore::new());
-        let store: DynStore = FaultyStore::new(memory.clone(), chaos.clone(), LEASE);
+        let opened = stores::open(options.store, RETENTION)
+            .await
+            .unwrap_or_else(|e| panic!("the run's {:?} store does not open: {e:#}", options.store));
+        let watch = SettledWatch::new(opened.base.clone());
+        let faulty = FaultyStore::new(watch.clone(), &opened, chaos.clone(), LEASE);
+        let store: DynStore = faulty.clone();
         let bank = SimBank::new(chaos.clone(), start, BANK_TIMEOUT, KEY_WINDOW);
         let instances = match options.instances {
             0 => dice.range(1, 4) as usize,
@@ -133,7 +137,9 @@ impl Sim {
             chaos,
             trace,
             dice,
-            memory,
+            opened,
+            watch,
+            faulty,
             store,
             bank,
             plan: scenario,
@@ -186,6 +192,9 @@ impl Sim {
             let _ = dark.await;
         }
         self.chaos.calm();
+        if let Some(cosmos) = &self.opened.cosmos {
+            cosmos.disarm();
+        }
         self.books().calm = true;
         trace_event!(self.trace, "calm");
         for slot in 0..instances {
@@ -295,9 +304,40 @@ impl Sim {
             })
             .collect();
         drop(books);
+        // What the store holds, read through the store's own listing (any store).
+        let ledger = match self.opened.check.list_payments(usize::MAX).await {
+            Ok(rows) => rows
+                .into_iter()
+                .filter_map(|row| {
+                    row.map_err(|corrupt| {
+                        self.checks.fail(Violation::new(
+                            "ledger-reads-back",
+                            Some(&corrupt.claim_id),
+                            format!("a stored payment does not read back: {corrupt}"),
+                        ))
+                    })
+                    .ok()
+                })
+                .collect(),
+            Err(e) => {
+                self.checks.fail(Violation::new(
+                    "ledger-reads-back",
+                    None,
+                    format!("the ledger cannot be listed after the run: {e}"),
+                ));
+                Vec::new()
+            }
+        };
+        for (claim, what) in self.watch.rewrites() {
+            self.checks.fail(Violation::new(
+                "settled-never-rewritten",
+                Some(&claim.to_string()),
+                format!("a settled payment was written again with other facts: {what}"),
+            ));
+        }
         check::at_end(
             &self.checks,
-            &self.memory,
+            &ledger,
             &self.bank,
             &self.plan,
             queue
