@@ -189,6 +189,13 @@ impl FaultPlan {
         }
     }
 
+    /// `faults` at their highest rates, no other kind.
+    pub fn only(faults: &[Fault]) -> Self {
+        FaultPlan {
+            rates: faults.iter().map(|f| (*f, f.rate_range().1)).collect(),
+        }
+    }
+
     pub fn none() -> Self {
         FaultPlan::default()
     }

@@ -36,6 +36,9 @@ use crate::trace_event;
 /// How long the chaos phase lasts: past the duplicate-detection window, so late
 /// re-sends of the producer reach the queue while faults still fire.
 const CHAOS_PHASE: Duration = Duration::from_secs(75 * 60);
+/// The most payments the end checks list: every payment of a run, and within what each
+/// store's listing takes (Cosmos DB's `TOP` is a 32-bit integer).
+const LEDGER_LIMIT: usize = i32::MAX as usize;
 /// What one run did and found.
 pub struct RunResult {
     pub seed: u64,
@@ -55,6 +58,12 @@ pub struct RunResult {
     pub payouts: usize,
     /// Every event, when the run kept them.
     pub events: Vec<String>,
+    /// The store calls by the adapter path they took, and the SDK's transport faults met.
+    pub store_paths: BTreeMap<&'static str, u64>,
+    /// Processes started in the run (each ended one is a gone owner to remember).
+    pub processes: u64,
+    /// The most deliveries one process completed (its completed-message cache holds 20,000).
+    pub most_completed_by_one_process: u64,
     trace: Trace,
 }
 
@@ -305,7 +314,7 @@ impl Sim {
             .collect();
         drop(books);
         // What the store holds, read through the store's own listing (any store).
-        let ledger = match self.opened.check.list_payments(usize::MAX).await {
+        let ledger = match self.opened.check.list_payments(LEDGER_LIMIT).await {
             Ok(rows) => rows
                 .into_iter()
                 .filter_map(|row| {
@@ -382,6 +391,14 @@ impl Sim {
                 Vec::new()
             },
             trace: self.trace.clone(),
+            store_paths: self.faulty.paths(),
+            processes: books.processes,
+            most_completed_by_one_process: books
+                .completed_by_process
+                .values()
+                .copied()
+                .max()
+                .unwrap_or(0),
         }
     }
 }

@@ -36,6 +36,8 @@ use super::stores::{CosmosFault, CosmosFaults, Opened};
 
 /// How far behind another session's write a stale read may be.
 pub const STALE_BOUND: Duration = Duration::from_secs(5);
+/// The path of an unsettled listing that came back full: reconcile met its per-run limit.
+pub const RECONCILE_FULL: &str = "unsettled listing full (reconcile's limit)";
 /// History older than this is dropped (its key's next write has no known prior state).
 const HISTORY_KEPT: Duration = Duration::from_secs(60);
 
@@ -223,7 +225,7 @@ impl FaultyStore {
             }
             StoreCall::UnsettledPayments { limit } => {
                 match any.downcast_ref::<StoreResult<Vec<Versioned<PaymentRecord>>>>() {
-                    Some(Ok(list)) if list.len() >= *limit => "unsettled listing full (reconcile's limit)",
+                    Some(Ok(list)) if list.len() >= *limit => RECONCILE_FULL,
                     _ => "",
                 }
             }

@@ -22,7 +22,8 @@
 //!   `driver/jitter.rs`), so a run in which the SDK retries may not replay; the emulator
 //!   stamps `_ts` and the SDK its diagnostics from the system clock (neither reaches the
 //!   product's decisions); the driver's CPU sampler is a thread that reads nothing of
-//!   ours. A run without SDK-level retries replays; one with them is a soak of the same
+//!   ours; its one real request (the instance metadata service, for a machine id) is
+//!   switched off with `COSMOS_DISABLE_IMDS`. A run without SDK-level retries replays; one with them is a soak of the same
 //!   world: its seed is printed, and `--verbose` keeps its event log.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -108,6 +109,12 @@ pub async fn open(kind: StoreKind, retention: Duration) -> anyhow::Result<Opened
             }
         }
         StoreKind::Cosmos => {
+            // The driver asks Azure's instance metadata service (a real HTTP request)
+            // for a machine id once per process, unless told not to: a simulated run
+            // makes no real request.
+            if std::env::var_os("COSMOS_DISABLE_IMDS").is_none() {
+                std::env::set_var("COSMOS_DISABLE_IMDS", "1");
+            }
             let emulator = InProcessEmulator::new()?;
             emulator.provision("claims", "consumer").await?;
             let faults = Arc::new(CosmosFaults::new());
