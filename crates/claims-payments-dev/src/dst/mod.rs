@@ -238,7 +238,11 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     let coverage: Vec<String> = fired.iter().map(|(f, n)| format!("{f} {n}")).collect();
     println!("dst: faults fired: {}", coverage.join(", "));
     let paths: Vec<String> = paths.iter().map(|(p, n)| format!("{p} {n}")).collect();
-    println!("dst: {:?} store paths taken: {}", args.store, paths.join(", "));
+    println!(
+        "dst: {:?} store paths taken: {}",
+        args.store,
+        paths.join(", ")
+    );
     let batch_full = paths_full(&paths);
     println!(
         "dst: bounds reached: reconcile's {}-per-run limit {}; completed-message cache ({} entries) {} (most completions in one process {most_completed}); gone-owner memory ({} processes) {} (most processes in one run {processes})",

@@ -137,7 +137,9 @@ impl FaultyStore {
                 }
                 match *window {
                     Some((until, false)) => Some((until, "the store cannot be reached")),
-                    Some((until, true)) if write => Some((until, "the server is read-only (failover)")),
+                    Some((until, true)) if write => {
+                        Some((until, "the server is read-only (failover)"))
+                    }
                     _ => None,
                 }
             };
@@ -158,7 +160,11 @@ impl FaultyStore {
             // The SDK's transport faults, met by this call's requests (and its retries).
             for (fault, kind, hits) in [
                 (Fault::CosmosThrottled, CosmosFault::Throttled, (1, 5)),
-                (Fault::CosmosThrottledHint, CosmosFault::ThrottledHint, (1, 2)),
+                (
+                    Fault::CosmosThrottledHint,
+                    CosmosFault::ThrottledHint,
+                    (1, 2),
+                ),
                 (Fault::CosmosUnavailable, CosmosFault::Unavailable, (1, 3)),
                 (Fault::CosmosTimeout, CosmosFault::Timeout, (1, 2)),
             ] {
@@ -207,22 +213,22 @@ impl FaultyStore {
     fn record<T: 'static>(&self, call: &StoreCall<'_>, result: &StoreResult<T>) {
         let any = result as &dyn Any;
         let path = match call {
-            StoreCall::Claim { inbox, .. } => match any.downcast_ref::<StoreResult<ClaimResult>>() {
-                Some(Ok(ClaimResult::Claimed { .. })) => "claim created both records",
-                Some(Ok(ClaimResult::InboxExists(v))) if v.record.owner == inbox.owner => {
-                    "claim found its own earlier write"
-                }
-                Some(Ok(ClaimResult::InboxExists(_))) => "claim met the message's record",
-                Some(Ok(ClaimResult::PaymentExists(_))) => "claim met the claim's payment",
-                _ => "",
-            },
-            StoreCall::RecordHandled(_) => {
-                match any.downcast_ref::<StoreResult<InsertResult>>() {
-                    Some(Ok(InsertResult::Inserted(_))) => "record_handled inserted",
-                    Some(Ok(InsertResult::AlreadyExists(_))) => "record_handled met a record",
+            StoreCall::Claim { inbox, .. } => {
+                match any.downcast_ref::<StoreResult<ClaimResult>>() {
+                    Some(Ok(ClaimResult::Claimed { .. })) => "claim created both records",
+                    Some(Ok(ClaimResult::InboxExists(v))) if v.record.owner == inbox.owner => {
+                        "claim found its own earlier write"
+                    }
+                    Some(Ok(ClaimResult::InboxExists(_))) => "claim met the message's record",
+                    Some(Ok(ClaimResult::PaymentExists(_))) => "claim met the claim's payment",
                     _ => "",
                 }
             }
+            StoreCall::RecordHandled(_) => match any.downcast_ref::<StoreResult<InsertResult>>() {
+                Some(Ok(InsertResult::Inserted(_))) => "record_handled inserted",
+                Some(Ok(InsertResult::AlreadyExists(_))) => "record_handled met a record",
+                _ => "",
+            },
             StoreCall::UnsettledPayments { limit } => {
                 match any.downcast_ref::<StoreResult<Vec<Versioned<PaymentRecord>>>>() {
                     Some(Ok(list)) if list.len() >= *limit => RECONCILE_FULL,
@@ -554,13 +560,17 @@ impl History {
                     _ => {}
                 }
             }
-            StoreCall::RecordHandled(inbox) => match any.downcast_ref::<StoreResult<InsertResult>>() {
-                Some(Ok(InsertResult::Inserted(_))) => {
-                    self.inbox.written(&inbox.key(), session, true)
+            StoreCall::RecordHandled(inbox) => {
+                match any.downcast_ref::<StoreResult<InsertResult>>() {
+                    Some(Ok(InsertResult::Inserted(_))) => {
+                        self.inbox.written(&inbox.key(), session, true)
+                    }
+                    Some(Ok(InsertResult::AlreadyExists(_))) => {
+                        self.inbox.saw(&inbox.key(), session)
+                    }
+                    _ => {}
                 }
-                Some(Ok(InsertResult::AlreadyExists(_))) => self.inbox.saw(&inbox.key(), session),
-                _ => {}
-            },
+            }
             StoreCall::ReplaceInbox { inbox, .. } => {
                 if result.is_ok() {
                     self.inbox.written(&inbox.key(), session, false);

@@ -81,13 +81,13 @@ pub async fn open(kind: StoreKind, retention: Duration) -> anyhow::Result<Opened
         StoreKind::Model => {
             let store: DynStore = Arc::new(MemoryStore::new());
             Opened {
-            check: store.clone(),
-            base: store,
-            stale_reads: true,
-            waits: Duration::from_secs(20),
-            cosmos: None,
-            _keep: Keep::None,
-        }
+                check: store.clone(),
+                base: store,
+                stale_reads: true,
+                waits: Duration::from_secs(20),
+                cosmos: None,
+                _keep: Keep::None,
+            }
         }
         StoreKind::Sqlite => {
             let shm = std::path::Path::new("/dev/shm");
@@ -98,7 +98,8 @@ pub async fn open(kind: StoreKind, retention: Duration) -> anyhow::Result<Opened
             } else {
                 tempfile::Builder::new().prefix("dst-sqlite").tempdir()?
             };
-            let store: DynStore = Arc::new(Immediate(SqliteStore::open(dir.path().join("claims.db"))?));
+            let store: DynStore =
+                Arc::new(Immediate(SqliteStore::open(dir.path().join("claims.db"))?));
             Opened {
                 check: store.clone(),
                 base: store,
@@ -212,10 +213,12 @@ impl CosmosFaults {
                         .with_error(FaultInjectionErrorType::TooManyRequests),
                     CosmosFault::ThrottledHint => FaultInjectionResultBuilder::new()
                         .with_custom_response(
-                            CustomResponseBuilder::new(azure_core::http::StatusCode::TooManyRequests)
-                                .with_sub_status(3200)
-                                .with_header("x-ms-retry-after-ms", "500")
-                                .build(),
+                            CustomResponseBuilder::new(
+                                azure_core::http::StatusCode::TooManyRequests,
+                            )
+                            .with_sub_status(3200)
+                            .with_header("x-ms-retry-after-ms", "500")
+                            .build(),
                         ),
                     CosmosFault::Unavailable => FaultInjectionResultBuilder::new()
                         .with_error(FaultInjectionErrorType::ServiceUnavailable),
@@ -383,7 +386,8 @@ impl StoreDecorator for SettledWatch {
             any.downcast_ref::<StoreResult<Option<Versioned<PaymentRecord>>>>()
         {
             self.observe(&v.record);
-        } else if let Some(Ok(list)) = any.downcast_ref::<StoreResult<Vec<Versioned<PaymentRecord>>>>()
+        } else if let Some(Ok(list)) =
+            any.downcast_ref::<StoreResult<Vec<Versioned<PaymentRecord>>>>()
         {
             for v in list {
                 self.observe(&v.record);

@@ -37,7 +37,10 @@ fn sqlite_seeds_pass_and_replay() {
         assert!(result.violations.is_empty(), "{}", result.failure_report());
         assert!(result.payouts > 0, "seed {seed} paid nothing");
         let again = run_seed(*seed, &on(StoreKind::Sqlite, 40));
-        assert_eq!(result.trace_hash, again.trace_hash, "seed {seed} ran differently twice");
+        assert_eq!(
+            result.trace_hash, again.trace_hash,
+            "seed {seed} ran differently twice"
+        );
     }
 }
 
@@ -100,12 +103,19 @@ fn every_new_store_fault_fires_and_is_survived() {
         }
     }
     for fault in new {
-        assert!(fired.get(&fault).copied().unwrap_or(0) > 0, "{fault} never fired");
+        assert!(
+            fired.get(&fault).copied().unwrap_or(0) > 0,
+            "{fault} never fired"
+        );
     }
     // A claim applied twice answers as the retry of a committed write: the consumer
     // recognises its own record.
     assert!(
-        paths.get("claim found its own earlier write").copied().unwrap_or(0) > 0,
+        paths
+            .get("claim found its own earlier write")
+            .copied()
+            .unwrap_or(0)
+            > 0,
         "{paths:?}"
     );
 }
