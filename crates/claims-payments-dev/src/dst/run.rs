@@ -295,8 +295,8 @@ impl Sim {
     }
 
     pub(super) async fn final_checks(&self) {
-        let books = self.books();
-        let queue: Vec<(String, Option<String>, QueueState, String, bool, CopyKind)> = books
+        let queue: Vec<(String, Option<String>, QueueState, String, bool, CopyKind)> = self
+            .books()
             .queue
             .iter()
             // A re-driven dead letter lives on as its copy, judged on its own.
@@ -312,7 +312,6 @@ impl Sim {
                 )
             })
             .collect();
-        drop(books);
         // What the store holds, read through the store's own listing (any store).
         let ledger = match self.opened.check.list_payments(LEDGER_LIMIT).await {
             Ok(rows) => rows

@@ -571,24 +571,18 @@ impl History {
                     _ => {}
                 }
             }
-            StoreCall::ReplaceInbox { inbox, .. } => {
-                if result.is_ok() {
-                    self.inbox.written(&inbox.key(), session, false);
-                }
+            StoreCall::ReplaceInbox { inbox, .. } if result.is_ok() => {
+                self.inbox.written(&inbox.key(), session, false);
             }
-            StoreCall::Finalize(w) => {
-                if result.is_ok() {
-                    self.inbox.written(&w.inbox.key(), session, false);
-                    self.payments
-                        .written(&(w.payment.claim_id, w.payment.purpose), session, false);
-                }
+            StoreCall::Finalize(w) if result.is_ok() => {
+                self.inbox.written(&w.inbox.key(), session, false);
+                self.payments
+                    .written(&(w.payment.claim_id, w.payment.purpose), session, false);
             }
-            StoreCall::PurgeExpired { .. } => {
-                if result.is_ok() {
-                    // What a purge removed is not known here: no inbox record's prior
-                    // state is either.
-                    self.inbox = Keyed::default();
-                }
+            StoreCall::PurgeExpired { .. } if result.is_ok() => {
+                // What a purge removed is not known here: no inbox record's prior state
+                // is either.
+                self.inbox = Keyed::default();
             }
             _ => {}
         }
