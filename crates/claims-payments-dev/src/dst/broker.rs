@@ -16,6 +16,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use claims_payments::seams::store::{InboxKey, InboxStatus};
+use claims_payments::{ClaimId, MessageId, Purpose};
+
 use super::check::Violation;
 use super::faults::Fault;
 use super::hot::BURST_GAP_MS;
@@ -389,6 +392,8 @@ impl Sim {
         books.queue[i].last_outcome = kind;
         if holds {
             if completes {
+                let process = books.instances[slot].process;
+                *books.completed_by_process.entry(process).or_default() += 1;
                 if self.chaos.fires(Fault::CompleteFails, "complete") {
                     // The lock stays until it runs out; the message comes back then.
                     let until = Instant::now() + LOCK;
@@ -415,18 +420,7 @@ impl Sim {
             ));
             return;
         };
-        let inbox = self.memory.inbox_snapshot();
-        let done = inbox.iter().any(|r| {
-            r.consumer == CONSUMER
-                && r.claim_id.to_string() == claim
-                && r.message_id.as_str() == message_id
-                && r.status == claims_payments::seams::store::InboxStatus::Completed
-        });
-        let paid = self
-            .memory
-            .payments_snapshot()
-            .iter()
-            .any(|p| p.claim_id.to_string() == claim);
+        let (done, paid) = self.durable(claim, Some(message_id)).await;
         if !done || !paid {
             self.checks.fail(Violation::new(
                 "2xx-is-durable",
@@ -434,5 +428,36 @@ impl Sim {
                 format!("message {message_id} completed with inbox record completed: {done}, payment stored: {paid}"),
             ));
         }
+    }
+}
+
+impl Sim {
+    /// Whether the records a 2xx stands for are in the store, read by key through the
+    /// store without faults (any store): the message's inbox record completed (when a
+    /// message is named), and the claim's payment.
+    pub(super) async fn durable(&self, claim: &str, message_id: Option<&str>) -> (bool, bool) {
+        let Ok(claim_id) = ClaimId::parse(claim) else {
+            return (false, false);
+        };
+        let store = &self.opened.check;
+        let done = match message_id {
+            None => true,
+            Some(id) => match MessageId::parse(id) {
+                Ok(message_id) => {
+                    let key = InboxKey {
+                        consumer: CONSUMER.into(),
+                        claim_id,
+                        message_id,
+                    };
+                    matches!(
+                        store.inbox(&key).await,
+                        Ok(Some(v)) if v.record.status == InboxStatus::Completed
+                    )
+                }
+                Err(_) => false,
+            },
+        };
+        let paid = matches!(store.payment(claim_id, Purpose::Payout).await, Ok(Some(_)));
+        (done, paid)
     }
 }

@@ -164,11 +164,7 @@ impl Sim {
                         ));
                     }
                     if status == 200 || status == 201 {
-                        let stored = self
-                            .memory
-                            .payments_snapshot()
-                            .iter()
-                            .any(|p| p.claim_id.to_string() == claim);
+                        let stored = self.durable(&claim, None).await.1;
                         if !stored {
                             self.checks.fail(Violation::new(
                                 "2xx-is-durable",

@@ -29,6 +29,28 @@ pub enum Fault {
     StoreOutage,
     /// A window in which writes are refused (a failover's read-only primary).
     StoreReadOnly,
+    /// A call that meets a window waits as its adapter does (up to its bound) before it
+    /// fails, or goes through when the window ends meanwhile.
+    StoreWaits,
+    /// A write applied twice (its answer lost, the request re-sent): the second answer
+    /// is the caller's.
+    StoreWriteTwice,
+    /// A write whose caller is told it failed, and which commits later.
+    StoreCommitsAfterFailure,
+    /// A point read answered from the state before another session's recent write.
+    StoreStaleRead,
+    /// A write that commits at once and whose answer arrives past a lease later.
+    StoreAnswerAfterLease,
+    /// Cosmos DB through the SDK: 429 without a retry-after, for a few requests.
+    CosmosThrottled,
+    /// Cosmos DB: 429/3200 with a retry-after.
+    CosmosThrottledHint,
+    /// Cosmos DB: 503 for a few requests.
+    CosmosUnavailable,
+    /// Cosmos DB: a request not sent, no answer.
+    CosmosTimeout,
+    /// Cosmos DB: a write served and its answer lost (the SDK re-sends it).
+    CosmosTimeoutAfterService,
     // The bank.
     /// 500/503/429 before the payout is made.
     BankFailsBefore,
@@ -74,7 +96,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 25] = [
+    pub const ALL: [Fault; 35] = [
         Fault::StoreWriteUnknown,
         Fault::StoreThrottled,
         Fault::StoreThrottledHint,
@@ -100,6 +122,17 @@ impl Fault {
         Fault::DoubleSubmit,
         Fault::Disconnect,
         Fault::OtherCallersKey,
+        // Drawn after the kinds above, so that adding them changed no earlier draw.
+        Fault::StoreWaits,
+        Fault::StoreWriteTwice,
+        Fault::StoreCommitsAfterFailure,
+        Fault::StoreStaleRead,
+        Fault::StoreAnswerAfterLease,
+        Fault::CosmosThrottled,
+        Fault::CosmosThrottledHint,
+        Fault::CosmosUnavailable,
+        Fault::CosmosTimeout,
+        Fault::CosmosTimeoutAfterService,
     ];
 
     /// The range its rate is drawn from, per opportunity (a call, a delivery, a second
@@ -107,7 +140,15 @@ impl Fault {
     fn rate_range(self) -> (f64, f64) {
         match self {
             Fault::StoreOutage | Fault::StoreReadOnly => (0.002, 0.01),
-            Fault::StoreSlowBeyondLease => (0.001, 0.01),
+            Fault::StoreSlowBeyondLease | Fault::StoreAnswerAfterLease => (0.001, 0.01),
+            Fault::StoreWaits => (0.2, 0.9),
+            Fault::StoreCommitsAfterFailure => (0.005, 0.05),
+            Fault::StoreStaleRead => (0.05, 0.3),
+            Fault::CosmosThrottled
+            | Fault::CosmosThrottledHint
+            | Fault::CosmosUnavailable
+            | Fault::CosmosTimeout
+            | Fault::CosmosTimeoutAfterService => (0.005, 0.05),
             Fault::HandlerCrash | Fault::InstanceLost => (0.002, 0.02),
             Fault::ClockSkew | Fault::BankDarkPastKeyWindow => (1.0, 1.0),
             Fault::FunctionTimeout | Fault::LockLost | Fault::CompleteFails => (0.005, 0.05),
@@ -145,6 +186,13 @@ impl FaultPlan {
     pub fn all() -> Self {
         FaultPlan {
             rates: Fault::ALL.iter().map(|f| (*f, f.rate_range().1)).collect(),
+        }
+    }
+
+    /// `faults` at their highest rates, no other kind.
+    pub fn only(faults: &[Fault]) -> Self {
+        FaultPlan {
+            rates: faults.iter().map(|f| (*f, f.rate_range().1)).collect(),
         }
     }
 

@@ -43,8 +43,10 @@ impl Sim {
         if let Some(boot) = crashed {
             let _ = seams::end_registration_of(self.store.as_ref(), boot, ambient.now()).await;
         }
+        // The process's own client: its session reads back what it wrote.
+        let store: claims_payments::seams::store::DynStore = self.faulty.session(process);
         let registered = loop {
-            match Registered::register(self.store.clone(), RETENTION, ambient.clone()).await {
+            match Registered::register(store.clone(), RETENTION, ambient.clone()).await {
                 Ok(registered) => break registered,
                 // `serve` exits and the host starts it again.
                 Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
@@ -52,7 +54,7 @@ impl Sim {
         };
         let client =
             BankClient::with_transport(&bank_settings(), self.bank.clone(), ambient.clone());
-        let services = Services::new(self.store.clone(), Some(client), policy(), ambient.clone());
+        let services = Services::new(store, Some(client), policy(), ambient.clone());
         let auth = if self.signed_in {
             CallerAuth::AppService
         } else {

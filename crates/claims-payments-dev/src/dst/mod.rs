@@ -8,7 +8,9 @@
 //! - [`world`]: the seeded generator, each instance's skewed wall clock, the trace;
 //! - [`faults`] and [`chaos`]: which fault kinds a run injects, and how often;
 //! - [`hot`]: the claims that bursts of messages and HTTP payments share;
-//! - [`store`]: the in-memory model (`crate::memory_store`) behind the store's faults;
+//! - [`stores`]: the store a run uses (`--store`: the in-memory model `crate::memory_store`,
+//!   or the production SQLite or Cosmos DB adapter; what replays for each is said there),
+//!   and [`store`]: the store's faults above it;
 //! - [`bank`]: the bank behind the product's `BankTransport`, holding the ground truth;
 //! - [`state`]: what the simulated world shares; [`run`]: the run's timeline and result; [`broker`]: Service Bus and the Functions
 //!   host (peek-lock, DeliveryCount, dead-lettering, duplicate detection); [`instances`]:
@@ -29,6 +31,7 @@ mod instances;
 mod run;
 mod state;
 pub mod store;
+pub mod stores;
 pub mod world;
 
 use std::collections::BTreeMap;
@@ -72,6 +75,20 @@ pub struct DstArgs {
     /// Stop at the first failing seed.
     #[arg(long, default_value_t = true)]
     pub stop_at_failure: bool,
+    /// The store under the simulator: the in-memory model, or a production adapter.
+    #[arg(long, value_enum, default_value_t = StoreKind::Model)]
+    pub store: StoreKind,
+}
+
+/// Which store a run uses (see [`stores`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreKind {
+    /// The in-memory model (`crate::memory_store`).
+    Model,
+    /// The production SQLite adapter on a file of its own per run.
+    Sqlite,
+    /// The production Cosmos DB adapter through the SDK over its in-memory emulator.
+    Cosmos,
 }
 
 /// What one run does.
@@ -85,6 +102,9 @@ pub struct RunOptions {
     pub keep_trace: bool,
     /// Print the product's own log lines as the run goes (a replay's detail).
     pub product_logs: bool,
+    pub store: StoreKind,
+    /// These fault kinds at their highest rates, instead of a drawn plan (a test's aim).
+    pub only_faults: Option<Vec<faults::Fault>>,
 }
 
 impl RunOptions {
@@ -96,6 +116,8 @@ impl RunOptions {
             all_faults: args.all_faults,
             keep_trace: true,
             product_logs: args.verbose,
+            store: args.store,
+            only_faults: None,
         }
     }
 }
@@ -108,7 +130,9 @@ pub fn run_seed(seed: u64, options: &RunOptions) -> RunResult {
         .build()
         .expect("a current-thread runtime builds");
     let plan_dice = world::Dice::new(seed ^ 0x5eed_fa17);
-    let plan = if options.all_faults {
+    let plan = if let Some(only) = &options.only_faults {
+        FaultPlan::only(only)
+    } else if options.all_faults {
         FaultPlan::all()
     } else {
         FaultPlan::draw(&plan_dice)
@@ -161,6 +185,8 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     // Deliveries that met another attempt on their claim; the least share of one seed.
     let (mut met, mut least, mut none) = (0u64, f64::INFINITY, 0u64);
     let mut fired: BTreeMap<faults::Fault, u64> = BTreeMap::new();
+    let mut paths: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let (mut processes, mut most_completed) = (0u64, 0u64);
     println!(
         "dst: seeds {first}..{} ({} messages, {} HTTP intents each)",
         first + args.seeds,
@@ -177,6 +203,11 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
         for (fault, n) in &result.fired {
             *fired.entry(*fault).or_default() += n;
         }
+        for (path, n) in &result.store_paths {
+            *paths.entry(path).or_default() += n;
+        }
+        processes = processes.max(result.processes);
+        most_completed = most_completed.max(result.most_completed_by_one_process);
         if args.verbose {
             for line in &result.events {
                 println!("{line}");
@@ -206,11 +237,39 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     );
     let coverage: Vec<String> = fired.iter().map(|(f, n)| format!("{f} {n}")).collect();
     println!("dst: faults fired: {}", coverage.join(", "));
+    let paths: Vec<String> = paths.iter().map(|(p, n)| format!("{p} {n}")).collect();
+    println!(
+        "dst: {:?} store paths taken: {}",
+        args.store,
+        paths.join(", ")
+    );
+    let batch_full = paths_full(&paths);
+    println!(
+        "dst: bounds reached: reconcile's {}-per-run limit {}; completed-message cache ({} entries) {} (most completions in one process {most_completed}); gone-owner memory ({} processes) {} (most processes in one run {processes})",
+        claims_payments::seams::reconcile::MAX_PER_RUN,
+        if batch_full { "yes" } else { "no" },
+        COMPLETED_CACHE_ENTRIES,
+        if most_completed > COMPLETED_CACHE_ENTRIES { "yes" } else { "no" },
+        GONE_OWNERS_REMEMBERED,
+        if processes > GONE_OWNERS_REMEMBERED { "yes" } else { "no" },
+    );
     Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The product's completed-message cache (COMPLETED_CACHE_ENTRIES in the consumer).
+const COMPLETED_CACHE_ENTRIES: u64 = 20_000;
+/// The ended processes the liveness module remembers before it starts over (REMEMBERED).
+const GONE_OWNERS_REMEMBERED: u64 = 4_096;
+
+/// Whether a reconcile listing came back full (at its per-run limit).
+fn paths_full(paths: &[String]) -> bool {
+    paths
+        .iter()
+        .any(|p| p.starts_with(store::RECONCILE_FULL) && !p.ends_with(" 0"))
 }
 
 /// `part` of `whole` in percent.

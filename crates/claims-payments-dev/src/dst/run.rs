@@ -26,16 +26,19 @@ use super::faults::{Fault, FaultPlan};
 use super::hot;
 use super::state::*;
 use super::store::FaultyStore;
+use super::stores::{self, SettledWatch};
 use super::timings::*;
 use super::world::{Dice, Trace};
 use super::RunOptions;
-use crate::memory_store::MemoryStore;
 use crate::sim::scenario::{self, CopyKind, ScenarioSettings};
 use crate::trace_event;
 
 /// How long the chaos phase lasts: past the duplicate-detection window, so late
 /// re-sends of the producer reach the queue while faults still fire.
 const CHAOS_PHASE: Duration = Duration::from_secs(75 * 60);
+/// The most payments the end checks list: every payment of a run, and within what each
+/// store's listing takes (Cosmos DB's `TOP` is a 32-bit integer).
+const LEDGER_LIMIT: usize = i32::MAX as usize;
 /// What one run did and found.
 pub struct RunResult {
     pub seed: u64,
@@ -55,6 +58,12 @@ pub struct RunResult {
     pub payouts: usize,
     /// Every event, when the run kept them.
     pub events: Vec<String>,
+    /// The store calls by the adapter path they took, and the SDK's transport faults met.
+    pub store_paths: BTreeMap<&'static str, u64>,
+    /// Processes started in the run (each ended one is a gone owner to remember).
+    pub processes: u64,
+    /// The most deliveries one process completed (its completed-message cache holds 20,000).
+    pub most_completed_by_one_process: u64,
     trace: Trace,
 }
 
@@ -111,8 +120,12 @@ impl Sim {
         let trace = Trace::new(start, options.keep_trace);
         let dice = Dice::new(seed);
         let chaos = Chaos::new(plan, dice.fork(), trace.clone());
-        let memory = Arc::new(MemoryStore::new());
-        let store: DynStore = FaultyStore::new(memory.clone(), chaos.clone(), LEASE);
+        let opened = stores::open(options.store, RETENTION)
+            .await
+            .unwrap_or_else(|e| panic!("the run's {:?} store does not open: {e:#}", options.store));
+        let watch = SettledWatch::new(opened.base.clone());
+        let faulty = FaultyStore::new(watch.clone(), &opened, chaos.clone(), LEASE);
+        let store: DynStore = faulty.clone();
         let bank = SimBank::new(chaos.clone(), start, BANK_TIMEOUT, KEY_WINDOW);
         let instances = match options.instances {
             0 => dice.range(1, 4) as usize,
@@ -133,7 +146,9 @@ impl Sim {
             chaos,
             trace,
             dice,
-            memory,
+            opened,
+            watch,
+            faulty,
             store,
             bank,
             plan: scenario,
@@ -186,6 +201,9 @@ impl Sim {
             let _ = dark.await;
         }
         self.chaos.calm();
+        if let Some(cosmos) = &self.opened.cosmos {
+            cosmos.disarm();
+        }
         self.books().calm = true;
         trace_event!(self.trace, "calm");
         for slot in 0..instances {
@@ -277,8 +295,8 @@ impl Sim {
     }
 
     pub(super) async fn final_checks(&self) {
-        let books = self.books();
-        let queue: Vec<(String, Option<String>, QueueState, String, bool, CopyKind)> = books
+        let queue: Vec<(String, Option<String>, QueueState, String, bool, CopyKind)> = self
+            .books()
             .queue
             .iter()
             // A re-driven dead letter lives on as its copy, judged on its own.
@@ -294,10 +312,40 @@ impl Sim {
                 )
             })
             .collect();
-        drop(books);
+        // What the store holds, read through the store's own listing (any store).
+        let ledger = match self.opened.check.list_payments(LEDGER_LIMIT).await {
+            Ok(rows) => rows
+                .into_iter()
+                .filter_map(|row| {
+                    row.map_err(|corrupt| {
+                        self.checks.fail(Violation::new(
+                            "ledger-reads-back",
+                            Some(&corrupt.claim_id),
+                            format!("a stored payment does not read back: {corrupt}"),
+                        ))
+                    })
+                    .ok()
+                })
+                .collect(),
+            Err(e) => {
+                self.checks.fail(Violation::new(
+                    "ledger-reads-back",
+                    None,
+                    format!("the ledger cannot be listed after the run: {e}"),
+                ));
+                Vec::new()
+            }
+        };
+        for (claim, what) in self.watch.rewrites() {
+            self.checks.fail(Violation::new(
+                "settled-never-rewritten",
+                Some(&claim.to_string()),
+                format!("a settled payment was written again with other facts: {what}"),
+            ));
+        }
         check::at_end(
             &self.checks,
-            &self.memory,
+            &ledger,
             &self.bank,
             &self.plan,
             queue
@@ -342,6 +390,14 @@ impl Sim {
                 Vec::new()
             },
             trace: self.trace.clone(),
+            store_paths: self.faulty.paths(),
+            processes: books.processes,
+            most_completed_by_one_process: books
+                .completed_by_process
+                .values()
+                .copied()
+                .max()
+                .unwrap_or(0),
         }
     }
 }

@@ -22,10 +22,11 @@ use super::bank::SimBank;
 use super::chaos::Chaos;
 use super::check::Checks;
 use super::hot::Hot;
+use super::store::FaultyStore;
+use super::stores::{Opened, SettledWatch};
 use super::timings::*;
 use super::world::{Dice, Trace};
 use super::RunOptions;
-use crate::memory_store::MemoryStore;
 use crate::sim::scenario::{CopyKind, Plan};
 
 /// The consumer name the deployment stores (CONSUMER_NAME).
@@ -76,6 +77,8 @@ pub(super) struct Books {
     pub(super) dead_lettered: u64,
     pub(super) redriven: u64,
     pub(super) calm: bool,
+    /// Deliveries completed by each process: past 20,000 its completed-message cache is full.
+    pub(super) completed_by_process: BTreeMap<u64, u64>,
 }
 
 pub(super) struct Instance {
@@ -99,7 +102,12 @@ pub struct Sim {
     pub(super) chaos: Chaos,
     pub(super) trace: Trace,
     pub(super) dice: Dice,
-    pub(super) memory: Arc<MemoryStore>,
+    /// The run's store without faults: what the checks read through.
+    pub(super) opened: Opened,
+    /// The store's settled payments, watched for a rewrite.
+    pub(super) watch: Arc<SettledWatch>,
+    /// The store with the run's faults, session 0 (instances have sessions of their own).
+    pub(super) faulty: Arc<FaultyStore>,
     pub(super) store: DynStore,
     pub(super) bank: Arc<SimBank>,
     pub(super) plan: Plan,
