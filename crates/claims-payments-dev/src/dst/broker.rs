@@ -19,6 +19,7 @@ use tower::ServiceExt;
 use super::check::Violation;
 use super::faults::Fault;
 use super::hot::BURST_GAP_MS;
+use super::invariants::Cause;
 use super::state::*;
 use super::timings::*;
 use super::world::{self};
@@ -26,16 +27,19 @@ use crate::sim::scenario::CopyKind;
 use crate::trace_event;
 
 /// How the host judges an invocation's answer: 2xx with a JSON object completes it.
-pub(super) fn judge(status: StatusCode, body: &[u8]) -> (bool, String) {
+/// Also its outcome label and `ReturnValue.detail` (why a delivery failed).
+pub(super) fn judge(status: StatusCode, body: &[u8]) -> (bool, String, String) {
     let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-    let label = parsed
-        .as_ref()
-        .and_then(|v| v.pointer("/ReturnValue/outcome"))
-        .and_then(|v| v.as_str())
-        .unwrap_or("-")
-        .to_owned();
+    let field = |name: &str| {
+        parsed
+            .as_ref()
+            .and_then(|v| v.pointer(&format!("/ReturnValue/{name}")))
+            .and_then(|v| v.as_str())
+            .unwrap_or("-")
+            .to_owned()
+    };
     let completes = status.is_success() && parsed.as_ref().is_some_and(|v| v.is_object());
-    (completes, label)
+    (completes, field("outcome"), field("detail"))
 }
 
 /// Outcomes that redelivery cannot change (the message belongs in the DLQ).
@@ -60,9 +64,26 @@ impl Sim {
         {
             return;
         }
+        if why == "lock-expired" {
+            q.failures.push(Cause::LockLost);
+        }
         if q.delivery_count >= MAX_DELIVERY_COUNT {
             q.state = QueueState::DeadLettered;
             q.dead_lettered_calm = calm && !is_permanent(&q.last_outcome);
+            if !calm && !is_permanent(&q.last_outcome) {
+                let unexplained = q.failures.contains(&Cause::Unexplained);
+                if unexplained {
+                    self.checks.fail(Violation::new(
+                        "transient-dead-letters-met-faults",
+                        q.claim.as_deref(),
+                        format!(
+                            "message {} was dead-lettered while faults fired, and a delivery of it failed for no injected fault ({:?})",
+                            q.message_id, q.failures
+                        ),
+                    ));
+                }
+                books.transient.dead_letters += 1;
+            }
             books.dead_lettered += 1;
             trace_event!(
                 self.trace,
@@ -115,6 +136,7 @@ impl Sim {
             last_outcome: "-".into(),
             dead_lettered_calm: false,
             redriven: false,
+            failures: Vec::new(),
         });
         books.ready.push_back(i);
         drop(books);
@@ -147,10 +169,25 @@ impl Sim {
             } else {
                 self.dice.millis(0, 400)
             };
+            let payment = self.hot.http.get(&copy).cloned();
+            if let Some(payment) = payment.as_ref().filter(|p| p.first) {
+                let (sim, payment) = (self.clone(), payment.clone());
+                let key = format!("intent-{}-hot-{copy}", self.seed);
+                payments.spawn(async move {
+                    sim.http_payment(
+                        1 << 20 | copy,
+                        key,
+                        payment.claim,
+                        payment.amount,
+                        payment.body,
+                    )
+                    .await
+                });
+            }
             tokio::time::sleep(pause).await;
             self.publish(&c.message_id, c.body.clone(), self.claim_of(copy), c.kind);
-            if let Some(payment) = self.hot.http.get(&copy) {
-                let (sim, payment) = (self.clone(), payment.clone());
+            if let Some(payment) = payment.filter(|p| !p.first) {
+                let sim = self.clone();
                 payments.spawn(async move {
                     tokio::time::sleep(sim.dice.millis(0, BURST_GAP_MS)).await;
                     let key = format!("intent-{}-hot-{copy}", sim.seed);
@@ -354,14 +391,15 @@ impl Sim {
                 Some((status, body))
             })
             .await;
-            let (completes, label) = match answered {
+            let (completes, label, detail) = match answered {
                 Ok(Some((status, body))) => {
-                    let (completes, label) = judge(status, &body);
-                    (completes, format!("{label} {}", status.as_u16()))
+                    let (completes, label, detail) = judge(status, &body);
+                    (completes, format!("{label} {}", status.as_u16()), detail)
                 }
-                Ok(None) => (false, "no-answer".into()),
-                Err(_) => (false, "function-timeout".into()),
+                Ok(None) => (false, "no-answer".into(), String::new()),
+                Err(_) => (false, "function-timeout".into(), String::new()),
             };
+            let cause = (!completes).then(|| Cause::of(&label, &detail));
             trace_event!(
                 sim.trace,
                 "answer #{i} {message_id} claim {} {label}",
@@ -370,15 +408,29 @@ impl Sim {
             if completes {
                 sim.check_durable(claim.as_deref(), &message_id).await;
             }
-            sim.settle(slot, i, token, completes, label);
+            sim.settle(slot, i, token, completes, label, cause);
         };
         let mut books = self.books();
         books.instances[slot].tasks.spawn(task);
     }
 
     /// The host's verdict on invocation `token` of message `i`.
-    pub(super) fn settle(&self, slot: usize, i: usize, token: u64, completes: bool, label: String) {
+    pub(super) fn settle(
+        &self,
+        slot: usize,
+        i: usize,
+        token: u64,
+        completes: bool,
+        label: String,
+        cause: Option<Cause>,
+    ) {
         let mut books = self.books();
+        if let Some(cause) = cause.filter(|c| *c != Cause::Permanent) {
+            if !books.calm {
+                books.transient.faulted_deliveries += u64::from(cause != Cause::Unexplained);
+            }
+            books.queue[i].failures.push(cause);
+        }
         let kind = label.split(' ').next().unwrap_or("-").to_owned();
         *books.outcomes.entry(kind.clone()).or_default() += 1;
         if books.instances[slot].in_flight > 0 {

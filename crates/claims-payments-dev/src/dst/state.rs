@@ -49,6 +49,8 @@ pub(super) struct Queued {
     pub(super) dead_lettered_calm: bool,
     /// Sent again from the dead-letter queue (the copy is a message of its own).
     pub(super) redriven: bool,
+    /// Why each of its deliveries failed (transient causes only).
+    pub(super) failures: Vec<super::invariants::Cause>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +78,8 @@ pub(super) struct Books {
     pub(super) dead_lettered: u64,
     pub(super) redriven: u64,
     pub(super) calm: bool,
+    /// Transient dead letters of the chaos phase, and the faulted deliveries that bound them.
+    pub(super) transient: super::invariants::TransientBound,
 }
 
 pub(super) struct Instance {
