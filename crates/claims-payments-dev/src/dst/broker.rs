@@ -64,8 +64,17 @@ impl Sim {
         {
             return;
         }
-        if why == "lock-expired" {
-            q.failures.push(Cause::LockLost);
+        let ended_early = match why {
+            "lock-expired" => Some(Cause::LockLost),
+            "handler-crashed" => Some(Cause::HostCut),
+            _ => None,
+        };
+        if let Some(cause) = ended_early {
+            // The delivery ended before its answer: counted here, not when it settles.
+            q.failures.push(cause);
+            if !calm {
+                books.transient.faulted_deliveries += 1;
+            }
         }
         if q.delivery_count >= MAX_DELIVERY_COUNT {
             q.state = QueueState::DeadLettered;
@@ -425,12 +434,6 @@ impl Sim {
         cause: Option<Cause>,
     ) {
         let mut books = self.books();
-        if let Some(cause) = cause.filter(|c| *c != Cause::Permanent) {
-            if !books.calm {
-                books.transient.faulted_deliveries += u64::from(cause != Cause::Unexplained);
-            }
-            books.queue[i].failures.push(cause);
-        }
         let kind = label.split(' ').next().unwrap_or("-").to_owned();
         *books.outcomes.entry(kind.clone()).or_default() += 1;
         if books.instances[slot].in_flight > 0 {
@@ -438,6 +441,13 @@ impl Sim {
         }
         let holds =
             matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token);
+        // A delivery whose lock ran out was counted when it ran out.
+        if let Some(cause) = cause.filter(|c| holds && *c != Cause::Permanent) {
+            if !books.calm {
+                books.transient.faulted_deliveries += u64::from(cause != Cause::Unexplained);
+            }
+            books.queue[i].failures.push(cause);
+        }
         books.queue[i].last_outcome = kind;
         if holds {
             if completes {

@@ -255,6 +255,11 @@ pub fn at_end(
         payouts: &payouts,
         refusals: &refusals,
         queue: &queue,
+        sent: &plan
+            .copies
+            .iter()
+            .map(|c| c.body.as_slice())
+            .collect::<Vec<_>>(),
         http: &checks.http_requests(),
         signed_in,
         permanent_store_fault: false,

@@ -50,6 +50,9 @@ pub struct EndState<'a> {
     pub payouts: &'a [Payout],
     pub refusals: &'a [Refusal],
     pub queue: &'a [Ended],
+    /// Every body the producer sent (some never reach the queue as a message of their
+    /// own: duplicate detection drops a re-drive of two dead letters under one MessageId).
+    pub sent: &'a [&'a [u8]],
     pub http: &'a [HttpRequest],
     /// Callers are signed in (`HTTP_AUTH=appservice`): a claim another caller paid is 409.
     pub signed_in: bool,
@@ -93,6 +96,7 @@ pub fn paid_as_first_accepted(end: &EndState<'_>) -> Vec<Violation> {
         .queue
         .iter()
         .map(|m| m.body.as_slice())
+        .chain(end.sent.iter().copied())
         .chain(end.http.iter().map(|r| r.body.as_bytes()));
     for body in bodies {
         if let Some(m) = parse(body) {
@@ -673,6 +677,7 @@ mod tests {
             payouts,
             refusals,
             queue,
+            sent: &[],
             http,
             signed_in: false,
             permanent_store_fault: false,
