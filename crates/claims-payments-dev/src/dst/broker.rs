@@ -79,7 +79,11 @@ impl Sim {
         if q.delivery_count >= MAX_DELIVERY_COUNT {
             q.state = QueueState::DeadLettered;
             q.dead_lettered_calm = calm && !is_permanent(&q.last_outcome);
-            if !calm && !is_permanent(&q.last_outcome) {
+            // A message answered a permanent outcome once (a conflict) is no transient
+            // dead letter, whatever its last delivery met.
+            let transient =
+                !is_permanent(&q.last_outcome) && !q.failures.contains(&Cause::Permanent);
+            if !calm && transient {
                 let unexplained = q.failures.contains(&Cause::Unexplained);
                 if unexplained {
                     self.checks.fail(Violation::new(
@@ -442,9 +446,10 @@ impl Sim {
         let holds =
             matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token);
         // A delivery whose lock ran out was counted when it ran out.
-        if let Some(cause) = cause.filter(|c| holds && *c != Cause::Permanent) {
+        if let Some(cause) = cause.filter(|_| holds) {
             if !books.calm {
-                books.transient.faulted_deliveries += u64::from(cause != Cause::Unexplained);
+                books.transient.faulted_deliveries +=
+                    u64::from(!matches!(cause, Cause::Unexplained | Cause::Permanent));
             }
             books.queue[i].failures.push(cause);
         }

@@ -467,24 +467,22 @@ pub fn http_answers_are_their_own(end: &EndState<'_>) -> Vec<Violation> {
                     )));
                 }
             }
-            409 => {
-                if text.contains("claim-already-paid") {
-                    if text.contains("bankPaymentId") || text.contains("\"amount\"") {
-                        found.push(own(format!(
-                            "key {} of caller {}: claim-already-paid names the payment: {text}",
-                            r.key, r.caller
-                        )));
-                    }
-                    if payment.is_none() {
-                        found.push(Violation::new(
-                            "http-claim-recorded",
-                            Some(&r.claim),
-                            format!(
-                                "key {} answered claim-already-paid and the claim has no payment",
-                                r.key
-                            ),
-                        ));
-                    }
+            409 if text.contains("claim-already-paid") => {
+                if text.contains("bankPaymentId") || text.contains("\"amount\"") {
+                    found.push(own(format!(
+                        "key {} of caller {}: claim-already-paid names the payment: {text}",
+                        r.key, r.caller
+                    )));
+                }
+                if payment.is_none() {
+                    found.push(Violation::new(
+                        "http-claim-recorded",
+                        Some(&r.claim),
+                        format!(
+                            "key {} answered claim-already-paid and the claim has no payment",
+                            r.key
+                        ),
+                    ));
                 }
             }
             _ => {}
@@ -555,7 +553,8 @@ pub enum Cause {
     HostCut,
     /// The lock ran out while the invocation worked.
     LockLost,
-    /// A permanent answer (conflict, invalid): not a transient failure.
+    /// A permanent answer (conflict, invalid): not a transient failure, and its message is
+    /// no transient dead letter.
     Permanent,
     /// A transient failure no injected fault explains.
     Unexplained,
