@@ -24,9 +24,20 @@ pub struct Payout {
     pub claim_id: String,
     pub amount: String,
     pub currency: String,
+    pub payee: Option<String>,
     pub reference: String,
     pub key: String,
+    /// The request's body as the bank received it.
+    pub body: String,
     pub at_ms: u64,
+}
+
+/// A payout the bank refused for good (a closed account): the only ground for a
+/// `rejected` payment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub claim_id: String,
+    pub key: String,
 }
 
 #[derive(Debug, Clone)]
@@ -55,7 +66,7 @@ enum Step {
 struct Ledger {
     keys: BTreeMap<String, KeyEntry>,
     payouts: Vec<Payout>,
-    refusals: Vec<(String, String)>,
+    refusals: Vec<Refusal>,
     next_id: u64,
     /// Second payouts of one claim, found the moment they were made.
     double_payments: Vec<String>,
@@ -136,8 +147,8 @@ impl SimBank {
         self.ledger().double_payments.clone()
     }
 
-    /// Claims whose payout the bank refused (closed account).
-    pub fn refusals(&self) -> Vec<(String, String)> {
+    /// Every payout the bank refused (closed account), in order.
+    pub fn refusals(&self) -> Vec<Refusal> {
         self.ledger().refusals.clone()
     }
 
@@ -195,9 +206,10 @@ impl SimBank {
                         .as_deref()
                         .is_some_and(|p| p.starts_with("CLOSED-"))
                     {
-                        ledger
-                            .refusals
-                            .push((parsed.claim_id.clone(), key.to_owned()));
+                        ledger.refusals.push(Refusal {
+                            claim_id: parsed.claim_id.clone(),
+                            key: key.to_owned(),
+                        });
                         Kept::Refused
                     } else {
                         ledger.next_id += 1;
@@ -211,8 +223,10 @@ impl SimBank {
                             claim_id: parsed.claim_id.clone(),
                             amount: parsed.amount.clone(),
                             currency: parsed.currency.clone(),
+                            payee: parsed.payee.clone(),
                             reference: parsed.reference.clone(),
                             key: key.to_owned(),
+                            body: body.to_owned(),
                             at_ms,
                         });
                         crate::trace_event!(
@@ -309,7 +323,11 @@ impl SimBank {
                 })
             })
             .collect();
-        for (claim, key) in &ledger.refusals {
+        for Refusal {
+            claim_id: claim,
+            key,
+        } in &ledger.refusals
+        {
             if let Some(entry) = ledger.keys.get(key) {
                 if let Ok(body) = serde_json::from_str::<PayoutBody>(&entry.body) {
                     if body.reference.eq_ignore_ascii_case(reference) {

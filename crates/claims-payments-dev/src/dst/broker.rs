@@ -22,6 +22,7 @@ use claims_payments::{ClaimId, MessageId, Purpose};
 use super::check::Violation;
 use super::faults::Fault;
 use super::hot::BURST_GAP_MS;
+use super::invariants::Cause;
 use super::state::*;
 use super::timings::*;
 use super::world::{self};
@@ -29,16 +30,19 @@ use crate::sim::scenario::CopyKind;
 use crate::trace_event;
 
 /// How the host judges an invocation's answer: 2xx with a JSON object completes it.
-pub(super) fn judge(status: StatusCode, body: &[u8]) -> (bool, String) {
+/// Also its outcome label and `ReturnValue.detail` (why a delivery failed).
+pub(super) fn judge(status: StatusCode, body: &[u8]) -> (bool, String, String) {
     let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-    let label = parsed
-        .as_ref()
-        .and_then(|v| v.pointer("/ReturnValue/outcome"))
-        .and_then(|v| v.as_str())
-        .unwrap_or("-")
-        .to_owned();
+    let field = |name: &str| {
+        parsed
+            .as_ref()
+            .and_then(|v| v.pointer(&format!("/ReturnValue/{name}")))
+            .and_then(|v| v.as_str())
+            .unwrap_or("-")
+            .to_owned()
+    };
     let completes = status.is_success() && parsed.as_ref().is_some_and(|v| v.is_object());
-    (completes, label)
+    (completes, field("outcome"), field("detail"))
 }
 
 /// Outcomes that redelivery cannot change (the message belongs in the DLQ).
@@ -63,9 +67,39 @@ impl Sim {
         {
             return;
         }
+        let ended_early = match why {
+            "lock-expired" => Some(Cause::LockLost),
+            "handler-crashed" => Some(Cause::HostCut),
+            _ => None,
+        };
+        if let Some(cause) = ended_early {
+            // The delivery ended before its answer: counted here, not when it settles.
+            q.failures.push(cause);
+            if !calm {
+                books.transient.faulted_deliveries += 1;
+            }
+        }
         if q.delivery_count >= MAX_DELIVERY_COUNT {
             q.state = QueueState::DeadLettered;
             q.dead_lettered_calm = calm && !is_permanent(&q.last_outcome);
+            // A message answered a permanent outcome once (a conflict) is no transient
+            // dead letter, whatever its last delivery met.
+            let transient =
+                !is_permanent(&q.last_outcome) && !q.failures.contains(&Cause::Permanent);
+            if !calm && transient {
+                let unexplained = q.failures.contains(&Cause::Unexplained);
+                if unexplained {
+                    self.checks.fail(Violation::new(
+                        "transient-dead-letters-met-faults",
+                        q.claim.as_deref(),
+                        format!(
+                            "message {} was dead-lettered while faults fired, and a delivery of it failed for no injected fault ({:?})",
+                            q.message_id, q.failures
+                        ),
+                    ));
+                }
+                books.transient.dead_letters += 1;
+            }
             books.dead_lettered += 1;
             trace_event!(
                 self.trace,
@@ -118,6 +152,7 @@ impl Sim {
             last_outcome: "-".into(),
             dead_lettered_calm: false,
             redriven: false,
+            failures: Vec::new(),
         });
         books.ready.push_back(i);
         drop(books);
@@ -150,10 +185,25 @@ impl Sim {
             } else {
                 self.dice.millis(0, 400)
             };
+            let payment = self.hot.http.get(&copy).cloned();
+            if let Some(payment) = payment.as_ref().filter(|p| p.first) {
+                let (sim, payment) = (self.clone(), payment.clone());
+                let key = format!("intent-{}-hot-{copy}", self.seed);
+                payments.spawn(async move {
+                    sim.http_payment(
+                        1 << 20 | copy,
+                        key,
+                        payment.claim,
+                        payment.amount,
+                        payment.body,
+                    )
+                    .await
+                });
+            }
             tokio::time::sleep(pause).await;
             self.publish(&c.message_id, c.body.clone(), self.claim_of(copy), c.kind);
-            if let Some(payment) = self.hot.http.get(&copy) {
-                let (sim, payment) = (self.clone(), payment.clone());
+            if let Some(payment) = payment.filter(|p| !p.first) {
+                let sim = self.clone();
                 payments.spawn(async move {
                     tokio::time::sleep(sim.dice.millis(0, BURST_GAP_MS)).await;
                     let key = format!("intent-{}-hot-{copy}", sim.seed);
@@ -357,14 +407,15 @@ impl Sim {
                 Some((status, body))
             })
             .await;
-            let (completes, label) = match answered {
+            let (completes, label, detail) = match answered {
                 Ok(Some((status, body))) => {
-                    let (completes, label) = judge(status, &body);
-                    (completes, format!("{label} {}", status.as_u16()))
+                    let (completes, label, detail) = judge(status, &body);
+                    (completes, format!("{label} {}", status.as_u16()), detail)
                 }
-                Ok(None) => (false, "no-answer".into()),
-                Err(_) => (false, "function-timeout".into()),
+                Ok(None) => (false, "no-answer".into(), String::new()),
+                Err(_) => (false, "function-timeout".into(), String::new()),
             };
+            let cause = (!completes).then(|| Cause::of(&label, &detail));
             trace_event!(
                 sim.trace,
                 "answer #{i} {message_id} claim {} {label}",
@@ -373,14 +424,22 @@ impl Sim {
             if completes {
                 sim.check_durable(claim.as_deref(), &message_id).await;
             }
-            sim.settle(slot, i, token, completes, label);
+            sim.settle(slot, i, token, completes, label, cause);
         };
         let mut books = self.books();
         books.instances[slot].tasks.spawn(task);
     }
 
     /// The host's verdict on invocation `token` of message `i`.
-    pub(super) fn settle(&self, slot: usize, i: usize, token: u64, completes: bool, label: String) {
+    pub(super) fn settle(
+        &self,
+        slot: usize,
+        i: usize,
+        token: u64,
+        completes: bool,
+        label: String,
+        cause: Option<Cause>,
+    ) {
         let mut books = self.books();
         let kind = label.split(' ').next().unwrap_or("-").to_owned();
         *books.outcomes.entry(kind.clone()).or_default() += 1;
@@ -389,6 +448,14 @@ impl Sim {
         }
         let holds =
             matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token);
+        // A delivery whose lock ran out was counted when it ran out.
+        if let Some(cause) = cause.filter(|_| holds) {
+            if !books.calm {
+                books.transient.faulted_deliveries +=
+                    u64::from(!matches!(cause, Cause::Unexplained | Cause::Permanent));
+            }
+            books.queue[i].failures.push(cause);
+        }
         books.queue[i].last_outcome = kind;
         if holds {
             if completes {

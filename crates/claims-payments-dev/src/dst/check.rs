@@ -37,6 +37,8 @@ pub struct Checks {
     violations: Mutex<Vec<Violation>>,
     /// Idempotency-Key -> the first final answer (status, body).
     answers: Mutex<BTreeMap<String, (u16, Vec<u8>)>>,
+    /// Every HTTP request's payment and final answer, for the checks at the end.
+    http: Mutex<Vec<super::invariants::HttpRequest>>,
 }
 
 impl Checks {
@@ -60,6 +62,18 @@ impl Checks {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .contains_key(key)
+    }
+
+    /// An HTTP request as it ended (with its final answer, or none).
+    pub fn http_request(&self, request: super::invariants::HttpRequest) {
+        self.http
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(request);
+    }
+
+    pub fn http_requests(&self) -> Vec<super::invariants::HttpRequest> {
+        self.http.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// A final answer under `key` (same payload): the first one, or the same bytes.
@@ -96,6 +110,9 @@ pub struct Ended {
     pub last_outcome: String,
     pub dead_lettered_calm: bool,
     pub kind: CopyKind,
+    pub body: Vec<u8>,
+    /// Why its deliveries failed (transient causes).
+    pub failures: Vec<super::invariants::Cause>,
 }
 
 fn same_amount(a: &str, b: &str) -> bool {
@@ -114,6 +131,7 @@ pub fn at_end(
     bank: &SimBank,
     plan: &Plan,
     queue: Vec<Ended>,
+    signed_in: bool,
 ) {
     for claim in bank.double_payments() {
         checks.fail(Violation::new(
@@ -198,6 +216,7 @@ pub fn at_end(
                 ),
             ));
         }
+        // Permanent reasons are judged by kind (`invariants`); a transient one only here.
         if m.dead_lettered && !is_permanent(&m.last_outcome) {
             checks.fail(Violation::new(
                 "dead-letters-are-permanent",
@@ -222,6 +241,23 @@ pub fn at_end(
                 format!("invalid message {} was completed", m.message_id),
             ));
         }
+    }
+    let refusals = bank.refusals();
+    for v in super::invariants::at_end(&super::invariants::EndState {
+        ledger,
+        payouts: &payouts,
+        refusals: &refusals,
+        queue: &queue,
+        sent: &plan
+            .copies
+            .iter()
+            .map(|c| c.body.as_slice())
+            .collect::<Vec<_>>(),
+        http: &checks.http_requests(),
+        signed_in,
+        permanent_store_fault: false,
+    }) {
+        checks.fail(v);
     }
     // Every valid claim the producer sent ends with a payment.
     let sent: std::collections::BTreeSet<&str> =

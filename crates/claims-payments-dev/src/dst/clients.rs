@@ -12,6 +12,7 @@ use tower::ServiceExt;
 
 use super::check::Violation;
 use super::faults::Fault;
+use super::invariants::HttpRequest;
 use super::state::*;
 use crate::trace_event;
 
@@ -105,10 +106,18 @@ impl Sim {
         if self.dice.hit(0.1) && self.checks.answered(&caller.scoped(&key)) {
             // The same key with another amount, once the key has its answer: refused.
             let changed = body.replace(&format!(r#""amount":"{amount}""#), r#""amount":"1.23""#);
-            if let Some((status, _)) = self
+            let answer = self
                 .send_once(caller, &claim, &key, &changed, Duration::from_secs(60))
-                .await
-            {
+                .await;
+            self.checks.http_request(HttpRequest {
+                caller: caller.0,
+                key: key.clone(),
+                claim: claim.clone(),
+                body: changed.clone(),
+                answer: answer.clone(),
+                reused_key: true,
+            });
+            if let Some((status, _)) = answer {
                 if status < 400 {
                     self.checks.fail(Violation::new(
                         "key-reuse-refused",
@@ -151,6 +160,14 @@ impl Sim {
                 {
                     self.checks
                         .http_answer(&caller.scoped(&key), &claim, status, &answer);
+                    self.checks.http_request(HttpRequest {
+                        caller: caller.0,
+                        key: key.clone(),
+                        claim: claim.clone(),
+                        body: body.clone(),
+                        answer: Some((status, answer.clone())),
+                        reused_key: false,
+                    });
                     if (status == 200 || status == 201)
                         && !String::from_utf8_lossy(&answer).contains(&claim)
                     {
@@ -184,6 +201,14 @@ impl Sim {
             }
         }
         trace_event!(self.trace, "http gave up key {key} claim {claim}");
+        self.checks.http_request(HttpRequest {
+            caller: caller.0,
+            key,
+            claim,
+            body,
+            answer: None,
+            reused_key: false,
+        });
     }
 
     /// One request on a live instance; `None` when the client gave up waiting or the

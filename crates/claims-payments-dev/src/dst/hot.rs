@@ -2,8 +2,10 @@
 //! ever meet another attempt on their claim. A share of the claims is made hot: right
 //! behind its original the producer sends a burst of business duplicates (the same
 //! payment under new MessageIds), and for some of them an HTTP client pays the same
-//! claim at the same moment (now and then asking another amount). The attempts then
-//! race for the claim's payment, its lease and the bank's Idempotency-Key.
+//! claim at the same moment (now and then asking another amount), half of them just
+//! before the original, half during its burst. The attempts then race for the claim's
+//! payment, its lease and the bank's Idempotency-Key; whichever the product accepts
+//! first is paid, and the others end as duplicates or conflicts (`invariants`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,6 +22,9 @@ const MAX_BURST: u64 = 2;
 const HTTP_SHARE: f64 = 0.4;
 /// Share of those HTTP payments that ask another amount (a conflict).
 const HTTP_OTHER_AMOUNT: f64 = 0.1;
+/// Share of those HTTP payments sent just before the original, not during its burst:
+/// the request, not the message, is then most often the first one accepted.
+const HTTP_FIRST: f64 = 0.5;
 /// The most time between two sends of a burst, and before its HTTP request.
 pub(super) const BURST_GAP_MS: u64 = 30;
 
@@ -29,6 +34,8 @@ pub(super) struct HotPayment {
     pub(super) claim: String,
     pub(super) amount: String,
     pub(super) body: String,
+    /// Sent just before the claim's original message, not behind it.
+    pub(super) first: bool,
 }
 
 /// What heating added to the plan.
@@ -91,6 +98,7 @@ pub(super) fn heat(plan: &mut Plan, dice: &Dice) -> Hot {
                     claim: payload.claim_id.clone(),
                     amount,
                     body: body.to_string(),
+                    first: dice.hit(HTTP_FIRST),
                 },
             );
         }
@@ -110,6 +118,8 @@ mod tests {
         let before = plan.copies.len();
         let hot = heat(&mut plan, &Dice::new(7));
         assert!(plan.copies.len() > before && !hot.http.is_empty());
+        // Some requests go just before their original, some during its burst.
+        assert!(hot.http.values().any(|p| p.first) && hot.http.values().any(|p| !p.first));
         assert_eq!(plan.send_order.len(), plan.copies.len());
         for (at, copy) in plan.send_order.iter().enumerate() {
             if hot.follows.contains(copy) {

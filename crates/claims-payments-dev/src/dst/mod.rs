@@ -15,7 +15,9 @@
 //! - [`state`]: what the simulated world shares; [`run`]: the run's timeline and result; [`broker`]: Service Bus and the Functions
 //!   host (peek-lock, DeliveryCount, dead-lettering, duplicate detection); [`instances`]:
 //!   processes that crash and restart; [`clients`]: the HTTP clients;
-//! - [`check`]: the invariants, during and at the end of every run.
+//! - [`check`]: the invariants, during and at the end of every run; [`invariants`]: the
+//!   strict ones at the end (payloads, refusals, dead-letter reasons, HTTP answers) and the
+//!   bound on transient dead letters.
 //!
 //! A run prints its seed, and `--seed S` replays it: same build, same seed, same trace
 //! hash (a test checks it).
@@ -28,6 +30,7 @@ mod clients;
 pub mod faults;
 mod hot;
 mod instances;
+pub mod invariants;
 mod run;
 mod state;
 pub mod store;
@@ -184,6 +187,8 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     let (mut deliveries, mut virtual_secs, mut failed) = (0u64, 0f64, 0u64);
     // Deliveries that met another attempt on their claim; the least share of one seed.
     let (mut met, mut least, mut none) = (0u64, f64::INFINITY, 0u64);
+    // Transient dead letters of the chaos phases, their bound, the most in one seed.
+    let (mut transient, mut bound, mut most) = (0u64, 0u64, 0u64);
     let mut fired: BTreeMap<faults::Fault, u64> = BTreeMap::new();
     let mut paths: BTreeMap<&'static str, u64> = BTreeMap::new();
     let (mut processes, mut most_completed) = (0u64, 0u64);
@@ -200,6 +205,9 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
         least = least.min(share(result.deliveries_met, result.deliveries));
         none += u64::from(result.deliveries_met == 0);
         virtual_secs += result.virtual_time.as_secs_f64();
+        transient += result.transient.dead_letters;
+        bound += result.transient.bound();
+        most = most.max(result.transient.dead_letters);
         for (fault, n) in &result.fired {
             *fired.entry(*fault).or_default() += n;
         }
@@ -234,6 +242,10 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
         "dst: {:.1}% of deliveries met another attempt on their claim ({met} of {deliveries}; least in one seed {:.1}%, seeds with none {none})",
         share(met, deliveries),
         if least.is_finite() { least } else { 0.0 }
+    );
+    println!(
+        "dst: {transient} messages dead-lettered for transient causes while faults fired (most in one seed {most}); bound {bound} (failed deliveries that met a fault / {MAX_DELIVERY_COUNT})",
+        MAX_DELIVERY_COUNT = timings::MAX_DELIVERY_COUNT
     );
     let coverage: Vec<String> = fired.iter().map(|(f, n)| format!("{f} {n}")).collect();
     println!("dst: faults fired: {}", coverage.join(", "));

@@ -56,6 +56,8 @@ pub struct RunResult {
     pub dead_lettered: u64,
     pub redriven: u64,
     pub payouts: usize,
+    /// Transient dead letters of the chaos phase and their bound.
+    pub transient: super::invariants::TransientBound,
     /// Every event, when the run kept them.
     pub events: Vec<String>,
     /// The store calls by the adapter path they took, and the SDK's transport faults met.
@@ -75,7 +77,7 @@ impl RunResult {
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         format!(
-            "seed {}: ok; trace {}; {} instance(s); {} deliveries ({} met another attempt on their claim), {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven); {:.1} virtual hours; faults: {}; outcomes: {}",
+            "seed {}: ok; trace {}; {} instance(s); {} deliveries ({} met another attempt on their claim), {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven; {} for transient causes while faults fired, bound {}); {:.1} virtual hours; faults: {}; outcomes: {}",
             self.seed,
             self.trace_hash,
             self.instances,
@@ -85,6 +87,8 @@ impl RunResult {
             self.payouts,
             self.dead_lettered,
             self.redriven,
+            self.transient.dead_letters,
+            self.transient.bound(),
             self.virtual_time.as_secs_f64() / 3600.0,
             self.plan,
             outcomes.join(", ")
@@ -295,8 +299,31 @@ impl Sim {
     }
 
     pub(super) async fn final_checks(&self) {
-        let queue: Vec<(String, Option<String>, QueueState, String, bool, CopyKind)> = self
-            .books()
+        let books = self.books();
+        let transient = books.transient;
+        if !transient.holds() {
+            self.checks.fail(Violation::new(
+                "transient-dead-letters-bounded",
+                None,
+                format!(
+                    "{} messages dead-lettered for transient causes while faults fired; {} failed deliveries met a fault, enough for {}",
+                    transient.dead_letters,
+                    transient.faulted_deliveries,
+                    transient.bound()
+                ),
+            ));
+        }
+        #[allow(clippy::type_complexity)]
+        let queue: Vec<(
+            String,
+            Option<String>,
+            QueueState,
+            String,
+            bool,
+            CopyKind,
+            Vec<u8>,
+            Vec<super::invariants::Cause>,
+        )> = books
             .queue
             .iter()
             // A re-driven dead letter lives on as its copy, judged on its own.
@@ -309,9 +336,13 @@ impl Sim {
                     q.last_outcome.clone(),
                     q.dead_lettered_calm,
                     q.kind,
+                    q.body.clone(),
+                    q.failures.clone(),
                 )
             })
             .collect();
+        // Not held across the store's listing below.
+        drop(books);
         // What the store holds, read through the store's own listing (any store).
         let ledger = match self.opened.check.list_payments(LEDGER_LIMIT).await {
             Ok(rows) => rows
@@ -350,16 +381,21 @@ impl Sim {
             &self.plan,
             queue
                 .into_iter()
-                .map(|(id, claim, state, last, calm, kind)| check::Ended {
-                    message_id: id,
-                    claim,
-                    completed: state == QueueState::Completed,
-                    dead_lettered: state == QueueState::DeadLettered,
-                    last_outcome: last,
-                    dead_lettered_calm: calm,
-                    kind,
-                })
+                .map(
+                    |(id, claim, state, last, calm, kind, body, failures)| check::Ended {
+                        message_id: id,
+                        claim,
+                        completed: state == QueueState::Completed,
+                        dead_lettered: state == QueueState::DeadLettered,
+                        last_outcome: last,
+                        dead_lettered_calm: calm,
+                        kind,
+                        body,
+                        failures,
+                    },
+                )
                 .collect(),
+            self.signed_in,
         );
     }
 
@@ -384,6 +420,7 @@ impl Sim {
             dead_lettered: books.dead_lettered,
             redriven: books.redriven,
             payouts: self.bank.payouts().len(),
+            transient: books.transient,
             events: if self.options.keep_trace {
                 self.trace.lines_with("")
             } else {

@@ -50,6 +50,8 @@ pub(super) struct Queued {
     pub(super) dead_lettered_calm: bool,
     /// Sent again from the dead-letter queue (the copy is a message of its own).
     pub(super) redriven: bool,
+    /// Why each of its deliveries failed (transient causes only).
+    pub(super) failures: Vec<super::invariants::Cause>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +81,8 @@ pub(super) struct Books {
     pub(super) calm: bool,
     /// Deliveries completed by each process: past 20,000 its completed-message cache is full.
     pub(super) completed_by_process: BTreeMap<u64, u64>,
+    /// Transient dead letters of the chaos phase, and the faulted deliveries that bound them.
+    pub(super) transient: super::invariants::TransientBound,
 }
 
 pub(super) struct Instance {
