@@ -406,6 +406,11 @@ pub(crate) fn on_payout_owner(
                 seen,
             }
         }
+        // Only an in-progress record has a holder whose end makes it adoptable; looking
+        // again at once for a completed one would spin without a pause.
+        _ if seen.record.status != InboxStatus::InProgress => {
+            OnPayoutOwner::WaitForPayout { holder: None }
+        }
         _ => OnPayoutOwner::WaitForPayout {
             holder: Some(seen.record.owner),
         },
