@@ -1173,6 +1173,18 @@ mod tests {
             on_owner(Some(&finished)),
             OnPayoutOwner::WaitForPayout { .. }
         ));
+        // A completed record has no holder whose end would make it adoptable, even when
+        // its process ended: naming one made the consumer look again at once, forever.
+        let ended = Boot::random();
+        let finished = InboxRecord {
+            owner: AttemptId::of(ended),
+            ..finished
+        };
+        a.gone.insert(ended);
+        assert_eq!(
+            on_owner(Some(&finished)),
+            OnPayoutOwner::WaitForPayout { holder: None }
+        );
         let dead = held_by_other(&owner_attempt, now() - secs(1), 1);
         let OnPayoutOwner::AdoptOrphanedPayout {
             seen,
