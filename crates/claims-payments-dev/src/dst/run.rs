@@ -2,8 +2,8 @@
 //!
 //! The timeline: a chaos phase (messages, late re-sends, HTTP clients, timers, faults;
 //! the bank may go dark past its key window), then a calm one (faults off, dead instances
-//! back, the queue drained, the dead letters re-driven once their duplicate-detection
-//! window has passed, reconcile), then a jump past the bank's key window and the inbox
+//! back, the queue drained, the dead letters re-driven by the operator's own tool,
+//! reconcile, a second re-drive and the discards of the runbook), then a jump past the bank's key window and the inbox
 //! retention (purge, old messages sent again), and the final checks.
 
 use std::collections::BTreeMap;
@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::bank::SimBank;
+use super::broker::SimBroker;
 use super::chaos::Chaos;
 use super::check;
 use super::check::{Checks, Violation};
@@ -175,6 +176,7 @@ impl Sim {
             .chaos
             .fires(Fault::BankDarkPastKeyWindow, "bank")
             .then(|| tokio::spawn(self.clone().bank_goes_dark()));
+        background.spawn(self.clone().operator());
         let producer = tokio::spawn(self.clone().producer());
         let clients = tokio::spawn(self.clone().http_clients());
 
@@ -191,14 +193,13 @@ impl Sim {
         for slot in 0..instances {
             self.clone().start_instance(slot).await;
         }
-        // The dead letters, re-driven once their duplicate-detection window has passed:
-        // those of long ago at once (before reconcile's next run), the others after it.
-        self.redrive();
-        self.drain().await;
-        tokio::time::sleep(DUPLICATE_WINDOW).await;
-        self.redrive();
+        // The runbook (§5): re-drive what is sendable, reconcile, re-drive again what
+        // reconcile settled, then discard what was settled another way.
+        self.clone().operator_run(false).await;
         self.drain().await;
         self.timer("Reconcile").await;
+        self.drain().await;
+        self.clone().operator_run(true).await;
         self.drain().await;
 
         // Past the bank's key window and the inbox retention: stop cleanly, jump, purge,
@@ -221,6 +222,67 @@ impl Sim {
             self.stop_instance(slot).await;
         }
         self.final_checks().await;
+    }
+
+    /// The operator, while faults fire too: every 10 to 30 minutes, the product's own
+    /// `dead-letters resubmit --all` through the broker port.
+    pub(super) async fn operator(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(self.dice.millis(10 * 60_000, 30 * 60_000)).await;
+            self.clone().operator_run(false).await;
+        }
+    }
+
+    /// One run of `dead-letters resubmit --all` on the store as the instances see it;
+    /// with `discard`, then `dead-letters discard` of each dead letter left `permanent`
+    /// whose claim was settled another way (runbook §5, step 5).
+    pub(super) async fn operator_run(self: Arc<Self>, discard: bool) {
+        use claims_payments::seams::dead_letters;
+        let broker = SimBroker(self.clone());
+        let options = dead_letters::Options {
+            consumer: CONSUMER.into(),
+            limit: 10_000,
+            retention: RETENTION,
+            payouts_enabled: true,
+        };
+        let all = dead_letters::Selection {
+            all: true,
+            ..Default::default()
+        };
+        let (lines, _) =
+            dead_letters::resubmit(&broker, &self.store, &options, &all, false).await;
+        for line in &lines {
+            trace_event!(
+                self.trace,
+                "operator resubmit {} claim {} verdict {} action {}",
+                line.message_id.as_deref().unwrap_or("-"),
+                line.claim_id.as_deref().unwrap_or("-"),
+                line.verdict.name(),
+                line.action.as_deref().unwrap_or("-")
+            );
+        }
+        if !discard {
+            return;
+        }
+        let settled: Vec<String> = lines
+            .iter()
+            .filter(|l| l.verdict.name() == "permanent" && l.payment_status.is_some())
+            .filter_map(|l| l.message_id.clone())
+            .collect();
+        for id in settled {
+            let done =
+                dead_letters::discard(&broker, &self.store, &options, &id, "settled another way")
+                    .await;
+            trace_event!(
+                self.trace,
+                "operator discard {id}: {}",
+                match done {
+                    Ok(Some(line)) => line.action.unwrap_or_default(),
+                    Ok(None) => "not found".into(),
+                    Err(e) => e.to_string(),
+                }
+            );
+        }
     }
 
     pub(super) async fn bank_goes_dark(self: Arc<Self>) {
