@@ -37,6 +37,8 @@ use crate::trace_event;
 /// How long the chaos phase lasts: past the duplicate-detection window, so late
 /// re-sends of the producer reach the queue while faults still fire.
 const CHAOS_PHASE: Duration = Duration::from_secs(75 * 60);
+/// How many times, at most, the calm phase's operator re-drives and reconciles.
+const OPERATOR_ROUNDS: usize = 6;
 /// What one run did and found.
 pub struct RunResult {
     pub seed: u64,
@@ -193,13 +195,22 @@ impl Sim {
         for slot in 0..instances {
             self.clone().start_instance(slot).await;
         }
-        // The runbook (§5): re-drive what is sendable, reconcile, re-drive again what
-        // reconcile settled, then discard what was settled another way.
-        self.clone().operator_run(false).await;
+        // The runbook (§5): re-drive what is sendable; while some dead letters wait for
+        // reconciliation, reconcile (a run may find another one under way, or a lease still
+        // live) and re-drive again; then discard what was settled another way.
+        for _ in 0..OPERATOR_ROUNDS {
+            let waiting = self.clone().operator_run(false).await;
+            self.drain().await;
+            if waiting == 0 {
+                break;
+            }
+            self.timer("Reconcile").await;
+            self.drain().await;
+            tokio::time::sleep(RECONCILE_EVERY).await;
+        }
+        self.clone().operator_run(true).await;
         self.drain().await;
         self.timer("Reconcile").await;
-        self.drain().await;
-        self.clone().operator_run(true).await;
         self.drain().await;
 
         // Past the bank's key window and the inbox retention: stop cleanly, jump, purge,
@@ -229,14 +240,15 @@ impl Sim {
     pub(super) async fn operator(self: Arc<Self>) {
         loop {
             tokio::time::sleep(self.dice.millis(10 * 60_000, 30 * 60_000)).await;
-            self.clone().operator_run(false).await;
+            let _ = self.clone().operator_run(false).await;
         }
     }
 
     /// One run of `dead-letters resubmit --all` on the store as the instances see it;
     /// with `discard`, then `dead-letters discard` of each dead letter left `permanent`
     /// whose claim was settled another way (runbook §5, step 5).
-    pub(super) async fn operator_run(self: Arc<Self>, discard: bool) {
+    /// Returns how many dead letters wait for reconciliation (or an unreadable store).
+    pub(super) async fn operator_run(self: Arc<Self>, discard: bool) -> usize {
         use claims_payments::seams::dead_letters;
         let broker = SimBroker(self.clone());
         let options = dead_letters::Options {
@@ -261,8 +273,12 @@ impl Sim {
                 line.action.as_deref().unwrap_or("-")
             );
         }
+        let waiting = lines
+            .iter()
+            .filter(|l| matches!(l.verdict.name(), "needs-reconciliation" | "unknown"))
+            .count();
         if !discard {
-            return;
+            return waiting;
         }
         let settled: Vec<String> = lines
             .iter()
@@ -283,6 +299,7 @@ impl Sim {
                 }
             );
         }
+        waiting
     }
 
     pub(super) async fn bank_goes_dark(self: Arc<Self>) {
