@@ -29,8 +29,8 @@ use crate::trace_event;
 use async_trait::async_trait;
 use claims_payments::redrive;
 use claims_payments::seams::servicebus::{
-    unquote, Broker, BrokerMessageId, BusError, BusErrorKind, DeadLetter, Lock, LockToken,
-    Locked, Outgoing, Property,
+    unquote, Broker, BrokerMessageId, BusError, BusErrorKind, DeadLetter, Lock, LockToken, Locked,
+    Outgoing, Property,
 };
 
 /// How the host judges an invocation's answer: 2xx with a JSON object completes it.
@@ -467,7 +467,8 @@ impl SimBroker {
         let q = books.queue.get(i)?;
         let holds = q.state == QueueState::DeadLettered
             && !q.redriven
-            && q.dlq_lock.is_some_and(|(t, until)| t == token && Instant::now() < until);
+            && q.dlq_lock
+                .is_some_and(|(t, until)| t == token && Instant::now() < until);
         holds.then_some(i)
     }
 }
@@ -566,7 +567,7 @@ impl Broker for SimBroker {
                 .find(|(i, q)| {
                     q.state == QueueState::DeadLettered
                         && redrive::copy_message_id(&q.message_id, Some(*i as i64 + 1))
-                        == message.message_id.0
+                            == message.message_id.0
                 })
                 .map(|(_, q)| (q.claim.clone(), q.kind))
                 .unwrap_or((None, CopyKind::Invalid))
@@ -588,7 +589,10 @@ impl Broker for SimBroker {
             "operator sent {} accepted {accepted}",
             message.message_id.0
         );
-        if sim.chaos.fires(Fault::RedriveSendUnsure, &message.message_id.0) {
+        if sim
+            .chaos
+            .fires(Fault::RedriveSendUnsure, &message.message_id.0)
+        {
             return Err(BusError::new(BusErrorKind::Timeout, "send timed out"));
         }
         Ok(())

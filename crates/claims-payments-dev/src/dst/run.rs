@@ -261,8 +261,7 @@ impl Sim {
             all: true,
             ..Default::default()
         };
-        let (lines, _) =
-            dead_letters::resubmit(&broker, &self.store, &options, &all, false).await;
+        let (lines, _) = dead_letters::resubmit(&broker, &self.store, &options, &all, false).await;
         for line in &lines {
             trace_event!(
                 self.trace,

@@ -174,10 +174,20 @@ impl ClockProfile {
         for fault in &self.faults {
             match fault {
                 ClockFault::Jump { at, until, by_ms } => {
-                    let _ = write!(out, " jump {by_ms} ms {}..{} s", at.as_secs(), until.as_secs());
+                    let _ = write!(
+                        out,
+                        " jump {by_ms} ms {}..{} s",
+                        at.as_secs(),
+                        until.as_secs()
+                    );
                 }
                 ClockFault::Drift { at, until, ppm } => {
-                    let _ = write!(out, " drift {ppm} ppm {}..{} s", at.as_secs(), until.as_secs());
+                    let _ = write!(
+                        out,
+                        " drift {ppm} ppm {}..{} s",
+                        at.as_secs(),
+                        until.as_secs()
+                    );
                 }
             }
         }
@@ -200,7 +210,13 @@ pub fn wall_at(start: Instant) -> OffsetDateTime {
 }
 
 /// The ambient of simulated process number `n` (its boot), on a clock `profile` off.
-pub fn ambient(start: Instant, n: u64, profile: ClockProfile, chaos: &Chaos, dice: &Dice) -> Ambient {
+pub fn ambient(
+    start: Instant,
+    n: u64,
+    profile: ClockProfile,
+    chaos: &Chaos,
+    dice: &Dice,
+) -> Ambient {
     Ambient::new(
         Arc::new(SkewedClock {
             start,

@@ -120,7 +120,8 @@ impl ClockCheck {
             };
         };
         let elapsed = mono.saturating_duration_since(r.mono);
-        let moved = (now - r.wall) - time::Duration::try_from(elapsed).unwrap_or(time::Duration::MAX);
+        let moved =
+            (now - r.wall) - time::Duration::try_from(elapsed).unwrap_or(time::Duration::MAX);
         Estimate::Off {
             error: r.error + moved,
             fresh: elapsed < REREAD_AFTER,

@@ -402,10 +402,8 @@ impl BankTransport for ForgetfulBank {
     async fn send(&self, call: BankCall<'_>) -> Result<BankAnswer, TransportFailure> {
         let now = true_wall(&self.skipped);
         let date = httpdate::fmt_http_date(now.into());
-        let headers = HeaderMap::from_iter([(
-            reqwest::header::DATE,
-            HeaderValue::from_str(&date).unwrap(),
-        )]);
+        let headers =
+            HeaderMap::from_iter([(reqwest::header::DATE, HeaderValue::from_str(&date).unwrap())]);
         let body = match call {
             BankCall::Payout { key, .. } => {
                 let mut seen = self.first_seen.lock().unwrap();
