@@ -236,10 +236,17 @@ impl Sim {
     }
 
     /// The operator, while faults fire too: every 10 to 30 minutes, the product's own
-    /// `dead-letters resubmit --all` through the broker port.
+    /// `dead-letters resubmit --all` through the broker port; every few hours while the
+    /// bank is dark (nothing it re-drives can be paid then, and each run reads every dead
+    /// letter's records).
     pub(super) async fn operator(self: Arc<Self>) {
         loop {
-            tokio::time::sleep(self.dice.millis(10 * 60_000, 30 * 60_000)).await;
+            let wait = if self.bank_dark.load(std::sync::atomic::Ordering::Relaxed) {
+                self.dice.millis(2 * 3_600_000, 4 * 3_600_000)
+            } else {
+                self.dice.millis(10 * 60_000, 30 * 60_000)
+            };
+            tokio::time::sleep(wait).await;
             let _ = self.clone().operator_run(false).await;
         }
     }
