@@ -1,7 +1,8 @@
 //! The simulated bank behind the product's own bank client (`BankTransport`): it honours
 //! an Idempotency-Key for its key window, answers a key still being processed with 409,
 //! refuses closed accounts, lists payments by reference, and holds the ground truth of
-//! what was paid. Its faults are the run's bank faults; its clock is the true one.
+//! what was paid. Its faults are the run's bank faults; its clock is the true one, and
+//! dates every answer (`Date`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -351,9 +352,15 @@ impl BankTransport for SimBank {
             self.latency().await;
             return Err(TransportFailure::Connection);
         }
-        match call {
+        let mut answer = match call {
             BankCall::Payout { key, body } => self.payout(key.as_str(), body).await,
             BankCall::Lookup { reference } => self.lookup(reference.as_str()).await,
+        }?;
+        // Every answer is dated by the bank's clock, in whole seconds (RFC 9110 §6.6.1).
+        let date = httpdate::fmt_http_date(super::world::wall_at(self.start).into());
+        if let Ok(value) = HeaderValue::from_str(&date) {
+            answer.headers.insert(axum::http::header::DATE, value);
         }
+        Ok(answer)
     }
 }

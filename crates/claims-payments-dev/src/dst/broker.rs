@@ -3,8 +3,10 @@
 //! The queue is peek-lock: a receive locks a message and counts a delivery; a 2xx
 //! completes it, anything else abandons it (redelivered at once), a lock that runs out
 //! makes it visible again, and a message whose deliveries reach `maxDeliveryCount` is
-//! dead-lettered. Duplicate detection drops a MessageId sent again within its window.
-//! The host hands a message to an instance with a free call and judges its answer.
+//! dead-lettered. Duplicate detection drops a MessageId sent again within its window,
+//! judged on the broker's clock. The host hands a message to an instance with a free call
+//! and judges its answer. The dead-letter queue is the product's `servicebus::Broker` for
+//! the operator's own tool (`dead_letters`): peek-lock, unlock, delete and send.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +30,12 @@ use super::timings::*;
 use super::world::{self};
 use crate::sim::scenario::CopyKind;
 use crate::trace_event;
+use async_trait::async_trait;
+use claims_payments::redrive;
+use claims_payments::seams::servicebus::{
+    unquote, Broker, BrokerMessageId, BusError, BusErrorKind, DeadLetter, Lock, LockToken, Locked,
+    Outgoing, Property,
+};
 
 /// How the host judges an invocation's answer: 2xx with a JSON object completes it.
 /// Also its outcome label and `ReturnValue.detail` (why a delivery failed).
@@ -123,6 +131,20 @@ impl Sim {
         claim: Option<String>,
         kind: CopyKind,
     ) {
+        self.publish_with(message_id, body, claim, kind, Vec::new());
+    }
+
+    /// Enqueues a message with its application properties, unless duplicate detection
+    /// drops it: a MessageId seen within the window, on the broker's clock, is answered
+    /// as accepted and dropped. Whether it was enqueued.
+    pub(super) fn publish_with(
+        &self,
+        message_id: &str,
+        body: Vec<u8>,
+        claim: Option<String>,
+        kind: CopyKind,
+        properties: Vec<(String, String)>,
+    ) -> bool {
         let now = Instant::now();
         let wall = world::wall_at(self.start);
         let mut books = self.books();
@@ -132,7 +154,7 @@ impl Sim {
             .is_some_and(|at| now < *at + DUPLICATE_WINDOW)
         {
             trace_event!(self.trace, "broker drops duplicate {message_id}");
-            return;
+            return false;
         }
         books.sent_at.insert(message_id.to_owned(), now);
         let i = books.queue.len();
@@ -153,10 +175,14 @@ impl Sim {
             dead_lettered_calm: false,
             redriven: false,
             failures: Vec::new(),
+            properties,
+            dlq_lock: None,
+            dlq_locks: 0,
         });
         books.ready.push_back(i);
         drop(books);
         self.wake.notify_one();
+        true
     }
 
     pub(super) fn claim_of(&self, copy: usize) -> Option<String> {
@@ -225,40 +251,6 @@ impl Sim {
             tokio::time::sleep(self.dice.millis(0, 2_000)).await;
             let c = &self.plan.copies[copy];
             self.publish(&c.message_id, c.body.clone(), self.claim_of(copy), c.kind);
-        }
-    }
-
-    /// The dead-letter re-drive: every dead letter sent again under its MessageId.
-    pub(super) fn redrive(&self) {
-        let now = Instant::now();
-        let letters: Vec<(String, Vec<u8>, Option<String>, CopyKind)> = {
-            let mut books = self.books();
-            let Books { queue, sent_at, .. } = &mut *books;
-            queue
-                .iter_mut()
-                // As `dead-letters resubmit`: only once the duplicate-detection window of
-                // its MessageId has passed (the broker would drop it silently before).
-                .filter(|q| {
-                    q.state == QueueState::DeadLettered
-                        && !q.redriven
-                        && sent_at
-                            .get(&q.message_id)
-                            .is_none_or(|at| *at + DUPLICATE_WINDOW <= now)
-                })
-                .map(|q| {
-                    q.redriven = true;
-                    (
-                        q.message_id.clone(),
-                        q.body.clone(),
-                        q.claim.clone(),
-                        q.kind,
-                    )
-                })
-                .collect()
-        };
-        self.books().redriven += letters.len() as u64;
-        for (id, body, claim, kind) in letters {
-            self.publish(&id, body, claim, kind);
         }
     }
 
@@ -373,13 +365,24 @@ impl Sim {
                 sequence_number: i as u64 + 1,
                 enqueued_at: q.enqueued_at,
             };
-            let body = envelope(&fields, DataType::Binary, "ClaimApproved").to_string();
+            let mut envelope = envelope(&fields, DataType::Binary, "ClaimApproved");
+            for (name, value) in &q.properties {
+                for field in ["ApplicationProperties", "UserProperties"] {
+                    envelope["Metadata"][field][name] = serde_json::Value::String(value.clone());
+                }
+            }
             let request = Request::post("/ClaimApproved")
                 .header("content-type", "application/json")
-                .body(Body::from(body))
+                .body(Body::from(envelope.to_string()))
                 .expect("a request");
             (request, q.claim.clone(), q.message_id.clone())
         };
+        // The message the consumer keys its inbox by: the original a re-drive copy names.
+        let identity = self.books().queue[i]
+            .properties
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(redrive::ORIGINAL_MESSAGE_ID))
+            .map_or_else(|| message_id.clone(), |(_, original)| original.clone());
         let timeout = if self.chaos.fires(Fault::FunctionTimeout, &message_id) {
             self.dice.millis(50, 5_000)
         } else {
@@ -422,7 +425,7 @@ impl Sim {
                 claim.as_deref().unwrap_or("-")
             );
             if completes {
-                sim.check_durable(claim.as_deref(), &message_id).await;
+                sim.check_durable(claim.as_deref(), &identity).await;
             }
             sim.settle(slot, i, token, completes, label, cause);
         };
@@ -526,5 +529,168 @@ impl Sim {
         };
         let paid = matches!(store.payment(claim_id, Purpose::Payout).await, Ok(Some(_)));
         (done, paid)
+    }
+}
+
+/// The broker as the operator's tool meets it: the dead-letter queue by peek-lock (a lock
+/// lasts the queue's lockDuration and raises the DeliveryCount, as over REST), unlock,
+/// delete, and sends with duplicate detection. Each request takes a network's worth of
+/// time, so the tool's runs interleave with deliveries.
+pub(super) struct SimBroker(pub(super) Arc<Sim>);
+
+/// Where a dead letter's lock is given back or deleted: its place and its lock's token.
+fn location(i: usize, token: u64) -> String {
+    format!("dlq/{i}/{token}")
+}
+
+fn parse_location(lock: &Lock) -> Option<(usize, u64)> {
+    let mut parts = lock.location.strip_prefix("dlq/")?.split('/');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+impl SimBroker {
+    async fn latency(&self) {
+        tokio::time::sleep(self.0.dice.millis(2, 40)).await;
+    }
+
+    /// The dead letter `lock` names, if that lock still holds it.
+    fn held(&self, books: &Books, lock: &Lock) -> Option<usize> {
+        let (i, token) = parse_location(lock)?;
+        let q = books.queue.get(i)?;
+        let holds = q.state == QueueState::DeadLettered
+            && !q.redriven
+            && q.dlq_lock
+                .is_some_and(|(t, until)| t == token && Instant::now() < until);
+        holds.then_some(i)
+    }
+}
+
+fn lock_lost() -> BusError {
+    BusError::new(BusErrorKind::LockLost, "the dead letter's lock expired")
+}
+
+#[async_trait]
+impl Broker for SimBroker {
+    async fn lock_next_dead_letter(&self) -> Result<Option<Locked>, BusError> {
+        self.latency().await;
+        let sim = &self.0;
+        let now = Instant::now();
+        let mut books = sim.books();
+        let Some(i) = books.queue.iter().position(|q| {
+            q.state == QueueState::DeadLettered
+                && !q.redriven
+                && q.dlq_lock.is_none_or(|(_, until)| until <= now)
+        }) else {
+            return Ok(None);
+        };
+        books.next_token += 1;
+        let token = books.next_token;
+        let q = &mut books.queue[i];
+        q.dlq_lock = Some((token, now + LOCK));
+        q.dlq_locks += 1;
+        let mut properties: Vec<Property> = q
+            .properties
+            .iter()
+            .map(|(name, value)| Property {
+                name: name.to_ascii_lowercase(),
+                value: serde_json::Value::String(value.clone()).to_string(),
+            })
+            .collect();
+        properties.push(Property {
+            name: "deadletterreason".into(),
+            value: r#""MaxDeliveryCountExceeded""#.into(),
+        });
+        Ok(Some(Locked::Letter(DeadLetter {
+            message_id: Some(BrokerMessageId(q.message_id.clone())),
+            sequence_number: Some(i as i64 + 1),
+            lock_token: LockToken(uuid::Uuid::from_u64_pair(sim.seed, token).to_string()),
+            lock: Lock {
+                location: location(i, token),
+            },
+            delivery_count: q.delivery_count + q.dlq_locks,
+            enqueued_at: Some(q.enqueued_at),
+            content_type: Some("application/json".into()),
+            properties,
+            body: q.body.clone(),
+            body_truncated: false,
+        })))
+    }
+
+    async fn unlock(&self, lock: &Lock) -> Result<(), BusError> {
+        self.latency().await;
+        let mut books = self.0.books();
+        let i = self.held(&books, lock).ok_or_else(lock_lost)?;
+        books.queue[i].dlq_lock = None;
+        Ok(())
+    }
+
+    async fn delete(&self, lock: &Lock) -> Result<(), BusError> {
+        self.latency().await;
+        let sim = &self.0;
+        if sim.chaos.fires(Fault::RedriveLockLost, &lock.location) {
+            return Err(lock_lost());
+        }
+        let mut books = sim.books();
+        let i = self.held(&books, lock).ok_or_else(lock_lost)?;
+        let q = &mut books.queue[i];
+        q.redriven = true;
+        q.dlq_lock = None;
+        trace_event!(
+            sim.trace,
+            "dead letter #{i} {} claim {} removed by the operator",
+            q.message_id,
+            q.claim.as_deref().unwrap_or("-")
+        );
+        books.redriven += 1;
+        Ok(())
+    }
+
+    async fn send(&self, message: &Outgoing) -> Result<(), BusError> {
+        self.latency().await;
+        let sim = &self.0;
+        // The dead letter it copies: the one whose MessageId and SequenceNumber give the
+        // copy's MessageId. Its claim and kind are the copy's.
+        let (claim, kind) = {
+            let books = sim.books();
+            books
+                .queue
+                .iter()
+                .enumerate()
+                .find(|(i, q)| {
+                    q.state == QueueState::DeadLettered
+                        && redrive::copy_message_id(&q.message_id, Some(*i as i64 + 1))
+                            == message.message_id.0
+                })
+                .map(|(_, q)| (q.claim.clone(), q.kind))
+                .unwrap_or((None, CopyKind::Invalid))
+        };
+        let properties = message
+            .properties
+            .iter()
+            .map(|p| (p.name.clone(), unquote(&p.value)))
+            .collect();
+        let accepted = sim.publish_with(
+            &message.message_id.0,
+            message.body.clone(),
+            claim,
+            kind,
+            properties,
+        );
+        trace_event!(
+            sim.trace,
+            "operator sent {} accepted {accepted}",
+            message.message_id.0
+        );
+        if sim
+            .chaos
+            .fires(Fault::RedriveSendUnsure, &message.message_id.0)
+        {
+            return Err(BusError::new(BusErrorKind::Timeout, "send timed out"));
+        }
+        Ok(())
+    }
+
+    async fn principal(&self) -> String {
+        "dst-operator".into()
     }
 }

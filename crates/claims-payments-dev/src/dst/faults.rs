@@ -81,7 +81,7 @@ pub enum Fault {
     HandlerCrash,
     /// The whole instance goes away: its locks run out, and it comes back later.
     InstanceLost,
-    /// Instances' clocks differ (bounded).
+    /// Instances' clocks differ, each by up to 2 s (drawn when a process starts).
     ClockSkew,
     // HTTP clients.
     /// A client gives up waiting and retries with the same key.
@@ -93,10 +93,21 @@ pub enum Fault {
     /// Another caller sends its own payment under a key string a first caller used
     /// (signed-in callers: keys are scoped by caller).
     OtherCallersKey,
+    // Clocks (each drawn when a process starts; NTP sets them right when faults stop).
+    /// A process's clock steps forwards or backwards for a while: within the bound the
+    /// design assumes, beyond the 120 s lease, or beyond the key window's 5-minute margin.
+    ClockJump,
+    /// A process's clock runs fast or slow for a while, up to minutes off.
+    ClockDrift,
+    // The operator's re-drive (`dead-letters resubmit`) against the broker.
+    /// A copy's send is accepted and its answer lost (the tool says "unsure").
+    RedriveSendUnsure,
+    /// The dead letter's lock is lost between the accepted send and the delete.
+    RedriveLockLost,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 35] = [
+    pub const ALL: [Fault; 39] = [
         Fault::StoreWriteUnknown,
         Fault::StoreThrottled,
         Fault::StoreThrottledHint,
@@ -133,6 +144,10 @@ impl Fault {
         Fault::CosmosUnavailable,
         Fault::CosmosTimeout,
         Fault::CosmosTimeoutAfterService,
+        Fault::ClockJump,
+        Fault::ClockDrift,
+        Fault::RedriveSendUnsure,
+        Fault::RedriveLockLost,
     ];
 
     /// The range its rate is drawn from, per opportunity (a call, a delivery, a second
@@ -151,6 +166,8 @@ impl Fault {
             | Fault::CosmosTimeoutAfterService => (0.005, 0.05),
             Fault::HandlerCrash | Fault::InstanceLost => (0.002, 0.02),
             Fault::ClockSkew | Fault::BankDarkPastKeyWindow => (1.0, 1.0),
+            Fault::ClockJump | Fault::ClockDrift => (0.1, 0.5),
+            Fault::RedriveSendUnsure | Fault::RedriveLockLost => (0.05, 0.3),
             Fault::FunctionTimeout | Fault::LockLost | Fault::CompleteFails => (0.005, 0.05),
             _ => (0.01, 0.15),
         }

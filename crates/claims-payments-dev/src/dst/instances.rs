@@ -34,12 +34,9 @@ impl Sim {
             books.processes += 1;
             (books.processes, crashed)
         };
-        let skew = if self.chaos.is_active(Fault::ClockSkew) {
-            self.dice.range(0, 2 * MAX_SKEW_MS as u64) as i64 - MAX_SKEW_MS
-        } else {
-            0
-        };
-        let ambient = world::ambient(self.start, process, skew, &self.dice);
+        let clock = world::ClockProfile::draw(&self.chaos, &self.dice, self.elapsed(), process);
+        let skew = clock.describe();
+        let ambient = world::ambient(self.start, process, clock, &self.chaos, &self.dice);
         if let Some(boot) = crashed {
             let _ = seams::end_registration_of(self.store.as_ref(), boot, ambient.now()).await;
         }
@@ -63,7 +60,7 @@ impl Sim {
         let router = seams::router(Arc::new(seams::app_state(&services, auth)));
         trace_event!(
             self.trace,
-            "start slot {slot} process {process} boot {} skew {skew}",
+            "start slot {slot} process {process} boot {} clock {skew}",
             ambient.boot()
         );
         let mut books = self.books();

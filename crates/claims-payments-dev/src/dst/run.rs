@@ -2,8 +2,8 @@
 //!
 //! The timeline: a chaos phase (messages, late re-sends, HTTP clients, timers, faults;
 //! the bank may go dark past its key window), then a calm one (faults off, dead instances
-//! back, the queue drained, the dead letters re-driven once their duplicate-detection
-//! window has passed, reconcile), then a jump past the bank's key window and the inbox
+//! back, the queue drained, the dead letters re-driven by the operator's own tool,
+//! reconcile, a second re-drive and the discards of the runbook), then a jump past the bank's key window and the inbox
 //! retention (purge, old messages sent again), and the final checks.
 
 use std::collections::BTreeMap;
@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::bank::SimBank;
+use super::broker::SimBroker;
 use super::chaos::Chaos;
 use super::check;
 use super::check::{Checks, Violation};
@@ -39,6 +40,8 @@ const CHAOS_PHASE: Duration = Duration::from_secs(75 * 60);
 /// The most payments the end checks list: every payment of a run, and within what each
 /// store's listing takes (Cosmos DB's `TOP` is a 32-bit integer).
 const LEDGER_LIMIT: usize = i32::MAX as usize;
+/// How many times, at most, the calm phase's operator re-drives and reconciles.
+const OPERATOR_ROUNDS: usize = 6;
 /// What one run did and found.
 pub struct RunResult {
     pub seed: u64,
@@ -194,6 +197,7 @@ impl Sim {
             .chaos
             .fires(Fault::BankDarkPastKeyWindow, "bank")
             .then(|| tokio::spawn(self.clone().bank_goes_dark()));
+        background.spawn(self.clone().operator());
         let producer = tokio::spawn(self.clone().producer());
         let clients = tokio::spawn(self.clone().http_clients());
 
@@ -213,12 +217,20 @@ impl Sim {
         for slot in 0..instances {
             self.clone().start_instance(slot).await;
         }
-        // The dead letters, re-driven once their duplicate-detection window has passed:
-        // those of long ago at once (before reconcile's next run), the others after it.
-        self.redrive();
-        self.drain().await;
-        tokio::time::sleep(DUPLICATE_WINDOW).await;
-        self.redrive();
+        // The runbook (§5): re-drive what is sendable; while some dead letters wait for
+        // reconciliation, reconcile (a run may find another one under way, or a lease still
+        // live) and re-drive again; then discard what was settled another way.
+        for _ in 0..OPERATOR_ROUNDS {
+            let waiting = self.clone().operator_run(false).await;
+            self.drain().await;
+            if waiting == 0 {
+                break;
+            }
+            self.timer("Reconcile").await;
+            self.drain().await;
+            tokio::time::sleep(RECONCILE_EVERY).await;
+        }
+        self.clone().operator_run(true).await;
         self.drain().await;
         self.timer("Reconcile").await;
         self.drain().await;
@@ -243,6 +255,79 @@ impl Sim {
             self.stop_instance(slot).await;
         }
         self.final_checks().await;
+    }
+
+    /// The operator, while faults fire too: every 10 to 30 minutes, the product's own
+    /// `dead-letters resubmit --all` through the broker port; every few hours while the
+    /// bank is dark (nothing it re-drives can be paid then, and each run reads every dead
+    /// letter's records).
+    pub(super) async fn operator(self: Arc<Self>) {
+        loop {
+            let wait = if self.bank_dark.load(std::sync::atomic::Ordering::Relaxed) {
+                self.dice.millis(2 * 3_600_000, 4 * 3_600_000)
+            } else {
+                self.dice.millis(10 * 60_000, 30 * 60_000)
+            };
+            tokio::time::sleep(wait).await;
+            let _ = self.clone().operator_run(false).await;
+        }
+    }
+
+    /// One run of `dead-letters resubmit --all` on the store as the instances see it;
+    /// with `discard`, then `dead-letters discard` of each dead letter left `permanent`
+    /// whose claim was settled another way (runbook §5, step 5).
+    /// Returns how many dead letters wait for reconciliation (or an unreadable store).
+    pub(super) async fn operator_run(self: Arc<Self>, discard: bool) -> usize {
+        use claims_payments::seams::dead_letters;
+        let broker = SimBroker(self.clone());
+        let options = dead_letters::Options {
+            consumer: CONSUMER.into(),
+            limit: 10_000,
+            retention: RETENTION,
+            payouts_enabled: true,
+        };
+        let all = dead_letters::Selection {
+            all: true,
+            ..Default::default()
+        };
+        let (lines, _) = dead_letters::resubmit(&broker, &self.store, &options, &all, false).await;
+        for line in &lines {
+            trace_event!(
+                self.trace,
+                "operator resubmit {} claim {} verdict {} action {}",
+                line.message_id.as_deref().unwrap_or("-"),
+                line.claim_id.as_deref().unwrap_or("-"),
+                line.verdict.name(),
+                line.action.as_deref().unwrap_or("-")
+            );
+        }
+        let waiting = lines
+            .iter()
+            .filter(|l| matches!(l.verdict.name(), "needs-reconciliation" | "unknown"))
+            .count();
+        if !discard {
+            return waiting;
+        }
+        let settled: Vec<String> = lines
+            .iter()
+            .filter(|l| l.verdict.name() == "permanent" && l.payment_status.is_some())
+            .filter_map(|l| l.message_id.clone())
+            .collect();
+        for id in settled {
+            let done =
+                dead_letters::discard(&broker, &self.store, &options, &id, "settled another way")
+                    .await;
+            trace_event!(
+                self.trace,
+                "operator discard {id}: {}",
+                match done {
+                    Ok(Some(line)) => line.action.unwrap_or_default(),
+                    Ok(None) => "not found".into(),
+                    Err(e) => e.to_string(),
+                }
+            );
+        }
+        waiting
     }
 
     pub(super) async fn bank_goes_dark(self: Arc<Self>) {

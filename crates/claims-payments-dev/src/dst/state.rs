@@ -48,10 +48,17 @@ pub(super) struct Queued {
     pub(super) last_outcome: String,
     /// Dead-lettered while the run was calm (no fault could explain a transient cause).
     pub(super) dead_lettered_calm: bool,
-    /// Sent again from the dead-letter queue (the copy is a message of its own).
+    /// Removed from the dead-letter queue by the operator's tool, after its copy was
+    /// accepted (the copy is a message of its own) or as discarded.
     pub(super) redriven: bool,
     /// Why each of its deliveries failed (transient causes only).
     pub(super) failures: Vec<super::invariants::Cause>,
+    /// Application properties as sent (a re-drive copy names its original).
+    pub(super) properties: Vec<(String, String)>,
+    /// The operator's peek-lock on it in the dead-letter queue: its token, until when.
+    pub(super) dlq_lock: Option<(u64, Instant)>,
+    /// Peek-locks taken on it in the dead-letter queue (each raises its DeliveryCount).
+    pub(super) dlq_locks: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,12 +36,14 @@ use crate::domain::IdempotencyKey;
 use crate::telemetry;
 
 mod answer;
+pub mod clock;
 mod settings;
 #[cfg(test)]
 mod tests;
 pub mod transport;
 
 use answer::{read_answer, read_lookup};
+use clock::{ClockCheck, Estimate};
 pub use settings::BankSettings;
 pub(crate) use settings::DEFAULT_KEY_WINDOW;
 use transport::{
@@ -76,6 +78,9 @@ pub enum PayoutOutcome {
     ServiceFault { status: u16, reason: String },
     /// Still failing when the budget ran out; the payout may or may not exist yet.
     GaveUp { attempts: u32, last_error: String },
+    /// This process's clock is further from the bank's than [`clock::MAX_CLOCK_ERROR`]:
+    /// no request left on it (the key window is judged on it). Not a verdict on the payment.
+    ClockUntrusted { attempts: u32, reason: String },
 }
 
 /// When requests may leave: before the retry budget's deadline (a request that
@@ -173,6 +178,8 @@ pub struct BankClient {
     secret: Option<SecretString>,
     /// The clock of the key window and Retry-After dates, and the backoff's jitter.
     ambient: Ambient,
+    /// This clock against the bank's `Date`, shared by the clones of one client.
+    clock: Arc<ClockCheck>,
 }
 
 /// What one request taught us.
@@ -207,6 +214,46 @@ impl BankClient {
             timeout: settings.timeout,
             secret: settings.api_key.clone(),
             ambient,
+            clock: Arc::default(),
+        }
+    }
+
+    /// Whether this process's clock is within [`clock::MAX_CLOCK_ERROR`] of the bank's
+    /// (see [`clock`]): `Err(why)` when it is not, counted and logged. Asks the bank once
+    /// (a lookup under `key`) when no answer has read its clock yet, or when a clock found
+    /// beyond the bound was read more than [`clock::REREAD_AFTER`] ago. A bank that
+    /// cannot be reached, or sends no `Date`, leaves the clock unchecked.
+    pub(crate) async fn check_clock(&self, key: &IdempotencyKey) -> Result<(), String> {
+        let mut asked = false;
+        loop {
+            let error = match self.clock.estimate(self.ambient.now()) {
+                Estimate::Unchecked => {
+                    if self.clock.first_unchecked() {
+                        tracing::warn!(
+                            event = "clock-unchecked",
+                            "the bank's answers carry no Date: this instance's clock cannot be checked against the bank's"
+                        );
+                    }
+                    return Ok(());
+                }
+                Estimate::Unread if asked => return Ok(()),
+                Estimate::Off { error, .. } if !clock::beyond(error) => return Ok(()),
+                Estimate::Off { error, fresh } if fresh || asked => error,
+                Estimate::Unread | Estimate::Off { .. } => {
+                    asked = true;
+                    let _ = self.lookup(key).await;
+                    continue;
+                }
+            };
+            telemetry::counters().clock_refusals.inc();
+            let reason = format!(
+                "this instance's clock is {} ms {} the bank's, more than the {} s the key window allows; no payout starts on it",
+                error.whole_milliseconds().unsigned_abs(),
+                if error.is_positive() { "ahead of" } else { "behind" },
+                clock::MAX_CLOCK_ERROR.as_secs()
+            );
+            tracing::error!(event = "clock-untrusted", idempotencyKey = %key, errorMs = error.whole_milliseconds() as i64, "{reason}");
+            return Err(reason);
         }
     }
 
@@ -219,7 +266,10 @@ impl BankClient {
         let mut last_error = String::new();
         loop {
             // Checked before every request, not once: a retry must not leave after the
-            // bank may have forgotten the key.
+            // bank may have forgotten the key, nor on a clock that misjudges when that is.
+            if let Err(reason) = self.check_clock(key).await {
+                return PayoutOutcome::ClockUntrusted { attempts, reason };
+            }
             if !window.key_window_open(self.ambient.now()) {
                 return PayoutOutcome::KeyWindowClosed {
                     attempts,
@@ -284,6 +334,7 @@ impl BankClient {
                 }
             }
         };
+        self.clock.note(&answer.headers, self.ambient.now());
         let status = answer.status;
         match answer.body {
             Ok(body) => read_lookup(status, &body, reference, self.secret()),
@@ -325,6 +376,7 @@ impl BankClient {
                 }
             }
         };
+        self.clock.note(&answer.headers, self.ambient.now());
         let BankAnswer {
             status,
             headers,

@@ -376,3 +376,133 @@ proptest! {
         }
     }
 }
+
+/// A bank that remembers an Idempotency-Key for `window` from the key's first request,
+/// pays each request it does not remember, and dates every answer by its own clock.
+struct ForgetfulBank {
+    /// How far the world's time was moved on (the bank's outage), in seconds.
+    skipped: Arc<std::sync::atomic::AtomicU64>,
+    window: Duration,
+    first_seen: std::sync::Mutex<std::collections::BTreeMap<String, OffsetDateTime>>,
+    payouts: std::sync::atomic::AtomicU32,
+}
+
+/// Where the bank's (true) clock and the instances' start.
+fn epoch() -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp(1_767_225_600).unwrap()
+}
+
+/// The true time: the epoch, moved on by `skipped` seconds.
+fn true_wall(skipped: &std::sync::atomic::AtomicU64) -> OffsetDateTime {
+    epoch() + Duration::from_secs(skipped.load(std::sync::atomic::Ordering::SeqCst))
+}
+
+#[async_trait::async_trait]
+impl BankTransport for ForgetfulBank {
+    async fn send(&self, call: BankCall<'_>) -> Result<BankAnswer, TransportFailure> {
+        let now = true_wall(&self.skipped);
+        let date = httpdate::fmt_http_date(now.into());
+        let headers =
+            HeaderMap::from_iter([(reqwest::header::DATE, HeaderValue::from_str(&date).unwrap())]);
+        let body = match call {
+            BankCall::Payout { key, .. } => {
+                let mut seen = self.first_seen.lock().unwrap();
+                match seen.get(key.as_str()) {
+                    Some(at) if now < *at + self.window => {}
+                    _ => {
+                        seen.insert(key.as_str().to_owned(), now);
+                        self.payouts
+                            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+                r#"{"paymentId":"p-1"}"#
+            }
+            BankCall::Lookup { .. } => "[]",
+        };
+        Ok(BankAnswer {
+            status: if body == "[]" {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            },
+            headers,
+            body: Ok(body.as_bytes().to_vec()),
+        })
+    }
+}
+
+/// An instance's clock `behind` the bank's.
+struct BehindClock {
+    skipped: Arc<std::sync::atomic::AtomicU64>,
+    behind: Duration,
+}
+
+impl crate::ambient::WallClock for BehindClock {
+    fn now(&self) -> OffsetDateTime {
+        true_wall(&self.skipped) - self.behind
+    }
+}
+
+struct NoEntropy;
+
+impl crate::ambient::Entropy for NoEntropy {
+    fn fill(&self, bytes: &mut [u8]) {
+        bytes.fill(7);
+    }
+}
+
+/// A payout made, its answer lost, the bank out of reach past its key window: an
+/// instance whose clock is ten minutes behind still reads the key window as open (its
+/// margin is five minutes) and would send the request again, which the bank, having
+/// forgotten the key, pays a second time. The clock is read against the bank's `Date`
+/// first, and the request never leaves.
+#[tokio::test]
+async fn a_clock_too_far_behind_sends_nothing_after_the_bank_forgot_the_key() {
+    let day = Duration::from_secs(86_400);
+    let skipped = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let bank = Arc::new(ForgetfulBank {
+        skipped: skipped.clone(),
+        window: day,
+        first_seen: Default::default(),
+        payouts: Default::default(),
+    });
+    let settings = BankSettings {
+        url: "https://bank.invalid".parse().unwrap(),
+        api_key: None,
+        timeout: Duration::from_secs(5),
+        key_window: day,
+    };
+    let instance = |behind: Duration| {
+        let clock = BehindClock {
+            skipped: skipped.clone(),
+            behind,
+        };
+        let ambient = Ambient::new(
+            Arc::new(clock),
+            Arc::new(NoEntropy),
+            crate::ambient::Boot::numbered(1),
+        );
+        BankClient::with_transport(&settings, bank.clone(), ambient)
+    };
+    let key = crate::domain::IdempotencyKey::from_stored("tenant-a:claim-1".into());
+    let created_at = epoch();
+    let budget = Duration::from_secs(60);
+    let first = instance(Duration::ZERO)
+        .pay(&key, "{}", SendWindow::new(budget, created_at, day))
+        .await;
+    assert!(matches!(first, PayoutOutcome::Paid { .. }), "{first:?}");
+
+    skipped.store(
+        (day + Duration::from_secs(60)).as_secs(),
+        std::sync::atomic::Ordering::SeqCst,
+    );
+    let behind = instance(Duration::from_secs(600));
+    let again = behind
+        .pay(&key, "{}", SendWindow::new(budget, created_at, day))
+        .await;
+    assert!(
+        matches!(&again, PayoutOutcome::ClockUntrusted { attempts: 0, reason } if reason.contains("behind")),
+        "{again:?}"
+    );
+    assert_eq!(bank.payouts.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

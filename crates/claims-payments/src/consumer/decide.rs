@@ -552,6 +552,9 @@ pub(crate) fn after_payout(
                 reason: format!("bank unavailable after {attempts} attempts: {last_error}"),
             }
         }
+        // This instance's clock, not the payment: another instance (or this one, once its
+        // clock is right) sends the next request.
+        PayoutOutcome::ClockUntrusted { reason, .. } => return AfterPayout::Release { reason },
     };
     AfterPayout::Finalize {
         inbox: a.completes(inbox, &outcome, policy, now),

@@ -295,6 +295,13 @@ impl Consumer {
     }
 
     async fn process(&self, attempt: &Attempt<'_>) -> Flow {
+        // Before anything is stamped with this clock (the payout's `created_at`, which
+        // anchors the key window, and leases): a clock beyond the bound starts nothing.
+        if let Some(bank) = &self.bank {
+            if let Err(reason) = bank.check_clock(&attempt.msg.idempotency_key()).await {
+                return Ok(Outcome::RetryLater { reason });
+            }
+        }
         let now = self.now();
         let FirstClaim { inbox, payment } =
             match decide::first_claim(attempt, &self.policy, self.bank.is_some(), now) {

@@ -273,7 +273,8 @@ impl Reconciler {
             | PayoutOutcome::GaveUp { last_error, .. } => {
                 Decision::unknown(format!("paying now did not finish: {last_error}"))
             }
-            PayoutOutcome::ServiceFault { reason, .. } => Decision::unknown(reason),
+            PayoutOutcome::ServiceFault { reason, .. }
+            | PayoutOutcome::ClockUntrusted { reason, .. } => Decision::unknown(reason),
         }
     }
 }

@@ -75,9 +75,13 @@ pub mod reconcile {
     pub use crate::reconcile::{Options, Reconciler, Summary, MAX_PER_RUN};
 }
 
-/// The Service Bus REST client the dead-letter tool uses.
+/// The broker port the dead-letter tool uses (the simulator's broker stands behind it),
+/// and its REST client.
 pub mod servicebus {
-    pub use crate::servicebus::{header_json, unquote, BusErrorKind};
+    pub use crate::servicebus::{
+        header_json, unquote, Broker, BrokerMessageId, BusError, BusErrorKind, DeadLetter, Lock,
+        LockToken, Locked, Outgoing, Property,
+    };
     /// The REST client.
     pub mod rest {
         pub use crate::servicebus::rest::{Auth, RestBroker};

@@ -20,6 +20,7 @@
 //! | `claims_payments.owners_found_gone` | counter | lease owners whose process had ended (taken over at once) |
 //! | `claims_payments.bank.calls` | counter | `operation` (`payout`, `lookup`) |
 //! | `claims_payments.bank.retries`, `.bank.service_faults` | counter | |
+//! | `claims_payments.clock_refusals` | counter | payouts refused on a clock beyond the bound |
 //! | `claims_payments.bank.duration` | histogram, ms | `operation`, `answer` (answer class) |
 //! | `claims_payments.http.answers` | counter | `route`, `status` |
 //! | `claims_payments.http.idempotency` | counter | `result` (`request`, `replayed`, `in-flight`, `key-reused`) |
@@ -47,6 +48,7 @@ pub(crate) mod names {
     pub(crate) const BANK_CALLS: &str = "claims_payments.bank.calls";
     pub(crate) const BANK_RETRIES: &str = "claims_payments.bank.retries";
     pub(crate) const BANK_SERVICE_FAULTS: &str = "claims_payments.bank.service_faults";
+    pub(crate) const CLOCK_REFUSALS: &str = "claims_payments.clock_refusals";
     pub(crate) const BANK_DURATION: &str = "claims_payments.bank.duration";
     pub(crate) const HTTP_ANSWERS: &str = "claims_payments.http.answers";
     pub(crate) const HTTP_IDEMPOTENCY: &str = "claims_payments.http.idempotency";

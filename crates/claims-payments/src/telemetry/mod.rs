@@ -258,6 +258,8 @@ pub struct Counters {
     pub(crate) bank_retries: Counter,
     /// Bank answers that are the service's own fault (credential, URL, method, format).
     pub(crate) bank_service_faults: Counter,
+    /// Payouts refused because this instance's clock is too far from the bank's.
+    pub(crate) clock_refusals: Counter,
     pub(crate) bank_lookups: Counter,
     /// `POST /api/payments`: requests, stored answers replayed, refused while in flight
     /// (409), keys reused with another request (422).
@@ -314,6 +316,7 @@ impl Default for Counters {
             bank_calls: Counter::metric(BANK_CALLS, Some(("operation", "payout"))),
             bank_retries: Counter::metric(BANK_RETRIES, None),
             bank_service_faults: Counter::metric(BANK_SERVICE_FAULTS, None),
+            clock_refusals: Counter::metric(CLOCK_REFUSALS, None),
             bank_lookups: Counter::metric(BANK_CALLS, Some(("operation", "lookup"))),
             http_requests: http("request"),
             http_replays: http("replayed"),
@@ -363,6 +366,7 @@ pub struct CountersSnapshot {
     bank_calls: u64,
     bank_retries: u64,
     bank_service_faults: u64,
+    clock_refusals: u64,
     bank_lookups: u64,
     http_requests: u64,
     http_replays: u64,
@@ -405,6 +409,7 @@ impl Counters {
             bank_calls: self.bank_calls.get(),
             bank_retries: self.bank_retries.get(),
             bank_service_faults: self.bank_service_faults.get(),
+            clock_refusals: self.clock_refusals.get(),
             bank_lookups: self.bank_lookups.get(),
             http_requests: self.http_requests.get(),
             http_replays: self.http_replays.get(),
@@ -453,6 +458,7 @@ pub(crate) fn log_counters() {
         ownersFoundGone = c.owners_found_gone,
         bankRetries = c.bank_retries,
         bankServiceFaults = c.bank_service_faults,
+        clockRefusals = c.clock_refusals,
         storeTransientErrors = c.store_transient_errors,
         storeOutageWaits = c.store_outage_waits,
         cosmosRequestUnits = c.cosmos_request_units,
