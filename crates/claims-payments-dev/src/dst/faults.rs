@@ -71,10 +71,15 @@ pub enum Fault {
     /// Another caller sends its own payment under a key string a first caller used
     /// (signed-in callers: keys are scoped by caller).
     OtherCallersKey,
+    // Processes, again.
+    /// The process stops running for tens of seconds (a VM frozen for maintenance, a
+    /// throttled container), longer than its registration lasts, then runs on with the
+    /// leases it held.
+    ProcessPaused,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 25] = [
+    pub const ALL: [Fault; 26] = [
         Fault::StoreWriteUnknown,
         Fault::StoreThrottled,
         Fault::StoreThrottledHint,
@@ -100,6 +105,7 @@ impl Fault {
         Fault::DoubleSubmit,
         Fault::Disconnect,
         Fault::OtherCallersKey,
+        Fault::ProcessPaused,
     ];
 
     /// The range its rate is drawn from, per opportunity (a call, a delivery, a second
@@ -109,6 +115,7 @@ impl Fault {
             Fault::StoreOutage | Fault::StoreReadOnly => (0.002, 0.01),
             Fault::StoreSlowBeyondLease => (0.001, 0.01),
             Fault::HandlerCrash | Fault::InstanceLost => (0.002, 0.02),
+            Fault::ProcessPaused => (0.002, 0.01),
             Fault::ClockSkew | Fault::BankDarkPastKeyWindow => (1.0, 1.0),
             Fault::FunctionTimeout | Fault::LockLost | Fault::CompleteFails => (0.005, 0.05),
             _ => (0.01, 0.15),

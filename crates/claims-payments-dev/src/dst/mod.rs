@@ -161,6 +161,7 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     // Deliveries that met another attempt on their claim; the least share of one seed.
     let (mut met, mut least, mut none) = (0u64, f64::INFINITY, 0u64);
     let mut fired: BTreeMap<faults::Fault, u64> = BTreeMap::new();
+    let mut reconcile = run::ReconcileTally::default();
     println!(
         "dst: seeds {first}..{} ({} messages, {} HTTP intents each)",
         first + args.seeds,
@@ -176,6 +177,13 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
         virtual_secs += result.virtual_time.as_secs_f64();
         for (fault, n) in &result.fired {
             *fired.entry(*fault).or_default() += n;
+        }
+        reconcile.add(&result.reconcile);
+        if args.seeds > 1 {
+            println!(
+                "seed {seed}: reconcile pay-now while faults fire {} (calm {}); {}",
+                result.reconcile.chaos.paid_now, result.reconcile.calm.paid_now, result.reconcile
+            );
         }
         if args.verbose {
             for line in &result.events {
@@ -203,6 +211,10 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
         "dst: {:.1}% of deliveries met another attempt on their claim ({met} of {deliveries}; least in one seed {:.1}%, seeds with none {none})",
         share(met, deliveries),
         if least.is_finite() { least } else { 0.0 }
+    );
+    println!(
+        "dst: reconcile pay-now decisions while faults fire {} (calm {}); reconcile {reconcile}",
+        reconcile.chaos.paid_now, reconcile.calm.paid_now
     );
     let coverage: Vec<String> = fired.iter().map(|(f, n)| format!("{f} {n}")).collect();
     println!("dst: faults fired: {}", coverage.join(", "));
