@@ -76,10 +76,13 @@ pub enum Fault {
     /// throttled container), longer than its registration lasts, then runs on with the
     /// leases it held.
     ProcessPaused,
+    /// The process dies in the middle of a `Reconcile` run (between its lookups, payouts
+    /// and writes), and the host restarts it.
+    ReconcileCrash,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 26] = [
+    pub const ALL: [Fault; 27] = [
         Fault::StoreWriteUnknown,
         Fault::StoreThrottled,
         Fault::StoreThrottledHint,
@@ -106,6 +109,7 @@ impl Fault {
         Fault::Disconnect,
         Fault::OtherCallersKey,
         Fault::ProcessPaused,
+        Fault::ReconcileCrash,
     ];
 
     /// The range its rate is drawn from, per opportunity (a call, a delivery, a second
@@ -116,6 +120,7 @@ impl Fault {
             Fault::StoreSlowBeyondLease => (0.001, 0.01),
             Fault::HandlerCrash | Fault::InstanceLost => (0.002, 0.02),
             Fault::ProcessPaused => (0.002, 0.01),
+            Fault::ReconcileCrash => (0.05, 0.3),
             Fault::ClockSkew | Fault::BankDarkPastKeyWindow => (1.0, 1.0),
             Fault::FunctionTimeout | Fault::LockLost | Fault::CompleteFails => (0.005, 0.05),
             _ => (0.01, 0.15),

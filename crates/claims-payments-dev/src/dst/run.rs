@@ -302,6 +302,14 @@ impl Sim {
         } else {
             FUNCTION_TIMEOUT
         };
+        if function == "Reconcile" && self.chaos.fires(Fault::ReconcileCrash, function) {
+            // Somewhere among the run's lookups, payouts and writes.
+            let (sim, at) = (self.clone(), self.dice.millis(5, 5_000));
+            tokio::spawn(async move {
+                tokio::time::sleep(at).await;
+                sim.crash(slot, true);
+            });
+        }
         let answered = tokio::time::timeout(timeout, rx).await;
         let status = match answered {
             Ok(Ok(Some((status, body)))) => {
