@@ -137,12 +137,21 @@ impl SimBank {
     fn book(&self, ledger: &mut Ledger, i: usize) {
         let b = ledger.bookings[i].clone();
         match &b.kept {
-            Kept::Refused => ledger.refusals.push((b.parsed.claim_id.clone(), b.key.clone())),
+            Kept::Refused => ledger
+                .refusals
+                .push((b.parsed.claim_id.clone(), b.key.clone())),
             Kept::Paid { payment_id } => {
-                if ledger.payouts.iter().any(|p| p.claim_id == b.parsed.claim_id) {
+                if ledger
+                    .payouts
+                    .iter()
+                    .any(|p| p.claim_id == b.parsed.claim_id)
+                {
                     ledger.double_payments.push(b.parsed.claim_id.clone());
                 }
-                let at_ms = b.booked_at.saturating_duration_since(self.start).as_millis() as u64;
+                let at_ms = b
+                    .booked_at
+                    .saturating_duration_since(self.start)
+                    .as_millis() as u64;
                 ledger.payouts.push(Payout {
                     payment_id: payment_id.clone(),
                     claim_id: b.parsed.claim_id.clone(),
@@ -388,7 +397,11 @@ impl SimBank {
                     Kept::Paid { payment_id } => (payment_id.clone(), "paid"),
                     Kept::Refused => (format!("refused-{}", b.parsed.claim_id), "rejected"),
                 };
-                let status = if b.booked_at <= seen { booked } else { "pending" };
+                let status = if b.booked_at <= seen {
+                    booked
+                } else {
+                    "pending"
+                };
                 serde_json::json!({
                     "paymentId": payment_id, "status": status, "amount": b.parsed.amount,
                     "currency": b.parsed.currency, "reference": b.parsed.reference,

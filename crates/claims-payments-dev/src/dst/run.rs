@@ -475,7 +475,10 @@ impl ReconcileTally {
     }
 
     pub fn add(&mut self, other: &ReconcileTally) {
-        for (mine, theirs) in [(&mut self.chaos, &other.chaos), (&mut self.calm, &other.calm)] {
+        for (mine, theirs) in [
+            (&mut self.chaos, &other.chaos),
+            (&mut self.calm, &other.calm),
+        ] {
             mine.runs += theirs.runs;
             mine.cut += theirs.cut;
             mine.paid_now += theirs.paid_now;
@@ -498,10 +501,6 @@ impl std::fmt::Display for Settled {
 
 impl std::fmt::Display for ReconcileTally {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "while faults fire {}; calm {}",
-            self.chaos, self.calm
-        )
+        write!(f, "while faults fire {}; calm {}", self.chaos, self.calm)
     }
 }

@@ -137,7 +137,13 @@ pub(crate) async fn invoke(
     // the redelivery then finds the stored outcome.
     // The task is the process's (`Services::work`): it ends with the process.
     let work = state.services.work.run(
-        handle(state.clone(), invocation_id.clone(), invocation, span.clone()).instrument(span),
+        handle(
+            state.clone(),
+            invocation_id.clone(),
+            invocation,
+            span.clone(),
+        )
+        .instrument(span),
     );
     match work.await {
         Some(response) => response,
