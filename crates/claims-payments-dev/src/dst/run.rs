@@ -395,7 +395,7 @@ impl Sim {
             dead_lettered: books.dead_lettered,
             redriven: books.redriven,
             payouts: self.bank.payouts().len(),
-            reconcile: books.reconcile.clone(),
+            reconcile: books.reconcile,
             events: if self.options.keep_trace {
                 self.trace.lines_with("")
             } else {
