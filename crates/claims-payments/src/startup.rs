@@ -115,6 +115,7 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
     // Store calls as dependencies (only when telemetry is exported).
     let store = traced(&settings, store);
     let services = services_for(&settings, store.clone())?;
+    let work = services.work().clone();
     let mut state = AppState::new(settings.functions(), &services);
     if let Some(factory) = seams.claim_handler {
         state = state.with_claim_handler(factory(&services));
@@ -193,6 +194,19 @@ pub async fn serve(settings: Settings, seams: Seams) -> anyhow::Result<()> {
         }
     };
     serve_router(listener, app, stop).await;
+    // Work whose connection dropped (the host's timeout) is no connection the drain
+    // waited for: it ends here, before the registration does and other processes take
+    // its leases over as those of an ended process.
+    if tokio::time::timeout(SHUTDOWN_DRAIN, work.drain())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drainSeconds = SHUTDOWN_DRAIN.as_secs(),
+            "work whose caller went away did not finish within the drain; stopping anyway"
+        );
+        work.abort_all();
+    }
     for task in [counters_task, failure_task] {
         task.abort();
     }

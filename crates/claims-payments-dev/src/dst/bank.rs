@@ -1,10 +1,14 @@
-//! The simulated bank behind the product's own bank client (`BankTransport`): it honours
-//! an Idempotency-Key for its key window, answers a key still being processed with 409,
-//! refuses closed accounts, lists payments by reference, and holds the ground truth of
-//! what was paid. Its faults are the run's bank faults; its clock is the true one, and
-//! dates every answer (`Date`).
+//! The simulated bank behind the product's own bank client (`BankTransport`), on the
+//! contract the test kit's bank keeps: it honours an Idempotency-Key for its key window,
+//! answers a key still being processed with 409, refuses closed accounts, lists payments
+//! by reference, and holds the ground truth of what was paid. As a real provider, a slow
+//! payout is booked when its processing ends, which may be minutes after the client
+//! gave up waiting; until then the lookup lists it as pending. A lagging lookup
+//! answers from a view of the books minutes to hours old. Its faults are the run's bank
+//! faults (a lookup's drawn before a dark bank refuses the call); its clock is the true
+//! one, and dates every answer (`Date`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,13 +51,18 @@ enum Kept {
     Refused,
 }
 
+/// One payout request the bank took on under a key: booked (paid or refused) at
+/// `booked_at`, pending until then, listed by the lookup under its reference either way.
 #[derive(Debug, Clone)]
-struct KeyEntry {
+struct Booking {
+    key: String,
     body: String,
+    parsed: PayoutBody,
     kept: Kept,
     created: Instant,
-    /// Until then the bank is still processing the payout: the key answers 409.
-    ready_at: Instant,
+    /// Until then the bank is still processing the payout: the key answers 409 and the
+    /// lookup lists the payout as pending. It may be long after the client gave up.
+    booked_at: Instant,
 }
 
 /// What a payout request comes to, decided under the ledger's lock.
@@ -65,7 +74,13 @@ enum Step {
 
 #[derive(Default)]
 struct Ledger {
-    keys: BTreeMap<String, KeyEntry>,
+    bookings: Vec<Booking>,
+    /// Key -> its booking, while the bank remembers the key.
+    keys: BTreeMap<String, usize>,
+    /// Reference (lower case) -> its bookings, for ever.
+    by_reference: BTreeMap<String, Vec<usize>>,
+    /// Bookings still being processed, by when they are booked.
+    due: BTreeSet<(Instant, usize)>,
     payouts: Vec<Payout>,
     refusals: Vec<Refusal>,
     next_id: u64,
@@ -85,7 +100,7 @@ pub struct SimBank {
 }
 
 /// The body fields the bank reads.
-#[derive(serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct PayoutBody {
     claim_id: String,
@@ -115,14 +130,84 @@ impl SimBank {
         })
     }
 
+    /// The books, with every payout whose processing ended by now booked.
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+        let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        while let Some(&(at, i)) = ledger.due.first() {
+            if at > now {
+                break;
+            }
+            ledger.due.pop_first();
+            self.book(&mut ledger, i);
+        }
+        ledger
     }
 
-    fn now_ms(&self) -> u64 {
-        Instant::now()
-            .saturating_duration_since(self.start)
-            .as_millis() as u64
+    /// Makes booking `i` take effect: money leaves, or the refusal is final.
+    fn book(&self, ledger: &mut Ledger, i: usize) {
+        let b = ledger.bookings[i].clone();
+        match &b.kept {
+            Kept::Refused => ledger.refusals.push(Refusal {
+                claim_id: b.parsed.claim_id.clone(),
+                key: b.key.clone(),
+            }),
+            Kept::Paid { payment_id } => {
+                if ledger
+                    .payouts
+                    .iter()
+                    .any(|p| p.claim_id == b.parsed.claim_id)
+                {
+                    ledger.double_payments.push(b.parsed.claim_id.clone());
+                }
+                let at_ms = b
+                    .booked_at
+                    .saturating_duration_since(self.start)
+                    .as_millis() as u64;
+                ledger.payouts.push(Payout {
+                    payment_id: payment_id.clone(),
+                    claim_id: b.parsed.claim_id.clone(),
+                    amount: b.parsed.amount.clone(),
+                    currency: b.parsed.currency.clone(),
+                    payee: b.parsed.payee.clone(),
+                    reference: b.parsed.reference.clone(),
+                    key: b.key.clone(),
+                    body: b.body.clone(),
+                    at_ms,
+                });
+                crate::trace_event!(
+                    self.chaos.trace(),
+                    "bank paid {payment_id} claim {} {} {} key {} at {at_ms}",
+                    b.parsed.claim_id,
+                    b.parsed.amount,
+                    b.parsed.currency,
+                    b.key
+                );
+            }
+        }
+    }
+
+    /// How long a slow payout stays in processing: mostly just past the client's
+    /// timeout, sometimes minutes (a delivery's whole retry budget and more). Not hours:
+    /// a message whose every delivery meets the key in processing is dead-lettered, and
+    /// the run could not tell that from a transient cause left over in its calm phase.
+    fn processing_time(&self) -> Duration {
+        let dice = self.chaos.dice();
+        let past = self.timeout + Duration::from_millis(200);
+        past + match dice.range(0, 9) {
+            0..=5 => dice.millis(0, 10_000),
+            _ => dice.millis(10_000, 300_000),
+        }
+    }
+
+    /// How far behind a lagging lookup is: minutes to hours.
+    fn lookup_lag(&self) -> Duration {
+        let dice = self.chaos.dice();
+        match dice.range(0, 19) {
+            0..=9 => dice.millis(1_000, 300_000),
+            10..=16 => dice.millis(300_000, 3_600_000),
+            _ => dice.millis(3_600_000, 6 * 3_600_000),
+        }
     }
 
     /// No request reaches the bank for `how_long` from now.
@@ -191,71 +276,55 @@ impl SimBank {
             let remembered = ledger
                 .keys
                 .get(key)
-                .filter(|e| now < e.created + self.key_window)
-                .cloned();
+                .map(|&i| &ledger.bookings[i])
+                .filter(|b| now < b.created + self.key_window);
             match remembered {
-                Some(entry) if entry.body != body => {
+                Some(b) if b.body != body => {
                     Step::Answer(422, r#"{"code":"idempotency_key_reused"}"#)
                 }
-                Some(entry) if now < entry.ready_at => {
+                Some(b) if now < b.booked_at => {
                     Step::Answer(409, r#"{"code":"idempotency_key_in_use"}"#)
                 }
-                Some(entry) => Step::Kept(entry.kept),
+                Some(b) => Step::Kept(b.kept.clone()),
                 None => {
                     let kept = if parsed
                         .payee
                         .as_deref()
                         .is_some_and(|p| p.starts_with("CLOSED-"))
                     {
-                        ledger.refusals.push(Refusal {
-                            claim_id: parsed.claim_id.clone(),
-                            key: key.to_owned(),
-                        });
                         Kept::Refused
                     } else {
                         ledger.next_id += 1;
-                        let payment_id = format!("pay-{:06}", ledger.next_id);
-                        let at_ms = self.now_ms();
-                        if ledger.payouts.iter().any(|p| p.claim_id == parsed.claim_id) {
-                            ledger.double_payments.push(parsed.claim_id.clone());
+                        Kept::Paid {
+                            payment_id: format!("pay-{:06}", ledger.next_id),
                         }
-                        ledger.payouts.push(Payout {
-                            payment_id: payment_id.clone(),
-                            claim_id: parsed.claim_id.clone(),
-                            amount: parsed.amount.clone(),
-                            currency: parsed.currency.clone(),
-                            payee: parsed.payee.clone(),
-                            reference: parsed.reference.clone(),
-                            key: key.to_owned(),
-                            body: body.to_owned(),
-                            at_ms,
-                        });
-                        crate::trace_event!(
-                            self.chaos.trace(),
-                            "bank paid {payment_id} claim {} {} {} key {key}",
-                            parsed.claim_id,
-                            parsed.amount,
-                            parsed.currency
-                        );
-                        Kept::Paid { payment_id }
                     };
-                    let ready_at = if processing {
-                        now + self.timeout + Duration::from_millis(200)
+                    let booked_at = if processing {
+                        now + self.processing_time()
                     } else {
                         now
                     };
-                    ledger.keys.insert(
-                        key.to_owned(),
-                        KeyEntry {
-                            body: body.to_owned(),
-                            kept: kept.clone(),
-                            created: now,
-                            ready_at,
-                        },
-                    );
+                    let i = ledger.bookings.len();
+                    ledger.bookings.push(Booking {
+                        key: key.to_owned(),
+                        body: body.to_owned(),
+                        parsed: parsed.clone(),
+                        kept: kept.clone(),
+                        created: now,
+                        booked_at,
+                    });
+                    ledger.keys.insert(key.to_owned(), i);
+                    ledger
+                        .by_reference
+                        .entry(parsed.reference.to_ascii_lowercase())
+                        .or_default()
+                        .push(i);
                     if processing {
+                        // Booked once processing ends, long after the client gave up.
+                        ledger.due.insert((booked_at, i));
                         Step::Lost
                     } else {
+                        self.book(&mut ledger, i);
                         Step::Kept(kept)
                     }
                 }
@@ -294,6 +363,9 @@ impl SimBank {
         }
     }
 
+    /// What the bank holds under `reference`: every payout and refusal, booked or
+    /// still pending. A lagging lookup answers from a view of the books some minutes or
+    /// hours old: what was booked since shows as pending, what arrived since not at all.
     async fn lookup(&self, reference: &str) -> Result<BankAnswer, TransportFailure> {
         self.latency().await;
         if self.chaos.fires(Fault::BankLookupFails, reference) {
@@ -309,38 +381,47 @@ impl SimBank {
                 _ => Err(TransportFailure::TimedOut),
             };
         }
-        let lags = self.chaos.fires(Fault::BankLookupLags, reference);
-        let now_ms = self.now_ms();
+        if self.is_dark() {
+            return Err(TransportFailure::Connection);
+        }
+        let now = Instant::now();
+        let seen = if self.chaos.fires(Fault::BankLookupLags, reference) {
+            let lag = self.lookup_lag();
+            crate::trace_event!(
+                self.chaos.trace(),
+                "bank lookup {reference} lags {} s",
+                lag.as_secs()
+            );
+            now.checked_sub(lag).unwrap_or(self.start)
+        } else {
+            now
+        };
         let ledger = self.ledger();
-        let mut entries: Vec<serde_json::Value> = ledger
-            .payouts
+        let held = ledger
+            .by_reference
+            .get(&reference.to_ascii_lowercase())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let entries: Vec<serde_json::Value> = held
             .iter()
-            .filter(|p| p.reference.eq_ignore_ascii_case(reference))
-            .filter(|p| !(lags && now_ms.saturating_sub(p.at_ms) < 5_000))
-            .map(|p| {
+            .map(|&i| &ledger.bookings[i])
+            .filter(|b| b.created <= seen)
+            .map(|b| {
+                let (payment_id, booked) = match &b.kept {
+                    Kept::Paid { payment_id } => (payment_id.clone(), "paid"),
+                    Kept::Refused => (format!("refused-{}", b.parsed.claim_id), "rejected"),
+                };
+                let status = if b.booked_at <= seen {
+                    booked
+                } else {
+                    "pending"
+                };
                 serde_json::json!({
-                    "paymentId": p.payment_id, "status": "paid", "amount": p.amount,
-                    "currency": p.currency, "reference": p.reference,
+                    "paymentId": payment_id, "status": status, "amount": b.parsed.amount,
+                    "currency": b.parsed.currency, "reference": b.parsed.reference,
                 })
             })
             .collect();
-        for Refusal {
-            claim_id: claim,
-            key,
-        } in &ledger.refusals
-        {
-            if let Some(entry) = ledger.keys.get(key) {
-                if let Ok(body) = serde_json::from_str::<PayoutBody>(&entry.body) {
-                    if body.reference.eq_ignore_ascii_case(reference) {
-                        entries.push(serde_json::json!({
-                            "paymentId": format!("refused-{claim}"), "status": "rejected",
-                            "amount": body.amount, "currency": body.currency,
-                            "reference": body.reference,
-                        }));
-                    }
-                }
-            }
-        }
         answer(200, serde_json::Value::Array(entries).to_string())
     }
 }
@@ -348,13 +429,15 @@ impl SimBank {
 #[async_trait]
 impl BankTransport for SimBank {
     async fn send(&self, call: BankCall<'_>) -> Result<BankAnswer, TransportFailure> {
-        if self.is_dark() {
-            self.latency().await;
-            return Err(TransportFailure::Connection);
-        }
         let mut answer = match call {
-            BankCall::Payout { key, body } => self.payout(key.as_str(), body).await,
+            // A lookup's own faults are drawn before the dark bank refuses it, so they
+            // fire in runs where the bank goes dark too.
             BankCall::Lookup { reference } => self.lookup(reference.as_str()).await,
+            BankCall::Payout { .. } if self.is_dark() => {
+                self.latency().await;
+                Err(TransportFailure::Connection)
+            }
+            BankCall::Payout { key, body } => self.payout(key.as_str(), body).await,
         }?;
         // Every answer is dated by the bank's clock, in whole seconds (RFC 9110 §6.6.1).
         let date = httpdate::fmt_http_date(super::world::wall_at(self.start).into());

@@ -309,7 +309,10 @@ impl Sim {
                 while !books.ready.is_empty() {
                     let free = (0..slots).map(|k| (next + k) % slots).find(|&s| {
                         let inst = &books.instances[s];
-                        inst.alive && inst.router.is_some() && inst.in_flight < MAX_CONCURRENT_CALLS
+                        inst.alive
+                            && inst.router.is_some()
+                            && inst.in_flight < MAX_CONCURRENT_CALLS
+                            && !inst.pause.is_paused()
                     });
                     let Some(slot) = free else { break };
                     next = slot + 1;
@@ -416,7 +419,13 @@ impl Sim {
                     (completes, format!("{label} {}", status.as_u16()), detail)
                 }
                 Ok(None) => (false, "no-answer".into(), String::new()),
-                Err(_) => (false, "function-timeout".into(), String::new()),
+                Err(_) => {
+                    // The host restarts the handler: every invocation in flight on the
+                    // instance fails with this one (this task ends here too).
+                    trace_event!(sim.trace, "function timeout #{i} {message_id} slot {slot}");
+                    sim.crash(slot, true);
+                    return;
+                }
             };
             let cause = (!completes).then(|| Cause::of(&label, &detail));
             trace_event!(

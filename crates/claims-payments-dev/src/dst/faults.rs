@@ -104,10 +104,18 @@ pub enum Fault {
     RedriveSendUnsure,
     /// The dead letter's lock is lost between the accepted send and the delete.
     RedriveLockLost,
+    // Processes, again.
+    /// The process stops running for tens of seconds (a VM frozen for maintenance, a
+    /// throttled container), longer than its registration lasts, then runs on with the
+    /// leases it held.
+    ProcessPaused,
+    /// The process dies in the middle of a `Reconcile` run (between its lookups, payouts
+    /// and writes), and the host restarts it.
+    ReconcileCrash,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 39] = [
+    pub const ALL: [Fault; 41] = [
         Fault::StoreWriteUnknown,
         Fault::StoreThrottled,
         Fault::StoreThrottledHint,
@@ -148,6 +156,8 @@ impl Fault {
         Fault::ClockDrift,
         Fault::RedriveSendUnsure,
         Fault::RedriveLockLost,
+        Fault::ProcessPaused,
+        Fault::ReconcileCrash,
     ];
 
     /// The range its rate is drawn from, per opportunity (a call, a delivery, a second
@@ -165,6 +175,8 @@ impl Fault {
             | Fault::CosmosTimeout
             | Fault::CosmosTimeoutAfterService => (0.005, 0.05),
             Fault::HandlerCrash | Fault::InstanceLost => (0.002, 0.02),
+            Fault::ProcessPaused => (0.002, 0.01),
+            Fault::ReconcileCrash => (0.05, 0.3),
             Fault::ClockSkew | Fault::BankDarkPastKeyWindow => (1.0, 1.0),
             Fault::ClockJump | Fault::ClockDrift => (0.1, 0.5),
             Fault::RedriveSendUnsure | Fault::RedriveLockLost => (0.05, 0.3),

@@ -1,16 +1,26 @@
 //! The instances: processes that start (a new boot, fresh memory, a registration),
-//! crash (every task dropped where it waits) and stop cleanly (in-flight work drains).
+//! crash (every task dropped where it waits: the host's and the product's own, see
+//! `Work`) and stop cleanly (in-flight work drains), and pause: for tens of seconds no
+//! call of theirs reaches the store or the bank ([`Pause`]), longer than their
+//! registration lasts, while they hold leases; then they run on.
 //! A process that follows a crash on its slot ends its predecessor's registration first,
 //! as `serve` does on its port.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use claims_payments::seams::ambient::Ambient;
+use claims_payments::seams::bank::transport::{
+    BankAnswer, BankCall, BankTransport, TransportFailure,
+};
 use claims_payments::seams::bank::BankClient;
 use claims_payments::seams::payments_api::CallerAuth;
 use claims_payments::seams::services::Services;
+use claims_payments::seams::store::{DynStore, Store, StoreCall, StoreDecorator, StoreResult};
 use claims_payments::seams::{self, Registered};
+use tokio::time::Instant;
 
 use super::faults::Fault;
 use super::state::*;
@@ -40,8 +50,16 @@ impl Sim {
         if let Some(boot) = crashed {
             let _ = seams::end_registration_of(self.store.as_ref(), boot, ambient.now()).await;
         }
-        // The process's own client: its session reads back what it wrote.
-        let store: claims_payments::seams::store::DynStore = self.faulty.session(process);
+        // Everything the process sends goes through its pause.
+        let pause = Arc::new(Pause::default());
+        let store: DynStore = Arc::new(PausedStore {
+            inner: self.faulty.session(process),
+            pause: pause.clone(),
+        });
+        let bank = Arc::new(PausedBank {
+            inner: self.bank.clone(),
+            pause: pause.clone(),
+        });
         let registered = loop {
             match Registered::register(store.clone(), RETENTION, ambient.clone()).await {
                 Ok(registered) => break registered,
@@ -49,8 +67,7 @@ impl Sim {
                 Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
             }
         };
-        let client =
-            BankClient::with_transport(&bank_settings(), self.bank.clone(), ambient.clone());
+        let client = BankClient::with_transport(&bank_settings(), bank, ambient.clone());
         let services = Services::new(store, Some(client), policy(), ambient.clone());
         let auth = if self.signed_in {
             CallerAuth::AppService
@@ -69,6 +86,8 @@ impl Sim {
         instance.ambient = Some(ambient);
         instance.router = Some(router);
         instance.registered = Some(registered);
+        instance.work = Some(services.work().clone());
+        instance.pause = pause;
         instance.alive = true;
         instance.starting = false;
         instance.in_flight = 0;
@@ -78,17 +97,21 @@ impl Sim {
 
     /// A clean stop: in-flight work drains, the registration ends.
     pub(super) async fn stop_instance(&self, slot: usize) {
-        let (mut tasks, registered) = {
+        let (mut tasks, work, registered) = {
             let mut books = self.books();
             let instance = &mut books.instances[slot];
             instance.alive = false;
             instance.router = None;
             (
                 std::mem::take(&mut instance.tasks),
+                instance.work.take(),
                 instance.registered.take(),
             )
         };
         while tasks.join_next().await.is_some() {}
+        if let Some(work) = work {
+            work.drain().await;
+        }
         if let Some(registered) = registered {
             registered.end().await;
         }
@@ -105,6 +128,10 @@ impl Sim {
             return;
         }
         instance.tasks.abort_all();
+        // The product's own tasks die with the process too.
+        if let Some(work) = instance.work.take() {
+            work.abort_all();
+        }
         instance.alive = false;
         instance.router = None;
         instance.in_flight = 0;
@@ -155,8 +182,9 @@ impl Sim {
             }
             if self.bank_dark.load(std::sync::atomic::Ordering::Relaxed) {
                 // The bank's long outage is about payouts outliving their keys; the
-                // processes sit it out (and a day of per-second crash draws costs time).
-                tokio::time::sleep(KEY_WINDOW).await;
+                // processes sit it out (a day of per-second crash draws costs time), and
+                // crash again once it is back.
+                tokio::time::sleep(Duration::from_secs(60)).await;
                 continue;
             }
             let slots = self.books().instances.len();
@@ -165,8 +193,117 @@ impl Sim {
                     self.crash(slot, true);
                 } else if self.chaos.fires(Fault::InstanceLost, "instance") {
                     self.crash(slot, false);
+                } else if self.chaos.fires(Fault::ProcessPaused, "process") {
+                    self.pause(slot);
                 }
             }
         }
+    }
+}
+
+impl Sim {
+    /// Pauses the process in `slot` for longer than its registration lasts. Its host is
+    /// frozen with it: the locks of its deliveries are no longer renewed and run out
+    /// within a lock duration, so their messages go to other instances, which find its
+    /// leases held by a process whose registration ran out.
+    pub(super) fn pause(&self, slot: usize) {
+        let mut books = self.books();
+        let instance = &books.instances[slot];
+        if !instance.alive || instance.pause.is_paused() {
+            return;
+        }
+        let how_long = self.dice.millis(35_000, 150_000);
+        let now = Instant::now();
+        instance.pause.until(now + how_long);
+        let process = instance.process;
+        trace_event!(
+            self.trace,
+            "pause slot {slot} process {process} for {} ms",
+            how_long.as_millis()
+        );
+        let held: Vec<(usize, u64)> = books
+            .queue
+            .iter()
+            .enumerate()
+            .filter_map(|(i, q)| match q.state {
+                QueueState::Locked { token, instance } if instance == slot => Some((i, token)),
+                _ => None,
+            })
+            .collect();
+        for (i, token) in held {
+            let renewed = self.dice.millis(0, LOCK.as_millis() as u64);
+            books.locks.insert((now + renewed, i, token));
+        }
+    }
+}
+
+/// A process's pause: until it ends, none of the process's calls reaches the store or
+/// the bank, and no answer reaches the process. Its timers run on, so it wakes with its
+/// clock moved on and its leases possibly taken over.
+#[derive(Debug, Default)]
+pub(super) struct Pause {
+    until: Mutex<Option<Instant>>,
+}
+
+impl Pause {
+    fn until(&self, until: Instant) {
+        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
+    }
+
+    pub(super) fn is_paused(&self) -> bool {
+        self.until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Waits out the pause, if any.
+    async fn pass(&self) {
+        loop {
+            let until = *self.until.lock().unwrap_or_else(|e| e.into_inner());
+            match until {
+                Some(until) if Instant::now() < until => tokio::time::sleep_until(until).await,
+                _ => return,
+            }
+        }
+    }
+}
+
+/// The store as one process reaches it: through its pause.
+struct PausedStore {
+    inner: DynStore,
+    pause: Arc<Pause>,
+}
+
+impl StoreDecorator for PausedStore {
+    fn inner(&self) -> &dyn Store {
+        self.inner.as_ref()
+    }
+
+    async fn around<T: Send + 'static>(
+        &self,
+        _call: StoreCall<'_>,
+        work: impl Future<Output = StoreResult<T>> + Send,
+    ) -> StoreResult<T> {
+        self.pause.pass().await;
+        let answer = work.await;
+        self.pause.pass().await;
+        answer
+    }
+}
+
+/// The bank as one process reaches it: through its pause.
+struct PausedBank {
+    inner: Arc<super::bank::SimBank>,
+    pause: Arc<Pause>,
+}
+
+#[async_trait]
+impl BankTransport for PausedBank {
+    async fn send(&self, call: BankCall<'_>) -> Result<BankAnswer, TransportFailure> {
+        self.pause.pass().await;
+        let answer = self.inner.send(call).await;
+        self.pause.pass().await;
+        answer
     }
 }

@@ -192,6 +192,7 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     let mut fired: BTreeMap<faults::Fault, u64> = BTreeMap::new();
     let mut paths: BTreeMap<&'static str, u64> = BTreeMap::new();
     let (mut processes, mut most_completed) = (0u64, 0u64);
+    let mut reconcile = run::ReconcileTally::default();
     println!(
         "dst: seeds {first}..{} ({} messages, {} HTTP intents each)",
         first + args.seeds,
@@ -216,6 +217,13 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
         }
         processes = processes.max(result.processes);
         most_completed = most_completed.max(result.most_completed_by_one_process);
+        reconcile.add(&result.reconcile);
+        if args.seeds > 1 {
+            println!(
+                "seed {seed}: reconcile pay-now while faults fire {} (calm {}); {}",
+                result.reconcile.chaos.paid_now, result.reconcile.calm.paid_now, result.reconcile
+            );
+        }
         if args.verbose {
             for line in &result.events {
                 println!("{line}");
@@ -246,6 +254,10 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     println!(
         "dst: {transient} messages dead-lettered for transient causes while faults fired (most in one seed {most}); bound {bound} (failed deliveries that met a fault / {MAX_DELIVERY_COUNT})",
         MAX_DELIVERY_COUNT = timings::MAX_DELIVERY_COUNT
+    );
+    println!(
+        "dst: reconcile pay-now decisions while faults fire {} (calm {}); reconcile {reconcile}",
+        reconcile.chaos.paid_now, reconcile.calm.paid_now
     );
     let coverage: Vec<String> = fired.iter().map(|(f, n)| format!("{f} {n}")).collect();
     println!("dst: faults fired: {}", coverage.join(", "));

@@ -1,7 +1,8 @@
 //! The run: its timeline and its result.
 //!
 //! The timeline: a chaos phase (messages, late re-sends, HTTP clients, timers, faults;
-//! the bank may go dark past its key window), then a calm one (faults off, dead instances
+//! the bank may go dark past its key window, and faults fire for a while after it is
+//! back, while reconcile settles what it left), then a calm one (faults off, dead instances
 //! back, the queue drained, the dead letters re-driven by the operator's own tool,
 //! reconcile, a second re-drive and the discards of the runbook), then a jump past the bank's key window and the inbox
 //! retention (purge, old messages sent again), and the final checks.
@@ -42,6 +43,8 @@ const CHAOS_PHASE: Duration = Duration::from_secs(75 * 60);
 const LEDGER_LIMIT: usize = i32::MAX as usize;
 /// How many times, at most, the calm phase's operator re-drives and reconciles.
 const OPERATOR_ROUNDS: usize = 6;
+/// How long faults go on firing after the bank was dark: several reconcile runs.
+const AFTER_DARK: Duration = Duration::from_secs(45 * 60);
 /// What one run did and found.
 pub struct RunResult {
     pub seed: u64,
@@ -61,6 +64,8 @@ pub struct RunResult {
     pub payouts: usize,
     /// Transient dead letters of the chaos phase and their bound.
     pub transient: super::invariants::TransientBound,
+    /// What the `Reconcile` runs settled, while faults fired and after.
+    pub reconcile: ReconcileTally,
     /// Every event, when the run kept them.
     pub events: Vec<String>,
     /// The store calls by the adapter path they took, and the SDK's transport faults met.
@@ -80,7 +85,7 @@ impl RunResult {
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         format!(
-            "seed {}: ok; trace {}; {} instance(s); {} deliveries ({} met another attempt on their claim), {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven; {} for transient causes while faults fired, bound {}); {:.1} virtual hours; faults: {}; outcomes: {}",
+            "seed {}: ok; trace {}; {} instance(s); {} deliveries ({} met another attempt on their claim), {} HTTP requests, {} payouts, {} dead-lettered ({} re-driven; {} for transient causes while faults fired, bound {}); {:.1} virtual hours; reconcile: {}; faults: {}; outcomes: {}",
             self.seed,
             self.trace_hash,
             self.instances,
@@ -93,6 +98,7 @@ impl RunResult {
             self.transient.dead_letters,
             self.transient.bound(),
             self.virtual_time.as_secs_f64() / 3600.0,
+            self.reconcile,
             self.plan,
             outcomes.join(", ")
         )
@@ -180,6 +186,8 @@ impl Sim {
                 router: None,
                 registered: None,
                 tasks: JoinSet::new(),
+                work: None,
+                pause: Default::default(),
                 in_flight: 0,
                 alive: false,
                 starting: false,
@@ -207,6 +215,9 @@ impl Sim {
         let _ = clients.await;
         if let Some(dark) = dark {
             let _ = dark.await;
+            // Faults go on firing once the bank is back, so reconcile runs on what the
+            // dark bank left unsettled while processes crash and answers are lost.
+            tokio::time::sleep(AFTER_DARK).await;
         }
         self.chaos.calm();
         if let Some(cosmos) = &self.opened.cosmos {
@@ -358,27 +369,75 @@ impl Sim {
         }
     }
 
-    /// One timer invocation (`Reconcile`, `Purge`) on the first live instance.
-    pub(super) async fn timer(&self, function: &str) {
-        let router = {
-            let books = self.books();
-            books
-                .instances
-                .iter()
-                .find(|i| i.alive)
-                .and_then(|i| i.router.clone())
-        };
-        let Some(router) = router else { return };
+    /// One timer invocation (`Reconcile`, `Purge`) on the first live instance, as one of
+    /// its tasks: a crash of the process ends the run where it waits, and a function
+    /// timeout (a fault) restarts the handler, failing everything in flight with it.
+    pub(super) async fn timer(self: &Arc<Self>, function: &str) {
         let request = Request::post(format!("/{function}"))
             .header("content-type", "application/json")
             .body(Body::from(
                 r#"{"Data":{"timer":{"IsPastDue":false}},"Metadata":{}}"#,
             ))
             .expect("a request");
-        let answered = tokio::time::timeout(FUNCTION_TIMEOUT, router.oneshot(request)).await;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let slot = {
+            let mut books = self.books();
+            let Some(slot) = books.instances.iter().position(|i| i.alive) else {
+                return;
+            };
+            let Some(router) = books.instances[slot].router.clone() else {
+                return;
+            };
+            books.instances[slot].tasks.spawn(async move {
+                let answered = async {
+                    let response = router.oneshot(request).await.ok()?;
+                    let status = response.status().as_u16();
+                    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                        .await
+                        .ok()?;
+                    Some((status, body.to_vec()))
+                }
+                .await;
+                let _ = tx.send(answered);
+            });
+            slot
+        };
+        let chaos = self.chaos.is_on();
+        let timeout = if self.chaos.fires(Fault::FunctionTimeout, function) {
+            // Anywhere in the run: before, during or after its bank calls.
+            self.dice.millis(50, 60_000)
+        } else {
+            FUNCTION_TIMEOUT
+        };
+        if function == "Reconcile" && self.chaos.fires(Fault::ReconcileCrash, function) {
+            // Somewhere among the run's lookups, payouts and writes.
+            let (sim, at) = (self.clone(), self.dice.millis(5, 5_000));
+            tokio::spawn(async move {
+                tokio::time::sleep(at).await;
+                sim.crash(slot, true);
+            });
+        }
+        let answered = tokio::time::timeout(timeout, rx).await;
         let status = match answered {
-            Ok(Ok(response)) => response.status().as_u16().to_string(),
-            _ => "timeout".into(),
+            Ok(Ok(Some((status, body)))) => {
+                if function == "Reconcile" {
+                    self.books()
+                        .reconcile
+                        .count(chaos, &String::from_utf8_lossy(&body));
+                }
+                status.to_string()
+            }
+            Ok(_) => {
+                // The process died under the run.
+                self.books().reconcile.cut(chaos);
+                "crashed".into()
+            }
+            Err(_) => {
+                self.books().reconcile.cut(chaos);
+                trace_event!(self.trace, "function timeout {function} slot {slot}");
+                self.crash(slot, true);
+                "timeout".into()
+            }
         };
         trace_event!(self.trace, "timer {function} {status}");
     }
@@ -506,6 +565,7 @@ impl Sim {
             redriven: books.redriven,
             payouts: self.bank.payouts().len(),
             transient: books.transient,
+            reconcile: books.reconcile,
             events: if self.options.keep_trace {
                 self.trace.lines_with("")
             } else {
@@ -536,5 +596,89 @@ pub(super) fn scenario_settings(messages: usize, seed: u64) -> ScenarioSettings 
         allow_non_utf8: true,
         race_window: 16,
         seed,
+    }
+}
+
+/// What the `Reconcile` timer runs of one run settled, while faults fired (`chaos`) and
+/// after, from the summaries they answered; and the runs a crash or a function timeout
+/// cut before they answered.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReconcileTally {
+    pub chaos: Settled,
+    pub calm: Settled,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Settled {
+    pub runs: u64,
+    pub cut: u64,
+    pub paid_now: u64,
+    pub paid_by_lookup: u64,
+    pub rejected: u64,
+    pub still_unknown: u64,
+}
+
+impl ReconcileTally {
+    fn phase(&mut self, chaos: bool) -> &mut Settled {
+        if chaos {
+            &mut self.chaos
+        } else {
+            &mut self.calm
+        }
+    }
+
+    /// A run's answer: its summary's counts.
+    pub(super) fn count(&mut self, chaos: bool, answer: &str) {
+        let n = |label: &str| {
+            answer
+                .split(label)
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|d| d.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let phase = self.phase(chaos);
+        phase.runs += 1;
+        phase.paid_now += n("paid now ");
+        phase.paid_by_lookup += n("paid by lookup ");
+        phase.rejected += n("rejected ");
+        phase.still_unknown += n("still unknown ");
+    }
+
+    /// A run cut before it answered.
+    pub(super) fn cut(&mut self, chaos: bool) {
+        let phase = self.phase(chaos);
+        phase.runs += 1;
+        phase.cut += 1;
+    }
+
+    pub fn add(&mut self, other: &ReconcileTally) {
+        for (mine, theirs) in [
+            (&mut self.chaos, &other.chaos),
+            (&mut self.calm, &other.calm),
+        ] {
+            mine.runs += theirs.runs;
+            mine.cut += theirs.cut;
+            mine.paid_now += theirs.paid_now;
+            mine.paid_by_lookup += theirs.paid_by_lookup;
+            mine.rejected += theirs.rejected;
+            mine.still_unknown += theirs.still_unknown;
+        }
+    }
+}
+
+impl std::fmt::Display for Settled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} runs ({} cut by a crash or timeout), pay-now {}, paid by lookup {}, rejected {}, still unknown {}",
+            self.runs, self.cut, self.paid_now, self.paid_by_lookup, self.rejected, self.still_unknown
+        )
+    }
+}
+
+impl std::fmt::Display for ReconcileTally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "while faults fire {}; calm {}", self.chaos, self.calm)
     }
 }

@@ -12,6 +12,7 @@ use axum::Router;
 use claims_payments::seams::ambient::{Ambient, Boot};
 use claims_payments::seams::bank::BankSettings;
 use claims_payments::seams::consumer::Policy;
+use claims_payments::seams::services::Work;
 use claims_payments::seams::store::DynStore;
 use claims_payments::seams::Registered;
 use tokio::sync::Notify;
@@ -90,6 +91,8 @@ pub(super) struct Books {
     pub(super) completed_by_process: BTreeMap<u64, u64>,
     /// Transient dead letters of the chaos phase, and the faulted deliveries that bound them.
     pub(super) transient: super::invariants::TransientBound,
+    /// What the `Reconcile` runs settled.
+    pub(super) reconcile: super::run::ReconcileTally,
 }
 
 pub(super) struct Instance {
@@ -98,6 +101,10 @@ pub(super) struct Instance {
     pub(super) router: Option<Router>,
     pub(super) registered: Option<Registered>,
     pub(super) tasks: JoinSet<()>,
+    /// The tasks the product runs its requests' work on (they die with the process).
+    pub(super) work: Option<Work>,
+    /// Until when the process is paused (see `instances`).
+    pub(super) pause: Arc<super::instances::Pause>,
     pub(super) in_flight: usize,
     pub(super) alive: bool,
     /// A start is under way (it waits for its registration): no second one.

@@ -135,15 +135,23 @@ pub(crate) async fn invoke(
     // leave no outcome, no log line, no count and a root span without an outcome that
     // the sampling would take for a success. The task finishes and records all of it;
     // the redelivery then finds the stored outcome.
-    let work = tokio::spawn(
-        handle(state, invocation_id.clone(), invocation, span.clone()).instrument(span),
+    // The task is the process's (`Services::work`): it ends with the process.
+    let work = state.services.work.run(
+        handle(
+            state.clone(),
+            invocation_id.clone(),
+            invocation,
+            span.clone(),
+        )
+        .instrument(span),
     );
     match work.await {
-        Ok(response) => response,
-        Err(e) => {
-            // A panic in the consumer: the lease runs out and a redelivery takes over.
+        Some(response) => response,
+        None => {
+            // A panic in the consumer, or the process is ending: the lease runs out and
+            // a redelivery takes over.
             telemetry::counters().retry_later.inc();
-            tracing::error!(invocationId = %invocation_id, error = %e, trigger = "servicebus", outcome = "retry-later", "the invocation task failed");
+            tracing::error!(invocationId = %invocation_id, trigger = "servicebus", outcome = "retry-later", "the invocation task ended without an answer");
             invocation_answer(
                 StatusCode::SERVICE_UNAVAILABLE,
                 OutcomeSummary {

@@ -37,8 +37,9 @@
 //! built without reading it again: a new key costs three store round trips in ledger-only
 //! mode (key record, claim, stored answer) and four with a payout (plus the finalize).
 //!
-//! Steps 1 to 3 run on a task of their own, which the request awaits: a client that
-//! disconnects drops only the wait, never the payment half-way.
+//! Steps 1 to 3 run on a task of the process ([`Work`]), which the request awaits: a
+//! client that disconnects drops only the wait, never the payment half-way; the task
+//! ends only with the process.
 //!
 //! A crash between any two steps leaves the key record in progress under a lease that
 //! runs out: the client's retry takes it over and step 2 resumes where the consumer's
@@ -62,7 +63,7 @@ use crate::consumer::{Consumer, Delivery, Outcome};
 use crate::domain::{ClaimApproved, ClaimId, InvalidMessage, OutcomeKind, Purpose};
 use crate::lease::liveness::Owners;
 use crate::lease::{Lease, Terms};
-use crate::services::Services;
+use crate::services::{Services, Work};
 use crate::store::{DynStore, StoreError};
 
 mod answer;
@@ -96,6 +97,8 @@ pub struct PaymentsApi {
     pays_out: bool,
     auth: CallerAuth,
     retention: Duration,
+    /// The process's tasks, where the work of a request runs.
+    work: Work,
 }
 
 fn invalid_key(invalid: InvalidKey) -> Answer {
@@ -123,6 +126,7 @@ impl PaymentsApi {
             pays_out: services.pays_out(),
             auth,
             retention,
+            work: services.work.clone(),
         }
     }
 
@@ -185,14 +189,18 @@ impl PaymentsApi {
         // future is dropped) must not cut a payment between the bank's answer and the
         // stored one, or the key would stay in progress until its lease runs out. The
         // task finishes and stores the answer for the retry.
+        // The task is the process's ([`Work`]): it ends with the process, as any work
+        // of a process that dies does.
         let api = self.clone();
-        let work = tokio::spawn(async move { api.pay(caller, scope, msg, identity).await });
+        let work = self
+            .work
+            .run(async move { api.pay(caller, scope, msg, identity).await });
         match work.await {
-            Ok(answer) => answer,
-            Err(e) => {
-                // A panic in the engine: the key record keeps its lease, and the retry
-                // takes it over once it runs out.
-                tracing::error!(error = %e, trigger = "http", "the payment task failed");
+            Some(answer) => answer,
+            None => {
+                // A panic in the engine, or the process is ending: the key record keeps
+                // its lease, and the retry takes it over once it runs out.
+                tracing::error!(trigger = "http", "the payment task ended without an answer");
                 Problem::InternalError.answer("retry later with the same Idempotency-Key")
             }
         }
@@ -379,5 +387,106 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+}
+
+/// The work of a request and the process that runs it.
+#[cfg(test)]
+mod work_tests {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::sync::{Notify, Semaphore};
+
+    use super::*;
+    use crate::store::{Store, StoreCall, StoreDecorator, StoreResult};
+
+    /// A store whose claims wait at a gate, and that tells when one is waiting and
+    /// whether a waiting claim was dropped where it waited.
+    struct Gated {
+        inner: DynStore,
+        gate: Semaphore,
+        waiting: Notify,
+        dropped: AtomicBool,
+    }
+
+    /// Marks the claim dropped unless it got through the gate.
+    struct Waiting<'a>(&'a AtomicBool, bool);
+
+    impl Drop for Waiting<'_> {
+        fn drop(&mut self) {
+            if !self.1 {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    impl StoreDecorator for Gated {
+        fn inner(&self) -> &dyn Store {
+            self.inner.as_ref()
+        }
+
+        async fn around<T: Send + 'static>(
+            &self,
+            call: StoreCall<'_>,
+            work: impl Future<Output = StoreResult<T>> + Send,
+        ) -> StoreResult<T> {
+            if matches!(call, StoreCall::Claim { .. }) {
+                let mut waiting = Waiting(&self.dropped, false);
+                self.waiting.notify_one();
+                let _permit = self.gate.acquire().await;
+                waiting.1 = true;
+            }
+            work.await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_payment_s_work_ends_with_the_process_that_started_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = crate::store::sqlite::SqliteStore::open(dir.path().join("p.db")).unwrap();
+        let gated = Arc::new(Gated {
+            inner: sqlite,
+            gate: Semaphore::new(0),
+            waiting: Notify::new(),
+            dropped: AtomicBool::new(false),
+        });
+        let policy = crate::consumer::Policy {
+            consumer_name: "ClaimApprovedHandler".into(),
+            inbox_retention: Duration::from_secs(86_400),
+            lease: Duration::from_secs(90),
+            inflight_wait: Duration::from_secs(15),
+            retry_budget: Duration::from_secs(60),
+            bank_key_window: Duration::from_secs(86_400),
+        };
+        let services = Services::new(
+            gated.clone(),
+            None,
+            policy,
+            crate::ambient::Ambient::system(),
+        );
+        let api = PaymentsApi::new(
+            services.consumer(),
+            &services,
+            CallerAuth::FunctionKey,
+            Duration::from_secs(86_400),
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert("idempotency-key", "intent-1".parse().unwrap());
+        let body = r#"{"claimId":"c0ffee00-0000-4000-8000-000000000001","amount":"12.50","currency":"EUR"}"#;
+        let request = tokio::spawn(async move { api.post(&headers, body.as_bytes()).await });
+        gated.waiting.notified().await;
+        // The client goes away: its request ends, the payment's work goes on.
+        request.abort();
+        let _ = request.await;
+        assert!(!gated.dropped.load(Ordering::SeqCst));
+        // The process ends: so does every task it started, where it waits.
+        services.work().abort_all();
+        services.work().drain().await;
+        assert!(
+            gated.dropped.load(Ordering::SeqCst),
+            "the payment's work outlived the process that started it"
+        );
+        assert_eq!(services.work().running(), 0);
     }
 }

@@ -90,7 +90,7 @@ pub mod servicebus {
 
 /// What one process's parts share, built once.
 pub mod services {
-    pub use crate::services::Services;
+    pub use crate::services::{Services, Work};
 }
 
 /// The composition root.
