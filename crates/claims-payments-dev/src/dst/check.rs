@@ -113,6 +113,10 @@ pub struct Ended {
     pub body: Vec<u8>,
     /// Why its deliveries failed (transient causes).
     pub failures: Vec<super::invariants::Cause>,
+    /// The operator removed a dead letter of its MessageId (re-drove or discarded it): a
+    /// later copy under that MessageId is answered by what the tool recorded (a discard
+    /// completes a re-send as a duplicate), whatever its payload.
+    pub operator_removed: bool,
 }
 
 fn same_amount(a: &str, b: &str) -> bool {

@@ -169,7 +169,11 @@ pub fn paid_as_first_accepted(end: &EndState<'_>) -> Vec<Violation> {
             }
         }
     }
-    for m in end.queue.iter().filter(|m| m.completed) {
+    for m in end
+        .queue
+        .iter()
+        .filter(|m| m.completed && !m.operator_removed)
+    {
         let Some(msg) = parse(&m.body) else { continue };
         let claim = msg.claim_id.to_string();
         if let Some(p) = ledger.get(&claim) {
@@ -332,7 +336,7 @@ pub fn dead_letters_follow_their_kind(end: &EndState<'_>) -> Vec<Violation> {
             m.kind
         };
         let expected = expected_dead_letter(kind, other_payload);
-        if m.completed && expected == Expected::Conflict {
+        if m.completed && !m.operator_removed && expected == Expected::Conflict {
             let differs = parsed.as_ref().is_some_and(|msg| {
                 ledger
                     .get(&msg.claim_id.to_string())
@@ -553,6 +557,8 @@ pub enum Cause {
     HostCut,
     /// The lock ran out while the invocation worked.
     LockLost,
+    /// The instance's clock was too far from the bank's to start a payout (a clock fault).
+    Clock,
     /// A permanent answer (conflict, invalid): not a transient failure, and its message is
     /// no transient dead letter.
     Permanent,
@@ -566,6 +572,7 @@ const STORE_FAULT_TEXTS: &[&str] = &[
     "the server is read-only (failover)",
     "throttled (429)",
     "the write may have committed",
+    "the write may still commit",
     "read timed out",
 ];
 
@@ -586,6 +593,8 @@ impl Cause {
                     Cause::OtherAttempt
                 } else if detail.contains("bank unavailable after") {
                     Cause::Bank
+                } else if detail.contains("no payout starts on it") {
+                    Cause::Clock
                 } else {
                     Cause::Unexplained
                 }
@@ -652,6 +661,7 @@ mod tests {
 
     fn message(id: &str, kind: CopyKind, body: &str, completed: bool, last: &str) -> Ended {
         Ended {
+            operator_removed: false,
             message_id: id.into(),
             claim: Some(CLAIM.into()),
             completed,
@@ -785,6 +795,7 @@ mod tests {
         let bad = [
             // An invalid body must be invalid-message.
             Ended {
+                operator_removed: false,
                 claim: None,
                 ..message("m-9", CopyKind::Invalid, "not json", false, "retry-later")
             },
@@ -813,6 +824,7 @@ mod tests {
         );
         let good = [
             Ended {
+                operator_removed: false,
                 claim: None,
                 ..message(
                     "m-9",

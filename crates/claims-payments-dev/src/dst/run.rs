@@ -485,6 +485,12 @@ impl Sim {
                 )
             })
             .collect();
+        let operator_removed: std::collections::BTreeSet<String> = books
+            .queue
+            .iter()
+            .filter(|q| q.redriven)
+            .map(|q| q.message_id.clone())
+            .collect();
         // Not held across the store's listing below.
         drop(books);
         // What the store holds, read through the store's own listing (any store).
@@ -527,6 +533,7 @@ impl Sim {
                 .into_iter()
                 .map(
                     |(id, claim, state, last, calm, kind, body, failures)| check::Ended {
+                        operator_removed: operator_removed.contains(&id),
                         message_id: id,
                         claim,
                         completed: state == QueueState::Completed,

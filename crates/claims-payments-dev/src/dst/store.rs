@@ -409,6 +409,30 @@ impl FaultyStore {
 struct History {
     inbox: Keyed<InboxKey, InboxRecord>,
     payments: Keyed<(ClaimId, Purpose), PaymentRecord>,
+    /// Per session, the latest write it has seen the effect of (its own, or one it read):
+    /// Session consistency is a consistent prefix, so no read of that session is answered
+    /// from a state before it (an inbox record read fresh, then its batch's payment read
+    /// stale, would show half a transactional batch).
+    horizons: Horizons,
+}
+
+#[derive(Default)]
+struct Horizons(HashMap<u64, Instant>);
+
+impl Horizons {
+    fn saw(&mut self, session: u64, write: Option<Instant>) {
+        if let Some(at) = write {
+            let seen = self.0.entry(session).or_insert(at);
+            if *seen < at {
+                *seen = at;
+            }
+        }
+    }
+
+    /// Whether `session` may still be answered from a state before the write at `at`.
+    fn before(&self, session: u64, at: Instant) -> bool {
+        self.0.get(&session).is_none_or(|seen| *seen < at)
+    }
 }
 
 struct Keyed<K, T> {
@@ -463,23 +487,32 @@ impl<K: Eq + Hash + Clone, T: Clone> Keyed<K, T> {
     }
 
     /// A fresh answer read by `session`.
-    fn read(&mut self, key: &K, answer: &Option<Versioned<T>>, session: u64) {
+    fn read(
+        &mut self,
+        key: &K,
+        answer: &Option<Versioned<T>>,
+        session: u64,
+        horizons: &mut Horizons,
+    ) {
         let now = Instant::now();
         let entry = self.entry(key, now);
         entry.read = Some((now, answer.clone()));
         entry.saw(session);
+        horizons.saw(session, entry.last_write);
     }
 
     /// `session` saw the record as it is now (a write refused with the record's state).
-    fn saw(&mut self, key: &K, session: u64) {
+    fn saw(&mut self, key: &K, session: u64, horizons: &mut Horizons) {
         if let Some(entry) = self.entries.get_mut(key) {
             entry.saw(session);
+            horizons.saw(session, entry.last_write);
         }
     }
 
     /// A write by `session`; `created`: the record did not exist before it.
-    fn written(&mut self, key: &K, session: u64, created: bool) {
+    fn written(&mut self, key: &K, session: u64, created: bool, horizons: &mut Horizons) {
         let now = Instant::now();
+        horizons.saw(session, Some(now));
         let entry = self.entry(key, now);
         let prior = if created {
             Some(None)
@@ -498,10 +531,11 @@ impl<K: Eq + Hash + Clone, T: Clone> Keyed<K, T> {
         entry.seen.push(session);
     }
 
-    fn stale(&self, key: &K, session: u64) -> Option<Option<Versioned<T>>> {
+    fn stale(&self, key: &K, session: u64, horizons: &Horizons) -> Option<Option<Versioned<T>>> {
         let entry = self.entries.get(key)?;
         let (prior, at) = entry.before.as_ref()?;
         (!entry.seen.contains(&session)
+            && horizons.before(session, *at)
             && Instant::now().saturating_duration_since(*at) <= STALE_BOUND)
             .then(|| prior.clone())
     }
@@ -519,9 +553,14 @@ impl History {
     /// A stale answer to the point read `call` by `session`, if one is allowed now.
     fn stale<T: 'static>(&self, call: &StoreCall<'_>, session: u64) -> Option<StoreResult<T>> {
         let answer: Box<dyn Any> = match call {
-            StoreCall::Inbox(key) => Box::new(Ok::<_, StoreError>(self.inbox.stale(key, session)?)),
+            StoreCall::Inbox(key) => Box::new(Ok::<_, StoreError>(self.inbox.stale(
+                key,
+                session,
+                &self.horizons,
+            )?)),
             StoreCall::Payment { claim, purpose } => Box::new(Ok::<_, StoreError>(
-                self.payments.stale(&(*claim, *purpose), session)?,
+                self.payments
+                    .stale(&(*claim, *purpose), session, &self.horizons)?,
             )),
             _ => return None,
         };
@@ -536,26 +575,31 @@ impl History {
                 if let Some(Ok(answer)) =
                     any.downcast_ref::<StoreResult<Option<Versioned<InboxRecord>>>>()
                 {
-                    self.inbox.read(key, answer, session);
+                    self.inbox.read(key, answer, session, &mut self.horizons);
                 }
             }
             StoreCall::Payment { claim, purpose } => {
                 if let Some(Ok(answer)) =
                     any.downcast_ref::<StoreResult<Option<Versioned<PaymentRecord>>>>()
                 {
-                    self.payments.read(&(*claim, *purpose), answer, session);
+                    self.payments
+                        .read(&(*claim, *purpose), answer, session, &mut self.horizons);
                 }
             }
             StoreCall::Claim { inbox, payment } => {
                 let payment_key = (payment.claim_id, payment.purpose);
                 match any.downcast_ref::<StoreResult<ClaimResult>>() {
                     Some(Ok(ClaimResult::Claimed { .. })) => {
-                        self.inbox.written(&inbox.key(), session, true);
-                        self.payments.written(&payment_key, session, true);
+                        self.inbox
+                            .written(&inbox.key(), session, true, &mut self.horizons);
+                        self.payments
+                            .written(&payment_key, session, true, &mut self.horizons);
                     }
-                    Some(Ok(ClaimResult::InboxExists(_))) => self.inbox.saw(&inbox.key(), session),
+                    Some(Ok(ClaimResult::InboxExists(_))) => {
+                        self.inbox.saw(&inbox.key(), session, &mut self.horizons)
+                    }
                     Some(Ok(ClaimResult::PaymentExists(_))) => {
-                        self.payments.saw(&payment_key, session)
+                        self.payments.saw(&payment_key, session, &mut self.horizons)
                     }
                     _ => {}
                 }
@@ -563,21 +607,28 @@ impl History {
             StoreCall::RecordHandled(inbox) => {
                 match any.downcast_ref::<StoreResult<InsertResult>>() {
                     Some(Ok(InsertResult::Inserted(_))) => {
-                        self.inbox.written(&inbox.key(), session, true)
+                        self.inbox
+                            .written(&inbox.key(), session, true, &mut self.horizons)
                     }
                     Some(Ok(InsertResult::AlreadyExists(_))) => {
-                        self.inbox.saw(&inbox.key(), session)
+                        self.inbox.saw(&inbox.key(), session, &mut self.horizons)
                     }
                     _ => {}
                 }
             }
             StoreCall::ReplaceInbox { inbox, .. } if result.is_ok() => {
-                self.inbox.written(&inbox.key(), session, false);
+                self.inbox
+                    .written(&inbox.key(), session, false, &mut self.horizons);
             }
             StoreCall::Finalize(w) if result.is_ok() => {
-                self.inbox.written(&w.inbox.key(), session, false);
-                self.payments
-                    .written(&(w.payment.claim_id, w.payment.purpose), session, false);
+                self.inbox
+                    .written(&w.inbox.key(), session, false, &mut self.horizons);
+                self.payments.written(
+                    &(w.payment.claim_id, w.payment.purpose),
+                    session,
+                    false,
+                    &mut self.horizons,
+                );
             }
             StoreCall::PurgeExpired { .. } if result.is_ok() => {
                 // What a purge removed is not known here: no inbox record's prior state
