@@ -311,6 +311,7 @@ pub async fn dead_letters_command(
             limit: list.limit.max(1),
             retention: settings.inbox_retention,
             payouts_enabled: settings.bank.is_some(),
+            ambient: crate::ambient::Ambient::system(),
         })
     };
     let code = |summary: &dead_letters::Summary| {

@@ -73,6 +73,7 @@ fn options() -> Options {
         limit: 100,
         retention: RETENTION,
         payouts_enabled: false,
+        ambient: claims_payments::seams::ambient::Ambient::system(),
     }
 }
 

@@ -41,6 +41,8 @@ const CHAOS_PHASE: Duration = Duration::from_secs(75 * 60);
 /// The most payments the end checks list: every payment of a run, and within what each
 /// store's listing takes (Cosmos DB's `TOP` is a 32-bit integer).
 const LEDGER_LIMIT: usize = i32::MAX as usize;
+/// The operator's tool as a process number (its boot), apart from every instance's.
+const OPERATOR_PROCESS: u64 = 1_000_000;
 /// How many times, at most, the calm phase's operator re-drives and reconciles.
 const OPERATOR_ROUNDS: usize = 6;
 /// How long faults go on firing after the bank was dark: several reconcile runs.
@@ -296,6 +298,14 @@ impl Sim {
             limit: 10_000,
             retention: RETENTION,
             payouts_enabled: true,
+            // The operator's machine keeps true time: its records replay with the seed.
+            ambient: super::world::ambient(
+                self.start,
+                OPERATOR_PROCESS,
+                super::world::ClockProfile::default(),
+                &self.chaos,
+                &self.dice,
+            ),
         };
         let all = dead_letters::Selection {
             all: true,

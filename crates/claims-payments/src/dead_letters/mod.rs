@@ -71,6 +71,8 @@ pub struct Options {
     pub retention: Duration,
     /// Whether the consumer pays out (BANK_API_URL set): its acceptance rules depend on it.
     pub payouts_enabled: bool,
+    /// The clock the re-drive and discard records are stamped with.
+    pub ambient: crate::ambient::Ambient,
 }
 
 /// Which dead letters `resubmit` sends.
@@ -534,7 +536,7 @@ async fn send_then_delete(walk: &mut Walk<'_>, e: &Examined, principal: &str) ->
         walk.keep(e);
         return Handled::Open("not sent: the broker's answer for it does not read".into());
     };
-    let Some(copy) = copy_of(letter, &e.line, principal, OffsetDateTime::now_utc()) else {
+    let Some(copy) = copy_of(letter, &e.line, principal, walk.options.ambient.now()) else {
         walk.keep(e);
         return Handled::Open("not sent: no usable MessageId".into());
     };
@@ -763,7 +765,7 @@ async fn discard_one(
         walk.keep(e);
         return "not discarded: the broker's answer for it does not read; nothing was recorded or removed".into();
     };
-    let recorded = match record_discard(walk.store.as_ref(), options, e, OffsetDateTime::now_utc())
+    let recorded = match record_discard(walk.store.as_ref(), options, e, options.ambient.now())
         .await
     {
         Ok(recorded) => recorded,
