@@ -453,10 +453,12 @@ impl Sim {
     }
 
     pub(super) async fn final_checks(&self) {
-        let books = self.books();
-        let transient = books.transient;
-        if !transient.holds() {
-            self.checks.fail(Violation::new(
+        // The books' lock is not held across the store's listing below.
+        let (queue, operator_removed) = {
+            let books = self.books();
+            let transient = books.transient;
+            if !transient.holds() {
+                self.checks.fail(Violation::new(
                 "transient-dead-letters-bounded",
                 None,
                 format!(
@@ -466,43 +468,43 @@ impl Sim {
                     transient.bound()
                 ),
             ));
-        }
-        #[allow(clippy::type_complexity)]
-        let queue: Vec<(
-            String,
-            Option<String>,
-            QueueState,
-            String,
-            bool,
-            CopyKind,
-            Vec<u8>,
-            Vec<super::invariants::Cause>,
-        )> = books
-            .queue
-            .iter()
-            // A re-driven dead letter lives on as its copy, judged on its own.
-            .filter(|q| !q.redriven || q.dead_lettered_calm)
-            .map(|q| {
-                (
-                    q.message_id.clone(),
-                    q.claim.clone(),
-                    q.state,
-                    q.last_outcome.clone(),
-                    q.dead_lettered_calm,
-                    q.kind,
-                    q.body.clone(),
-                    q.failures.clone(),
-                )
-            })
-            .collect();
-        let operator_removed: std::collections::BTreeSet<String> = books
-            .queue
-            .iter()
-            .filter(|q| q.redriven)
-            .map(|q| q.message_id.clone())
-            .collect();
-        // Not held across the store's listing below.
-        drop(books);
+            }
+            #[allow(clippy::type_complexity)]
+            let queue: Vec<(
+                String,
+                Option<String>,
+                QueueState,
+                String,
+                bool,
+                CopyKind,
+                Vec<u8>,
+                Vec<super::invariants::Cause>,
+            )> = books
+                .queue
+                .iter()
+                // A re-driven dead letter lives on as its copy, judged on its own.
+                .filter(|q| !q.redriven || q.dead_lettered_calm)
+                .map(|q| {
+                    (
+                        q.message_id.clone(),
+                        q.claim.clone(),
+                        q.state,
+                        q.last_outcome.clone(),
+                        q.dead_lettered_calm,
+                        q.kind,
+                        q.body.clone(),
+                        q.failures.clone(),
+                    )
+                })
+                .collect();
+            let operator_removed: std::collections::BTreeSet<String> = books
+                .queue
+                .iter()
+                .filter(|q| q.redriven)
+                .map(|q| q.message_id.clone())
+                .collect();
+            (queue, operator_removed)
+        };
         // What the store holds, read through the store's own listing (any store).
         let ledger = match self.opened.check.list_payments(LEDGER_LIMIT).await {
             Ok(rows) => rows
