@@ -13,24 +13,8 @@ use claims_payments::seams::store::{PaymentRecord, PaymentStatus};
 use rust_decimal::Decimal;
 
 use super::bank::SimBank;
+pub use super::invariants::{Ended, Violation};
 use crate::sim::scenario::{CopyKind, Plan};
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Violation {
-    pub invariant: &'static str,
-    pub claim: Option<String>,
-    pub detail: String,
-}
-
-impl Violation {
-    pub fn new(invariant: &'static str, claim: Option<&str>, detail: String) -> Self {
-        Violation {
-            invariant,
-            claim: claim.map(str::to_owned),
-            detail,
-        }
-    }
-}
 
 #[derive(Default)]
 pub struct Checks {
@@ -99,24 +83,6 @@ impl Checks {
             Some(_) => {}
         }
     }
-}
-
-/// A message as the run left it.
-pub struct Ended {
-    pub message_id: String,
-    pub claim: Option<String>,
-    pub completed: bool,
-    pub dead_lettered: bool,
-    pub last_outcome: String,
-    pub dead_lettered_calm: bool,
-    pub kind: CopyKind,
-    pub body: Vec<u8>,
-    /// Why its deliveries failed (transient causes).
-    pub failures: Vec<super::invariants::Cause>,
-    /// The operator removed a dead letter of its MessageId (re-drove or discarded it): a
-    /// later copy under that MessageId is answered by what the tool recorded (a discard
-    /// completes a re-send as a duplicate), whatever its payload.
-    pub operator_removed: bool,
 }
 
 fn same_amount(a: &str, b: &str) -> bool {

@@ -8,7 +8,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::Request;
 use tokio::task::{AbortHandle, JoinSet};
-use tower::ServiceExt;
 
 use super::check::Violation;
 use super::faults::Fault;
@@ -243,15 +242,7 @@ impl Sim {
             let (flights, claim) = (self.flights.clone(), claim.to_owned());
             books.instances[slot].tasks.spawn(async move {
                 let _flight = Flights::begin(&flights, &claim, false);
-                let answered = async {
-                    let response = router.oneshot(request).await.ok()?;
-                    let status = response.status().as_u16();
-                    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-                        .await
-                        .ok()?;
-                    Some((status, body.to_vec()))
-                }
-                .await;
+                let answered = call(router, request).await;
                 let _ = tx.send(answered);
             })
         };

@@ -7,7 +7,7 @@
 //! as `serve` does on its port.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -22,10 +22,10 @@ use claims_payments::seams::store::{DynStore, Store, StoreCall, StoreDecorator, 
 use claims_payments::seams::{self, Registered};
 use tokio::time::Instant;
 
+use super::clocks;
 use super::faults::Fault;
 use super::state::*;
 use super::timings::*;
-use super::world::{self};
 use crate::trace_event;
 
 impl Sim {
@@ -44,9 +44,9 @@ impl Sim {
             books.processes += 1;
             (books.processes, crashed)
         };
-        let clock = world::ClockProfile::draw(&self.chaos, &self.dice, self.elapsed(), process);
+        let clock = clocks::ClockProfile::draw(&self.chaos, &self.dice, self.elapsed(), process);
         let skew = clock.describe();
-        let ambient = world::ambient(self.start, process, clock, &self.chaos, &self.dice);
+        let ambient = clocks::ambient(self.start, process, clock, &self.chaos, &self.dice);
         if let Some(boot) = crashed {
             let _ = seams::end_registration_of(self.store.as_ref(), boot, ambient.now()).await;
         }
@@ -147,15 +147,7 @@ impl Sim {
             "crash slot {slot} process {process} host_alive {host_alive}"
         );
         if host_alive {
-            let held: Vec<(usize, u64)> = books
-                .queue
-                .iter()
-                .enumerate()
-                .filter_map(|(i, q)| match q.state {
-                    QueueState::Locked { token, instance } if instance == slot => Some((i, token)),
-                    _ => None,
-                })
-                .collect();
+            let held = locked_on(&books, slot);
             for (i, token) in held {
                 self.release(&mut books, i, token, "handler-crashed");
             }
@@ -221,50 +213,10 @@ impl Sim {
             "pause slot {slot} process {process} for {} ms",
             how_long.as_millis()
         );
-        let held: Vec<(usize, u64)> = books
-            .queue
-            .iter()
-            .enumerate()
-            .filter_map(|(i, q)| match q.state {
-                QueueState::Locked { token, instance } if instance == slot => Some((i, token)),
-                _ => None,
-            })
-            .collect();
+        let held = locked_on(&books, slot);
         for (i, token) in held {
             let renewed = self.dice.millis(0, LOCK.as_millis() as u64);
             books.locks.insert((now + renewed, i, token));
-        }
-    }
-}
-
-/// A process's pause: until it ends, none of the process's calls reaches the store or
-/// the bank, and no answer reaches the process. Its timers run on, so it wakes with its
-/// clock moved on and its leases possibly taken over.
-#[derive(Debug, Default)]
-pub(super) struct Pause {
-    until: Mutex<Option<Instant>>,
-}
-
-impl Pause {
-    fn until(&self, until: Instant) {
-        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
-    }
-
-    pub(super) fn is_paused(&self) -> bool {
-        self.until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some_and(|until| Instant::now() < until)
-    }
-
-    /// Waits out the pause, if any.
-    async fn pass(&self) {
-        loop {
-            let until = *self.until.lock().unwrap_or_else(|e| e.into_inner());
-            match until {
-                Some(until) if Instant::now() < until => tokio::time::sleep_until(until).await,
-                _ => return,
-            }
         }
     }
 }
@@ -306,4 +258,17 @@ impl BankTransport for PausedBank {
         self.pause.pass().await;
         answer
     }
+}
+
+/// The messages locked by invocations on `slot`, with their locks' tokens.
+fn locked_on(books: &Books, slot: usize) -> Vec<(usize, u64)> {
+    books
+        .queue
+        .iter()
+        .enumerate()
+        .filter_map(|(i, q)| match q.state {
+            QueueState::Locked { token, instance } if instance == slot => Some((i, token)),
+            _ => None,
+        })
+        .collect()
 }

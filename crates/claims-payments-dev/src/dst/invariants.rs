@@ -28,8 +28,42 @@ use claims_payments::ClaimApproved;
 use claims_payments::PayloadHash;
 
 use super::bank::{Payout, Refusal};
-use super::check::{Ended, Violation};
 use crate::sim::scenario::CopyKind;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub claim: Option<String>,
+    pub detail: String,
+}
+
+impl Violation {
+    pub fn new(invariant: &'static str, claim: Option<&str>, detail: String) -> Self {
+        Violation {
+            invariant,
+            claim: claim.map(str::to_owned),
+            detail,
+        }
+    }
+}
+
+/// A message as the run left it.
+pub struct Ended {
+    pub message_id: String,
+    pub claim: Option<String>,
+    pub completed: bool,
+    pub dead_lettered: bool,
+    pub last_outcome: String,
+    pub dead_lettered_calm: bool,
+    pub kind: CopyKind,
+    pub body: Vec<u8>,
+    /// Why its deliveries failed (transient causes).
+    pub failures: Vec<Cause>,
+    /// The operator removed a dead letter of its MessageId (re-drove or discarded it): a
+    /// later copy under that MessageId is answered by what the tool recorded (a discard
+    /// completes a re-send as a duplicate), whatever its payload.
+    pub operator_removed: bool,
+}
 
 /// One request of an HTTP client, and the final answer it got (`None`: the client
 /// gave up, or the answer was not final).

@@ -5,7 +5,8 @@
 //! `/ClaimApproved`, `/api/payments`, `/Reconcile` and `/Purge` functions, the consumer,
 //! leases and takeovers, liveness, reconciliation, purge, and the bank client above its
 //! transport. Only the edges are simulated, each in its own module:
-//! - [`world`]: the seeded generator, each instance's skewed wall clock, the trace;
+//! - [`world`]: the seeded generator, the true wall clock, the trace; [`clocks`]: each
+//!   instance's wall clock, skewed and faulted;
 //! - [`faults`] and [`chaos`]: which fault kinds a run injects, and how often;
 //! - [`hot`]: the claims that bursts of messages and HTTP payments share;
 //! - [`stores`]: the store a run uses (`--store`: the in-memory model `crate::memory_store`,
@@ -27,6 +28,7 @@ mod broker;
 pub mod chaos;
 pub mod check;
 mod clients;
+pub mod clocks;
 pub mod faults;
 mod hot;
 mod instances;
@@ -35,6 +37,7 @@ mod run;
 mod state;
 pub mod store;
 pub mod stores;
+pub mod tally;
 pub mod world;
 
 use std::collections::BTreeMap;
@@ -192,7 +195,7 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
     let mut fired: BTreeMap<faults::Fault, u64> = BTreeMap::new();
     let mut paths: BTreeMap<&'static str, u64> = BTreeMap::new();
     let (mut processes, mut most_completed) = (0u64, 0u64);
-    let mut reconcile = run::ReconcileTally::default();
+    let mut reconcile = tally::ReconcileTally::default();
     println!(
         "dst: seeds {first}..{} ({} messages, {} HTTP intents each)",
         first + args.seeds,

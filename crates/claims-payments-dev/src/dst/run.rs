@@ -17,7 +17,6 @@ use claims_payments::seams::store::DynStore;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 use super::bank::SimBank;
 use super::broker::SimBroker;
@@ -29,6 +28,7 @@ use super::hot;
 use super::state::*;
 use super::store::FaultyStore;
 use super::stores::{self, SettledWatch};
+use super::tally::ReconcileTally;
 use super::timings::*;
 use super::world::{Dice, Trace};
 use super::RunOptions;
@@ -299,10 +299,10 @@ impl Sim {
             retention: RETENTION,
             payouts_enabled: true,
             // The operator's machine keeps true time: its records replay with the seed.
-            ambient: super::world::ambient(
+            ambient: super::clocks::ambient(
                 self.start,
                 OPERATOR_PROCESS,
-                super::world::ClockProfile::default(),
+                super::clocks::ClockProfile::default(),
                 &self.chaos,
                 &self.dice,
             ),
@@ -399,15 +399,7 @@ impl Sim {
                 return;
             };
             books.instances[slot].tasks.spawn(async move {
-                let answered = async {
-                    let response = router.oneshot(request).await.ok()?;
-                    let status = response.status().as_u16();
-                    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-                        .await
-                        .ok()?;
-                    Some((status, body.to_vec()))
-                }
-                .await;
+                let answered = call(router, request).await;
                 let _ = tx.send(answered);
             });
             slot
@@ -615,89 +607,5 @@ pub(super) fn scenario_settings(messages: usize, seed: u64) -> ScenarioSettings 
         allow_non_utf8: true,
         race_window: 16,
         seed,
-    }
-}
-
-/// What the `Reconcile` timer runs of one run settled, while faults fired (`chaos`) and
-/// after, from the summaries they answered; and the runs a crash or a function timeout
-/// cut before they answered.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ReconcileTally {
-    pub chaos: Settled,
-    pub calm: Settled,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Settled {
-    pub runs: u64,
-    pub cut: u64,
-    pub paid_now: u64,
-    pub paid_by_lookup: u64,
-    pub rejected: u64,
-    pub still_unknown: u64,
-}
-
-impl ReconcileTally {
-    fn phase(&mut self, chaos: bool) -> &mut Settled {
-        if chaos {
-            &mut self.chaos
-        } else {
-            &mut self.calm
-        }
-    }
-
-    /// A run's answer: its summary's counts.
-    pub(super) fn count(&mut self, chaos: bool, answer: &str) {
-        let n = |label: &str| {
-            answer
-                .split(label)
-                .nth(1)
-                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-                .and_then(|d| d.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let phase = self.phase(chaos);
-        phase.runs += 1;
-        phase.paid_now += n("paid now ");
-        phase.paid_by_lookup += n("paid by lookup ");
-        phase.rejected += n("rejected ");
-        phase.still_unknown += n("still unknown ");
-    }
-
-    /// A run cut before it answered.
-    pub(super) fn cut(&mut self, chaos: bool) {
-        let phase = self.phase(chaos);
-        phase.runs += 1;
-        phase.cut += 1;
-    }
-
-    pub fn add(&mut self, other: &ReconcileTally) {
-        for (mine, theirs) in [
-            (&mut self.chaos, &other.chaos),
-            (&mut self.calm, &other.calm),
-        ] {
-            mine.runs += theirs.runs;
-            mine.cut += theirs.cut;
-            mine.paid_now += theirs.paid_now;
-            mine.paid_by_lookup += theirs.paid_by_lookup;
-            mine.rejected += theirs.rejected;
-            mine.still_unknown += theirs.still_unknown;
-        }
-    }
-}
-
-impl std::fmt::Display for Settled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} runs ({} cut by a crash or timeout), pay-now {}, paid by lookup {}, rejected {}, still unknown {}",
-            self.runs, self.cut, self.paid_now, self.paid_by_lookup, self.rejected, self.still_unknown
-        )
-    }
-}
-
-impl std::fmt::Display for ReconcileTally {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "while faults fire {}; calm {}", self.chaos, self.calm)
     }
 }

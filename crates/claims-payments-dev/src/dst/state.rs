@@ -92,7 +92,7 @@ pub(super) struct Books {
     /// Transient dead letters of the chaos phase, and the faulted deliveries that bound them.
     pub(super) transient: super::invariants::TransientBound,
     /// What the `Reconcile` runs settled.
-    pub(super) reconcile: super::run::ReconcileTally,
+    pub(super) reconcile: super::tally::ReconcileTally,
 }
 
 pub(super) struct Instance {
@@ -104,7 +104,7 @@ pub(super) struct Instance {
     /// The tasks the product runs its requests' work on (they die with the process).
     pub(super) work: Option<Work>,
     /// Until when the process is paused (see `instances`).
-    pub(super) pause: Arc<super::instances::Pause>,
+    pub(super) pause: Arc<Pause>,
     pub(super) in_flight: usize,
     pub(super) alive: bool,
     /// A start is under way (it waits for its registration): no second one.
@@ -236,4 +236,51 @@ impl Sim {
     pub(super) fn elapsed(&self) -> Duration {
         Instant::now().saturating_duration_since(self.start)
     }
+}
+
+/// A process's pause: until it ends, none of the process's calls reaches the store or
+/// the bank, and no answer reaches the process. Its timers run on, so it wakes with its
+/// clock moved on and its leases possibly taken over.
+#[derive(Debug, Default)]
+pub(super) struct Pause {
+    until: Mutex<Option<Instant>>,
+}
+
+impl Pause {
+    pub(super) fn until(&self, until: Instant) {
+        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
+    }
+
+    pub(super) fn is_paused(&self) -> bool {
+        self.until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Waits out the pause, if any.
+    pub(super) async fn pass(&self) {
+        loop {
+            let until = *self.until.lock().unwrap_or_else(|e| e.into_inner());
+            match until {
+                Some(until) if Instant::now() < until => tokio::time::sleep_until(until).await,
+                _ => return,
+            }
+        }
+    }
+}
+
+/// One request to an instance's router: its status and body (at most 1 MiB), or `None`
+/// when no answer came.
+pub(super) async fn call(
+    router: Router,
+    request: axum::http::Request<axum::body::Body>,
+) -> Option<(u16, Vec<u8>)> {
+    use tower::ServiceExt;
+    let response = router.oneshot(request).await.ok()?;
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .ok()?;
+    Some((status, body.to_vec()))
 }
