@@ -173,6 +173,7 @@ impl Sim {
             checks: Checks::default(),
             signed_in,
             bank_dark: Default::default(),
+            on_call_ends: Notify::new(),
             flights: Default::default(),
         });
         sim.clone().timeline(instances).await;
@@ -207,7 +208,7 @@ impl Sim {
             .chaos
             .fires(Fault::BankDarkPastKeyWindow, "bank")
             .then(|| tokio::spawn(self.clone().bank_goes_dark()));
-        background.spawn(self.clone().operator());
+        let on_call = tokio::spawn(self.clone().operator());
         let producer = tokio::spawn(self.clone().producer());
         let clients = tokio::spawn(self.clone().http_clients());
 
@@ -222,6 +223,11 @@ impl Sim {
             tokio::time::sleep(AFTER_DARK).await;
         }
         self.chaos.calm();
+        // The on-call operator's run under way ends before the runbook starts: a dead
+        // letter locked by one run is invisible to another, so two runs at once would
+        // each see part of the queue (the runbook says one run at a time).
+        self.on_call_ends.notify_one();
+        let _ = on_call.await;
         if let Some(cosmos) = &self.opened.cosmos {
             cosmos.disarm();
         }
@@ -281,7 +287,11 @@ impl Sim {
             } else {
                 self.dice.millis(10 * 60_000, 30 * 60_000)
             };
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.on_call_ends.notified() => return,
+            }
             let _ = self.clone().operator_run(false).await;
         }
     }
@@ -315,10 +325,12 @@ impl Sim {
         for line in &lines {
             trace_event!(
                 self.trace,
-                "operator resubmit {} claim {} verdict {} action {}",
+                "operator resubmit {} claim {} verdict {} payment {} ({}) action {}",
                 line.message_id.as_deref().unwrap_or("-"),
                 line.claim_id.as_deref().unwrap_or("-"),
                 line.verdict.name(),
+                line.payment_status.as_deref().unwrap_or("-"),
+                line.reason,
                 line.action.as_deref().unwrap_or("-")
             );
         }

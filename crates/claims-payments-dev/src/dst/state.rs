@@ -138,6 +138,8 @@ pub struct Sim {
     pub(super) signed_in: bool,
     /// The bank is dark past its key window.
     pub(super) bank_dark: std::sync::atomic::AtomicBool,
+    /// Tells the on-call operator to stop: the calm phase's runbook is the only run then.
+    pub(super) on_call_ends: Notify,
     /// The attempts in flight on each claim (kept apart from `books`: a flight ends when
     /// its task is dropped, which may happen while `books` is held).
     pub(super) flights: Arc<Mutex<Flights>>,
