@@ -109,6 +109,12 @@ impl Sim {
                 books.transient.dead_letters += 1;
             }
             books.dead_lettered += 1;
+            // The copy a re-drive sends is named after the dead letter and its
+            // SequenceNumber: kept once, so that a send finds its dead letter at once.
+            let copy = redrive::copy_message_id(&q.message_id, Some(i as i64 + 1));
+            books.dlq.insert(i);
+            books.copies.insert(copy, i);
+            let q = &books.queue[i];
             trace_event!(
                 self.trace,
                 "dead-letter {} claim {} after {} deliveries ({why}, last {})",
@@ -585,10 +591,11 @@ impl Broker for SimBroker {
         let sim = &self.0;
         let now = Instant::now();
         let mut books = sim.books();
-        let Some(i) = books.queue.iter().position(|q| {
-            q.state == QueueState::DeadLettered
-                && !q.redriven
-                && q.dlq_lock.is_none_or(|(_, until)| until <= now)
+        // The first dead letter (in sequence order) that no one holds.
+        let Some(i) = books.dlq.iter().copied().find(|&i| {
+            books.queue[i]
+                .dlq_lock
+                .is_none_or(|(_, until)| until <= now)
         }) else {
             return Ok(None);
         };
@@ -641,6 +648,7 @@ impl Broker for SimBroker {
         }
         let mut books = sim.books();
         let i = self.held(&books, lock).ok_or_else(lock_lost)?;
+        books.dlq.remove(&i);
         let q = &mut books.queue[i];
         q.redriven = true;
         q.dlq_lock = None;
@@ -662,15 +670,9 @@ impl Broker for SimBroker {
         let (claim, kind) = {
             let books = sim.books();
             books
-                .queue
-                .iter()
-                .enumerate()
-                .find(|(i, q)| {
-                    q.state == QueueState::DeadLettered
-                        && redrive::copy_message_id(&q.message_id, Some(*i as i64 + 1))
-                            == message.message_id.0
-                })
-                .map(|(_, q)| (q.claim.clone(), q.kind))
+                .copies
+                .get(&message.message_id.0)
+                .map(|&i| (books.queue[i].claim.clone(), books.queue[i].kind))
                 .unwrap_or((None, CopyKind::Invalid))
         };
         let properties = message

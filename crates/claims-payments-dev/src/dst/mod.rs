@@ -97,6 +97,9 @@ pub enum StoreKind {
     Cosmos,
 }
 
+/// The largest scenario whose event lines a run keeps for its failure report.
+pub const KEEP_TRACE_UP_TO: usize = 50_000;
+
 /// What one run does.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -120,7 +123,10 @@ impl RunOptions {
             http_intents: args.http_intents,
             instances: args.instances,
             all_faults: args.all_faults,
-            keep_trace: true,
+            // Past this size the lines would not fit in memory (a million messages make
+            // about 30 million); a failure's report then names the seed to replay smaller
+            // or with --verbose.
+            keep_trace: args.verbose || args.messages <= KEEP_TRACE_UP_TO,
             product_logs: args.verbose,
             store: args.store,
             only_faults: None,
@@ -228,7 +234,7 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
             );
         }
         if args.verbose {
-            for line in &result.events {
+            for line in result.events() {
                 println!("{line}");
             }
         }

@@ -43,8 +43,10 @@ const CHAOS_PHASE: Duration = Duration::from_secs(75 * 60);
 const LEDGER_LIMIT: usize = i32::MAX as usize;
 /// The operator's tool as a process number (its boot), apart from every instance's.
 const OPERATOR_PROCESS: u64 = 1_000_000;
-/// How many times, at most, the calm phase's operator re-drives and reconciles.
-const OPERATOR_ROUNDS: usize = 6;
+/// How many rounds in a row the calm phase's operator may re-drive and reconcile without
+/// fewer dead letters waiting before the runbook gives up on them (reconcile settles at
+/// most 500 payouts a run, so a large run needs as many rounds as its backlog takes).
+const STALLED_ROUNDS: usize = 6;
 /// How long faults go on firing after the bank was dark: several reconcile runs.
 const AFTER_DARK: Duration = Duration::from_secs(45 * 60);
 /// What one run did and found.
@@ -69,7 +71,6 @@ pub struct RunResult {
     /// What the `Reconcile` runs settled, while faults fired and after.
     pub reconcile: ReconcileTally,
     /// Every event, when the run kept them.
-    pub events: Vec<String>,
     /// The store calls by the adapter path they took, and the SDK's transport faults met.
     pub store_paths: BTreeMap<&'static str, u64>,
     /// Processes started in the run (each ended one is a gone owner to remember).
@@ -106,6 +107,11 @@ impl RunResult {
         )
     }
 
+    /// Every event line of the run, when it kept them (`RunOptions::keep_trace`).
+    pub fn events(&self) -> Vec<String> {
+        self.trace.lines_with("")
+    }
+
     /// The seed, each invariant that failed, and the events of the claim concerned.
     pub fn failure_report(&self) -> String {
         let mut out = format!(
@@ -118,6 +124,12 @@ impl RunResult {
         for v in self.violations.iter().take(5) {
             out.push_str(&format!("  invariant: {}: {}\n", v.invariant, v.detail));
             if let Some(claim) = &v.claim {
+                if !self.trace.keeps_lines() {
+                    out.push_str(
+                        "  (a run this large keeps no event lines: replay with --verbose)\n",
+                    );
+                    continue;
+                }
                 let lines = self.trace.lines_with(claim);
                 out.push_str(&format!("  events of claim {claim} ({}):\n", lines.len()));
                 for line in lines.iter().take(60) {
@@ -239,11 +251,17 @@ impl Sim {
         // The runbook (§5): re-drive what is sendable; while some dead letters wait for
         // reconciliation, reconcile (a run may find another one under way, or a lease still
         // live) and re-drive again; then discard what was settled another way.
-        for _ in 0..OPERATOR_ROUNDS {
+        let (mut fewest, mut stalled) = (usize::MAX, 0);
+        while stalled < STALLED_ROUNDS {
             let waiting = self.clone().operator_run(false).await;
             self.drain().await;
             if waiting == 0 {
                 break;
+            }
+            if waiting < fewest {
+                (fewest, stalled) = (waiting, 0);
+            } else {
+                stalled += 1;
             }
             self.timer("Reconcile").await;
             self.drain().await;
@@ -589,11 +607,6 @@ impl Sim {
             payouts: self.bank.payouts().len(),
             transient: books.transient,
             reconcile: books.reconcile,
-            events: if self.options.keep_trace {
-                self.trace.lines_with("")
-            } else {
-                Vec::new()
-            },
             trace: self.trace.clone(),
             store_paths: self.faulty.paths(),
             processes: books.processes,

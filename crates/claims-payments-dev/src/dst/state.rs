@@ -4,7 +4,7 @@
 //! `instances`, `clients` and `run` (the timeline). [`Flights`] counts the attempts
 //! that met on a claim.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -85,6 +85,10 @@ pub(super) struct Books {
     pub(super) http_requests: u64,
     pub(super) outcomes: BTreeMap<String, u64>,
     pub(super) dead_lettered: u64,
+    /// The dead-letter queue: dead letters not yet removed, in sequence order.
+    pub(super) dlq: BTreeSet<usize>,
+    /// Each dead letter by the MessageId its re-drive copy takes.
+    pub(super) copies: HashMap<String, usize>,
     pub(super) redriven: u64,
     pub(super) calm: bool,
     /// Deliveries completed by each process: past 20,000 its completed-message cache is full.

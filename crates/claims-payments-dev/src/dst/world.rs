@@ -126,6 +126,11 @@ impl Trace {
         hex::encode(&inner.hasher.clone().finalize()[..16])
     }
 
+    /// Whether the run keeps its event lines, not only their hash.
+    pub fn keeps_lines(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).keep
+    }
+
     /// The kept lines that mention `needle`.
     pub fn lines_with(&self, needle: &str) -> Vec<String> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());

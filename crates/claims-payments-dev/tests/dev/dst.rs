@@ -130,7 +130,7 @@ fn two_runs_of_one_seed_give_the_same_trace() {
             "seed {seed} ran differently twice ({} and {} deliveries)",
             first.deliveries, second.deliveries
         );
-        assert_eq!(first.events, second.events);
+        assert_eq!(first.events(), second.events());
     }
     // And the seed matters: another seed is another run.
     assert_ne!(

@@ -324,8 +324,11 @@ struct Walk<'a> {
     broker: &'a dyn Broker,
     store: &'a DynStore,
     options: &'a Options,
-    /// Locks kept until the end, by SequenceNumber where the broker gave one.
-    held: Vec<(Option<i64>, Lock)>,
+    /// Locks kept until the end.
+    held: Vec<Lock>,
+    /// Where in `held` the lock of each SequenceNumber is (a dead letter met again
+    /// replaces its expired lock there: no scan, however many the run holds).
+    held_at: std::collections::HashMap<i64, usize>,
     /// Dead letters met, by SequenceNumber.
     seen: std::collections::HashSet<i64>,
     examined: usize,
@@ -344,6 +347,7 @@ impl<'a> Walk<'a> {
             store,
             options,
             held: Vec::new(),
+            held_at: Default::default(),
             seen: Default::default(),
             examined: 0,
             again_in_a_row: 0,
@@ -408,8 +412,10 @@ impl<'a> Walk<'a> {
         let Some(seq) = sequence_number.filter(|s| self.seen.contains(s)) else {
             return false;
         };
-        self.held.retain(|(s, _)| *s != Some(seq));
-        self.held.push((Some(seq), lock.clone()));
+        match self.held_at.get(&seq) {
+            Some(&at) => self.held[at] = lock.clone(),
+            None => self.hold(Some(seq), lock.clone()),
+        }
         true
     }
 
@@ -424,8 +430,15 @@ impl<'a> Walk<'a> {
     /// Keeps a dead letter locked until the end of the run.
     fn keep(&mut self, e: &Examined) {
         if let Some(lock) = &e.lock {
-            self.held.push((e.sequence_number, lock.clone()));
+            self.hold(e.sequence_number, lock.clone());
         }
+    }
+
+    fn hold(&mut self, sequence_number: Option<i64>, lock: Lock) {
+        if let Some(seq) = sequence_number {
+            self.held_at.insert(seq, self.held.len());
+        }
+        self.held.push(lock);
     }
 
     /// Ends the run on a failure that concerns all of it.
@@ -435,7 +448,8 @@ impl<'a> Walk<'a> {
 
     /// Gives every kept lock back: the dead letters stay for the next reader.
     async fn finish(&mut self) {
-        for (_, lock) in std::mem::take(&mut self.held) {
+        self.held_at.clear();
+        for lock in std::mem::take(&mut self.held) {
             if let Err(err) = self.broker.unlock(&lock).await {
                 // The lock then expires by itself (lockDuration): nothing is lost.
                 tracing::warn!(error = %err, "cannot unlock a dead letter; its lock will expire");
