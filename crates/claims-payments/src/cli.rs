@@ -131,8 +131,9 @@ pub struct DeadLettersResubmitArgs {
 pub struct DeadLettersDiscardArgs {
     #[command(flatten)]
     list: DeadLettersListArgs,
-    #[arg(long = "message-id")]
-    message_id: String,
+    /// A dead letter to drop (repeatable: all are found in one walk of the queue).
+    #[arg(long = "message-id", required = true)]
+    message_id: Vec<String>,
     /// Why it is dropped (a corrected message was published instead, ...).
     #[arg(long)]
     reason: String,
@@ -354,34 +355,40 @@ pub async fn dead_letters_command(
             if args.reason.trim().is_empty() {
                 anyhow::bail!("--reason must say why the dead letter is dropped");
             }
-            match dead_letters::discard(
+            let named: std::collections::BTreeSet<String> =
+                args.message_id.iter().cloned().collect();
+            let lines = dead_letters::discard_each(
                 broker,
                 store,
                 &options(&args.list)?,
-                &args.message_id,
+                &named,
                 &args.reason,
             )
-            .await?
-            {
-                Some(line) => {
-                    let ok = line
-                        .action
-                        .as_deref()
-                        .is_some_and(|a| a.starts_with("discarded"));
-                    let summary = dead_letters::Summary::default();
-                    print_dead_letters(std::slice::from_ref(&line), &summary, args.list.json, out)?;
-                    if ok {
-                        Ok(ExitCode::SUCCESS)
-                    } else {
-                        Ok(ExitCode::FAILURE)
-                    }
-                }
-                None => anyhow::bail!(
-                    "no dead letter has MessageId {:?} (among the first {})",
-                    printable(&args.message_id),
+            .await?;
+            let summary = dead_letters::Summary::default();
+            print_dead_letters(&lines, &summary, args.list.json, out)?;
+            let missing: Vec<String> = named
+                .iter()
+                .filter(|id| !lines.iter().any(|l| l.message_id.as_deref() == Some(id)))
+                .map(|id| format!("{:?}", printable(id)))
+                .collect();
+            if !missing.is_empty() {
+                anyhow::bail!(
+                    "no dead letter has MessageId {} (among the first {})",
+                    missing.join(", "),
                     args.list.limit
-                ),
+                );
             }
+            let all_discarded = lines.iter().all(|l| {
+                l.action
+                    .as_deref()
+                    .is_some_and(|a| a.starts_with("discarded"))
+            });
+            Ok(if all_discarded {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }

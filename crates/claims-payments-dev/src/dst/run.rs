@@ -49,6 +49,14 @@ const OPERATOR_PROCESS: u64 = 1_000_000;
 const STALLED_ROUNDS: usize = 6;
 /// How long faults go on firing after the bank was dark: several reconcile runs.
 const AFTER_DARK: Duration = Duration::from_secs(45 * 60);
+/// What one run of the operator's tool left.
+pub(super) struct OperatorPass {
+    /// Dead letters waiting for reconciliation (or an unreadable store).
+    waiting: usize,
+    /// The run stopped at its limit: more may be left.
+    more_left: bool,
+}
+
 /// What one run did and found.
 pub struct RunResult {
     pub seed: u64,
@@ -253,13 +261,16 @@ impl Sim {
         // live) and re-drive again; then discard what was settled another way.
         let (mut fewest, mut stalled) = (usize::MAX, 0);
         while stalled < STALLED_ROUNDS {
-            let waiting = self.clone().operator_run(false).await;
+            let sent_before = self.books().redriven;
+            let pass = self.clone().operator_run(false).await;
             self.drain().await;
-            if waiting == 0 {
+            if pass.waiting == 0 && !pass.more_left {
                 break;
             }
-            if waiting < fewest {
-                (fewest, stalled) = (waiting, 0);
+            // Progress: fewer dead letters wait, or the run re-drove some.
+            if pass.waiting < fewest || self.books().redriven > sent_before {
+                fewest = fewest.min(pass.waiting);
+                stalled = 0;
             } else {
                 stalled += 1;
             }
@@ -267,7 +278,12 @@ impl Sim {
             self.drain().await;
             tokio::time::sleep(RECONCILE_EVERY).await;
         }
-        self.clone().operator_run(true).await;
+        // Each run stops at its limit: the discards go on while some may be left.
+        for _ in 0..STALLED_ROUNDS {
+            if !self.clone().operator_run(true).await.more_left {
+                break;
+            }
+        }
         self.drain().await;
         self.timer("Reconcile").await;
         self.drain().await;
@@ -310,15 +326,14 @@ impl Sim {
                 _ = tokio::time::sleep(wait) => {}
                 _ = self.on_call_ends.notified() => return,
             }
-            let _ = self.clone().operator_run(false).await;
+            self.clone().operator_run(false).await;
         }
     }
 
     /// One run of `dead-letters resubmit --all` on the store as the instances see it;
     /// with `discard`, then `dead-letters discard` of each dead letter left `permanent`
     /// whose claim was settled another way (runbook §5, step 5).
-    /// Returns how many dead letters wait for reconciliation (or an unreadable store).
-    pub(super) async fn operator_run(self: Arc<Self>, discard: bool) -> usize {
+    pub(super) async fn operator_run(self: Arc<Self>, discard: bool) -> OperatorPass {
         use claims_payments::seams::dead_letters;
         let broker = SimBroker(self.clone());
         let options = dead_letters::Options {
@@ -339,7 +354,8 @@ impl Sim {
             all: true,
             ..Default::default()
         };
-        let (lines, _) = dead_letters::resubmit(&broker, &self.store, &options, &all, false).await;
+        let (lines, summary) =
+            dead_letters::resubmit(&broker, &self.store, &options, &all, false).await;
         for line in &lines {
             trace_event!(
                 self.trace,
@@ -356,29 +372,43 @@ impl Sim {
             .iter()
             .filter(|l| matches!(l.verdict.name(), "needs-reconciliation" | "unknown"))
             .count();
+        let pass = OperatorPass {
+            waiting,
+            more_left: summary.more_may_be_left,
+        };
         if !discard {
-            return waiting;
+            return pass;
         }
-        let settled: Vec<String> = lines
+        let settled: std::collections::BTreeSet<String> = lines
             .iter()
             .filter(|l| l.verdict.name() == "permanent" && l.payment_status.is_some())
             .filter_map(|l| l.message_id.clone())
             .collect();
-        for id in settled {
-            let done =
-                dead_letters::discard(&broker, &self.store, &options, &id, "settled another way")
-                    .await;
-            trace_event!(
-                self.trace,
-                "operator discard {id}: {}",
-                match done {
-                    Ok(Some(line)) => line.action.unwrap_or_default(),
-                    Ok(None) => "not found".into(),
-                    Err(e) => e.to_string(),
-                }
-            );
+        if settled.is_empty() {
+            return pass;
         }
-        waiting
+        match dead_letters::discard_each(
+            &broker,
+            &self.store,
+            &options,
+            &settled,
+            "settled another way",
+        )
+        .await
+        {
+            Ok(lines) => {
+                for line in lines {
+                    trace_event!(
+                        self.trace,
+                        "operator discard {}: {}",
+                        line.message_id.as_deref().unwrap_or("-"),
+                        line.action.as_deref().unwrap_or("-")
+                    );
+                }
+            }
+            Err(e) => trace_event!(self.trace, "operator discard: {e}"),
+        }
+        pass
     }
 
     pub(super) async fn bank_goes_dark(self: Arc<Self>) {

@@ -33,7 +33,7 @@
 
 pub mod verdict;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -747,22 +747,45 @@ pub async fn discard(
     message_id: &str,
     reason: &str,
 ) -> Result<Option<Line>, BusError> {
+    let one = BTreeSet::from([message_id.to_owned()]);
+    Ok(discard_each(broker, store, options, &one, reason)
+        .await?
+        .into_iter()
+        .next())
+}
+
+/// [`discard`] of every dead letter named, in one walk of the queue (after a large
+/// incident a person may drop thousands: one walk each would lock and pass every dead
+/// letter before it again). Returns the lines of those found, in queue order; the walk
+/// ends once all are found.
+pub async fn discard_each(
+    broker: &dyn Broker,
+    store: &DynStore,
+    options: &Options,
+    message_ids: &BTreeSet<String>,
+    reason: &str,
+) -> Result<Vec<Line>, BusError> {
     let principal = broker.principal().await;
+    let reason = bounded(reason, 500);
     let mut walk = Walk::new(broker, store, options);
-    let mut found = None;
-    while let Some(mut e) = walk.next().await {
-        if e.line.message_id.as_deref() == Some(message_id) {
-            let reason = bounded(reason, 500);
-            let action = discard_one(&mut walk, options, &e, &reason, &principal);
-            e.line.action = Some(action.await);
-            found = Some(e.line);
+    let mut found = Vec::new();
+    let mut left = message_ids.clone();
+    while !left.is_empty() {
+        let Some(mut e) = walk.next().await else {
             break;
+        };
+        match e.line.message_id.as_deref() {
+            Some(id) if left.remove(id) => {
+                let action = discard_one(&mut walk, options, &e, &reason, &principal);
+                e.line.action = Some(action.await);
+                found.push(e.line);
+            }
+            _ => walk.keep(&e),
         }
-        walk.keep(&e);
     }
     walk.finish().await;
     match walk.stopped {
-        Some(e) if found.is_none() => Err(e),
+        Some(e) if found.is_empty() => Err(e),
         _ => Ok(found),
     }
 }

@@ -36,7 +36,9 @@ pub mod consumer {
 
 /// The operator's dead-letter tool, for tests against a broker.
 pub mod dead_letters {
-    pub use crate::dead_letters::{discard, list, resubmit, Options, Selection, REDRIVE_PROPERTY};
+    pub use crate::dead_letters::{
+        discard, discard_each, list, resubmit, Options, Selection, REDRIVE_PROPERTY,
+    };
     /// What became of one dead letter.
     pub mod verdict {
         pub use crate::dead_letters::verdict::Verdict;
