@@ -739,7 +739,8 @@ async fn record_discard(
 /// writing the decision where an auditor finds it: in the store ([`record_discard`]) and
 /// a warning log line (stderr: the operator commands start no exporter) with its
 /// identity, the reason, who, and what the store holds. If the store cannot record it,
-/// nothing is removed. Returns its line, or `None` when no dead letter has that MessageId.
+/// nothing is removed. Returns its line (the first, when several dead letters have that
+/// MessageId: all go), or `None` when no dead letter has it.
 pub async fn discard(
     broker: &dyn Broker,
     store: &DynStore,
@@ -756,8 +757,9 @@ pub async fn discard(
 
 /// [`discard`] of every dead letter named, in one walk of the queue (after a large
 /// incident a person may drop thousands: one walk each would lock and pass every dead
-/// letter before it again). Returns the lines of those found, in queue order; the walk
-/// ends once all are found.
+/// letter before it again). Every dead letter with a named MessageId goes, copies of one
+/// message included (a re-drive sent twice, each dead-lettered). Returns the lines of
+/// those found, in queue order.
 pub async fn discard_each(
     broker: &dyn Broker,
     store: &DynStore,
@@ -769,13 +771,9 @@ pub async fn discard_each(
     let reason = bounded(reason, 500);
     let mut walk = Walk::new(broker, store, options);
     let mut found = Vec::new();
-    let mut left = message_ids.clone();
-    while !left.is_empty() {
-        let Some(mut e) = walk.next().await else {
-            break;
-        };
+    while let Some(mut e) = walk.next().await {
         match e.line.message_id.as_deref() {
-            Some(id) if left.remove(id) => {
+            Some(id) if message_ids.contains(id) => {
                 let action = discard_one(&mut walk, options, &e, &reason, &principal);
                 e.line.action = Some(action.await);
                 found.push(e.line);
