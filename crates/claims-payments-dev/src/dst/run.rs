@@ -256,32 +256,30 @@ impl Sim {
         for slot in 0..instances {
             self.clone().start_instance(slot).await;
         }
-        // The runbook (§5): re-drive what is sendable; while some dead letters wait for
-        // reconciliation, reconcile (a run may find another one under way, or a lease still
-        // live) and re-drive again; then discard what was settled another way.
+        // The runbook (§5): re-drive what is sendable and discard what was settled another
+        // way; while some dead letters wait for reconciliation, reconcile (a run may find
+        // another one under way, or a lease still live) and go again. A run stops when the
+        // locks it keeps would expire (lockDuration): what it removed lets the next run
+        // reach further down the queue.
         let (mut fewest, mut stalled) = (usize::MAX, 0);
         while stalled < STALLED_ROUNDS {
-            let sent_before = self.books().redriven;
-            let pass = self.clone().operator_run(false).await;
+            let removed_before = self.books().redriven;
+            let pass = self.clone().operator_run(true).await;
             self.drain().await;
             if pass.waiting == 0 && !pass.more_left {
                 break;
             }
-            // Progress: fewer dead letters wait, or the run re-drove some.
-            if pass.waiting < fewest || self.books().redriven > sent_before {
+            // Progress: fewer dead letters wait, or the run removed some.
+            if pass.waiting < fewest || self.books().redriven > removed_before {
                 fewest = fewest.min(pass.waiting);
                 stalled = 0;
             } else {
                 stalled += 1;
             }
-            self.timer("Reconcile").await;
-            self.drain().await;
-            tokio::time::sleep(RECONCILE_EVERY).await;
-        }
-        // Each run stops at its limit: the discards go on while some may be left.
-        for _ in 0..STALLED_ROUNDS {
-            if !self.clone().operator_run(true).await.more_left {
-                break;
+            if pass.waiting > 0 {
+                self.timer("Reconcile").await;
+                self.drain().await;
+                tokio::time::sleep(RECONCILE_EVERY).await;
             }
         }
         self.drain().await;
