@@ -179,7 +179,7 @@ def main():
                 print(f"{name}: does not build:\n{build.stderr[-2000:]}")
                 return 2
             started = time.time()
-            run = subprocess.run([binary, "dst", "--stop-at-failure", "--seed", "1", "--seeds", str(args.seeds),
+            run = subprocess.run([binary, "dst", "--seed", "1", "--seeds", str(args.seeds),
                                   "--messages", str(args.messages), "--http-intents", str(args.http_intents)],
                                  env=env, capture_output=True, text=True)
         finally:

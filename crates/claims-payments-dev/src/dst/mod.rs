@@ -78,9 +78,9 @@ pub struct DstArgs {
     /// Print every event of the run (with --seed).
     #[arg(long)]
     pub verbose: bool,
-    /// Stop at the first failing seed.
-    #[arg(long, default_value_t = true)]
-    pub stop_at_failure: bool,
+    /// Run every seed, past failing ones (by default the run stops at the first).
+    #[arg(long)]
+    pub keep_going: bool,
     /// The store under the simulator: the in-memory model, or a production adapter.
     #[arg(long, value_enum, default_value_t = StoreKind::Model)]
     pub store: StoreKind,
@@ -241,7 +241,7 @@ pub fn main(args: DstArgs) -> anyhow::Result<ExitCode> {
         if !result.violations.is_empty() {
             failed += 1;
             println!("{}", result.failure_report());
-            if args.stop_at_failure {
+            if !args.keep_going {
                 break;
             }
         } else if args.seeds == 1 {
