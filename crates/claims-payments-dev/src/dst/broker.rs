@@ -180,6 +180,7 @@ impl Sim {
             last_outcome: "-".into(),
             dead_lettered_calm: false,
             redriven: false,
+            copy_sent: false,
             failures: Vec::new(),
             properties,
             dlq_lock: None,
@@ -650,8 +651,19 @@ impl Broker for SimBroker {
         let i = self.held(&books, lock).ok_or_else(lock_lost)?;
         books.dlq.remove(&i);
         let q = &mut books.queue[i];
-        q.redriven = true;
         q.dlq_lock = None;
+        if !q.copy_sent && is_permanent(&q.last_outcome) {
+            // Discarded for a permanent cause: no copy lives on, so the message is still
+            // judged as the dead letter it was.
+            trace_event!(
+                sim.trace,
+                "dead letter #{i} {} claim {} discarded by the operator",
+                q.message_id,
+                q.claim.as_deref().unwrap_or("-")
+            );
+            return Ok(());
+        }
+        q.redriven = true;
         trace_event!(
             sim.trace,
             "dead letter #{i} {} claim {} removed by the operator",
@@ -668,12 +680,15 @@ impl Broker for SimBroker {
         // The dead letter it copies: the one whose MessageId and SequenceNumber give the
         // copy's MessageId. Its claim and kind are the copy's.
         let (claim, kind) = {
-            let books = sim.books();
-            books
-                .copies
-                .get(&message.message_id.0)
-                .map(|&i| (books.queue[i].claim.clone(), books.queue[i].kind))
-                .unwrap_or((None, CopyKind::Invalid))
+            let mut books = sim.books();
+            match books.copies.get(&message.message_id.0).copied() {
+                Some(i) => {
+                    let q = &mut books.queue[i];
+                    q.copy_sent = true;
+                    (q.claim.clone(), q.kind)
+                }
+                None => (None, CopyKind::Invalid),
+            }
         };
         let properties = message
             .properties

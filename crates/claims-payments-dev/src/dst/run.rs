@@ -377,9 +377,13 @@ impl Sim {
         if !discard {
             return pass;
         }
+        // Every `permanent` dead letter goes (runbook §5: "usually discard"): those of a
+        // claim settled another way, and those refused for good (invalid, a conflict),
+        // which would otherwise fill the head of a large queue and keep each run from
+        // reaching past them.
         let settled: std::collections::BTreeSet<String> = lines
             .iter()
-            .filter(|l| l.verdict.name() == "permanent" && l.payment_status.is_some())
+            .filter(|l| l.verdict.name() == "permanent")
             .filter_map(|l| l.message_id.clone())
             .collect();
         if settled.is_empty() {
@@ -390,7 +394,7 @@ impl Sim {
             &self.store,
             &options,
             &settled,
-            "settled another way",
+            "settled another way, or refused for good",
         )
         .await
         {

@@ -52,6 +52,8 @@ pub(super) struct Queued {
     /// Removed from the dead-letter queue by the operator's tool, after its copy was
     /// accepted (the copy is a message of its own) or as discarded.
     pub(super) redriven: bool,
+    /// The operator's tool sent its re-drive copy.
+    pub(super) copy_sent: bool,
     /// Why each of its deliveries failed (transient causes only).
     pub(super) failures: Vec<super::invariants::Cause>,
     /// Application properties as sent (a re-drive copy names its original).
