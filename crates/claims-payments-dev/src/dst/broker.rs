@@ -592,16 +592,21 @@ impl Broker for SimBroker {
         let sim = &self.0;
         let now = Instant::now();
         let mut books = sim.books();
-        // The first dead letter (in sequence order) that no one holds.
-        let Some(i) = books.dlq.iter().copied().find(|&i| {
-            books.queue[i]
-                .dlq_lock
-                .is_none_or(|(_, until)| until <= now)
-        }) else {
+        // Locks that ran out give their letters back; then the first letter (in sequence
+        // order) that no one holds.
+        while let Some(&(until, i, _)) = books.dlq_held.first() {
+            if until > now {
+                break;
+            }
+            books.dlq_held.pop_first();
+            books.dlq.insert(i);
+        }
+        let Some(i) = books.dlq.pop_first() else {
             return Ok(None);
         };
         books.next_token += 1;
         let token = books.next_token;
+        books.dlq_held.insert((now + LOCK, i, token));
         let q = &mut books.queue[i];
         q.dlq_lock = Some((token, now + LOCK));
         q.dlq_locks += 1;
@@ -637,7 +642,10 @@ impl Broker for SimBroker {
         self.latency().await;
         let mut books = self.0.books();
         let i = self.held(&books, lock).ok_or_else(lock_lost)?;
-        books.queue[i].dlq_lock = None;
+        if let Some((token, until)) = books.queue[i].dlq_lock.take() {
+            books.dlq_held.remove(&(until, i, token));
+        }
+        books.dlq.insert(i);
         Ok(())
     }
 
@@ -649,9 +657,10 @@ impl Broker for SimBroker {
         }
         let mut books = sim.books();
         let i = self.held(&books, lock).ok_or_else(lock_lost)?;
-        books.dlq.remove(&i);
+        if let Some((token, until)) = books.queue[i].dlq_lock.take() {
+            books.dlq_held.remove(&(until, i, token));
+        }
         let q = &mut books.queue[i];
-        q.dlq_lock = None;
         if !q.copy_sent && is_permanent(&q.last_outcome) {
             // Discarded for a permanent cause: no copy lives on, so the message is still
             // judged as the dead letter it was.

@@ -87,8 +87,10 @@ pub(super) struct Books {
     pub(super) http_requests: u64,
     pub(super) outcomes: BTreeMap<String, u64>,
     pub(super) dead_lettered: u64,
-    /// The dead-letter queue: dead letters not yet removed, in sequence order.
+    /// The dead-letter queue's letters no one holds, in sequence order.
     pub(super) dlq: BTreeSet<usize>,
+    /// Its letters under a lock: (lock ends, letter, token).
+    pub(super) dlq_held: BTreeSet<(Instant, usize, u64)>,
     /// Each dead letter by the MessageId its re-drive copy takes.
     pub(super) copies: HashMap<String, usize>,
     pub(super) redriven: u64,
