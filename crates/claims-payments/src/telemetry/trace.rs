@@ -43,7 +43,9 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
+use tracing::subscriber::Interest;
 use tracing::{Instrument, Span, Subscriber};
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::Context as LayerContext;
 use tracing_subscriber::registry::{LookupSpan, Registry};
 use tracing_subscriber::Layer;
@@ -85,13 +87,37 @@ impl Recorder {
 
 /// The recording layer: spans of this crate at INFO and above, and its WARN and ERROR
 /// events (they become span events, traces under the operation; the host forwards every
-/// log line anyway). It picks them itself rather than through a per-layer filter, which
-/// would look every span up again at each enter and exit (every poll).
+/// log line anyway). Behind a filter of its own ([`Recordable`]) so that it widens no
+/// other callsite: unfiltered, a layer is interested in everything, which enables every
+/// `debug!` and `trace!` of the libraries on the request path (their events built and
+/// dispatched, their spans created). The filter looks a span up again at each enter and
+/// exit, but an invocation is no span ([`Invocation`]), so that is only the rare spans.
 pub(crate) fn layer<S>(recorder: Recorder) -> impl Layer<S> + Send + Sync
 where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
-    recorder
+    recorder.with_filter(Recordable)
+}
+
+/// What the recorder sees: decided once per callsite ([`recorded`]).
+struct Recordable;
+
+impl<S> tracing_subscriber::layer::Filter<S> for Recordable {
+    fn enabled(&self, meta: &tracing::Metadata<'_>, _: &LayerContext<'_, S>) -> bool {
+        recorded(meta)
+    }
+
+    fn callsite_enabled(&self, meta: &'static tracing::Metadata<'static>) -> Interest {
+        if recorded(meta) {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::INFO)
+    }
 }
 
 /// Whether a span or event is one the recorder keeps.
