@@ -10,18 +10,22 @@
 //!   Cosmos request charge it cost; every bank request is one too ([`bank_call`]), and
 //!   it carries `traceparent` so the bank's side joins the trace. A store call is no
 //!   `tracing` span: it is timed around the call ([`observe_call`]) and its record added
-//!   under the current span ([`record_call`]), which costs a fraction of a span's
-//!   creation, enter and exit at every poll, and close.
+//!   under the current span or invocation ([`record_call`]), which costs a fraction of a
+//!   span's creation, enter and exit at every poll, and close.
 //! - Attributes: claimId, messageId, deliveryCount, outcome, takeover, bank answer class.
 //!   Never a secret, a payee account, a request body or the bank's answer text.
 //!
-//! - Spans are `tracing` spans, recorded by [`Recorder`]: a small record per span (name,
-//!   ids, start and end, attributes, status, logged warnings) in the span's extensions;
-//!   an invocation's records wait in its root until it ends, and only a trace the
-//!   sampling keeps becomes OpenTelemetry spans ([`super::sampling`]).
+//! - Spans are plain records ([`super::record::Recorded`]: name, ids, start and end,
+//!   attributes, status, logged warnings). A `ClaimApproved` invocation's is carried by
+//!   its task ([`Invocation`]), with no `tracing` span at all; the other spans (the other
+//!   routes', Reconcile's, a bank request's) are `tracing` spans whose records
+//!   [`Recorder`] keeps in their extensions, a span opened in an invocation's task going
+//!   under the invocation. An invocation's records wait in its root until it ends, and
+//!   only a trace the sampling keeps becomes OpenTelemetry spans ([`super::sampling`]).
 //!
 //! When telemetry is not exported ([`super::enabled`] is false) none of this creates a
-//! span: the functions return [`Span::none`] or go straight to the call.
+//! span or a record: the functions return [`Span::none`], an empty [`Invocation`], or go
+//! straight to the call.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -739,7 +743,8 @@ impl Root {
         Some(Root {
             open: Open {
                 span,
-                under: Vec::with_capacity(8),
+                // Grown at the first call (room for four): a duplicate makes none.
+                under: Vec::new(),
                 in_invocation: false,
             },
             tail,
