@@ -136,10 +136,11 @@ pub(crate) async fn invoke(
     // the sampling would take for a success. The task finishes and records all of it;
     // the redelivery then finds the stored outcome.
     // The task is the process's (`Services::work`): it ends with the process.
-    let work = state
-        .services
-        .work
-        .run(span.run(handle(state.clone(), invocation_id.clone(), invocation)));
+    let work =
+        state
+            .services
+            .work
+            .run(span.run(handle(state.clone(), invocation_id.clone(), invocation)));
     match work.await {
         Some(response) => response,
         None => {
@@ -164,11 +165,7 @@ pub(crate) async fn invoke(
 }
 
 /// The decoded invocation, inside its span.
-async fn handle(
-    state: Arc<AppState>,
-    invocation_id: String,
-    invocation: Invocation,
-) -> Response {
+async fn handle(state: Arc<AppState>, invocation_id: String, invocation: Invocation) -> Response {
     if !invocation.shadowed_metadata.is_empty() {
         tracing::warn!(
             messageId = %invocation.message_id,

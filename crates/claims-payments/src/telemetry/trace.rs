@@ -654,9 +654,10 @@ pub(crate) fn invocation_span(
     record
         .attributes
         .push(KeyValue::new("messageId", message_id.to_owned()));
-    record
-        .attributes
-        .push(KeyValue::new("deliveryCount", unsigned_text(delivery_count)));
+    record.attributes.push(KeyValue::new(
+        "deliveryCount",
+        unsigned_text(delivery_count),
+    ));
     let parent =
         parent_from_headers(headers).or_else(|| diagnostic_id.and_then(parent_from_diagnostic_id));
     if let Some(parent) = parent {
@@ -858,7 +859,9 @@ pub(crate) fn record_outcome(span: &Span, claim_id: Option<&str>, outcome: &str,
     }
     // Straight into the record, in one look-up: the "invocation finished" log line
     // carries the same fields.
-    with_record(span, |record, _| set_outcome(record, claim_id, outcome, status));
+    with_record(span, |record, _| {
+        set_outcome(record, claim_id, outcome, status)
+    });
 }
 
 /// The outcome's attributes and status on an invocation's record.
@@ -1396,7 +1399,11 @@ mod tests {
         let before = built();
         let kept = exported(0.0, || block_on(delivery_as_run(&none, "paid", 200)));
         assert!(kept.is_empty(), "{kept:#?}");
-        assert_eq!(built(), before, "a dropped success built OpenTelemetry spans");
+        assert_eq!(
+            built(),
+            before,
+            "a dropped success built OpenTelemetry spans"
+        );
 
         let kept = exported(0.0, || block_on(delivery_as_run(&none, "retry-later", 503)));
         assert_eq!(built() - before, 3, "the failure's spans, built once each");
