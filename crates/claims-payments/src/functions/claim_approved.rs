@@ -10,7 +10,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use tracing::Instrument;
 
 use super::answer::{invocation_answer, DeliveryEnd, Ended, OutcomeSummary, Severity};
 use super::envelope::Invocation;
@@ -59,12 +58,13 @@ fn refuse(
     invocation_id: &str,
     reason: String,
 ) -> Response {
-    let span = telemetry::trace::invocation_span(FUNCTION_NAME, headers, None, "", 0);
-    let _entered = span.enter();
-    tracing::error!(invocationId = %invocation_id, trigger = "servicebus", outcome = "invalid-message", reason = %reason, "invocation finished");
-    telemetry::counters().invalid_messages.inc();
-    telemetry::metrics::dead_letter_bound("invalid-message");
-    telemetry::trace::record_outcome(&span, None, "invalid-message", status.as_u16());
+    let invocation = telemetry::trace::invocation_span(FUNCTION_NAME, headers, None, "", 0);
+    invocation.run_sync(|| {
+        tracing::error!(invocationId = %invocation_id, trigger = "servicebus", outcome = "invalid-message", reason = %reason, "invocation finished");
+        telemetry::counters().invalid_messages.inc();
+        telemetry::metrics::dead_letter_bound("invalid-message");
+        telemetry::trace::record_invocation_outcome(None, "invalid-message", status.as_u16());
+    });
     invocation_answer(
         status,
         OutcomeSummary {
@@ -136,15 +136,11 @@ pub(crate) async fn invoke(
     // the sampling would take for a success. The task finishes and records all of it;
     // the redelivery then finds the stored outcome.
     // The task is the process's (`Services::work`): it ends with the process.
-    let work = state.services.work.run(
-        handle(
-            state.clone(),
-            invocation_id.clone(),
-            invocation,
-            span.clone(),
-        )
-        .instrument(span),
-    );
+    let work =
+        state
+            .services
+            .work
+            .run(span.run(handle(state.clone(), invocation_id.clone(), invocation)));
     match work.await {
         Some(response) => response,
         None => {
@@ -169,12 +165,7 @@ pub(crate) async fn invoke(
 }
 
 /// The decoded invocation, inside its span.
-async fn handle(
-    state: Arc<AppState>,
-    invocation_id: String,
-    invocation: Invocation,
-    span: tracing::Span,
-) -> Response {
+async fn handle(state: Arc<AppState>, invocation_id: String, invocation: Invocation) -> Response {
     if !invocation.shadowed_metadata.is_empty() {
         tracing::warn!(
             messageId = %invocation.message_id,
@@ -210,7 +201,11 @@ async fn handle(
     };
 
     let status = status_for(&outcome);
-    telemetry::trace::record_outcome(&span, claim_id.as_deref(), outcome.label(), status.as_u16());
+    telemetry::trace::record_invocation_outcome(
+        claim_id.as_deref(),
+        outcome.label(),
+        status.as_u16(),
+    );
     if !status.is_success() && !matches!(outcome, Outcome::RetryLater { .. }) {
         // Failed on every delivery: the message ends in the dead-letter queue.
         telemetry::metrics::dead_letter_bound(outcome.label());

@@ -10,23 +10,27 @@
 //!   Cosmos request charge it cost; every bank request is one too ([`bank_call`]), and
 //!   it carries `traceparent` so the bank's side joins the trace. A store call is no
 //!   `tracing` span: it is timed around the call ([`observe_call`]) and its record added
-//!   under the current span ([`record_call`]), which costs a fraction of a span's
-//!   creation, enter and exit at every poll, and close.
+//!   under the current span or invocation ([`record_call`]), which costs a fraction of a
+//!   span's creation, enter and exit at every poll, and close.
 //! - Attributes: claimId, messageId, deliveryCount, outcome, takeover, bank answer class.
 //!   Never a secret, a payee account, a request body or the bank's answer text.
 //!
-//! - Spans are `tracing` spans, recorded by [`Recorder`]: a small record per span (name,
-//!   ids, start and end, attributes, status, logged warnings) in the span's extensions;
-//!   an invocation's records wait in its root until it ends, and only a trace the
-//!   sampling keeps becomes OpenTelemetry spans ([`super::sampling`]).
+//! - Spans are plain records ([`super::record::Recorded`]: name, ids, start and end,
+//!   attributes, status, logged warnings). A `ClaimApproved` invocation's is carried by
+//!   its task ([`Invocation`]), with no `tracing` span at all; the other spans (the other
+//!   routes', Reconcile's, a bank request's) are `tracing` spans whose records
+//!   [`Recorder`] keeps in their extensions, a span opened in an invocation's task going
+//!   under the invocation. An invocation's records wait in its root until it ends, and
+//!   only a trace the sampling keeps becomes OpenTelemetry spans ([`super::sampling`]).
 //!
 //! When telemetry is not exported ([`super::enabled`] is false) none of this creates a
-//! span: the functions return [`Span::none`] or go straight to the call.
+//! span or a record: the functions return [`Span::none`], an empty [`Invocation`], or go
+//! straight to the call.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -34,7 +38,8 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
-use opentelemetry::propagation::TextMapPropagator;
+use futures::future::Either;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{Event, SpanId, SpanKind, Status, TraceContextExt, TraceState};
 use opentelemetry::{Array, Key, KeyValue, StringValue, Value};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
@@ -42,7 +47,9 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
+use tracing::subscriber::Interest;
 use tracing::{Instrument, Span, Subscriber};
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::Context as LayerContext;
 use tracing_subscriber::registry::{LookupSpan, Registry};
 use tracing_subscriber::Layer;
@@ -59,6 +66,8 @@ pub(crate) const MAX_UNDER: usize = 4096;
 struct Open {
     span: Recorded,
     under: Vec<Recorded>,
+    /// Parented on the task's invocation record ([`Invocation`]) rather than on a span.
+    in_invocation: bool,
 }
 
 /// The layer that records spans cheaply ([`Recorded`], in the span's extensions) and, when
@@ -82,13 +91,37 @@ impl Recorder {
 
 /// The recording layer: spans of this crate at INFO and above, and its WARN and ERROR
 /// events (they become span events, traces under the operation; the host forwards every
-/// log line anyway). It picks them itself rather than through a per-layer filter, which
-/// would look every span up again at each enter and exit (every poll).
+/// log line anyway). Behind a filter of its own ([`Recordable`]) so that it widens no
+/// other callsite: unfiltered, a layer is interested in everything, which enables every
+/// `debug!` and `trace!` of the libraries on the request path (their events built and
+/// dispatched, their spans created). The filter looks a span up again at each enter and
+/// exit, but an invocation is no span ([`Invocation`]), so that is only the rare spans.
 pub(crate) fn layer<S>(recorder: Recorder) -> impl Layer<S> + Send + Sync
 where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
-    recorder
+    recorder.with_filter(Recordable)
+}
+
+/// What the recorder sees: decided once per callsite ([`recorded`]).
+struct Recordable;
+
+impl<S> tracing_subscriber::layer::Filter<S> for Recordable {
+    fn enabled(&self, meta: &tracing::Metadata<'_>, _: &LayerContext<'_, S>) -> bool {
+        recorded(meta)
+    }
+
+    fn callsite_enabled(&self, meta: &'static tracing::Metadata<'static>) -> Interest {
+        if recorded(meta) {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::INFO)
+    }
 }
 
 /// Whether a span or event is one the recorder keeps.
@@ -132,6 +165,15 @@ where
                 (p.trace_id, p.span_id, p.sampled, p.trace_state.clone())
             })
         });
+        let mut in_invocation = false;
+        let parent = parent.or_else(|| {
+            let p = with_invocation(|open| {
+                let p = &open.span;
+                (p.trace_id, p.span_id, p.sampled, p.trace_state.clone())
+            });
+            in_invocation = p.is_some();
+            p
+        });
         let (trace_id, parent_span_id, sampled, trace_state) = match parent {
             Some(inherited) => inherited,
             None => {
@@ -166,6 +208,7 @@ where
         span.extensions_mut().insert(Open {
             span: record,
             under,
+            in_invocation,
         });
     }
 
@@ -197,29 +240,29 @@ where
             None if event.is_contextual() => ctx.lookup_current(),
             None => None,
         };
-        // An event outside every span goes to the logs only; one in a span of another
-        // crate goes to the nearest recorded one.
-        let Some(span) = span else { return };
-        let span = if span.extensions().get::<Open>().is_some() {
-            span
-        } else {
-            match recorded_parent(&span) {
-                Some(parent) => parent,
-                None => return,
+        // An event in a span of another crate goes to the nearest recorded one; outside
+        // every recorded span, to the task's invocation record; outside that too, to the
+        // logs only.
+        let span = span.and_then(|span| {
+            if span.extensions().get::<Open>().is_some() {
+                Some(span)
+            } else {
+                recorded_parent(&span)
             }
+        });
+        let Some(span) = span else {
+            if in_invocation() {
+                let (recorded, status) = self.event_record(event);
+                with_invocation(|open| open.add_event(recorded, status, error));
+            }
+            return;
         };
         let (recorded, status) = self.event_record(event);
         let mut extensions = span.extensions_mut();
         let Some(open) = extensions.get_mut::<Open>() else {
             return;
         };
-        if error {
-            open.span.set_status(Status::error(""));
-        }
-        if let Some(status) = status {
-            open.span.set_status(status);
-        }
-        open.span.events.push(recorded);
+        open.add_event(recorded, status, error);
     }
 
     fn on_close(&self, id: Id, ctx: LayerContext<'_, S>) {
@@ -236,11 +279,38 @@ where
                 return;
             }
         }
-        self.tail.finish(open.span, open.under);
+        // A span opened under the task's invocation record goes back under it.
+        let Open {
+            span,
+            under,
+            in_invocation,
+        } = open;
+        let mut finished = Some((span, under));
+        if in_invocation {
+            with_invocation(|into| {
+                if let Some((span, under)) = finished.take() {
+                    into.take(span, under);
+                }
+            });
+        }
+        if let Some((span, under)) = finished {
+            self.tail.finish(span, under);
+        }
     }
 }
 
 impl Open {
+    /// A warning or error logged in this span, as its event, with the status it sets.
+    fn add_event(&mut self, event: Event, status: Option<Status>, error: bool) {
+        if error {
+            self.span.set_status(Status::error(""));
+        }
+        if let Some(status) = status {
+            self.span.set_status(status);
+        }
+        self.span.events.push(event);
+    }
+
     /// Takes a finished span, and the spans under it, under this one (at most
     /// [`MAX_UNDER`]; more are counted as dropped).
     fn take(&mut self, span: Recorded, mut under: Vec<Recorded>) {
@@ -525,21 +595,32 @@ fn set_parent(span: &Span, parent: &opentelemetry::Context) {
     });
 }
 
-/// Sets an attribute on `span`'s record.
-fn set_attribute(span: &Span, attribute: KeyValue) {
-    with_record(span, |record, _| record.attributes.push(attribute));
-}
-
 /// The parent a caller handed us in W3C Trace Context headers (`traceparent`).
 pub(crate) fn parent_from_headers(headers: &HeaderMap) -> Option<opentelemetry::Context> {
+    // Without the header there is nothing to extract (most deliveries).
+    if !headers.contains_key("traceparent") {
+        return None;
+    }
     valid(TraceContextPropagator::new().extract(&HeaderExtractor(headers)))
 }
 
 /// The parent a Service Bus SDK put into the message's `Diagnostic-Id` (a W3C
 /// `traceparent` value in current SDKs; older hierarchical ids are ignored).
 pub(crate) fn parent_from_diagnostic_id(diagnostic_id: &str) -> Option<opentelemetry::Context> {
-    let carrier = HashMap::from([("traceparent".to_owned(), diagnostic_id.trim().to_owned())]);
-    valid(TraceContextPropagator::new().extract(&carrier))
+    valid(TraceContextPropagator::new().extract(&Traceparent(diagnostic_id.trim())))
+}
+
+/// A `traceparent` value alone as a carrier (no map, no copies).
+struct Traceparent<'a>(&'a str);
+
+impl Extractor for Traceparent<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        key.eq_ignore_ascii_case("traceparent").then_some(self.0)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent"]
+    }
 }
 
 fn valid(cx: opentelemetry::Context) -> Option<opentelemetry::Context> {
@@ -547,28 +628,198 @@ fn valid(cx: opentelemetry::Context) -> Option<opentelemetry::Context> {
 }
 
 /// The server span of one `ClaimApproved` invocation, parented on the host's
-/// `traceparent` when it sent one, else on the message's `Diagnostic-Id`. The fields
-/// are filled in as the invocation learns them ([`record_outcome`]).
+/// `traceparent` when it sent one, else on the message's `Diagnostic-Id`. It is no
+/// `tracing` span but its record straight away, carried by the invocation's task
+/// ([`Invocation::run`]): a span's registry look-ups at its creation, at every poll's
+/// enter and exit and at each field recorded would cost more than the record. The fields
+/// learnt later go into it with [`record_invocation_outcome`].
 pub(crate) fn invocation_span(
     function: &'static str,
     headers: &HeaderMap,
     diagnostic_id: Option<&str>,
     message_id: &str,
     delivery_count: u32,
-) -> Span {
+) -> Invocation {
     if !super::enabled() {
-        return Span::none();
+        return Invocation(None);
     }
-    let span = server_span(function, "pubsub");
-    span.record("messaging.system", "servicebus");
-    span.record("messageId", message_id);
-    span.record("deliveryCount", delivery_count);
+    let Some(mut root) = Root::server(function, "pubsub") else {
+        return Invocation(None);
+    };
+    let record = &mut root.open.span;
+    // The attributes in the order the span's fields were recorded.
+    record
+        .attributes
+        .push(KeyValue::new("messaging.system", "servicebus"));
+    record
+        .attributes
+        .push(KeyValue::new("messageId", message_id.to_owned()));
+    record.attributes.push(KeyValue::new(
+        "deliveryCount",
+        unsigned_text(delivery_count),
+    ));
     let parent =
         parent_from_headers(headers).or_else(|| diagnostic_id.and_then(parent_from_diagnostic_id));
     if let Some(parent) = parent {
-        set_parent(&span, &parent);
+        root.set_parent(&parent);
     }
-    span
+    Invocation(Some(root))
+}
+
+/// An unsigned number as text, as the recorder records an unsigned field; the small
+/// ones (delivery counts) without a copy.
+fn unsigned_text(n: u32) -> StringValue {
+    const SMALL: [&str; 11] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"];
+    match SMALL.get(n as usize) {
+        Some(text) => StringValue::from(*text),
+        None => n.to_string().into(),
+    }
+}
+
+/// An HTTP status as text (as a recorded unsigned field), the usual ones without a copy.
+fn status_text(status: u16) -> StringValue {
+    let fixed = match status {
+        200 => "200",
+        202 => "202",
+        400 => "400",
+        408 => "408",
+        409 => "409",
+        413 => "413",
+        422 => "422",
+        500 => "500",
+        503 => "503",
+        _ => return status.to_string().into(),
+    };
+    StringValue::from(fixed)
+}
+
+/// An invocation's server span while it runs, as its record (see [`invocation_span`]);
+/// nothing when telemetry is not exported.
+pub(crate) struct Invocation(Option<Root>);
+
+/// The record of an invocation in progress, with every span finished under it. Handed to
+/// the sampling when it is dropped: when its task ends, or is dropped unfinished (the
+/// process ending), as a `tracing` span would be closed.
+struct Root {
+    open: Open,
+    tail: Arc<Tail>,
+}
+
+tokio::task_local! {
+    /// The record of the invocation this task runs, if telemetry is exported.
+    static INVOCATION: RefCell<Root>;
+}
+
+impl Root {
+    /// A server span's record, a root with its own trace and head decision until a
+    /// caller's parent is set; `None` when no recorder is installed.
+    fn server(function: &'static str, trigger: &'static str) -> Option<Root> {
+        let (tail, trace_id, span_id) = tracing::dispatcher::get_default(|dispatch| {
+            let recorder = dispatch.downcast_ref::<Recorder>()?;
+            Some((
+                recorder.tail.clone(),
+                recorder.ids.new_trace_id(),
+                recorder.ids.new_span_id(),
+            ))
+        })?;
+        let sampled = tail.policy.head_decision(trace_id, None);
+        let now = SystemTime::now();
+        let mut attributes = Vec::with_capacity(10);
+        attributes.push(KeyValue::new("faas.trigger", trigger));
+        let span = Recorded {
+            name: Cow::Borrowed(function),
+            kind: SpanKind::Server,
+            trace_id,
+            span_id,
+            parent_span_id: SpanId::INVALID,
+            parent_remote: false,
+            sampled,
+            trace_state: TraceState::default(),
+            start: now,
+            end: now,
+            attributes,
+            status: Status::Unset,
+            events: Vec::new(),
+        };
+        Some(Root {
+            open: Open {
+                span,
+                // Grown at the first call (room for four): a duplicate makes none.
+                under: Vec::new(),
+                in_invocation: false,
+            },
+            tail,
+        })
+    }
+
+    /// A caller's span as the parent, as [`set_parent`] does for a `tracing` span.
+    fn set_parent(&mut self, parent: &opentelemetry::Context) {
+        let remote = parent.span().span_context().clone();
+        let record = &mut self.open.span;
+        record.trace_id = remote.trace_id();
+        record.parent_span_id = remote.span_id();
+        record.parent_remote = true;
+        record.trace_state = remote.trace_state().clone();
+        record.sampled = self
+            .tail
+            .policy
+            .head_decision(remote.trace_id(), Some(&remote));
+    }
+}
+
+impl Drop for Root {
+    fn drop(&mut self) {
+        let span = &mut self.open.span;
+        span.end = SystemTime::now();
+        let span = Recorded {
+            name: std::mem::take(&mut span.name),
+            kind: std::mem::replace(&mut span.kind, SpanKind::Internal),
+            attributes: std::mem::take(&mut span.attributes),
+            events: std::mem::take(&mut span.events),
+            status: std::mem::replace(&mut span.status, Status::Unset),
+            trace_state: std::mem::take(&mut span.trace_state),
+            ..*span
+        };
+        self.tail.finish(span, std::mem::take(&mut self.open.under));
+    }
+}
+
+impl Invocation {
+    /// Runs `work` as this invocation: what it records (store and bank calls, warnings,
+    /// flags, the outcome) goes into the invocation's record, which the sampling gets
+    /// when `work` ends or is dropped. Without telemetry, `work` itself.
+    pub(crate) fn run<F: Future>(self, work: F) -> impl Future<Output = F::Output> {
+        match self.0 {
+            Some(root) => Either::Left(INVOCATION.scope(RefCell::new(root), work)),
+            None => Either::Right(work),
+        }
+    }
+
+    /// [`Invocation::run`] for work that does not wait.
+    pub(crate) fn run_sync<R>(self, work: impl FnOnce() -> R) -> R {
+        match self.0 {
+            Some(root) => INVOCATION.sync_scope(RefCell::new(root), work),
+            None => work(),
+        }
+    }
+}
+
+/// Whether this task runs an invocation with a record.
+fn in_invocation() -> bool {
+    INVOCATION.try_with(|_| ()).is_ok()
+}
+
+/// Runs `f` on the record of the invocation this task runs, if it has one.
+fn with_invocation<R>(f: impl FnOnce(&mut Open) -> R) -> Option<R> {
+    INVOCATION
+        .try_with(|root| root.try_borrow_mut().ok().map(|mut root| f(&mut root.open)))
+        .ok()
+        .flatten()
+}
+
+/// Records how the invocation this task runs ended (see [`record_outcome`]).
+pub(crate) fn record_invocation_outcome(claim_id: Option<&str>, outcome: &str, status: u16) {
+    with_invocation(|open| set_outcome(&mut open.span, claim_id, outcome, status));
 }
 
 /// A timer invocation's server span (Reconcile): a root unless the host sent a parent.
@@ -609,26 +860,31 @@ pub(crate) fn record_outcome(span: &Span, claim_id: Option<&str>, outcome: &str,
     // Straight into the record, in one look-up: the "invocation finished" log line
     // carries the same fields.
     with_record(span, |record, _| {
-        if let Some(claim_id) = claim_id {
-            record
-                .attributes
-                .push(KeyValue::new("claimId", claim_id.to_owned()));
-        }
-        let outcome = match known("outcome", outcome) {
-            Some(fixed) => StringValue::from(fixed),
-            None => outcome.to_owned().into(),
-        };
-        record.attributes.push(KeyValue::new("outcome", outcome));
-        // Text, as a recorded unsigned field is.
-        record.attributes.push(KeyValue::new(
-            "http.response.status_code",
-            status.to_string(),
-        ));
-        record.set_status(if (200..300).contains(&status) {
-            Status::Ok
-        } else {
-            Status::error("")
-        });
+        set_outcome(record, claim_id, outcome, status)
+    });
+}
+
+/// The outcome's attributes and status on an invocation's record.
+fn set_outcome(record: &mut Recorded, claim_id: Option<&str>, outcome: &str, status: u16) {
+    if let Some(claim_id) = claim_id {
+        record
+            .attributes
+            .push(KeyValue::new("claimId", claim_id.to_owned()));
+    }
+    let outcome = match known("outcome", outcome) {
+        Some(fixed) => StringValue::from(fixed),
+        None => outcome.to_owned().into(),
+    };
+    record.attributes.push(KeyValue::new("outcome", outcome));
+    // Text, as a recorded unsigned field is.
+    record.attributes.push(KeyValue::new(
+        "http.response.status_code",
+        status_text(status),
+    ));
+    record.set_status(if (200..300).contains(&status) {
+        Status::Ok
+    } else {
+        Status::error("")
     });
 }
 
@@ -636,7 +892,19 @@ pub(crate) fn record_outcome(span: &Span, claim_id: Option<&str>, outcome: &str,
 /// between store and bank calls), e.g. `takeover` when a delivery took over a lease.
 pub(crate) fn flag_current_span(flag: &'static str) {
     if super::enabled() {
-        set_attribute(&Span::current(), KeyValue::new(flag, true));
+        set_attribute_here(KeyValue::new(flag, true));
+    }
+}
+
+/// Sets an attribute on the current span, or else on the record of the invocation this
+/// task runs.
+fn set_attribute_here(attribute: KeyValue) {
+    let mut attribute = Some(attribute);
+    with_record(&Span::current(), |record, _| {
+        record.attributes.extend(attribute.take())
+    });
+    if let Some(attribute) = attribute {
+        with_invocation(|open| open.span.attributes.push(attribute));
     }
 }
 
@@ -717,7 +985,6 @@ pub(crate) async fn bank_call(
     if !super::enabled() {
         return request.send().await;
     }
-    let invocation = Span::current();
     let span = tracing::info_span!(
         "bank",
         otel.name = tracing::field::Empty,
@@ -782,7 +1049,7 @@ pub(crate) async fn bank_call(
         "otel.status_code",
         if answer == "success" { "ok" } else { "error" },
     );
-    set_attribute(&invocation, KeyValue::new("bankAnswer", answer));
+    set_attribute_here(KeyValue::new("bankAnswer", answer));
     metrics::bank_duration(operation, answer, millis);
     result
 }
@@ -895,7 +1162,21 @@ pub(crate) fn record_call(
             open.take(record, Vec::new());
         }
     });
-    // Outside every recorded span (a background call): a trace of its own.
+    // Outside every recorded span: under the invocation this task runs, if any.
+    if record.is_some() {
+        with_invocation(|open| {
+            if let Some(mut call) = record.take() {
+                let p = &open.span;
+                call.trace_id = p.trace_id;
+                call.parent_span_id = p.span_id;
+                call.sampled = p.sampled;
+                call.trace_state = p.trace_state.clone();
+                call.span_id = RandomIdGenerator::default().new_span_id();
+                open.take(call, Vec::new());
+            }
+        });
+    }
+    // Outside that too (a background call): a trace of its own.
     if let Some(mut record) = record {
         tracing::dispatcher::get_default(|dispatch| {
             if let Some(recorder) = dispatch.downcast_ref::<Recorder>() {
@@ -1079,6 +1360,106 @@ mod tests {
         };
         assert_eq!(alone.parent_span_id, SpanId::INVALID);
         assert!(alone.span_context.trace_id() != opentelemetry::trace::TraceId::INVALID);
+    }
+
+    /// One delivery as `ClaimApproved` runs it: its record carried by its task, a store
+    /// call, a bank request (a `tracing` span), and for a failure a flag and a warning.
+    async fn delivery_as_run(headers: &HeaderMap, outcome: &'static str, status: u16) {
+        crate::telemetry::export::enable_for_test();
+        let invocation = invocation_span("ClaimApproved", headers, None, "m-1", 1);
+        invocation
+            .run(async {
+                store_call("ok", false).await;
+                let bank = tracing::info_span!(
+                    "bank",
+                    otel.kind = "client",
+                    bank.answer = tracing::field::Empty
+                );
+                bank.record("bank.answer", "success");
+                let failed = status >= 300;
+                async {
+                    if failed {
+                        tracing::warn!("the bank is slow");
+                    }
+                }
+                .instrument(bank)
+                .await;
+                if failed {
+                    flag_current_span("takeover");
+                    tracing::warn!(outcome, "invocation finished");
+                }
+                record_invocation_outcome(Some("c-1"), outcome, status);
+            })
+            .await;
+    }
+
+    #[test]
+    fn an_invocation_recorded_without_a_span_is_exported_as_its_span_was() {
+        let none = HeaderMap::new();
+        let before = built();
+        let kept = exported(0.0, || block_on(delivery_as_run(&none, "paid", 200)));
+        assert!(kept.is_empty(), "{kept:#?}");
+        assert_eq!(
+            built(),
+            before,
+            "a dropped success built OpenTelemetry spans"
+        );
+
+        let kept = exported(0.0, || block_on(delivery_as_run(&none, "retry-later", 503)));
+        assert_eq!(built() - before, 3, "the failure's spans, built once each");
+        let [store, bank, root] = &kept[..] else {
+            panic!("{kept:#?}")
+        };
+        assert_eq!(root.name, "ClaimApproved");
+        assert_eq!(root.span_kind, SpanKind::Server);
+        assert_eq!(root.parent_span_id, SpanId::INVALID);
+        assert!(matches!(root.status, Status::Error { .. }));
+        assert_eq!(root.events.len(), 1, "the warning, as a span event");
+        assert_eq!(root.events[0].name, "invocation finished");
+        for call in [store, bank] {
+            assert_eq!(call.span_kind, SpanKind::Client);
+            assert_eq!(call.parent_span_id, root.span_context.span_id());
+            assert_eq!(call.span_context.trace_id(), root.span_context.trace_id());
+            assert!(root.start_time <= call.start_time && call.end_time <= root.end_time);
+        }
+        assert_eq!(store.name, "cosmosdb claim");
+        assert_eq!(bank.events.len(), 1, "the bank's warning is the bank's");
+        assert!(kept.iter().all(|s| rate(s) == Some(100.0)));
+
+        // The same attributes, in the same order, as the `tracing` span it replaces.
+        let as_span = exported(0.0, || {
+            let span = server_span("ClaimApproved", "pubsub");
+            span.record("messaging.system", "servicebus");
+            span.record("messageId", "m-1");
+            span.record("deliveryCount", 1u32);
+            let entered = span.enter();
+            flag_current_span("takeover");
+            drop(entered);
+            record_outcome(&span, Some("c-1"), "retry-later", 503);
+        });
+        let [as_span] = &as_span[..] else {
+            panic!("{as_span:#?}")
+        };
+        assert_eq!(root.attributes, as_span.attributes);
+        assert_eq!(root.status, as_span.status);
+
+        // A caller's sampled parent: its trace, and a success kept at the caller's word.
+        let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "traceparent",
+            format!("00-{trace}-00f067aa0ba902b7-01").parse().unwrap(),
+        );
+        let kept = exported(0.0, || block_on(delivery_as_run(&headers, "paid", 200)));
+        let [_, _, root] = &kept[..] else {
+            panic!("{kept:#?}")
+        };
+        assert_eq!(root.span_context.trace_id().to_string(), trace);
+        assert_eq!(root.parent_span_id.to_string(), "00f067aa0ba902b7");
+        assert!(root.parent_span_is_remote);
+        assert!(kept
+            .iter()
+            .all(|s| s.span_context.trace_id() == root.span_context.trace_id()));
     }
 
     #[test]
