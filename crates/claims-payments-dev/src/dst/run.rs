@@ -389,6 +389,10 @@ impl Sim {
         if settled.is_empty() {
             return pass;
         }
+        // The copies just sent are handled first: a discard records its decision under the
+        // message's inbox key, which a copy of another payload under the same MessageId (an
+        // original beside a conflicting one) would then meet as a conflict.
+        self.drain().await;
         match dead_letters::discard_each(
             &broker,
             &self.store,
