@@ -181,6 +181,7 @@ impl Sim {
             dead_lettered_calm: false,
             redriven: false,
             copy_sent: false,
+            discarded: false,
             failures: Vec::new(),
             properties,
             dlq_lock: None,
@@ -664,6 +665,7 @@ impl Broker for SimBroker {
         if !q.copy_sent && is_permanent(&q.last_outcome) {
             // Discarded for a permanent cause: no copy lives on, so the message is still
             // judged as the dead letter it was.
+            q.discarded = true;
             trace_event!(
                 sim.trace,
                 "dead letter #{i} {} claim {} discarded by the operator",

@@ -558,7 +558,7 @@ impl Sim {
             let operator_removed: std::collections::BTreeSet<String> = books
                 .queue
                 .iter()
-                .filter(|q| q.redriven)
+                .filter(|q| q.redriven || q.discarded)
                 .map(|q| q.message_id.clone())
                 .collect();
             (queue, operator_removed)

@@ -54,6 +54,9 @@ pub(super) struct Queued {
     pub(super) redriven: bool,
     /// The operator's tool sent its re-drive copy.
     pub(super) copy_sent: bool,
+    /// Discarded by the operator for a permanent cause: still judged as a dead letter, and
+    /// a later copy under its MessageId completes as a duplicate by the person's decision.
+    pub(super) discarded: bool,
     /// Why each of its deliveries failed (transient causes only).
     pub(super) failures: Vec<super::invariants::Cause>,
     /// Application properties as sent (a re-drive copy names its original).
