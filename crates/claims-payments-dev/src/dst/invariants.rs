@@ -608,6 +608,8 @@ const STORE_FAULT_TEXTS: &[&str] = &[
     "the write may have committed",
     "the write may still commit",
     "read timed out",
+    // The Cosmos DB SDK's own fault injection (`dst --store cosmos`) marks what it injects.
+    "Injected fault",
 ];
 
 impl Cause {
