@@ -662,26 +662,25 @@ impl Broker for SimBroker {
             books.dlq_held.remove(&(until, i, token));
         }
         let q = &mut books.queue[i];
-        if !q.copy_sent && is_permanent(&q.last_outcome) {
-            // Discarded for a permanent cause: no copy lives on, so the message is still
-            // judged as the dead letter it was.
+        // Discarded for a permanent cause: no copy lives on, so the message is still judged
+        // as the dead letter it was. Otherwise its copy (or a settled claim) stands for it.
+        let discarded = !q.copy_sent && is_permanent(&q.last_outcome);
+        if discarded {
             q.discarded = true;
-            trace_event!(
-                sim.trace,
-                "dead letter #{i} {} claim {} discarded by the operator",
-                q.message_id,
-                q.claim.as_deref().unwrap_or("-")
-            );
-            return Ok(());
+        } else {
+            q.redriven = true;
         }
-        q.redriven = true;
         trace_event!(
             sim.trace,
-            "dead letter #{i} {} claim {} removed by the operator",
+            "dead letter #{i} {} claim {} {} by the operator",
             q.message_id,
-            q.claim.as_deref().unwrap_or("-")
+            q.claim.as_deref().unwrap_or("-"),
+            if discarded { "discarded" } else { "removed" }
         );
-        books.redriven += 1;
+        books.removed += 1;
+        if !discarded {
+            books.redriven += 1;
+        }
         Ok(())
     }
 

@@ -263,14 +263,14 @@ impl Sim {
         // reach further down the queue.
         let (mut fewest, mut stalled) = (usize::MAX, 0);
         while stalled < STALLED_ROUNDS {
-            let removed_before = self.books().redriven;
+            let removed_before = self.books().removed;
             let pass = self.clone().operator_run(true).await;
             self.drain().await;
             if pass.waiting == 0 && !pass.more_left {
                 break;
             }
             // Progress: fewer dead letters wait, or the run removed some.
-            if pass.waiting < fewest || self.books().redriven > removed_before {
+            if pass.waiting < fewest || self.books().removed > removed_before {
                 fewest = fewest.min(pass.waiting);
                 stalled = 0;
             } else {

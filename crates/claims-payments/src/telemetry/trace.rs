@@ -56,7 +56,7 @@ use tracing_subscriber::Layer;
 
 use super::metrics;
 use super::record::Recorded;
-use super::sampling::Tail;
+use super::sampling::{Policy, Tail};
 
 /// At most this many finished spans wait under one open span (a long timer run's store
 /// and bank calls); more are dropped and counted in `telemetryDropped`.
@@ -582,17 +582,21 @@ fn with_record<R>(span: &Span, f: impl FnOnce(&mut Recorded, &Recorder) -> R) ->
 /// Makes a caller's span the parent of `span` (a local root): its trace, its trace state,
 /// and the head decision under its `sampled` flag. Call before any span under it starts.
 fn set_parent(span: &Span, parent: &opentelemetry::Context) {
-    let remote = parent.span().span_context().clone();
     with_record(span, |record, recorder| {
-        record.trace_id = remote.trace_id();
-        record.parent_span_id = remote.span_id();
-        record.parent_remote = true;
-        record.trace_state = remote.trace_state().clone();
-        record.sampled = recorder
-            .tail
-            .policy
-            .head_decision(remote.trace_id(), Some(&remote));
+        adopt_parent(record, &recorder.tail.policy, parent)
     });
+}
+
+/// A local root's record joins a caller's trace: the caller's trace id, span as parent,
+/// trace state, and the head decision its `sampled` flag asks for.
+fn adopt_parent(record: &mut Recorded, policy: &Policy, parent: &opentelemetry::Context) {
+    let span = parent.span();
+    let remote = span.span_context();
+    record.trace_id = remote.trace_id();
+    record.parent_span_id = remote.span_id();
+    record.parent_remote = true;
+    record.trace_state = remote.trace_state().clone();
+    record.sampled = policy.head_decision(remote.trace_id(), Some(remote));
 }
 
 /// The parent a caller handed us in W3C Trace Context headers (`traceparent`).
@@ -754,16 +758,7 @@ impl Root {
 
     /// A caller's span as the parent, as [`set_parent`] does for a `tracing` span.
     fn set_parent(&mut self, parent: &opentelemetry::Context) {
-        let remote = parent.span().span_context().clone();
-        let record = &mut self.open.span;
-        record.trace_id = remote.trace_id();
-        record.parent_span_id = remote.span_id();
-        record.parent_remote = true;
-        record.trace_state = remote.trace_state().clone();
-        record.sampled = self
-            .tail
-            .policy
-            .head_decision(remote.trace_id(), Some(&remote));
+        adopt_parent(&mut self.open.span, &self.tail.policy, parent);
     }
 }
 
