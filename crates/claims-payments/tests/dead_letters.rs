@@ -688,6 +688,88 @@ async fn discard_each_removes_the_named_dead_letters_in_one_walk() {
     );
 }
 
+/// Two people run `resubmit --all` at once (the runbook asks for one at a time, but
+/// nothing stops a second): a dead letter locked by one run is invisible to the other, so
+/// each is sent once and removed once, and every claim is paid once.
+#[tokio::test]
+async fn two_resubmit_runs_at_once_send_each_dead_letter_once() {
+    let w = world(HOUR).await;
+    let ids: Vec<String> = (0..30).map(|i| format!("m-{i}")).collect();
+    for id in &ids {
+        w.bus
+            .exhausted(id, &body(&new_claim(), "20.00"), two_hours_ago());
+    }
+    let (a, b) = (
+        broker(&w, Duration::from_secs(10)),
+        broker(&w, Duration::from_secs(10)),
+    );
+    let (options, all) = (options(), all());
+    let ((lines_a, _), (lines_b, _)) = tokio::join!(
+        dead_letters::resubmit(&a, &w.store, &options, &all, false),
+        dead_letters::resubmit(&b, &w.store, &options, &all, false),
+    );
+    assert!(w.bus.dead_letters().is_empty());
+    let log = w.bus.log();
+    for id in &ids {
+        let count = |entry: Logged| log.iter().filter(|l| **l == entry).count();
+        assert_eq!(count(Logged::Sent(id.clone())), 1, "{id}: {log:?}");
+        assert_eq!(count(Logged::Deleted(id.clone())), 1, "{id}: {log:?}");
+        assert_eq!(count(Logged::DroppedDuplicate(id.clone())), 0, "{id}");
+    }
+    // Between them the two runs reported every dead letter once.
+    let mut reported: Vec<_> = lines_a
+        .iter()
+        .chain(&lines_b)
+        .filter_map(|l| l.message_id.clone())
+        .collect();
+    reported.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(reported, expected);
+    let delivered = drain_into_consumer(&w).await;
+    assert_eq!(delivered.len(), 30);
+    assert!(
+        delivered.iter().all(|(_, label)| *label == "recorded"),
+        "{delivered:?}"
+    );
+}
+
+/// After a large incident a person names thousands of dead letters to drop: one walk of
+/// the queue takes each dead letter's lock once, however many names there are.
+#[tokio::test]
+async fn discard_each_of_thousands_of_names_is_one_walk() {
+    let w = world(HOUR).await;
+    for i in 0..200 {
+        w.bus.exhausted(
+            &format!("m-{i}"),
+            &body(&new_claim(), "20.00"),
+            two_hours_ago(),
+        );
+    }
+    let b = broker(&w, Duration::from_secs(10));
+    // Every even dead letter, among 5,000 names that are mostly not there.
+    let named = (0..5_000)
+        .map(|i| format!("m-{}", 2 * i))
+        .collect::<std::collections::BTreeSet<_>>();
+    let mut options = options();
+    options.limit = 1_000;
+    let lines = dead_letters::discard_each(&b, &w.store, &options, &named, "settled")
+        .await
+        .unwrap();
+    assert_eq!(lines.len(), 100);
+    let left = w.bus.dead_letters();
+    assert_eq!(left.len(), 100);
+    assert!(left.iter().all(|d| {
+        let n: u32 = d.message_id[2..].parse().unwrap();
+        n % 2 == 1
+    }));
+    assert_eq!(
+        w.bus.requests(Op::Lock),
+        201,
+        "200 dead letters, then the empty answer"
+    );
+}
+
 /// The product binary: `dead-letters list` prints the table and exits 3, `--json` gives
 /// one object per dead letter and the summary, `resubmit --dry-run` sends nothing,
 /// `discard` writes its warning line to stderr and its store record (which `inbox` lists)

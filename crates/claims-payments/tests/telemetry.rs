@@ -351,6 +351,21 @@ async fn over_otlp_one_delivery_is_one_trace_from_the_host_to_the_bank() {
     let bank_call = bank_calls[0];
     assert_eq!(bank_call.parent_span_id, request.span_id);
     assert_eq!(bank_call.attribute("bank.answer"), "success");
+    // HTTP's semantic conventions, and never the query or credentials in the URL.
+    let (host, port) = bank_url
+        .trim_start_matches("http://")
+        .split_once(':')
+        .unwrap();
+    assert_eq!(bank_call.name, "POST /payments");
+    for (key, value) in [
+        ("http.request.method", "POST"),
+        ("server.address", host),
+        ("server.port", port),
+        ("url.full", &format!("{bank_url}/payments")),
+        ("http.response.status_code", "201"),
+    ] {
+        assert_eq!(bank_call.attribute(key), value, "{key}: {bank_call:#?}");
+    }
     assert_eq!(
         bank.traceparents(),
         vec![Some(format!("00-{trace}-{}-01", bank_call.span_id))]

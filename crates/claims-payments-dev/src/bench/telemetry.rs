@@ -94,6 +94,11 @@ pub struct TelemetrySide {
     pub label: String,
     pub fresh: PhaseFigures,
     pub duplicate: PhaseFigures,
+    /// The median over rounds of this side's serve CPU per message over "off"'s in the same
+    /// round (a share: 0.1 is +10%), fresh and duplicate. Paired by round, it is steadier
+    /// than the totals' ratio on a shared machine, where a burst of other work lands on
+    /// one side's phase.
+    pub median_round_overhead: (f64, f64),
     pub exported: Option<Exported>,
 }
 
@@ -180,6 +185,20 @@ impl TelemetryOverhead {
                 }
             }
         }
+        let _ = writeln!(
+            o,
+            "vs off, median over rounds of each round's pair (fresh, duplicate): {}",
+            self.sides[1..]
+                .iter()
+                .map(|s| format!(
+                    "{} {:+.1}%, {:+.1}%",
+                    s.label,
+                    s.median_round_overhead.0 * 100.0,
+                    s.median_round_overhead.1 * 100.0
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
         for side in &self.sides {
             let Some(e) = &side.exported else { continue };
             let rates: Vec<String> = e.sample_rates.iter().map(|r| format!("{r}")).collect();
@@ -269,12 +288,14 @@ pub(super) async fn overhead(
     }
     let mut fresh: Vec<Accumulated> = (0..n).map(|_| Accumulated::default()).collect();
     let mut duplicate: Vec<Accumulated> = (0..n).map(|_| Accumulated::default()).collect();
+    // Per phase, per side: serve CPU per message in each round.
+    let mut cpu_by_round: [Vec<Vec<f64>>; 2] = [vec![Vec::new(); n], vec![Vec::new(); n]];
     for round in 0..args.rounds {
         let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
         let batches: Vec<_> = (0..n)
             .map(|i| envelopes(per_round, &format!("telemetry-{i}-{round}")))
             .collect();
-        for phase in 0..2 {
+        for (phase, cpu_of_phase) in cpu_by_round.iter_mut().enumerate() {
             for &i in &order {
                 let (first, second) = &batches[i];
                 let bodies = if phase == 0 { first } else { second };
@@ -286,6 +307,8 @@ pub(super) async fn overhead(
                     if phase == 0 { "recorded" } else { "duplicate" },
                 )
                 .await?;
+                let cpu = delta.server_cpu_us / (run.latencies_us.len().max(1) as f64);
+                cpu_of_phase[i].push(cpu);
                 if phase == 0 {
                     fresh[i].add(run, delta);
                 } else {
@@ -344,14 +367,32 @@ pub(super) async fn overhead(
             e.export_failures = counters[i]["telemetryExportFailures"].as_u64().unwrap_or(0);
             e
         });
+        let median_over_off = |phase: usize| {
+            let paired = cpu_by_round[phase][i]
+                .iter()
+                .zip(&cpu_by_round[phase][0])
+                .map(|(on, off)| on / off - 1.0);
+            median(paired.collect())
+        };
         sides.push(TelemetrySide {
             label: labels[i].to_owned(),
             fresh: f.figures(),
             duplicate: d.figures(),
+            median_round_overhead: (median_over_off(0), median_over_off(1)),
             exported,
         });
     }
     Ok(TelemetryOverhead { sides })
+}
+
+/// The median of `values` (0 for none).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 /// Splits what an endpoint received by the trace it belongs to.

@@ -169,6 +169,55 @@ mod tests {
     }
 
     #[test]
+    fn a_hostile_date_is_a_reading_beyond_the_bound_or_none_never_a_panic() {
+        let t0 = Instant::now();
+        // The protocol's extremes: the epoch and the last second of year 9999.
+        for (date, years) in [
+            ("Thu, 01 Jan 1970 00:00:00 GMT", 56),
+            ("Fri, 31 Dec 9999 23:59:59 GMT", -7979),
+        ] {
+            let check = ClockCheck::default();
+            let headers = HeaderMap::from_iter([(DATE, HeaderValue::from_static(date))]);
+            check.note_at(&headers, at(0), t0);
+            // Long after, on a clock that jumped a century: still an estimate, far off.
+            let later = t0 + Duration::from_secs(3600);
+            for now in [at(3600), at(3600 + 100 * 365 * 86_400)] {
+                let Estimate::Off { error, .. } = check.estimate_at(now, later) else {
+                    panic!("{date}: a reading")
+                };
+                assert!(beyond(error), "{date}: {error}");
+            }
+            let Estimate::Off { error, .. } = check.estimate_at(at(0), t0) else {
+                panic!("{date}: a reading")
+            };
+            // This clock minus the bank's, in 365-day years.
+            assert_eq!(error.whole_days() / 365, years, "{date}");
+        }
+        // Texts that are not an HTTP date are no reading, and do not replace one.
+        let check = ClockCheck::default();
+        for text in [
+            "",
+            "yesterday",
+            "Fri, 31 Dec 10000 23:59:59 GMT",
+            "Mon, 32 Jan 2026 00:00:00 GMT",
+        ] {
+            let headers = HeaderMap::from_iter([(DATE, HeaderValue::from_str(text).unwrap())]);
+            check.note_at(&headers, at(0), t0);
+        }
+        assert_eq!(check.estimate_at(at(0), t0), Estimate::Unchecked);
+        check.note_at(&dated(at(0)), at(2), t0);
+        check.note_at(
+            &HeaderMap::from_iter([(DATE, HeaderValue::from_static("yesterday"))]),
+            at(2),
+            t0,
+        );
+        assert!(matches!(
+            check.estimate_at(at(2), t0),
+            Estimate::Off { error, .. } if error.whole_seconds() == 2
+        ));
+    }
+
+    #[test]
     fn answers_without_a_date_leave_the_clock_unchecked_until_one_has_it() {
         let check = ClockCheck::default();
         check.note(&HeaderMap::new(), at(0));

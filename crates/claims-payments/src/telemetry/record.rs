@@ -34,6 +34,27 @@ pub(crate) struct Recorded {
 }
 
 impl Recorded {
+    /// A client call's record (a store or bank request), not yet placed in a trace: its
+    /// ids, times and status are given once the call is over.
+    pub(super) fn client(name: Cow<'static, str>, attributes: Vec<KeyValue>) -> Self {
+        let now = SystemTime::now();
+        Recorded {
+            name,
+            kind: SpanKind::Client,
+            trace_id: TraceId::INVALID,
+            span_id: SpanId::INVALID,
+            parent_span_id: SpanId::INVALID,
+            parent_remote: false,
+            sampled: false,
+            trace_state: TraceState::default(),
+            start: now,
+            end: now,
+            attributes,
+            status: Status::Unset,
+            events: Vec::new(),
+        }
+    }
+
     /// Statuses only rise (Unset, then Error, then Ok), as OpenTelemetry's spans do.
     pub(super) fn set_status(&mut self, status: Status) {
         if status > self.status {

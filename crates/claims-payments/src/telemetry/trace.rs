@@ -973,6 +973,9 @@ pub(crate) fn bank_answer_class(status: u16) -> &'static str {
 /// Sends one bank request as a dependency span of the current invocation, with
 /// `traceparent` (and `tracestate`) injected, and records its duration and answer class.
 /// Without telemetry it only sends.
+///
+/// Like a store call it is no `tracing` span: its record is made after the answer
+/// ([`record_call`]); only its span id is drawn before, for `traceparent`.
 pub(crate) async fn bank_call(
     operation: &'static str,
     request: reqwest::RequestBuilder,
@@ -980,73 +983,124 @@ pub(crate) async fn bank_call(
     if !super::enabled() {
         return request.send().await;
     }
-    let span = tracing::info_span!(
-        "bank",
-        otel.name = tracing::field::Empty,
-        otel.kind = "client",
-        otel.status_code = tracing::field::Empty,
-        http.request.method = tracing::field::Empty,
-        server.address = tracing::field::Empty,
-        server.port = tracing::field::Empty,
-        url.full = tracing::field::Empty,
-        http.response.status_code = tracing::field::Empty,
-        bank.operation = operation,
-        bank.answer = tracing::field::Empty,
-    );
     let (client, built) = request.build_split();
-    let mut built = match built {
-        Ok(built) => built,
-        Err(e) => return Err(e),
-    };
+    let mut built = built?;
     let url = built.url();
-    span.record(
-        "otel.name",
-        format!("{} {}", built.method(), url.path()).as_str(),
-    );
-    span.record("http.request.method", built.method().as_str());
+    let method = built.method().as_str();
+    let name = format!("{method} {}", url.path());
+    let mut attributes = Vec::with_capacity(7);
+    attributes.push(KeyValue::new("bank.operation", operation));
+    attributes.push(KeyValue::new(
+        "http.request.method",
+        match known("http.request.method", method) {
+            Some(fixed) => StringValue::from(fixed),
+            None => StringValue::from(method.to_owned()),
+        },
+    ));
     if let Some(host) = url.host_str() {
-        span.record("server.address", host);
+        attributes.push(KeyValue::new("server.address", host.to_owned()));
     }
     if let Some(port) = url.port_or_known_default() {
-        span.record("server.port", port);
+        // Unsigned integers are text, as a span field's are (see `SpanFields`).
+        attributes.push(KeyValue::new("server.port", port.to_string()));
     }
-    // Scheme, host and path only: never the query (a reference) or credentials.
-    span.record(
+    // Scheme, host, port and path only: never the query (a reference) or credentials.
+    let (scheme, host, path) = (url.scheme(), url.host_str().unwrap_or(""), url.path());
+    attributes.push(KeyValue::new(
         "url.full",
-        format!(
-            "{}://{}{}",
-            url.scheme(),
-            url.host_str().unwrap_or(""),
-            url.path()
-        )
-        .as_str(),
-    );
-    if let Some(context) = with_record(&span, |record, _| record.context()) {
+        match url.port() {
+            Some(port) => format!("{scheme}://{host}:{port}{path}"),
+            None => format!("{scheme}://{host}{path}"),
+        },
+    ));
+    let mut record = Recorded::client(Cow::Owned(name), attributes);
+    if let Some(context) = place_here(&mut record) {
         TraceContextPropagator::new().inject_context(
             &opentelemetry::Context::new().with_remote_span_context(context),
             &mut HeaderInjector(built.headers_mut()),
         );
     }
     let started = Instant::now();
-    let result = client.execute(built).instrument(span.clone()).await;
+    let (result, call) = observe_call(client.execute(built)).await;
     let millis = started.elapsed().as_secs_f64() * 1000.0;
     let answer = match &result {
         Ok(response) => {
             let status = response.status().as_u16();
-            span.record("http.response.status_code", status);
+            record.attributes.push(KeyValue::new(
+                "http.response.status_code",
+                status.to_string(),
+            ));
             bank_answer_class(status)
         }
         Err(e) if e.is_timeout() => "timeout",
         Err(_) => "connection-error",
     };
-    span.record("bank.answer", answer);
-    span.record(
-        "otel.status_code",
-        if answer == "success" { "ok" } else { "error" },
-    );
+    record
+        .attributes
+        .push(KeyValue::new("bank.answer", StringValue::from(answer)));
+    record.start = call.start;
+    record.end = call.end;
+    record.events = call.events;
+    if call.error {
+        record.set_status(Status::error(""));
+    }
+    record.set_status(if answer == "success" {
+        Status::Ok
+    } else {
+        Status::error("")
+    });
+    attach_here(record);
     set_attribute_here(KeyValue::new("bankAnswer", answer));
     metrics::bank_duration(operation, answer, millis);
     result
+}
+
+/// Gives `record` (a client call about to start here) its trace, parent and span id: under
+/// the innermost recorded span, else under this task's invocation, else a trace of its
+/// own. Returns the context to hand to the callee.
+fn place_here(record: &mut Recorded) -> Option<opentelemetry::trace::SpanContext> {
+    let parent = Span::current()
+        .with_subscriber(|(id, dispatch)| {
+            let registry = dispatch.downcast_ref::<Registry>()?;
+            let span = registry.span(id)?;
+            let parent = span
+                .scope()
+                .find(|s| s.extensions().get::<Open>().is_some())?;
+            let extensions = parent.extensions();
+            extensions.get::<Open>().map(|open| parentage(&open.span))
+        })
+        .flatten()
+        .or_else(|| with_invocation(|open| parentage(&open.span)));
+    let ids = RandomIdGenerator::default();
+    match parent {
+        Some((trace_id, span_id, sampled, trace_state)) => {
+            record.trace_id = trace_id;
+            record.parent_span_id = span_id;
+            record.sampled = sampled;
+            record.trace_state = trace_state;
+        }
+        None => {
+            record.trace_id = ids.new_trace_id();
+            record.sampled = tracing::dispatcher::get_default(|dispatch| {
+                dispatch
+                    .downcast_ref::<Recorder>()
+                    .map(|r| r.tail.policy.head_decision(record.trace_id, None))
+            })?;
+        }
+    }
+    record.span_id = ids.new_span_id();
+    Some(record.context())
+}
+
+/// What a span under `span` inherits: its trace, itself as parent, its head decision and
+/// trace state.
+fn parentage(span: &Recorded) -> (opentelemetry::trace::TraceId, SpanId, bool, TraceState) {
+    (
+        span.trace_id,
+        span.span_id,
+        span.sampled,
+        span.trace_state.clone(),
+    )
 }
 
 /// What happened inside a store call in progress: the request units it was charged,
@@ -1104,27 +1158,22 @@ pub(crate) fn record_call(
     call: Observed,
     failed: Option<&'static str>,
 ) {
-    let mut record = Recorded {
-        name,
-        kind: SpanKind::Client,
-        trace_id: opentelemetry::trace::TraceId::INVALID,
-        span_id: SpanId::INVALID,
-        parent_span_id: SpanId::INVALID,
-        parent_remote: false,
-        sampled: false,
-        trace_state: TraceState::default(),
-        start: call.start,
-        end: call.end,
-        attributes,
-        status: Status::Unset,
-        events: call.events,
-    };
+    let mut record = Recorded::client(name, attributes);
+    record.start = call.start;
+    record.end = call.end;
+    record.events = call.events;
     if call.error {
         record.set_status(Status::error(""));
     }
     if let Some(label) = failed {
         record.set_status(Status::error(label));
     }
+    attach_here(record);
+}
+
+/// Adds a finished client call's record under the current span (a root of its own
+/// outside every recorded span). Ids already given ([`place_here`]) are kept.
+fn attach_here(record: Recorded) {
     let current = Span::current();
     let mut record = Some(record);
     current.with_subscriber(|(id, dispatch)| {
@@ -1148,12 +1197,7 @@ pub(crate) fn record_call(
             return;
         };
         if let Some(mut record) = record.take() {
-            let p = &open.span;
-            record.trace_id = p.trace_id;
-            record.parent_span_id = p.span_id;
-            record.sampled = p.sampled;
-            record.trace_state = p.trace_state.clone();
-            record.span_id = recorder.ids.new_span_id();
+            adopt(&mut record, &open.span, || recorder.ids.new_span_id());
             open.take(record, Vec::new());
         }
     });
@@ -1161,12 +1205,9 @@ pub(crate) fn record_call(
     if record.is_some() {
         with_invocation(|open| {
             if let Some(mut call) = record.take() {
-                let p = &open.span;
-                call.trace_id = p.trace_id;
-                call.parent_span_id = p.span_id;
-                call.sampled = p.sampled;
-                call.trace_state = p.trace_state.clone();
-                call.span_id = RandomIdGenerator::default().new_span_id();
+                adopt(&mut call, &open.span, || {
+                    RandomIdGenerator::default().new_span_id()
+                });
                 open.take(call, Vec::new());
             }
         });
@@ -1175,12 +1216,30 @@ pub(crate) fn record_call(
     if let Some(mut record) = record {
         tracing::dispatcher::get_default(|dispatch| {
             if let Some(recorder) = dispatch.downcast_ref::<Recorder>() {
-                record.trace_id = recorder.ids.new_trace_id();
-                record.span_id = recorder.ids.new_span_id();
-                record.sampled = recorder.tail.policy.head_decision(record.trace_id, None);
+                if record.trace_id == opentelemetry::trace::TraceId::INVALID {
+                    record.trace_id = recorder.ids.new_trace_id();
+                    record.sampled = recorder.tail.policy.head_decision(record.trace_id, None);
+                }
+                if record.span_id == SpanId::INVALID {
+                    record.span_id = recorder.ids.new_span_id();
+                }
                 recorder.tail.finish(record.clone(), Vec::new());
             }
         });
+    }
+}
+
+/// `record` goes under `parent`: its trace, head decision and trace state, and a span id
+/// of its own unless it has one.
+fn adopt(record: &mut Recorded, parent: &Recorded, new_id: impl FnOnce() -> SpanId) {
+    (
+        record.trace_id,
+        record.parent_span_id,
+        record.sampled,
+        record.trace_state,
+    ) = parentage(parent);
+    if record.span_id == SpanId::INVALID {
+        record.span_id = new_id();
     }
 }
 
