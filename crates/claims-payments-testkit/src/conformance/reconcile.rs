@@ -359,8 +359,8 @@ pub async fn a_mismatch_is_never_paid_later_nor_examined_again(store: DynStore) 
     );
 }
 
-/// Item 2: the bank may normalise the reference's letter case (DESIGN §8): still ours,
-/// so no second payout. An entry without a reference is no answer at all.
+/// A bank may normalise the reference's letter case (docs/runbook.md §4, how the lookup is
+/// read): still ours, so no second payout. An entry without a reference is no answer at all.
 pub async fn lookup_references_differing_in_case_are_ours_and_missing_ones_are_unusable(
     store: DynStore,
 ) {
