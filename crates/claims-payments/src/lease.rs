@@ -96,6 +96,8 @@ pub(crate) enum Seen<'a> {
 }
 
 /// What [`Lease::acquire`] came to.
+// One answer per call, matched at once: boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Acquired {
     /// This attempt holds the lease, which `from` held before ([`Holder::Nobody`] for a
@@ -500,7 +502,8 @@ mod tests {
         let bid = |delivery| Bid { me, delivery, now };
         let take = |record: &InboxRecord| taken_over(record, me, 1, terms, now);
         let stored = |owner, lease_until, count| async move {
-            let Ok(Created::Held(lease)) = Lease::create(store, record(owner, lease_until, count)).await
+            let Ok(Created::Held(lease)) =
+                Lease::create(store, record(owner, lease_until, count)).await
             else {
                 panic!("a new key is created");
             };
@@ -512,12 +515,13 @@ mod tests {
         // (the record found, the bid's count, its owner's process ended) -> what comes of
         // it, and how often liveness was asked.
         let later = now + Duration::from_secs(30);
+        let (ran_out, live, held_off) = (Some(now), Some(later), Holder::Live(later));
         let cases = [
-            (stored(other, Some(now), 2).await, 1, true, Holder::Nobody, 0),
-            (stored(other, Some(later), 2).await, 3, true, Holder::Superseded, 0),
-            (stored(me, Some(later), 2).await, 1, true, Holder::Us, 0),
-            (stored(other, Some(later), 2).await, 1, true, Holder::OwnerGone, 1),
-            (stored(other, Some(later), 2).await, 1, false, Holder::Live(later), 1),
+            (stored(other, ran_out, 2).await, 1, true, Holder::Nobody, 0),
+            (stored(other, live, 2).await, 3, true, Holder::Superseded, 0),
+            (stored(me, live, 2).await, 1, true, Holder::Us, 0),
+            (stored(other, live, 2).await, 1, true, Holder::OwnerGone, 1),
+            (stored(other, live, 2).await, 1, false, held_off, 1),
         ];
         for (seen, delivery, ended, expected, asks) in cases {
             let owners = Counted {

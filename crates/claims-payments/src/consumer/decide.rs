@@ -346,7 +346,9 @@ pub(crate) fn on_payout_owner(
     match owner {
         // Only an in-progress record has a holder whose end makes it adoptable; looking
         // again at once for a completed one would spin without a pause.
-        Some(seen) if seen.record.status == InboxStatus::InProgress && seen.record.owner != a.id => {
+        Some(seen)
+            if seen.record.status == InboxStatus::InProgress && seen.record.owner != a.id =>
+        {
             OnPayoutOwner::AdoptIfOrphaned { seen }
         }
         _ => OnPayoutOwner::WaitForPayout,

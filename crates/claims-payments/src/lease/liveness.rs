@@ -70,9 +70,10 @@ fn key(boot: Boot) -> StoreResult<InboxKey> {
     })
 }
 
-/// The processes one attempt found ended: what its pure decisions read
-/// ([`super::holder`]'s `owner_gone`). Filled by [`Owners::check_for`]; it lives as long as
-/// the attempt, so no later attempt acts on what this one read.
+/// The processes one attempt found ended: what [`super::Lease::acquire`] knows without a
+/// read ([`super::holder`]'s `owner_gone`, through [`Owners::seen_by`]). Filled by
+/// [`Owners::check_for`]; it lives as long as the attempt, so no later attempt acts on what
+/// this one read.
 #[derive(Debug)]
 pub(crate) struct GoneOwners {
     /// This process, never gone.

@@ -12,9 +12,7 @@ use crate::ambient::Ambient;
 use crate::domain::PayloadHash;
 use crate::lease::liveness::Owners;
 use crate::lease::{self, Acquired, Bid, Created, Lease, Seen, Terms};
-use crate::store::{
-    InboxKey, InboxOutcome, InboxRecord, InboxStatus, Store, StoreError,
-};
+use crate::store::{InboxKey, InboxOutcome, InboxRecord, InboxStatus, Store, StoreError};
 use crate::telemetry;
 
 /// What [`open`] leads to.
