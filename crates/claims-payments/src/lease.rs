@@ -89,7 +89,7 @@ pub(crate) trait OwnerLiveness {
 
 /// The record found under the key to lease.
 pub(crate) enum Seen<'a> {
-    /// None: create this one.
+    /// No record: create this one.
     Nothing(InboxRecord),
     /// This one, as read at its version.
     Record(&'a Versioned<InboxRecord>),
