@@ -1,4 +1,4 @@
-//! Issue 31 item 7, on any store: payment rows edited by hand into something that does
+//! On any store: payment rows edited by hand into something that does
 //! not parse (an amount `80.5` for EUR). `ledger` names each with its claim and column,
 //! still lists the others and exits 4; the consumer answers `store-failure` for such a
 //! claim (a person must repair it) and never pays it again. The store-specific part is

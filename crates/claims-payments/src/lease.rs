@@ -5,10 +5,13 @@
 //! A lease is an inbox record `in_progress` with an owner and `lease_until`. It is
 //! created with a conditional create and changed only with writes conditional on the
 //! version read, so of two attempts that race, exactly one wins; the loser re-reads.
-//! Who may take a record over is decided by [`holder`], and nowhere else.
+//! Who may take a record over is decided by [`holder`], and nowhere else; every lease
+//! is taken with [`Lease::acquire`], which applies it.
 //!
 //! [`liveness`] tells whether the process behind a live lease is still running, so a
-//! lease whose owner died is taken over at once instead of being waited out.
+//! lease whose owner died is taken over at once instead of being waited out. Asking
+//! costs a store read, so it is asked only of a lease that would otherwise hold the
+//! attempt off: a record that is ours, free or superseded needs no answer.
 
 pub(crate) mod liveness;
 
@@ -48,10 +51,62 @@ pub(crate) enum Holder {
 }
 
 impl Holder {
-    /// Whether the attempt may write over the record now.
-    pub(crate) fn may_take_over(self) -> bool {
-        !matches!(self, Holder::Live(_))
+    /// Why a lease changed hands, as logged with the takeover.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Holder::Us => "own-write",
+            Holder::Nobody => "lease-expired",
+            Holder::Superseded => "later-delivery",
+            Holder::OwnerGone => "owner-gone",
+            Holder::Live(_) => "live",
+        }
     }
+}
+
+/// An attempt that wants a lease: who it is, the broker's count it judges the record
+/// with (0: not a broker delivery, or the host did not say) and its clock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bid {
+    pub(crate) me: AttemptId,
+    pub(crate) delivery: u32,
+    pub(crate) now: OffsetDateTime,
+}
+
+impl Bid {
+    /// Who holds `record` for this bid ([`holder`]).
+    pub(crate) fn judge(&self, record: &InboxRecord, owner_gone: bool) -> Holder {
+        holder(record, self.me, self.delivery, owner_gone, self.now)
+    }
+}
+
+/// Whether the process behind a lease has ended ([`liveness::Owners`]).
+pub(crate) trait OwnerLiveness {
+    /// What the asker found already, without a read (an attempt's own findings).
+    fn known_ended(&self, owner: AttemptId) -> bool;
+    /// Whether `owner`'s process has ended: may read its registration.
+    async fn ended(&self, owner: AttemptId) -> bool;
+}
+
+/// The record found under the key to lease.
+pub(crate) enum Seen<'a> {
+    /// No record: create this one.
+    Nothing(InboxRecord),
+    /// This one, as read at its version.
+    Record(&'a Versioned<InboxRecord>),
+}
+
+/// What [`Lease::acquire`] came to.
+// One answer per call, matched at once: boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(crate) enum Acquired {
+    /// This attempt holds the lease, which `from` held before ([`Holder::Nobody`] for a
+    /// record it created).
+    Held { lease: Lease, from: Holder },
+    /// A live attempt holds it, until then.
+    Live(OffsetDateTime),
+    /// Another attempt wrote first: read the record again to see how it stands.
+    Lost,
 }
 
 /// The takeover rule. `delivery` is the broker's count for this attempt (0 when it is
@@ -203,6 +258,46 @@ pub(crate) enum Created {
 }
 
 impl Lease {
+    /// Takes the lease of the record `seen` for `bid`: creates it when there is none,
+    /// otherwise writes `take(record)` over it (conditional on the version read) when
+    /// [`holder`] lets `bid` take it over.
+    ///
+    /// `owners` is asked whether the holder's process has ended only when the lease would
+    /// otherwise be live: a record that is ours, free or superseded is taken without that
+    /// read.
+    pub(crate) async fn acquire(
+        store: &dyn Store,
+        seen: Seen<'_>,
+        bid: Bid,
+        owners: &impl OwnerLiveness,
+        take: impl FnOnce(&InboxRecord) -> InboxRecord,
+    ) -> StoreResult<Acquired> {
+        let seen = match seen {
+            Seen::Nothing(record) => {
+                return Ok(match Lease::create(store, record).await? {
+                    Created::Held(lease) => Acquired::Held {
+                        lease,
+                        from: Holder::Nobody,
+                    },
+                    Created::Exists(_) => Acquired::Lost,
+                })
+            }
+            Seen::Record(seen) => seen,
+        };
+        let record = &seen.record;
+        let mut from = bid.judge(record, owners.known_ended(record.owner));
+        if matches!(from, Holder::Live(_)) && owners.ended(record.owner).await {
+            from = bid.judge(record, true);
+        }
+        if let Holder::Live(until) = from {
+            return Ok(Acquired::Live(until));
+        }
+        Ok(match Lease::take_over(store, seen, take(record)).await? {
+            Some(lease) => Acquired::Held { lease, from },
+            None => Acquired::Lost,
+        })
+    }
+
     /// Creates `record` if no record of its key exists.
     ///
     /// A `Transient` answer may hide a create that committed (the connection dropped
@@ -353,7 +448,7 @@ mod tests {
         let live = record(other, Some(later), 2);
         assert_eq!(holder(&live, me, 2, false, now), Holder::Live(later));
         assert_eq!(holder(&live, me, 0, false, now), Holder::Live(later));
-        assert!(!holder(&live, me, 1, false, now).may_take_over());
+        assert_eq!(holder(&live, me, 1, false, now), Holder::Live(later));
         assert_eq!(holder(&live, me, 3, false, now), Holder::Superseded);
         assert_eq!(holder(&live, other, 1, false, now), Holder::Us);
         let ran_out = record(other, Some(now), 2);
@@ -365,8 +460,117 @@ mod tests {
         assert_eq!(holder(&unnumbered, me, 5, false, now), Holder::Live(later));
         // A live lease of a process that has ended is over for anyone; our own is ours.
         assert_eq!(holder(&live, me, 0, true, now), Holder::OwnerGone);
-        assert!(holder(&live, me, 1, true, now).may_take_over());
+        assert_eq!(holder(&live, me, 1, true, now), Holder::OwnerGone);
         assert_eq!(holder(&live, other, 0, true, now), Holder::Us);
         assert_eq!(holder(&ran_out, me, 0, true, now), Holder::Nobody);
+    }
+
+    /// Liveness that answers `ended` and counts how often it was asked (each ask is a
+    /// store read with [`liveness::Owners`]).
+    struct Counted {
+        ended: bool,
+        asked: std::sync::atomic::AtomicU32,
+    }
+
+    impl OwnerLiveness for Counted {
+        fn known_ended(&self, _: AttemptId) -> bool {
+            false
+        }
+
+        async fn ended(&self, _: AttemptId) -> bool {
+            self.asked
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.ended
+        }
+    }
+
+    /// Whether the holder's process ended is asked only of a lease that would otherwise
+    /// hold the bid off, once; a record that is ours, free or superseded is taken without
+    /// the read, and so is a record created.
+    #[tokio::test]
+    async fn liveness_is_asked_only_of_a_lease_that_would_otherwise_be_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: crate::store::DynStore =
+            crate::store::sqlite::SqliteStore::open(dir.path().join("l.db")).unwrap();
+        let store = store.as_ref();
+        let now = OffsetDateTime::now_utc();
+        let (me, other) = (AttemptId::new(), AttemptId::new());
+        let terms = Terms {
+            lease: Duration::from_secs(60),
+            retention: Duration::from_secs(3600),
+        };
+        let bid = |delivery| Bid { me, delivery, now };
+        let take = |record: &InboxRecord| taken_over(record, me, 1, terms, now);
+        let stored = |owner, lease_until, count| async move {
+            let Ok(Created::Held(lease)) =
+                Lease::create(store, record(owner, lease_until, count)).await
+            else {
+                panic!("a new key is created");
+            };
+            Versioned {
+                record: lease.record,
+                version: lease.version,
+            }
+        };
+        // (the record found, the bid's count, its owner's process ended) -> what comes of
+        // it, and how often liveness was asked.
+        let later = now + Duration::from_secs(30);
+        let (ran_out, live, held_off) = (Some(now), Some(later), Holder::Live(later));
+        let cases = [
+            (stored(other, ran_out, 2).await, 1, true, Holder::Nobody, 0),
+            (stored(other, live, 2).await, 3, true, Holder::Superseded, 0),
+            (stored(me, live, 2).await, 1, true, Holder::Us, 0),
+            (stored(other, live, 2).await, 1, true, Holder::OwnerGone, 1),
+            (stored(other, live, 2).await, 1, false, held_off, 1),
+        ];
+        for (seen, delivery, ended, expected, asks) in cases {
+            let owners = Counted {
+                ended,
+                asked: Default::default(),
+            };
+            let acquired = Lease::acquire(store, Seen::Record(&seen), bid(delivery), &owners, take)
+                .await
+                .unwrap();
+            match (acquired, expected) {
+                (Acquired::Live(until), Holder::Live(expected)) => assert_eq!(until, expected),
+                (Acquired::Held { lease, from }, _) => {
+                    assert_eq!(from, expected);
+                    assert_eq!(lease.record.owner, me);
+                }
+                (other, _) => panic!("{expected:?}: came to {other:?}"),
+            }
+            assert_eq!(owners.asked.into_inner(), asks, "{expected:?}");
+        }
+        // A record created asks nothing; one found created meanwhile is a lost race.
+        let owners = Counted {
+            ended: true,
+            asked: Default::default(),
+        };
+        let fresh = record(me, Some(later), 1);
+        let created = Lease::acquire(store, Seen::Nothing(fresh.clone()), bid(1), &owners, take)
+            .await
+            .unwrap();
+        assert!(matches!(
+            created,
+            Acquired::Held {
+                from: Holder::Nobody,
+                ..
+            }
+        ));
+        let again = Lease::acquire(store, Seen::Nothing(fresh), bid(1), &owners, take)
+            .await
+            .unwrap();
+        assert!(matches!(again, Acquired::Lost));
+        // A record changed since it was read: another attempt moved first.
+        let seen = stored(other, Some(now), 1).await;
+        Lease::take_over(store, &seen, take(&seen.record))
+            .await
+            .unwrap()
+            .unwrap();
+        let lost = Lease::acquire(store, Seen::Record(&seen), bid(1), &owners, take)
+            .await
+            .unwrap();
+        assert!(matches!(lost, Acquired::Lost));
+        assert_eq!(owners.asked.into_inner(), 0);
     }
 }

@@ -1055,7 +1055,7 @@ fn key_records(db: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// Issue 21 item 6: the bank's error body never reaches an HTTP client. The bank here
+/// The bank's error body never reaches an HTTP client (it may carry our credential). The bank here
 /// echoes our `Authorization: Bearer <BANK_API_KEY>` in every error; whatever the bank
 /// answers (unavailable, refused, unknowable, refusing our credential), neither the POST
 /// nor the GET answer carries the secret.
@@ -1101,7 +1101,7 @@ async fn no_answer_of_the_payments_api_carries_the_banks_words() {
     assert!(bank.arrived.load(Ordering::SeqCst) >= 4);
 }
 
-/// Issue 21 item 8: a client that goes away while the bank holds its payout does not
+/// A client that goes away while the bank holds its payout does not
 /// cut the payment short. The work runs on its own task, finishes when the bank answers
 /// and stores the answer, so the client's retry gets it at once instead of 409 until
 /// the lease (set far beyond the wait here) runs out.
@@ -1189,7 +1189,7 @@ fn principal(oid: &str, roles: &[&str]) -> String {
     base64::engine::general_purpose::STANDARD.encode(principal.to_string())
 }
 
-/// Issue 21 item 7: under `HTTP_AUTH=appservice` every route follows the caller model:
+/// Under `HTTP_AUTH=appservice` every route follows the caller model:
 /// a signed-in principal (401 `caller-unknown`), app roles `Payments.Pay` for POST and
 /// `Payments.Read` for reading any payment (403 `forbidden`), a payer reads only what it
 /// created, and one principal's keys and payments are not another's.
@@ -1325,7 +1325,8 @@ async fn under_app_service_auth_every_route_knows_the_caller() {
     assert_eq!(ledger(&db).len(), 2);
 }
 
-/// Issue 21 item 13: loose HTTP input is refused before anything is stored.
+/// Loose HTTP input is refused before anything is stored: what is stored is what a retry
+/// is compared with, so it must mean one thing only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_payments_api_refuses_loose_input() {
     let bank = FakeBank::start().await;
@@ -1435,7 +1436,7 @@ async fn the_payments_api_refuses_loose_input() {
     assert!(r.text().await.unwrap().contains("ClaimApproved"));
 }
 
-/// Issue 31 item 7 on SQLite: payment rows whose amount was edited by hand to `80.5`
+/// On SQLite, payment rows whose amount was edited by hand to `80.5`
 /// (EUR) are named by `ledger` with claim and column, the rest is listed, the exit code is
 /// 4, and the consumer answers `store-failure` for those claims without paying again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

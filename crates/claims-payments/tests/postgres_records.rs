@@ -1,7 +1,7 @@
 //! Records that went wrong on the way, on a real PostgreSQL server (see
 //! `claims_payments_testkit::postgres`; skipped with a SKIP line where there is none):
-//! an HTTP key record whose create committed but whose answer was lost (issue 31 item
-//! 3), and a payment row edited by hand into something that does not parse (item 7).
+//! an HTTP key record whose create committed but whose answer was lost, and a payment
+//! row edited by hand into something that does not parse.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -126,7 +126,7 @@ impl Store for LosesKeyRecordAnswers {
     }
 }
 
-/// Issue 31 item 3: the answer to the key record's committed create is lost. The request
+/// The answer to the key record's committed create is lost. The request
 /// re-reads the record, recognises its own (same owner) and pays: 201 on the first try,
 /// not a 503 followed by 409 `request-in-flight` for a whole lease; the retry with the
 /// same key replays the answer.
@@ -221,7 +221,7 @@ async fn a_lost_answer_to_a_key_records_takeover_still_pays() {
     assert_eq!(store.list_payments(10).await.unwrap().len(), 1);
 }
 
-/// Issue 31 item 7 on PostgreSQL: payment rows whose amount was edited by hand (SQL) to
+/// On PostgreSQL, payment rows whose amount was edited by hand (SQL) to
 /// `80.5` (EUR) are named by `ledger` with claim and column, the rest is listed, the exit
 /// code is 4, and the consumer answers `store-failure` for those claims without paying
 /// again.

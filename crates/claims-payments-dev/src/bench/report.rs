@@ -199,7 +199,7 @@ pub struct BenchReport {
 }
 
 /// The Cosmos cost of a million messages of one kind, under the deployed indexing policy
-/// and the one before issue 17.
+/// and the one deployed before it (every path but the payout request indexed).
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CostRow {
@@ -320,7 +320,7 @@ impl BenchReport {
             );
         }
         if !self.targets.is_empty() {
-            let _ = writeln!(o, "targets (issue 17), this run:");
+            let _ = writeln!(o, "performance targets, this run:");
             for t in &self.targets {
                 let value = match t.unit {
                     "x" => format!("{:.2}x", t.value),

@@ -107,7 +107,8 @@ impl IndexPolicy {
         }
     }
 
-    /// The policy this service deployed until issue 17: every path but the payout request.
+    /// The policy this service deployed before the indexed paths were narrowed to the
+    /// queried ones: every path but the payout request.
     pub fn everything_but_payout_request() -> Self {
         IndexPolicy {
             included: vec!["/*".into()],
@@ -541,7 +542,7 @@ pub struct CaseCost {
     pub request_units: f64,
     /// The later TTL delete of the inbox document the message created (serverless bills it).
     pub ttl_delete_request_units: f64,
-    /// Under the policy deployed before issue 17 (every path but the payout request).
+    /// Under the policy deployed before (every path but the payout request).
     pub before_request_units: f64,
     pub before_ttl_delete_request_units: f64,
     /// Refused requests per message, whose charge is not published (not in the figures).

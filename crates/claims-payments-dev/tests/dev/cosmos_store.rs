@@ -1173,7 +1173,7 @@ async fn provision_is_idempotent_and_refuses_a_different_container() {
     );
 }
 
-/// A container deployed before issue 17 indexes every path. Provisioning (key auth)
+/// A container deployed before the indexed paths were narrowed indexes every path. Provisioning (key auth)
 /// replaces its indexing policy in place; the documents stay, the unique key still refuses
 /// a second inbox or payment document, and the listings still work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -359,8 +359,8 @@ pub async fn a_mismatch_is_never_paid_later_nor_examined_again(store: DynStore) 
     );
 }
 
-/// Item 2: the bank may normalise the reference's letter case (DESIGN §8): still ours,
-/// so no second payout. An entry without a reference is no answer at all.
+/// A bank may normalise the reference's letter case (docs/runbook.md §4, how the lookup is
+/// read): still ours, so no second payout. An entry without a reference is no answer at all.
 pub async fn lookup_references_differing_in_case_are_ours_and_missing_ones_are_unusable(
     store: DynStore,
 ) {
@@ -417,7 +417,7 @@ pub async fn lookup_references_differing_in_case_are_ours_and_missing_ones_are_u
     assert_eq!(p.bank_payment_id.as_deref(), Some("bank-77"));
 }
 
-/// Item 3: two payouts under one reference are a double payment: a mismatch for a
+/// Two payouts under one reference are a double payment: a mismatch for a
 /// person, counted, never "paid by lookup".
 pub async fn a_double_payment_at_the_bank_needs_a_person(store: DynStore) {
     let bank = FakeBank::start().await;
@@ -447,7 +447,7 @@ pub async fn a_double_payment_at_the_bank_needs_a_person(store: DynStore) {
     );
 }
 
-/// Item 3: a pending entry may still pay, whatever else is listed beside it.
+/// A pending entry may still pay, whatever else is listed beside it.
 pub async fn a_pending_entry_beside_a_refusal_stays_unknown(store: DynStore) {
     let bank = FakeBank::start().await;
     let (services, _, msg, key) = needs_reconciliation(&store, &bank).await;
@@ -468,7 +468,7 @@ pub async fn a_pending_entry_beside_a_refusal_stays_unknown(store: DynStore) {
     );
 }
 
-/// Item 4: a run stalled on one payment must not settle the next one from the list it
+/// A run stalled on one payment must not settle the next one from the list it
 /// read at its start, after another run settled it meanwhile.
 pub async fn a_stalled_run_never_overwrites_what_another_run_settled(store: DynStore) {
     let bank = FakeBank::start().await;
@@ -517,7 +517,7 @@ pub async fn a_stalled_run_never_overwrites_what_another_run_settled(store: DynS
     assert_eq!(bank.effective_payouts(), 2);
 }
 
-/// Item 5: a full run's worth of mismatched payments must not hide a newer one.
+/// A full run's worth of mismatched payments must not hide a newer one.
 pub async fn mismatches_do_not_starve_newer_payments(store: DynStore) {
     let old = OffsetDateTime::now_utc() - Duration::from_secs(3600);
     for n in 0..claims_payments::seams::reconcile::MAX_PER_RUN {
@@ -559,7 +559,7 @@ pub async fn mismatches_do_not_starve_newer_payments(store: DynStore) {
     );
 }
 
-/// Item 9: a run whose lookup failed gives the message back as it found it; the next
+/// A run whose lookup failed gives the message back as it found it; the next
 /// run, with the same minimum age, examines the payment at once.
 pub async fn a_failed_lookup_leaves_an_orphaned_payout_visible_to_the_next_run(store: DynStore) {
     let bank = FakeBank::start().await;

@@ -7,11 +7,11 @@
 //! the request leaves while the bank still remembers the key (its key window).
 //!
 //! Every answer is classified in one place, [`answer::classify`], as the bank contract
-//! lists them (docs/reference.md §7 gives the table). Transient failures are retried with exponential backoff and full jitter inside
-//! a [`SendWindow`]: the caller's retry budget, and the end of the key window (no
-//! request ever leaves after it). The credential travels in its own header from its
-//! own secret setting (`BANK_API_KEY`), never in the URL, and no error this module
-//! produces carries a URL.
+//! lists them (docs/reference.md §7, below its table of outcomes). Transient failures are
+//! retried with exponential backoff and full jitter inside a [`SendWindow`]: the caller's
+//! retry budget, and the end of the key window (no request ever leaves after it). The
+//! credential travels in its own header from its own secret setting (`BANK_API_KEY`),
+//! never in the URL, and no error this module produces carries a URL.
 //!
 //! The bank is a peer, not a friend: an answer is read only as far as the contract
 //! defines it (status, `paymentId`, the lookup's entries, an error `code` token), and

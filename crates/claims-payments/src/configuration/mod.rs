@@ -13,9 +13,9 @@ use crate::store::cosmos::CosmosSettings;
 use crate::store::postgres::PostgresSettings;
 use crate::telemetry::LogFormat;
 
-// The names and the error live below every module that reads a setting; re-exported
-// here because the dev crate and the tests read them through `config`.
-pub(crate) use crate::env_setting::{millis, names, ConfigError};
+// The names and the error live below every module that reads a setting (`env_setting`,
+// which the dev crate and the tests read through `seams`).
+use crate::env_setting::{millis, names, ConfigError};
 
 /// Where the guard lives (`PAYMENTS_STORE`), with what that store needs.
 #[derive(Debug, Clone, PartialEq)]

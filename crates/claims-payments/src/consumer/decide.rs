@@ -17,8 +17,9 @@
 //! None of them reads a clock or touches the store or the bank: every rule is a plain
 //! function of its inputs and is tested as one (see the tests below). The records a
 //! decision writes are built here too, because their fields (owner, lease, retention,
-//! status) are part of it; the lease rules themselves are [`lease`]'s, reached
-//! through [`Attempt`].
+//! status) are part of it; the lease rules themselves are [`lease`]'s: where a record's
+//! lease decides, the decision says so and the I/O loop takes it with
+//! [`lease::Lease::acquire`], with the bid and the takeover record [`Attempt`] builds.
 
 use time::OffsetDateTime;
 
@@ -26,7 +27,7 @@ use super::{Delivery, Outcome, OutcomeKind, Policy};
 use crate::bank::PayoutOutcome;
 use crate::domain::{ClaimApproved, PayloadHash, Purpose};
 use crate::lease::liveness::GoneOwners;
-use crate::lease::{self, Holder};
+use crate::lease::{self, Bid};
 use crate::store::{
     AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
     Versioned,
@@ -76,23 +77,18 @@ impl Attempt<'_> {
         }
     }
 
-    /// How `record` stands for this attempt: the takeover rule ([`lease::holder`]).
-    pub(crate) fn stands(&self, record: &InboxRecord, now: OffsetDateTime) -> Standing {
-        let delivery = self.delivery_for(record);
-        let owner_gone = self.gone.contains(record.owner);
-        let reason = match lease::holder(record, self.id, delivery, owner_gone, now) {
-            Holder::Us => return Standing::Ours,
-            Holder::Live(until) => return Standing::Live(until),
-            Holder::Nobody => TakeOverReason::LeaseExpired,
-            Holder::Superseded => TakeOverReason::LaterDelivery,
-            Holder::OwnerGone => TakeOverReason::OwnerGone,
-        };
-        Standing::Free { reason }
+    /// This attempt's bid for the lease of `record` ([`lease::holder`] judges it).
+    pub(crate) fn bid(&self, record: &InboxRecord, now: OffsetDateTime) -> Bid {
+        Bid {
+            me: self.id,
+            delivery: self.delivery_for(record),
+            now,
+        }
     }
 
-    /// The record that takes `record` over for this attempt, once [`Self::stands`] found
-    /// it free: built only then, since most records met again are completed duplicates.
-    fn taking_over(
+    /// The record that takes `record` over for this attempt, once the takeover rule let
+    /// it: built only then, since most records met again are completed duplicates.
+    pub(crate) fn taking_over(
         &self,
         record: &InboxRecord,
         policy: &Policy,
@@ -136,42 +132,9 @@ impl Attempt<'_> {
     }
 }
 
-/// How an inbox record stands for an attempt ([`Attempt::stands`]).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Standing {
-    /// This very attempt wrote it (an ambiguous timeout re-sent our own write).
-    Ours,
-    /// A live attempt holds it, until then.
-    Live(OffsetDateTime),
-    /// Nobody may hold this attempt off, for `reason`: [`Attempt::taking_over`] writes
-    /// over it, ours and in progress under a fresh lease.
-    Free { reason: TakeOverReason },
-}
-
 /// The store contradicts itself; retrying cannot help.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Corrupt(pub(crate) String);
-
-/// Why a lease changes hands; logged with the takeover.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TakeOverReason {
-    /// The holder's lease ran out.
-    LeaseExpired,
-    /// The holder's lease is still running, but a later delivery proves it is over.
-    LaterDelivery,
-    /// The holder's lease is still running, but its process has ended.
-    OwnerGone,
-}
-
-impl TakeOverReason {
-    pub(crate) fn as_str(&self) -> &'static str {
-        match self {
-            TakeOverReason::LeaseExpired => "lease-expired",
-            TakeOverReason::LaterDelivery => "later-delivery",
-            TakeOverReason::OwnerGone => "owner-gone",
-        }
-    }
-}
 
 /// The payee rule, the one place it is written (the consumer and the payments API both
 /// apply it): with payouts enabled, a claim without a payee can never be paid.
@@ -264,43 +227,34 @@ pub(crate) enum OnInbox {
     AnswerFromPayment,
     /// Our own in-progress write came back: we hold its lease; resume from the records.
     Resume,
-    /// Another attempt holds a live lease on this message: wait (bounded), then re-read.
-    WaitForLiveAttempt { lease_until: OffsetDateTime },
-    /// Take the message's lease over: write `record` if the version read still holds.
-    TakeOver {
-        record: InboxRecord,
-        reason: TakeOverReason,
-    },
+    /// Another attempt's record of this message, in progress: its lease decides. Take it
+    /// over ([`Attempt::taking_over`]) if the takeover rule lets us, else wait (bounded)
+    /// while it is live, then re-read.
+    TakeLease,
 }
 
 /// This message's inbox record exists (the claim was refused, or we re-read it).
-pub(crate) fn on_inbox(
-    a: &Attempt<'_>,
-    record: &InboxRecord,
-    policy: &Policy,
-    now: OffsetDateTime,
-) -> OnInbox {
-    match a.stands(record, now) {
-        // Our own committed write, reported as a conflict (409) or a stale ETag (412)
-        // because the SDK re-sent it after an ambiguous timeout.
-        Standing::Ours => match record.status {
+pub(crate) fn on_inbox(a: &Attempt<'_>, record: &InboxRecord) -> OnInbox {
+    if record.owner == a.id {
+        // Our own committed write ([`lease::Holder::Us`]), reported as a conflict (409)
+        // or a stale ETag (412) because the SDK re-sent it after an ambiguous timeout.
+        match record.status {
             InboxStatus::Completed => OnInbox::AnswerFromPayment,
             InboxStatus::InProgress => OnInbox::Resume,
-        },
-        _ if record.payload_hash != a.hash => OnInbox::Finish(Outcome::Conflict {
+        }
+    } else if record.payload_hash != a.hash {
+        OnInbox::Finish(Outcome::Conflict {
             reason: format!(
                 "MessageId {} was first received with a different payload for claim {}; this delivery is refused",
                 a.delivery.message_id, a.msg.claim_id
             ),
-        }),
-        _ if record.status == InboxStatus::Completed => OnInbox::Finish(Outcome::Duplicate {
+        })
+    } else if record.status == InboxStatus::Completed {
+        OnInbox::Finish(Outcome::Duplicate {
             first_outcome: record.outcome.as_ref().and_then(InboxOutcome::kind),
-        }),
-        Standing::Live(lease_until) => OnInbox::WaitForLiveAttempt { lease_until },
-        Standing::Free { reason } => OnInbox::TakeOver {
-            record: a.taking_over(record, policy, now),
-            reason,
-        },
+        })
+    } else {
+        OnInbox::TakeLease
     }
 }
 
@@ -374,46 +328,30 @@ pub(crate) fn on_payment(
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum OnPayoutOwner {
-    /// That message's attempt died (lease expired, or its process ended): take its lease
-    /// over, writing `record` over `seen`, and finish its payout under the same key, so
-    /// it does not wait for a redelivery that may never come.
-    AdoptOrphanedPayout {
-        seen: Versioned<InboxRecord>,
-        record: InboxRecord,
-        reason: TakeOverReason,
-    },
-    /// The payout is another attempt's, or its record is gone or final: wait (bounded),
-    /// then re-read the payment. `holder` is the attempt whose lease is live, if any: if
-    /// its process has ended, look again at once.
-    WaitForPayout { holder: Option<AttemptId> },
+    /// That message's record is in progress under another attempt: take its lease over
+    /// ([`Attempt::taking_over`]) if its attempt died (lease expired, or its process
+    /// ended), and finish its payout under the same key, so it does not wait for a
+    /// redelivery that may never come; else wait as for [`Self::WaitForPayout`].
+    AdoptIfOrphaned { seen: Versioned<InboxRecord> },
+    /// The payout is this attempt's, or its record is gone or final: wait (bounded),
+    /// then re-read the payment.
+    WaitForPayout,
 }
 
 /// The inbox record of the message whose payout is in progress (`None`: expired).
 pub(crate) fn on_payout_owner(
     a: &Attempt<'_>,
     owner: Option<Versioned<InboxRecord>>,
-    policy: &Policy,
-    now: OffsetDateTime,
 ) -> OnPayoutOwner {
-    let Some(seen) = owner else {
-        return OnPayoutOwner::WaitForPayout { holder: None };
-    };
-    match a.stands(&seen.record, now) {
-        Standing::Free { reason } if seen.record.status == InboxStatus::InProgress => {
-            OnPayoutOwner::AdoptOrphanedPayout {
-                record: a.taking_over(&seen.record, policy, now),
-                reason,
-                seen,
-            }
-        }
+    match owner {
         // Only an in-progress record has a holder whose end makes it adoptable; looking
         // again at once for a completed one would spin without a pause.
-        _ if seen.record.status != InboxStatus::InProgress => {
-            OnPayoutOwner::WaitForPayout { holder: None }
+        Some(seen)
+            if seen.record.status == InboxStatus::InProgress && seen.record.owner != a.id =>
+        {
+            OnPayoutOwner::AdoptIfOrphaned { seen }
         }
-        _ => OnPayoutOwner::WaitForPayout {
-            holder: Some(seen.record.owner),
-        },
+        _ => OnPayoutOwner::WaitForPayout,
     }
 }
 
@@ -590,6 +528,7 @@ mod tests {
 
     use super::*;
     use crate::domain::{ClaimId, MessageId};
+    use crate::lease::Holder;
     use crate::store::{Boot, Version};
 
     const CLAIM: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
@@ -688,13 +627,19 @@ mod tests {
     }
 
     fn on(a: &Attempt<'_>, record: &InboxRecord) -> OnInbox {
-        on_inbox(a, record, &policy(), now())
+        on_inbox(a, record)
+    }
+
+    /// Who holds `record` for `a`, by the takeover rule ([`Lease::acquire`] applies it),
+    /// with its process known to have ended or not.
+    fn judged(a: &Attempt<'_>, record: &InboxRecord, owner_gone: bool) -> Holder {
+        a.bid(record, now()).judge(record, owner_gone)
     }
 
     /// `a` finds `record` held by a live attempt, and waits for it.
     fn waits_for_live(a: &Attempt<'_>, record: &InboxRecord) {
-        assert!(matches!(a.stands(record, now()), Standing::Live(_)));
-        assert!(matches!(on(a, record), OnInbox::WaitForLiveAttempt { .. }));
+        assert_eq!(on(a, record), OnInbox::TakeLease);
+        assert!(matches!(judged(a, record, false), Holder::Live(_)));
     }
 
     #[test]
@@ -785,10 +730,8 @@ mod tests {
         let a = attempt(&m, &d);
         let until = now() + secs(30);
         let seen = held_by_other(&a, until, 1);
-        assert_eq!(
-            on(&a, &seen),
-            OnInbox::WaitForLiveAttempt { lease_until: until }
-        );
+        assert_eq!(on(&a, &seen), OnInbox::TakeLease);
+        assert_eq!(judged(&a, &seen, false), Holder::Live(until));
     }
 
     #[test]
@@ -796,10 +739,9 @@ mod tests {
         let (m, d) = (msg("10.00"), delivery("evt-1", 2));
         let a = attempt(&m, &d);
         let seen = held_by_other(&a, now() - secs(1), 1);
-        let OnInbox::TakeOver { record, reason } = on(&a, &seen) else {
-            panic!("expected a takeover");
-        };
-        assert_eq!(reason, TakeOverReason::LeaseExpired);
+        assert_eq!(on(&a, &seen), OnInbox::TakeLease);
+        assert_eq!(judged(&a, &seen, false), Holder::Nobody);
+        let record = a.taking_over(&seen, &policy(), now());
         assert_eq!(record.owner, a.id);
         assert_eq!(record.status, InboxStatus::InProgress);
         assert_eq!(record.lease_until, Some(now() + secs(60)));
@@ -814,17 +756,9 @@ mod tests {
         let (m, d) = (msg("10.00"), delivery("evt-1", 3));
         let a = attempt(&m, &d);
         let seen = held_by_other(&a, now() + secs(30), 2);
-        assert!(matches!(
-            a.stands(&seen, now()),
-            Standing::Free {
-                reason: TakeOverReason::LaterDelivery,
-                ..
-            }
-        ));
-        let OnInbox::TakeOver { record, reason } = on(&a, &seen) else {
-            panic!("expected a takeover");
-        };
-        assert_eq!(reason, TakeOverReason::LaterDelivery);
+        assert_eq!(judged(&a, &seen, false), Holder::Superseded);
+        assert_eq!(Holder::Superseded.as_str(), "later-delivery");
+        let record = a.taking_over(&seen, &policy(), now());
         assert_eq!(record.owner, a.id);
         assert_eq!(record.last_delivery_count, 3);
         // The same or a lower count is not later: wait.
@@ -845,33 +779,24 @@ mod tests {
             owner: AttemptId::of(dead),
             ..held_by_other(&a, now() + secs(30), 2)
         };
-        let owner = |record: &InboxRecord| {
-            on_payout_owner(&a, Some(versioned(record.clone())), &policy(), now())
-        };
         // Until its process is known to have ended, a live lease is waited for.
-        assert!(matches!(on(&a, &seen), OnInbox::WaitForLiveAttempt { .. }));
+        assert_eq!(on(&a, &seen), OnInbox::TakeLease);
+        assert!(matches!(judged(&a, &seen, false), Holder::Live(_)));
+        assert_eq!(judged(&a, &seen, true), Holder::OwnerGone);
+        assert_eq!(Holder::OwnerGone.as_str(), "owner-gone");
+        // Another message's payout held so is adopted the same way.
         assert_eq!(
-            owner(&seen),
-            OnPayoutOwner::WaitForPayout {
-                holder: Some(seen.owner)
+            on_payout_owner(&a, Some(versioned(seen.clone()))),
+            OnPayoutOwner::AdoptIfOrphaned {
+                seen: versioned(seen.clone())
             }
         );
+        // What the attempt found stays found for it; another process's end says
+        // nothing about this one's own attempts.
         a.gone.insert(dead);
-        let OnInbox::TakeOver { record, reason } = on(&a, &seen) else {
-            panic!("expected a takeover");
-        };
-        assert_eq!(reason, TakeOverReason::OwnerGone);
-        assert_eq!(record.owner, a.id);
-        assert!(matches!(
-            owner(&seen),
-            OnPayoutOwner::AdoptOrphanedPayout {
-                reason: TakeOverReason::OwnerGone,
-                ..
-            }
-        ));
-        // Another process's end says nothing about this one's own attempts.
+        assert!(a.gone.contains(seen.owner));
         let ours = held_by_other(&a, now() + secs(30), 2);
-        assert!(matches!(on(&a, &ours), OnInbox::WaitForLiveAttempt { .. }));
+        assert!(!a.gone.contains(ours.owner));
     }
 
     #[test]
@@ -889,13 +814,8 @@ mod tests {
         waits_for_live(&a5, &unknown);
         // Once the lease ran out, it is taken over.
         let expired = held_by_other(&a0, now() - secs(1), 0);
-        assert!(matches!(
-            on(&a0, &expired),
-            OnInbox::TakeOver {
-                reason: TakeOverReason::LeaseExpired,
-                ..
-            }
-        ));
+        assert_eq!(judged(&a0, &expired, false), Holder::Nobody);
+        assert_eq!(Holder::Nobody.as_str(), "lease-expired");
     }
 
     #[test]
@@ -1155,50 +1075,41 @@ mod tests {
         assert_eq!(owner.claim_id, m.claim_id);
         assert_eq!(owner.consumer, "payments");
 
-        let on_owner = |record: Option<&InboxRecord>| {
-            on_payout_owner(&a, record.cloned().map(versioned), &policy(), now())
-        };
+        let on_owner =
+            |record: Option<&InboxRecord>| on_payout_owner(&a, record.cloned().map(versioned));
         let d1 = delivery("evt-1", 1);
         let owner_attempt = attempt(&m, &d1);
+        // In progress under another attempt: its lease decides, live or not.
         let live = held_by_other(&owner_attempt, now() + secs(30), 1);
         assert_eq!(
             on_owner(Some(&live)),
-            OnPayoutOwner::WaitForPayout {
-                holder: Some(live.owner)
+            OnPayoutOwner::AdoptIfOrphaned {
+                seen: versioned(live.clone())
             }
         );
-        assert_eq!(
-            on_owner(None),
-            OnPayoutOwner::WaitForPayout { holder: None }
-        );
-        let finished = completed_by_other(&owner_attempt, OutcomeKind::Paid);
-        assert!(matches!(
-            on_owner(Some(&finished)),
-            OnPayoutOwner::WaitForPayout { .. }
-        ));
+        assert!(matches!(judged(&a, &live, false), Holder::Live(_)));
+        assert_eq!(on_owner(None), OnPayoutOwner::WaitForPayout);
         // A completed record has no holder whose end would make it adoptable, even when
         // its process ended: naming one made the consumer look again at once, forever.
-        let ended = Boot::random();
-        let finished = InboxRecord {
-            owner: AttemptId::of(ended),
-            ..finished
+        let finished = completed_by_other(&owner_attempt, OutcomeKind::Paid);
+        assert_eq!(on_owner(Some(&finished)), OnPayoutOwner::WaitForPayout);
+        // Our own attempt's record is never adopted again.
+        let ours = InboxRecord {
+            owner: a.id,
+            ..live.clone()
         };
-        a.gone.insert(ended);
-        assert_eq!(
-            on_owner(Some(&finished)),
-            OnPayoutOwner::WaitForPayout { holder: None }
-        );
+        assert_eq!(on_owner(Some(&ours)), OnPayoutOwner::WaitForPayout);
         let dead = held_by_other(&owner_attempt, now() - secs(1), 1);
-        let OnPayoutOwner::AdoptOrphanedPayout {
-            seen,
-            record,
-            reason,
-        } = on_owner(Some(&dead))
-        else {
-            panic!("expected the orphaned payout to be adopted");
-        };
-        assert_eq!(seen, versioned(dead));
-        assert_eq!(reason, TakeOverReason::LeaseExpired);
+        assert_eq!(
+            on_owner(Some(&dead)),
+            OnPayoutOwner::AdoptIfOrphaned {
+                seen: versioned(dead.clone())
+            }
+        );
+        // Judged with our count unknown (another message's record), ours otherwise.
+        assert_eq!(a.bid(&dead, now()).delivery, 0);
+        assert_eq!(judged(&a, &dead, false), Holder::Nobody);
+        let record = a.taking_over(&dead, &policy(), now());
         // Held by us, but still the other message's record (its delivery count too).
         assert_eq!(record.owner, a.id);
         assert_eq!(record.message_id.as_str(), "evt-1");

@@ -38,7 +38,7 @@ use crate::ambient::Ambient;
 use crate::bank::{BankClient, SendWindow};
 use crate::domain::{ClaimApproved, MessageId, PayloadHash, Purpose};
 use crate::lease::liveness::Owners;
-use crate::lease::{Lease, Terms};
+use crate::lease::{Acquired, Lease, Seen, Terms};
 use crate::store::{
     AttemptId, ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, PaymentRecord,
     StoreError, Version, Versioned,
@@ -49,7 +49,7 @@ pub(crate) use crate::domain::OutcomeKind;
 pub(crate) use crash::{CrashHook, Step};
 use decide::{
     AfterClaim, AfterPayout, Attempt, Corrupt, FirstClaim, OnInbox, OnPayment, OnPayoutOwner,
-    OnResume, TakeOverReason,
+    OnResume,
 };
 pub use outcome::Outcome;
 use wait::BoundedWait;
@@ -412,7 +412,7 @@ impl Consumer {
         seen: Versioned<InboxRecord>,
         mut wait: BoundedWait,
     ) -> Advance {
-        match decide::on_inbox(a, &seen.record, &self.policy, self.now()) {
+        match decide::on_inbox(a, &seen.record) {
             OnInbox::Finish(outcome) => return Ok(Progress::Done(outcome)),
             OnInbox::AnswerFromPayment => {
                 telemetry::counters().own_write_recognised.inc();
@@ -423,24 +423,21 @@ impl Consumer {
                 tracing::info!(claimId = %a.msg.claim_id, messageId = %a.delivery.message_id, "own committed write recognised after a re-sent request");
                 return Ok(Progress::Next(State::Resume(seen.record, seen.version)));
             }
-            OnInbox::WaitForLiveAttempt { lease_until } => {
-                if self.owners.check_for(seen.record.owner, a.gone).await {
-                    // Its process has ended: decide again, which now takes it over.
-                    return Ok(Progress::Next(State::Seen(seen, wait)));
+            OnInbox::TakeLease => match self.acquire(a, &seen).await? {
+                Acquired::Held { lease, .. } => {
+                    return Ok(Progress::Next(State::Resume(lease.record, lease.version)));
                 }
-                if !wait.pause().await {
-                    return Ok(Progress::Done(Outcome::RetryLater {
-                        reason: format!(
-                            "another attempt is processing this message (lease until {lease_until})"
-                        ),
-                    }));
+                Acquired::Live(lease_until) => {
+                    if !wait.pause().await {
+                        return Ok(Progress::Done(Outcome::RetryLater {
+                            reason: format!(
+                                "another attempt is processing this message (lease until {lease_until})"
+                            ),
+                        }));
+                    }
                 }
-            }
-            OnInbox::TakeOver { record, reason } => {
-                if let Some((taken, version)) = self.take_over(a, record, &seen, reason).await? {
-                    return Ok(Progress::Next(State::Resume(taken, version)));
-                }
-            }
+                Acquired::Lost => {}
+            },
         }
         // Waited for a live attempt, or lost the race to take it over: look again.
         Ok(Progress::Next(State::Seen(
@@ -479,25 +476,19 @@ impl Consumer {
                 }
                 OnPayment::InspectPayoutOwner { owner } => {
                     let owner = self.store.inbox(&owner).await?;
-                    match decide::on_payout_owner(a, owner, &self.policy, self.now()) {
-                        OnPayoutOwner::AdoptOrphanedPayout {
-                            seen,
-                            record,
-                            reason,
-                        } => match self.take_over(a, record, &seen, reason).await? {
-                            Some((taken, version)) => Progress::Adopt {
-                                finish: State::Resume(taken, version),
-                                then: State::AwaitPayout(payment, wait),
-                            },
-                            None => Progress::Next(State::AwaitPayout(payment, wait)),
-                        },
-                        OnPayoutOwner::WaitForPayout {
-                            holder: Some(holder),
-                        } if self.owners.check_for(holder, a.gone).await => {
-                            // Its process has ended: look again, which now adopts it.
-                            Progress::Next(State::Payment(payment, wait))
+                    match decide::on_payout_owner(a, owner) {
+                        OnPayoutOwner::AdoptIfOrphaned { seen } => {
+                            match self.acquire(a, &seen).await? {
+                                Acquired::Held { lease, .. } => Progress::Adopt {
+                                    finish: State::Resume(lease.record, lease.version),
+                                    then: State::AwaitPayout(payment, wait),
+                                },
+                                Acquired::Live(_) | Acquired::Lost => {
+                                    Progress::Next(State::AwaitPayout(payment, wait))
+                                }
+                            }
                         }
-                        OnPayoutOwner::WaitForPayout { .. } => {
+                        OnPayoutOwner::WaitForPayout => {
                             Progress::Next(State::AwaitPayout(payment, wait))
                         }
                     }
@@ -656,32 +647,34 @@ impl Consumer {
         lease.release(self.store.as_ref(), self.now()).await;
     }
 
-    /// Writes `taken` over `seen` if its version still holds. `None`: another attempt
-    /// moved first.
-    async fn take_over(
+    /// Takes the lease of `seen` (this message's record, or another message's orphaned
+    /// payout) if the takeover rule lets this attempt: its process's end asked only of a
+    /// lease that would otherwise hold us off, and noted for the rest of the attempt.
+    async fn acquire(
         &self,
         a: &Attempt<'_>,
-        taken: InboxRecord,
         seen: &Versioned<InboxRecord>,
-        reason: TakeOverReason,
-    ) -> Result<Option<(InboxRecord, Version)>, Failure> {
-        match Lease::take_over(self.store.as_ref(), seen, taken).await? {
-            Some(Lease { record, version }) => {
-                telemetry::counters().takeovers.inc();
-                tracing::info!(
-                    claimId = %a.msg.claim_id,
-                    messageId = %a.delivery.message_id,
-                    deliveryCount = a.delivery.delivery_count,
-                    leaseOf = %seen.record.message_id,
-                    previousOwner = %seen.record.owner,
-                    previousDeliveryCount = seen.record.last_delivery_count,
-                    reason = reason.as_str(),
-                    "took over the lease of an earlier attempt"
-                );
-                Ok(Some((record, version)))
-            }
-            None => Ok(None),
+    ) -> Result<Acquired, Failure> {
+        let now = self.now();
+        let owners = self.owners.seen_by(a.gone);
+        let take = |record: &InboxRecord| a.taking_over(record, &self.policy, now);
+        let bid = a.bid(&seen.record, now);
+        let acquired =
+            Lease::acquire(self.store.as_ref(), Seen::Record(seen), bid, &owners, take).await?;
+        if let Acquired::Held { from, .. } = &acquired {
+            telemetry::counters().takeovers.inc();
+            tracing::info!(
+                claimId = %a.msg.claim_id,
+                messageId = %a.delivery.message_id,
+                deliveryCount = a.delivery.delivery_count,
+                leaseOf = %seen.record.message_id,
+                previousOwner = %seen.record.owner,
+                previousDeliveryCount = seen.record.last_delivery_count,
+                reason = from.as_str(),
+                "took over the lease of an earlier attempt"
+            );
         }
+        Ok(acquired)
     }
 }
 

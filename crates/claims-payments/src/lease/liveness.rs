@@ -33,7 +33,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
-use super::{Created, Lease, Terms};
+use super::{Created, Lease, OwnerLiveness, Terms};
 use crate::ambient::Ambient;
 use crate::domain::{ClaimId, MessageId, PayloadHash};
 use crate::store::{
@@ -70,9 +70,10 @@ fn key(boot: Boot) -> StoreResult<InboxKey> {
     })
 }
 
-/// The processes one attempt found ended: what its pure decisions read
-/// ([`super::holder`]'s `owner_gone`). Filled by [`Owners::check_for`]; it lives as long as
-/// the attempt, so no later attempt acts on what this one read.
+/// The processes one attempt found ended: what [`super::Lease::acquire`] knows without a
+/// read ([`super::holder`]'s `owner_gone`, through [`Owners::seen_by`]). Filled by
+/// [`Owners::check_for`]; it lives as long as the attempt, so no later attempt acts on what
+/// this one read.
 #[derive(Debug)]
 pub(crate) struct GoneOwners {
     /// This process, never gone.
@@ -253,6 +254,38 @@ impl Owners {
             view.insert(boot);
         }
         ended
+    }
+
+    /// These owners as one attempt sees them: what it found ended stays ended for it.
+    pub(crate) fn seen_by<'a>(&'a self, view: &'a GoneOwners) -> SeenBy<'a> {
+        SeenBy { owners: self, view }
+    }
+}
+
+/// Asked afresh each time (the reconcile run, the payments API).
+impl OwnerLiveness for Owners {
+    fn known_ended(&self, _: AttemptId) -> bool {
+        false
+    }
+
+    async fn ended(&self, owner: AttemptId) -> bool {
+        self.check(owner).await
+    }
+}
+
+/// [`Owners`] as one attempt sees them ([`Owners::seen_by`]).
+pub(crate) struct SeenBy<'a> {
+    owners: &'a Owners,
+    view: &'a GoneOwners,
+}
+
+impl OwnerLiveness for SeenBy<'_> {
+    fn known_ended(&self, owner: AttemptId) -> bool {
+        self.view.contains(owner)
+    }
+
+    async fn ended(&self, owner: AttemptId) -> bool {
+        self.owners.check_for(owner, self.view).await
     }
 }
 

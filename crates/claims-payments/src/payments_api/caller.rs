@@ -522,8 +522,9 @@ mod tests {
         }
     }
 
-    /// Issue 31 item 9: the scopes key records and payments were stored under stay
-    /// what they were for Entra principals (and plain Static Web Apps ones).
+    /// The scopes key records and payments were stored under stay what they were for
+    /// Entra principals (and plain Static Web Apps ones): a changed scope would make a
+    /// stored key unknown to its caller, and its retry a second payment.
     #[test]
     fn existing_entra_and_static_web_apps_scopes_are_unchanged() {
         assert_eq!(
@@ -537,8 +538,9 @@ mod tests {
         assert_eq!(scope_of(&swa("github", "u-1")), "swa:github:u-1");
     }
 
-    /// Issue 31 item 9: principals that shared a scope before (the provider left out,
-    /// `:` not escaped) each have their own, and none takes an Entra principal's.
+    /// Principals that could share a scope (the provider left out, `:` not escaped) each
+    /// have their own, and none takes an Entra principal's: a shared scope would let one
+    /// caller replay another's answer.
     #[test]
     fn crafted_ids_and_other_providers_never_share_a_scope() {
         let pairs = [
@@ -568,8 +570,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Issue 31 item 9: distinct principals (platform, provider, tenant, user) never
-        /// get one scope. Parts are drawn from an alphabet made of separators, escape
+        /// Distinct principals (platform, provider, tenant, user) never get one scope. Parts are drawn from an alphabet made of separators, escape
         /// characters and GUIDs, so near-collisions are frequent.
         #[test]
         fn distinct_principals_never_share_a_scope(

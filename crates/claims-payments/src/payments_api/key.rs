@@ -179,8 +179,9 @@ mod tests {
         assert!(ClientKey::parse(&"x".repeat(255)).is_ok());
     }
 
-    /// Issue 21 item 13: values that are not a plain key once read as a Structured
-    /// Field are refused, not taken literally.
+    /// Values that are not a plain key once read as a Structured Field are refused, not
+    /// taken literally: a proxy may merge headers, and two keys merged into one would
+    /// otherwise name a third payment.
     #[test]
     fn merged_headers_parameters_and_byte_sequences_are_refused() {
         for bad in [

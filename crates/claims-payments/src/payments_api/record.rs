@@ -1,7 +1,8 @@
 //! The key record of one (caller scope, Idempotency-Key): opened before the payment
 //! ([`open`]: created, replayed, refused or taken over, as [`next_action`] decides from
 //! the record found) and closed after it ([`close`]: the answer kept, or the key given
-//! back). The lease itself is an [`lease::Lease`], under the one takeover rule.
+//! back). The lease itself is an [`lease::Lease`], taken with [`Lease::acquire`] under the
+//! one takeover rule.
 
 use time::OffsetDateTime;
 
@@ -10,10 +11,8 @@ use super::key::KeyIdentity;
 use crate::ambient::Ambient;
 use crate::domain::PayloadHash;
 use crate::lease::liveness::Owners;
-use crate::lease::{self, Created, Holder, Lease, Terms};
-use crate::store::{
-    AttemptId, InboxKey, InboxOutcome, InboxRecord, InboxStatus, Store, StoreError,
-};
+use crate::lease::{self, Acquired, Bid, Created, Lease, Seen, Terms};
+use crate::store::{InboxKey, InboxOutcome, InboxRecord, InboxStatus, Store, StoreError};
 use crate::telemetry;
 
 /// What [`open`] leads to.
@@ -32,22 +31,22 @@ pub(super) enum NextAction {
     Reused,
     /// The answer the key already gave, byte for byte.
     Replay(Answer),
-    /// Another request holds the key: 409, retry after this many seconds.
-    InFlight(u64),
-    /// Nobody holds it (a crash, a 503 that gave it back), or the key expired: take it
-    /// over with a write conditional on the version read.
-    TakeOver { expired: bool },
+    /// The key expired: a new key, written over the old record with a write conditional
+    /// on the version read, whoever held it.
+    Renew,
+    /// The key's lease decides: take it over ([`Lease::acquire`]: nobody holds it after
+    /// a crash or a 503 that gave it back, or its holder's process ended), or answer 409
+    /// while another request holds it.
+    TakeLease,
 }
 
 pub(super) fn next_action(
     record: &InboxRecord,
     fingerprint: &PayloadHash,
-    me: AttemptId,
-    owner_gone: bool,
     now: OffsetDateTime,
 ) -> NextAction {
     if record.expires_at <= now {
-        return NextAction::TakeOver { expired: true };
+        return NextAction::Renew;
     }
     if record.payload_hash != *fingerprint {
         return NextAction::Reused;
@@ -59,13 +58,12 @@ pub(super) fn next_action(
             }
         }
     }
-    // A client's retry is not a broker delivery: only the lease decides (count 0).
-    match lease::holder(record, me, 0, owner_gone, now) {
-        Holder::Live(until) => {
-            NextAction::InFlight(((until - now).whole_seconds().max(1) as u64).min(5))
-        }
-        _ => NextAction::TakeOver { expired: false },
-    }
+    NextAction::TakeLease
+}
+
+/// The seconds a 409 asks the client to wait for a lease live `until`: 1 to 5.
+fn retry_after(until: OffsetDateTime, now: OffsetDateTime) -> u64 {
+    ((until - now).whole_seconds().max(1) as u64).min(5)
 }
 
 /// Step 1: the key record, created or taken over, or the answer it already gives.
@@ -85,13 +83,7 @@ pub(super) async fn open(
         Created::Exists(seen) => seen,
     };
     let record = &seen.record;
-    let mut action = next_action(record, fingerprint, me, false, now);
-    if matches!(action, NextAction::InFlight(_)) && owners.check(record.owner).await {
-        // The request that holds it ran in a process that has ended: nobody is working
-        // on it, so this retry takes it over instead of waiting out the lease.
-        action = next_action(record, fingerprint, me, true, now);
-    }
-    let taken = match action {
+    let taken = match next_action(record, fingerprint, now) {
         NextAction::Reused => {
             telemetry::counters().http_key_mismatches.inc();
             let answer = Problem::KeyReused.answer(
@@ -104,20 +96,37 @@ pub(super) async fn open(
             answer.replayed = true;
             return Ok(Begin::Answer(answer, "replayed"));
         }
-        NextAction::InFlight(seconds) => {
-            telemetry::counters().http_in_flight.inc();
-            return Ok(Begin::Answer(in_flight(seconds), "in-flight"));
+        NextAction::Renew => {
+            let renewed = InboxRecord {
+                last_delivery_count: record.last_delivery_count.saturating_add(1),
+                ..fresh
+            };
+            Lease::take_over(store, &seen, renewed).await?
         }
-        NextAction::TakeOver { expired: true } => InboxRecord {
-            last_delivery_count: record.last_delivery_count.saturating_add(1),
-            ..fresh
-        },
-        NextAction::TakeOver { expired: false } => {
-            let attempt = record.last_delivery_count.saturating_add(1);
-            lease::taken_over(record, me, attempt, terms, now)
+        NextAction::TakeLease => {
+            // A client's retry is not a broker delivery: only the lease decides (count
+            // 0), or the end of the process of the request that holds it.
+            let bid = Bid {
+                me,
+                delivery: 0,
+                now,
+            };
+            let take = |record: &InboxRecord| {
+                let attempt = record.last_delivery_count.saturating_add(1);
+                lease::taken_over(record, me, attempt, terms, now)
+            };
+            match Lease::acquire(store, Seen::Record(&seen), bid, owners, take).await? {
+                Acquired::Held { lease, .. } => Some(lease),
+                Acquired::Live(until) => {
+                    telemetry::counters().http_in_flight.inc();
+                    let answer = in_flight(retry_after(until, now));
+                    return Ok(Begin::Answer(answer, "in-flight"));
+                }
+                Acquired::Lost => None,
+            }
         }
     };
-    Ok(match Lease::take_over(store, &seen, taken).await? {
+    Ok(match taken {
         Some(lease) => Begin::Proceed(lease),
         None => Begin::Answer(in_flight(1), "in-flight"),
     })
@@ -174,6 +183,7 @@ mod tests {
 
     use super::*;
     use crate::domain::{ClaimId, MessageId};
+    use crate::store::AttemptId;
 
     const TERMS: Terms = Terms {
         lease: Duration::from_secs(60),
@@ -201,38 +211,21 @@ mod tests {
     fn each_key_record_found_leads_to_one_action() {
         let now = OffsetDateTime::now_utc();
         let (mine, other) = (hash("1.00"), hash("2.00"));
-        let me = AttemptId::new();
         let held = key_record(&mine, now);
-        assert_eq!(
-            next_action(&held, &other, me, false, now),
-            NextAction::Reused
-        );
-        assert_eq!(
-            next_action(&held, &mine, me, false, now),
-            NextAction::InFlight(5)
-        );
-        // Held by a request of a process that has ended: taken over at once.
-        assert_eq!(
-            next_action(&held, &mine, me, true, now),
-            NextAction::TakeOver { expired: false }
-        );
+        assert_eq!(next_action(&held, &other, now), NextAction::Reused);
+        // Held or not, the lease decides (a 409 while it is live: see `lease`).
+        assert_eq!(next_action(&held, &mine, now), NextAction::TakeLease);
         let lapsed = InboxRecord {
             lease_until: Some(now - time::Duration::seconds(1)),
             ..held.clone()
         };
-        assert_eq!(
-            next_action(&lapsed, &mine, me, false, now),
-            NextAction::TakeOver { expired: false }
-        );
+        assert_eq!(next_action(&lapsed, &mine, now), NextAction::TakeLease);
         let expired = InboxRecord {
             expires_at: now,
             ..held.clone()
         };
         // An expired key is a new key, whatever body it was used with.
-        assert_eq!(
-            next_action(&expired, &other, me, false, now),
-            NextAction::TakeOver { expired: true }
-        );
+        assert_eq!(next_action(&expired, &other, now), NextAction::Renew);
         let answer = Problem::ClaimAlreadyPaid.answer("x");
         let done = InboxRecord {
             status: InboxStatus::Completed,
@@ -242,9 +235,15 @@ mod tests {
             )),
             ..held
         };
-        assert_eq!(
-            next_action(&done, &mine, me, false, now),
-            NextAction::Replay(answer)
-        );
+        assert_eq!(next_action(&done, &mine, now), NextAction::Replay(answer));
+    }
+
+    #[test]
+    fn a_409_asks_for_one_to_five_seconds() {
+        let now = OffsetDateTime::now_utc();
+        let in_secs = |s| now + time::Duration::seconds(s);
+        assert_eq!(retry_after(in_secs(60), now), 5);
+        assert_eq!(retry_after(in_secs(3), now), 3);
+        assert_eq!(retry_after(now, now), 1);
     }
 }

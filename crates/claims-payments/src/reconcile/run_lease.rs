@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::domain::{ClaimId, MessageId, PayloadHash};
-use crate::lease::{self, Created, Lease, Terms};
+use crate::lease::{self, Acquired, Bid, Lease, Seen, Terms};
 use crate::store::{InboxKey, InboxOutcome, StoreError};
 
 use super::Reconciler;
@@ -41,23 +41,27 @@ impl RunLease {
             retention: run.policy.inbox_retention,
         };
         let store = store.as_ref();
-        let seen = match store.inbox(&key).await? {
-            Some(seen) => seen,
+        let found = store.inbox(&key).await?;
+        let seen = match &found {
+            Some(seen) => Seen::Record(seen),
             None => {
                 let hash = PayloadHash::from_stored("reconcile-run".into());
-                let record = lease::new_record(&key, &hash, me, 0, terms, now, None);
-                return Ok(match Lease::create(store, record).await? {
-                    Created::Held(lease) => Some(RunLease(lease)),
-                    Created::Exists(_) => None,
-                });
+                Seen::Nothing(lease::new_record(&key, &hash, me, 0, terms, now, None))
             }
         };
-        let gone = run.owners.check(seen.record.owner).await;
-        if !lease::holder(&seen.record, me, 0, gone, now).may_take_over() {
-            return Ok(None);
-        }
-        let taken = lease::taken_over(&seen.record, me, 0, terms, now);
-        Ok(Lease::take_over(store, &seen, taken).await?.map(RunLease))
+        // Not a broker delivery: the lease decides (count 0), unless its process ended.
+        let bid = Bid {
+            me,
+            delivery: 0,
+            now,
+        };
+        let take = |record: &_| lease::taken_over(record, me, 0, terms, now);
+        Ok(
+            match Lease::acquire(store, seen, bid, run.owners.as_ref(), take).await? {
+                Acquired::Held { lease, .. } => Some(RunLease(lease)),
+                Acquired::Live(_) | Acquired::Lost => None,
+            },
+        )
     }
 
     /// Gives the run lease back. Best effort: otherwise it expires.

@@ -5,7 +5,7 @@
 
 use crate::bank::{Lookup, PayoutOutcome, SendWindow};
 use crate::consumer::OutcomeKind;
-use crate::lease::{self, Created, Lease};
+use crate::lease::{self, Acquired, Bid, Lease, Seen};
 use crate::store::{
     Finalize, InboxKey, InboxRecord, PaymentRecord, PaymentStatus, StoreError, Versioned,
 };
@@ -177,22 +177,8 @@ impl Reconciler {
         let store = self.store.as_ref();
         let policy = &self.policy;
         let now = self.ambient.now();
-        match inbox {
-            Some(seen) => {
-                // Not a broker delivery: the lease decides (count 0), unless its
-                // process has ended.
-                let gone = self.owners.check(seen.record.owner).await;
-                if !lease::holder(&seen.record, self.me, 0, gone, now).may_take_over() {
-                    return Ok(None);
-                }
-                let taken = lease::taken_over(&seen.record, self.me, 0, policy.terms(), now);
-                Ok(Lease::take_over(store, &seen, taken)
-                    .await?
-                    .map(|lease| Held {
-                        lease,
-                        give_back: seen.record,
-                    }))
-            }
+        let seen = match &inbox {
+            Some(seen) => Seen::Record(seen),
             None => {
                 // The inbox record expired (retention); the payment is the evidence.
                 let key = InboxKey {
@@ -200,22 +186,40 @@ impl Reconciler {
                     claim_id: p.claim_id,
                     message_id: p.message_id.clone(),
                 };
-                let record =
-                    lease::new_record(&key, &p.payload_hash, self.me, 0, policy.terms(), now, None);
-                Ok(match Lease::create(store, record).await? {
-                    Created::Held(lease) => {
-                        // Not `now`: a lease that ran out now would make the payment look
-                        // freshly idle, and the next run would wait the minimum age again.
-                        let give_back = InboxRecord {
-                            lease_until: Some(p.updated_at.min(lease.record.created_at)),
-                            ..lease.record.clone()
-                        };
-                        Some(Held { lease, give_back })
-                    }
-                    Created::Exists(_) => None,
-                })
+                let terms = policy.terms();
+                Seen::Nothing(lease::new_record(
+                    &key,
+                    &p.payload_hash,
+                    self.me,
+                    0,
+                    terms,
+                    now,
+                    None,
+                ))
             }
-        }
+        };
+        // Not a broker delivery: the lease decides (count 0), unless its process ended.
+        let bid = Bid {
+            me: self.me,
+            delivery: 0,
+            now,
+        };
+        let take = |record: &_| lease::taken_over(record, self.me, 0, policy.terms(), now);
+        let lease = match Lease::acquire(store, seen, bid, self.owners.as_ref(), take).await? {
+            Acquired::Held { lease, .. } => lease,
+            Acquired::Live(_) | Acquired::Lost => return Ok(None),
+        };
+        let give_back = match inbox {
+            Some(seen) => seen.record,
+            // Created by this run. Not `now`: a lease that ran out now would make the
+            // payment look freshly idle, and the next run would wait the minimum age
+            // again.
+            None => InboxRecord {
+                lease_until: Some(p.updated_at.min(lease.record.created_at)),
+                ..lease.record.clone()
+            },
+        };
+        Ok(Some(Held { lease, give_back }))
     }
 
     /// Gives the lease back as the message was found (or, for a record this run

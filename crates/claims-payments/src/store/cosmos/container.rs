@@ -471,8 +471,8 @@ mod tests {
         assert!(verify_container_properties(&properties).is_empty());
     }
 
-    /// The indexing policy of the container as deployed until issue 17: every path but the
-    /// payout request body.
+    /// The indexing policy of containers deployed before indexing was narrowed to the
+    /// paths queried: every path but the payout request body.
     fn legacy_policy() -> serde_json::Value {
         serde_json::json!({
             "indexingMode": "consistent",

@@ -523,7 +523,7 @@ mod tests {
         );
     }
 
-    /// Issue 31 item 7 on Cosmos DB: a listed document that does not read is named by
+    /// On Cosmos DB, a listed document that does not read (edited by hand) is named by
     /// its claim and field, in its place, and does not stop the listing.
     #[test]
     fn a_listed_document_that_does_not_read_names_its_claim_and_field() {
