@@ -161,6 +161,10 @@ pub async fn listings_are_oldest_first_bounded_and_whole(store: DynStore) {
             .collect::<Vec<_>>()
     );
     assert!(store.list_payments(0).await.unwrap().is_empty());
+    // No limit at all (an operator's `--limit` of any size) is every record, not an error.
+    let every: Vec<_> = expected.iter().map(|(_, _, p)| Ok(p.clone())).collect();
+    assert_eq!(store.list_payments(usize::MAX).await.unwrap(), every);
+    assert_eq!(store.list_inbox(usize::MAX).await.unwrap(), inbox);
 }
 
 pub async fn replace_inbox_needs_the_current_version_of_an_existing_record(store: DynStore) {

@@ -670,8 +670,14 @@ impl CosmosStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
+        // TOP takes a 32-bit integer (a larger one is answered 400): past that, the query
+        // has no TOP and the pages are read up to the limit below.
+        let top = match i32::try_from(limit) {
+            Ok(n) => format!("TOP {n} "),
+            Err(_) => String::new(),
+        };
         let query = Query::from(format!(
-            "SELECT TOP {limit} * FROM c WHERE c.docType = @docType {filter} ORDER BY c.createdAt ASC"
+            "SELECT {top}* FROM c WHERE c.docType = @docType {filter} ORDER BY c.createdAt ASC"
         ))
         .with_parameter("@docType", doc_type)
         .map_err(|e| StoreError::Permanent(format!("cosmos {op}: cannot build query: {e}")))?;
