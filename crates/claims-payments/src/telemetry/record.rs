@@ -34,13 +34,12 @@ pub(crate) struct Recorded {
 }
 
 impl Recorded {
-    /// A client call's record (a store or bank request), not yet placed in a trace: its
-    /// ids, times and status are given once the call is over.
-    pub(super) fn client(name: Cow<'static, str>, attributes: Vec<KeyValue>) -> Self {
+    /// A span's record starting now, not yet placed in a trace (no ids, not sampled).
+    pub(super) fn new(name: Cow<'static, str>, kind: SpanKind, attributes: Vec<KeyValue>) -> Self {
         let now = SystemTime::now();
         Recorded {
             name,
-            kind: SpanKind::Client,
+            kind,
             trace_id: TraceId::INVALID,
             span_id: SpanId::INVALID,
             parent_span_id: SpanId::INVALID,

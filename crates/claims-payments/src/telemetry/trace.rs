@@ -182,22 +182,18 @@ where
                 (trace_id, SpanId::INVALID, sampled, TraceState::default())
             }
         };
-        let now = SystemTime::now();
-        let mut record = Recorded {
-            name: Cow::Borrowed(attrs.metadata().name()),
-            kind: SpanKind::Internal,
-            trace_id,
-            span_id: self.ids.new_span_id(),
-            parent_span_id,
-            parent_remote: false,
-            sampled,
-            trace_state,
-            start: now,
-            end: now,
-            attributes: Vec::with_capacity(attrs.fields().len()),
-            status: Status::Unset,
-            events: Vec::new(),
-        };
+        let mut record = Recorded::new(
+            Cow::Borrowed(attrs.metadata().name()),
+            SpanKind::Internal,
+            Vec::with_capacity(attrs.fields().len()),
+        );
+        (
+            record.trace_id,
+            record.parent_span_id,
+            record.sampled,
+            record.trace_state,
+        ) = (trace_id, parent_span_id, sampled, trace_state);
+        record.span_id = self.ids.new_span_id();
         attrs.record(&mut SpanFields(&mut record));
         // A root gathers the spans under it: room for a delivery's usual handful.
         let under = if parent_span_id == SpanId::INVALID {
@@ -726,25 +722,12 @@ impl Root {
                 recorder.ids.new_span_id(),
             ))
         })?;
-        let sampled = tail.policy.head_decision(trace_id, None);
-        let now = SystemTime::now();
         let mut attributes = Vec::with_capacity(10);
         attributes.push(KeyValue::new("faas.trigger", trigger));
-        let span = Recorded {
-            name: Cow::Borrowed(function),
-            kind: SpanKind::Server,
-            trace_id,
-            span_id,
-            parent_span_id: SpanId::INVALID,
-            parent_remote: false,
-            sampled,
-            trace_state: TraceState::default(),
-            start: now,
-            end: now,
-            attributes,
-            status: Status::Unset,
-            events: Vec::new(),
-        };
+        let mut span = Recorded::new(Cow::Borrowed(function), SpanKind::Server, attributes);
+        span.trace_id = trace_id;
+        span.span_id = span_id;
+        span.sampled = tail.policy.head_decision(trace_id, None);
         Some(Root {
             open: Open {
                 span,
@@ -1013,7 +996,7 @@ pub(crate) async fn bank_call(
             None => format!("{scheme}://{host}{path}"),
         },
     ));
-    let mut record = Recorded::client(Cow::Owned(name), attributes);
+    let mut record = Recorded::new(Cow::Owned(name), SpanKind::Client, attributes);
     if let Some(context) = place_here(&mut record) {
         TraceContextPropagator::new().inject_context(
             &opentelemetry::Context::new().with_remote_span_context(context),
@@ -1158,7 +1141,7 @@ pub(crate) fn record_call(
     call: Observed,
     failed: Option<&'static str>,
 ) {
-    let mut record = Recorded::client(name, attributes);
+    let mut record = Recorded::new(name, SpanKind::Client, attributes);
     record.start = call.start;
     record.end = call.end;
     record.events = call.events;
