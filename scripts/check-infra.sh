@@ -12,6 +12,7 @@
 # docs/runbook.md), and the documentation's line lengths and links (scripts/check_docs.py).
 #
 #   bash scripts/check-infra.sh [--binary PATH]
+#   bash scripts/check-infra.sh --install-only   (the tools below, nothing checked)
 #
 # Run from anywhere; needs python3 (3.11) with venv and pip, and PyPI the first
 # time (tools are installed into .venv-infra from scripts/requirements-infra.txt).
@@ -27,10 +28,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 REAL_BINARY=""
+INSTALL_ONLY=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --binary) [[ $# -ge 2 ]] || { echo "--binary needs a path" >&2; exit 2; }; REAL_BINARY="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --install-only) INSTALL_ONLY=1; shift ;;
+    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -82,6 +85,7 @@ if [[ "$(cat "$VENV/.requirements.sha256" 2>/dev/null || true)" != "$want" ]]; t
   echo "$want" >"$VENV/.requirements.sha256"
 fi
 "$PY" -c 'import sys, importlib.metadata as m; print("python", sys.version.split()[0], "| checkov", m.version("checkov"), "| pycep-parser", m.version("pycep-parser"))'
+[[ $INSTALL_ONLY -eq 0 ]] || exit 0
 
 echo "== (a) Bicep parses (pycep)"
 mapfile -t BICEP_FILES < <(find infra -name '*.bicep' | sort)

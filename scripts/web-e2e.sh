@@ -7,18 +7,29 @@
 #    (a local stand-in for Static Web Apps' sign-in and principal forwarding); two payers
 #    and a reader, each sees and replays only their own keys, a user without
 #    Payments.Pay is refused.
-# Installs what it needs: Debian's chromium (no browser download) and web/'s npm packages.
+# Installs what it needs: Debian's chromium (no browser download) and web/'s npm packages
+# (`--install-only` does only that, as .ci/run does while Rust builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=$(realpath "${1:-target/debug/claims-payments}")
-# The sandbox bank is a dev tool, in the binary beside the product's.
-DEV_BIN=$(realpath "${2:-$(dirname "$BIN")/claims-payments-dev}")
+INSTALL_ONLY=0
+if [[ "${1:-}" == --install-only ]]; then INSTALL_ONLY=1; shift; fi
 export RUST_LIB_BACKTRACE=0
 
 if [[ ! -x /usr/bin/chromium ]]; then
   apt-get update -qq && apt-get install -y -qq chromium >/dev/null
 fi
-(cd web && npm ci --no-audit --no-fund --loglevel=error)
+# `npm ci` starts from an empty node_modules each time; skip it when node_modules was
+# installed from this very lockfile.
+lock_sum=$(sha256sum web/package-lock.json | cut -d' ' -f1)
+if [[ "$(cat web/node_modules/.installed-from 2>/dev/null || true)" != "$lock_sum" ]]; then
+  (cd web && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$lock_sum" >web/node_modules/.installed-from
+fi
+[[ $INSTALL_ONLY -eq 0 ]] || exit 0
+
+BIN=$(realpath "${1:-target/debug/claims-payments}")
+# The sandbox bank is a dev tool, in the binary beside the product's.
+DEV_BIN=$(realpath "${2:-$(dirname "$BIN")/claims-payments-dev}")
 
 work=$(mktemp -d)
 pids=()
