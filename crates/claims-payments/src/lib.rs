@@ -31,7 +31,7 @@
 //! - [`telemetry`]: logs, counters, OpenTelemetry traces and metrics;
 //! - [`cli`]: the operator commands (`ledger`, `inbox`, `provision`, `purge`, `reconcile`).
 //!
-//! Each module imports only from the layers below it (`tests/architecture.rs` holds the
+//! Each module imports only from the layers below it (`tests/product/architecture.rs` holds the
 //! layers and fails on an import that goes up). The simulator, the benchmark and the
 //! baselines are in `crates/claims-payments-dev`.
 

@@ -2,7 +2,7 @@
 //! discard`: what each dead letter is, what the store knows about its claim and
 //! message, a [`verdict`] on it, and a safe re-drive.
 //!
-//! Safety rules, each tested (tests/dead_letters.rs):
+//! Safety rules, each tested (tests/product/dead_letters.rs):
 //! - **a copy can never be dropped by duplicate detection.** The broker answers a send
 //!   whose MessageId it saw inside its window with 201 and drops it, and the window runs
 //!   on the broker's clock. So no clock is consulted at all: the copy is sent under a

@@ -8,8 +8,8 @@
 //!
 //! Adapters: [`sqlite`] (the embedded default), [`cosmos`] (production) and [`postgres`]
 //! (several instances on one PostgreSQL database). All pass the same conformance suite
-//! (the testkit's `conformance` module, run by `tests/sqlite_conformance.rs`,
-//! `tests/postgres_conformance.rs` and the dev crate's `cosmos_conformance.rs`).
+//! (the testkit's `conformance` module, run by `tests/product/sqlite_conformance.rs`,
+//! `tests/product/postgres_conformance.rs` and the dev crate's `cosmos_conformance.rs`).
 
 pub mod cosmos;
 pub mod decorator;

@@ -428,7 +428,7 @@ impl claims_payments::seams::store::Store for PurgeCounter {
 /// the server (the hourly one that was here ran its first round at once) would have been
 /// counted. The order of timers is what counts, not how long anything takes; that nothing
 /// else in the product calls the purge (a later first round) is checked from the source
-/// (`tests/architecture.rs`).
+/// (`tests/product/architecture.rs`).
 #[tokio::test(flavor = "current_thread")]
 async fn serve_never_purges_on_its_own() {
     use claims_payments::seams::configuration::Settings;
