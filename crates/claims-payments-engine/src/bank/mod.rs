@@ -6,7 +6,7 @@
 //! retry, a takeover after a crash, or a redelivery can never pay twice, as long as
 //! the request leaves while the bank still remembers the key (its key window).
 //!
-//! Every answer is classified in one place, [`answer::classify`], as the bank contract
+//! Every answer is classified in one place, `answer::classify`, as the bank contract
 //! lists them (docs/reference.md §7, below its table of outcomes). Transient failures are
 //! retried with exponential backoff and full jitter inside a [`SendWindow`]: the caller's
 //! retry budget, and the end of the key window (no request ever leaves after it). The

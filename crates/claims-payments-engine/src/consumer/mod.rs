@@ -26,8 +26,8 @@
 
 pub mod crash;
 pub mod decide;
-mod outcome;
-mod wait;
+pub mod outcome;
+pub mod wait;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,10 +13,10 @@
 //! - [`outcome`]: the stored names of how a delivery ended;
 //! - [`redrive`]: a re-driven message's identity (the copy's MessageId, the original it names).
 
-mod claim_approved;
-mod ids;
-mod money;
-mod outcome;
+pub mod claim_approved;
+pub mod ids;
+pub mod money;
+pub mod outcome;
 pub mod redrive;
 
 pub use claim_approved::ClaimApproved;

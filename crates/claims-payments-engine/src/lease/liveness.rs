@@ -55,7 +55,7 @@ pub const RENEW_EVERY: Duration = Duration::from_secs(10);
 const REMEMBERED: usize = 4096;
 /// How long a registration found live is taken as live without reading it again: a
 /// waiter re-reads the record it waits for every 20 to 500 ms, and need not double that.
-const ALIVE_FOR: Duration = Duration::from_secs(1);
+pub const ALIVE_FOR: Duration = Duration::from_secs(1);
 
 /// The key of `boot`'s registration.
 fn key(boot: Boot) -> StoreResult<InboxKey> {

@@ -49,11 +49,11 @@
 //!   log line);
 //! - [`run_lease`]: one run at a time across instances.
 
-mod lookup;
-mod orphans;
-mod report;
-mod run_lease;
-mod settle;
+pub mod lookup;
+pub mod orphans;
+pub mod report;
+pub mod run_lease;
+pub mod settle;
 
 use std::sync::Arc;
 use std::time::Duration;
