@@ -1079,9 +1079,11 @@ for key in keys:
         errors.append(f"{key}: no runbook entry (### `{key}`: ...) in {runbook_path}")
 # The alerts and the workbook read the handler's telemetry, never the text of a log line:
 # no query reads traces or cuts JSON out of a message, and every metric they name
-# (claims_payments.*) is one the product declares (crates/claims-payments/src/telemetry/metrics.rs),
-# as is every span attribute they read.
-metrics_rs = Path("crates/claims-payments/src/telemetry/metrics.rs").read_text()
+# (claims_payments.*) is one the product declares (crates/claims-payments/src/telemetry/metrics.rs,
+# and the engine's counters in crates/claims-payments-engine/src/telemetry.rs), as is every
+# span attribute they read.
+metrics_rs = Path("crates/claims-payments/src/telemetry/metrics.rs").read_text() + \
+    Path("crates/claims-payments-engine/src/telemetry.rs").read_text()
 declared = set(re.findall(r'"(claims_payments\.[a-z_.]+)"', metrics_rs))
 trace_rs = Path("crates/claims-payments/src/telemetry/trace.rs").read_text()
 workbook = Path(path.parent / "workbook.bicep")
@@ -1093,10 +1095,10 @@ for key, query in queries:
         errors.append(f"{key}: reads log text (traces, substring(message), parse_json); read the metrics or span attributes")
     for short in re.findall(r"replace\(m(?:etric)?, '__METRIC__', '([a-z_.]+)'\)", str(query)):
         if f"claims_payments.{short}" not in declared:
-            errors.append(f"{key}: metric claims_payments.{short} is not declared in telemetry/metrics.rs")
+            errors.append(f"{key}: metric claims_payments.{short} is not declared in telemetry/metrics.rs or the engine's telemetry.rs")
     for full in re.findall(r"claims_payments\.[a-z][a-z_]*(?:\.[a-z][a-z_]*)*", str(query)):
         if full not in declared:
-            errors.append(f"{key}: metric {full} is not declared in telemetry/metrics.rs")
+            errors.append(f"{key}: metric {full} is not declared in telemetry/metrics.rs or the engine's telemetry.rs")
     for attribute in re.findall(r'customDimensions\["([a-z_.]+)"\]', str(query)):
         # A `tracing` span's field, or an attribute of a record built late (store and bank calls).
         written = rf'{re.escape(attribute)} =|KeyValue::new\(\s*"{re.escape(attribute)}"'

@@ -9,7 +9,8 @@ means the simulator misses a fault or an invariant.
     python3 scripts/planted-defects.py --check
 
 `--check` (CI) only applies every patch and type-checks the product with them
-(`cargo check`), patches that touch different code together, without running the
+(`cargo check` of the product, which checks the engine with it), patches that touch
+different code together, without running the
 simulator: it fails when a patch no longer matches the code or no longer builds, so the
 list cannot rot unnoticed as the code moves. Each file is written back as it was found.
 
@@ -28,36 +29,38 @@ tell it from a lease whose owner died; liveness relies on it (docs/service.md)."
 import argparse, os, re, subprocess, sys, time
 
 SRC = "crates/claims-payments/src"
+# The guarantee itself: most defects are planted in the engine crate.
+ENGINE = "crates/claims-payments-engine/src"
 DEFECTS = [
-    ("resend-after-the-key-window", f"{SRC}/bank/mod.rs",
+    ("resend-after-the-key-window", f"{ENGINE}/bank/mod.rs",
      "if !window.key_window_open(self.ambient.now()) {", "if false {"),
-    ("bank-key-from-the-attempt", f"{SRC}/consumer/mod.rs",
+    ("bank-key-from-the-attempt", f"{ENGINE}/consumer/mod.rs",
      "bank.pay(&payment.idempotency_key, &body, window)",
      "bank.pay(&crate::domain::IdempotencyKey::for_payout(None, crate::domain::ClaimId::parse(&a.id.to_string()).unwrap()), &body, window)"),
-    ("an-error-for-a-duplicate", f"{SRC}/consumer/outcome.rs",
+    ("an-error-for-a-duplicate", f"{ENGINE}/consumer/outcome.rs",
      "            Outcome::Conflict { .. }\n                | Outcome::InvalidMessage { .. }\n                | Outcome::RetryLater { .. }",
      "            Outcome::Conflict { .. }\n                | Outcome::Duplicate { .. }\n                | Outcome::InvalidMessage { .. }\n                | Outcome::RetryLater { .. }"),
     ("purge-removes-in-progress-records", f"{SRC}/functions/purge.rs",
      "store.purge_expired(now, BATCH)", "store.purge_expired(now + time::Duration::days(3650), BATCH)"),
-    ("settle-from-a-failed-lookup", f"{SRC}/reconcile/settle.rs",
+    ("settle-from-a-failed-lookup", f"{ENGINE}/reconcile/settle.rs",
      "Lookup::Unknown { reason } => Finding::Unknown { reason },",
      "Lookup::Unknown { .. } => judge(p, &[]),"),
-    ("a-lost-bank-answer-read-as-paid", f"{SRC}/bank/mod.rs",
+    ("a-lost-bank-answer-read-as-paid", f"{ENGINE}/bank/mod.rs",
      "            Err(e) => {\n                return Answer::Retry {\n                    error: self.transport_failure(e),\n                    after: None,\n                }\n            }\n        };\n        self.clock.note(",
      "            Err(_) => {\n                return Answer::Done(PayoutOutcome::Paid { payment_id: \"unknown\".into() })\n            }\n        };\n        self.clock.note("),
-    ("2xx-when-the-finalize-failed", f"{SRC}/consumer/mod.rs",
+    ("2xx-when-the-finalize-failed", f"{ENGINE}/consumer/mod.rs",
      "                Ok(Progress::Deferred)\n            }\n            Err(e) => Err(e.into()),",
      "                Ok(Progress::Deferred)\n            }\n            Err(_) => Ok(Progress::Done(outcome)),"),
-    ("complete-a-poison-message", f"{SRC}/consumer/outcome.rs",
+    ("complete-a-poison-message", f"{ENGINE}/consumer/outcome.rs",
      "            Outcome::Conflict { .. }\n                | Outcome::InvalidMessage { .. }\n                | Outcome::RetryLater { .. }\n                | Outcome::StoreFailure { .. }\n        )\n    }",
      "            Outcome::Conflict { .. }\n                | Outcome::RetryLater { .. }\n                | Outcome::StoreFailure { .. }\n        )\n    }"),
-    ("a-bank-failure-read-as-a-refusal", f"{SRC}/bank/answer.rs",
+    ("a-bank-failure-read-as-a-refusal", f"{ENGINE}/bank/answer.rs",
      "        400 | 402 => Answer::Done(PayoutOutcome::Rejected {",
      "        400 | 402 | 503 => Answer::Done(PayoutOutcome::Rejected {"),
-    ("another-payload-taken-for-a-business-duplicate", f"{SRC}/consumer/decide.rs",
+    ("another-payload-taken-for-a-business-duplicate", f"{ENGINE}/consumer/decide.rs",
      "    if payment.payload_hash != a.hash {\n        return OnPayment::Finish(Outcome::Conflict {",
      "    if false && payment.payload_hash != a.hash {\n        return OnPayment::Finish(Outcome::Conflict {"),
-    ("retry-a-refusal-forever", f"{SRC}/consumer/decide.rs",
+    ("retry-a-refusal-forever", f"{ENGINE}/consumer/decide.rs",
      "        PayoutOutcome::Rejected { reason, .. } => (\n            PaymentStatus::Rejected,",
      "        PayoutOutcome::Rejected { reason, .. } => return AfterPayout::Release { reason },\n        #[allow(unreachable_patterns)]\n        PayoutOutcome::Rejected { reason, .. } => (\n            PaymentStatus::Rejected,"),
 ]

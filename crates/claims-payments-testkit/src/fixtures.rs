@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments::seams::ambient::Ambient;
-use claims_payments::seams::bank::BankClient;
 use claims_payments::seams::bank::BankSettings;
 use claims_payments::seams::consumer::{Consumer, Delivery, Policy};
 use claims_payments::seams::services::Services;
@@ -79,7 +78,7 @@ pub fn bank_services_with(
     policy: Policy,
     timeout: Duration,
 ) -> Services {
-    let client = BankClient::new(&BankSettings {
+    let client = claims_payments::seams::bank::https_client(&BankSettings {
         url: bank.url().parse().expect("the fake bank's URL parses"),
         api_key: None,
         timeout,

@@ -9,19 +9,12 @@
 //! - [`functions`]: the wire edge: the router, one module per function of the app
 //!   (`ClaimApproved`, `Payments`, `Reconcile`, `Purge`, mirroring `function-app/`), the
 //!   custom-handler protocol (invocation envelope in, JSON answer out) and the body limits;
-//! - [`domain`]: the `ClaimApproved` contract and its domain types;
 //! - [`payments_api`]: `POST /api/payments` with an Idempotency-Key, on the same engine;
-//! - [`services`]: what one process's parts share (store, bank, policy, ambient), built
-//!   once by the composition root;
-//! - [`consumer`]: the state machine that turns deliveries into exactly one payment;
-//! - [`lease`]: leases on inbox records, the one takeover rule every path follows;
-//! - [`store`]: the store port and its adapters (SQLite embedded, Cosmos DB, PostgreSQL);
-//! - [`bank`]: the payout client (Idempotency-Key, retries inside a budget, lookups);
-//! - [`reconcile`]: settles unknown and orphaned payouts by asking the bank;
+//! - [`store`]: the engine's store port and its adapters (SQLite embedded, Cosmos DB,
+//!   PostgreSQL);
+//! - [`bank`]: the engine's payout client on the HTTPS transport, and its settings;
 //! - [`dead_letters`]: the operator's dead-letter tool (list, resubmit, discard), on
 //!   [`servicebus`], the queue's REST client;
-//! - [`ambient`]: the wall clock, randomness and process identity (the simulator's
-//!   seam: production reads the system);
 //! - [`env_setting`]: setting names and the one settings error, below every reader;
 //! - [`configuration`]: settings from the environment, composed from each module's parser;
 //! - [`hooks`]: where a development build changes the composition's parts (a store
@@ -31,6 +24,12 @@
 //! - [`telemetry`]: logs, counters, OpenTelemetry traces and metrics;
 //! - [`cli`]: the operator commands (`ledger`, `inbox`, `provision`, `purge`, `reconcile`).
 //!
+//! The guarantee itself (the `ClaimApproved` contract, the wall clock and randomness,
+//! the store port, leases, the consumer, reconciliation, the bank client and the
+//! services one process shares) is the engine crate, `claims_payments_engine`, which
+//! Cargo keeps free of the web framework, the drivers, the HTTP client and the Azure SDK;
+//! its modules are named here at their old paths (`crate::domain`, `crate::consumer`, ...).
+//!
 //! Each module imports only from the layers below it (`tests/product/architecture.rs` holds the
 //! layers and fails on an import that goes up). The simulator, the benchmark and the
 //! baselines are in `crates/claims-payments-dev`.
@@ -39,22 +38,19 @@
 // `cargo doc --document-private-items`: they link to private items freely.
 #![allow(rustdoc::private_intra_doc_links)]
 
-mod ambient;
+// The engine's modules, at the paths the product's own modules name them by.
+use claims_payments_engine::{ambient, consumer, domain, lease, reconcile, services};
+
 mod bank;
 mod cli;
 mod configuration;
-mod consumer;
 mod dead_letters;
-mod domain;
 mod env_setting;
 mod functions;
 mod hooks;
-mod lease;
 mod payments_api;
-mod reconcile;
 pub mod seams;
 mod servicebus;
-mod services;
 mod startup;
 mod store;
 mod telemetry;

@@ -17,7 +17,6 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::ambient::Ambient;
-use crate::bank::BankClient;
 use crate::configuration::{Settings, StoreSettings};
 use crate::consumer::{Consumer, Policy};
 use crate::functions;
@@ -83,7 +82,11 @@ pub fn consumer_for(settings: &Settings, store: DynStore) -> anyhow::Result<Cons
 /// Builds the services the settings describe, on `store` and the system's clock: once
 /// per process.
 pub fn services_for(settings: &Settings, store: DynStore) -> anyhow::Result<Services> {
-    let bank = settings.bank.as_ref().map(BankClient::new).transpose()?;
+    let bank = settings
+        .bank
+        .as_ref()
+        .map(crate::bank::https_client)
+        .transpose()?;
     Ok(Services::new(
         store,
         bank,

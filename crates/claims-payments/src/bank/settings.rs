@@ -1,88 +1,59 @@
-//! The bank's settings: where payouts go, with what credential, how long a request may
-//! take and how long the bank remembers an Idempotency-Key.
+//! `BANK_*`: the bank's settings read from the environment, checked before they matter
+//! (a URL that carries a credential, an unresolved Key Vault reference).
 
 use std::time::Duration;
 
 use reqwest::Url;
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 
+use super::{BankSettings, DEFAULT_KEY_WINDOW};
 use crate::env_setting::names;
 use crate::env_setting::{millis, parse_u64, ConfigError};
 
-/// Where payouts go. Absent: ledger-only mode (payments are recorded, no bank is called).
-/// How long the bank remembers an Idempotency-Key unless `BANK_KEY_WINDOW_*` says.
-pub(crate) const DEFAULT_KEY_WINDOW: Duration = Duration::from_secs(24 * 3600);
-
-#[derive(Debug, Clone)]
-pub struct BankSettings {
-    /// Scheme, host and path only: a credential never travels in the URL.
-    pub url: Url,
-    /// `BANK_API_KEY`, sent as `Authorization: Bearer`. Never logged or echoed
-    /// (`SecretString` prints as redacted).
-    pub api_key: Option<SecretString>,
-    /// Per request.
-    pub timeout: Duration,
-    /// How long after a payout was first requested the bank still recognises its
-    /// Idempotency-Key. Past it, resending could pay twice, so we stop and reconcile.
-    pub key_window: Duration,
-}
-
-impl PartialEq for BankSettings {
-    fn eq(&self, other: &Self) -> bool {
-        self.url == other.url
-            && self.api_key.as_ref().map(|k| k.expose_secret())
-                == other.api_key.as_ref().map(|k| k.expose_secret())
-            && self.timeout == other.timeout
-            && self.key_window == other.key_window
-    }
-}
-
-impl BankSettings {
-    /// `BANK_*`: the settings (`None` without `BANK_API_URL`: ledger-only mode), and
-    /// the per-request timeout, read either way because the retry budget is checked
-    /// against it.
-    pub(crate) fn from_lookup(
-        get: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<(Option<BankSettings>, Duration), ConfigError> {
-        let bank_timeout = match get(names::BANK_TIMEOUT_MS) {
-            None => Duration::from_millis(5_000),
-            Some(v) => millis(names::BANK_TIMEOUT_MS, &v, 1, 120_000)?,
-        };
-        let key_window = match (
-            get(names::BANK_KEY_WINDOW_HOURS),
-            get(names::BANK_KEY_WINDOW_MS),
-        ) {
-            (Some(_), Some(_)) => {
+/// `BANK_*`: the settings (`None` without `BANK_API_URL`: ledger-only mode), and
+/// the per-request timeout, read either way because the retry budget is checked
+/// against it.
+pub(crate) fn from_lookup(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Option<BankSettings>, Duration), ConfigError> {
+    let bank_timeout = match get(names::BANK_TIMEOUT_MS) {
+        None => Duration::from_millis(5_000),
+        Some(v) => millis(names::BANK_TIMEOUT_MS, &v, 1, 120_000)?,
+    };
+    let key_window = match (
+        get(names::BANK_KEY_WINDOW_HOURS),
+        get(names::BANK_KEY_WINDOW_MS),
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                names::BANK_KEY_WINDOW_MS,
+                "set either BANK_KEY_WINDOW_HOURS or BANK_KEY_WINDOW_MS, not both",
+            ))
+        }
+        (None, None) => DEFAULT_KEY_WINDOW,
+        // For sandboxes and simulations, whose banks forget keys within minutes.
+        (None, Some(v)) => millis(names::BANK_KEY_WINDOW_MS, &v, 1_000, 30 * 86_400_000)?,
+        (Some(v), None) => {
+            let hours = parse_u64(names::BANK_KEY_WINDOW_HOURS, &v)?;
+            if hours == 0 {
                 return Err(ConfigError::new(
-                    names::BANK_KEY_WINDOW_MS,
-                    "set either BANK_KEY_WINDOW_HOURS or BANK_KEY_WINDOW_MS, not both",
-                ))
+                    names::BANK_KEY_WINDOW_HOURS,
+                    "must be at least 1",
+                ));
             }
-            (None, None) => DEFAULT_KEY_WINDOW,
-            // For sandboxes and simulations, whose banks forget keys within minutes.
-            (None, Some(v)) => millis(names::BANK_KEY_WINDOW_MS, &v, 1_000, 30 * 86_400_000)?,
-            (Some(v), None) => {
-                let hours = parse_u64(names::BANK_KEY_WINDOW_HOURS, &v)?;
-                if hours == 0 {
-                    return Err(ConfigError::new(
-                        names::BANK_KEY_WINDOW_HOURS,
-                        "must be at least 1",
-                    ));
-                }
-                Duration::from_secs(hours * 3600)
-            }
-        };
-        let bank = match get(names::BANK_API_URL) {
-            None => None,
-            Some(v) => Some(BankSettings {
-                url: bank_url(&v)?,
-                api_key: get(names::BANK_API_KEY).map(bank_api_key).transpose()?,
-                timeout: bank_timeout,
-                key_window,
-            }),
-        };
-        Ok((bank, bank_timeout))
-    }
+            Duration::from_secs(hours * 3600)
+        }
+    };
+    let bank = match get(names::BANK_API_URL) {
+        None => None,
+        Some(v) => Some(BankSettings {
+            url: bank_url(&v)?,
+            api_key: get(names::BANK_API_KEY).map(bank_api_key).transpose()?,
+            timeout: bank_timeout,
+            key_window,
+        }),
+    };
+    Ok((bank, bank_timeout))
 }
 
 /// `BANK_API_URL`: an http(s) URL with a host, and no credential in it (userinfo or a

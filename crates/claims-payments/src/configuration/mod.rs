@@ -125,7 +125,7 @@ impl Settings {
         let store = store_settings(&lookup, &get)?;
         let inbox_retention = inbox_retention(&get)?;
         let consumer_name = consumer_name(&get)?;
-        let (bank, bank_timeout) = BankSettings::from_lookup(&get)?;
+        let (bank, bank_timeout) = crate::bank::settings::from_lookup(&get)?;
         let timings = Timings::from_lookup(&get, bank_timeout)?;
         if let StoreSettings::Postgres(postgres) = &store {
             lease_outlasts_an_outage_wait(&timings, bank_timeout, postgres)?;

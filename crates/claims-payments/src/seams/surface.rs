@@ -10,7 +10,7 @@ pub mod ambient {
 
 /// The payout client and the transport a simulated bank stands behind.
 pub mod bank {
-    pub use crate::bank::{BankClient, BankSettings, PayoutOutcome, SendWindow};
+    pub use crate::bank::{https_client, BankClient, BankSettings, PayoutOutcome, SendWindow};
     /// The one seam below the bank client.
     pub mod transport {
         pub use crate::bank::transport::{

@@ -22,7 +22,7 @@
 //! limit) and exported every `OTEL_METRIC_EXPORT_INTERVAL` ms (60 000); they are never
 //! sampled.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,18 +68,17 @@ pub(crate) const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
 /// The scope of an Entra token for Application Insights ingestion.
 const MONITOR_SCOPE: &str = "https://monitor.azure.com//.default";
 
-static ENABLED: AtomicBool = AtomicBool::new(false);
 static METER_PROVIDER: std::sync::OnceLock<SdkMeterProvider> = std::sync::OnceLock::new();
 
 /// Turns the instruments on without an exporter, for the metric path's own test.
 #[cfg(test)]
 pub(crate) fn enable_for_test() {
-    ENABLED.store(true, Ordering::Relaxed);
+    claims_payments_engine::telemetry::enable(super::trace::flag_current_span);
 }
 
 /// Whether telemetry is exported. When false, no span is created and no instrument exists.
 pub(crate) fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
+    claims_payments_engine::telemetry::enabled()
 }
 
 /// Where telemetry goes, from the environment.
@@ -241,7 +240,8 @@ pub(crate) fn init_exporter(
     };
     opentelemetry::global::set_meter_provider(meter_provider.clone());
     let _ = METER_PROVIDER.set(meter_provider.clone());
-    ENABLED.store(true, Ordering::Relaxed);
+    // The engine's counters too: each count reaches its metric, and flags its span.
+    claims_payments_engine::telemetry::enable(super::trace::flag_current_span);
     Ok(Some((
         Recorder::new(spans.clone()),
         TelemetryGuard {

@@ -7,7 +7,8 @@
 //!
 //! Metrics are never sampled: every count reaches its instrument, whatever the traces'
 //! sampling decides. The hot path allocates nothing: each counter's instrument and
-//! attribute set are built on first use and kept ([`Binding`]), the dimensions known
+//! attribute set are built on first use and kept (the engine's
+//! [`Binding`](claims_payments_engine::telemetry::Binding)), the dimensions known
 //! only at the call are `&'static str` or kept sets ([`http_answer`]), and the SDK finds
 //! a kept set's aggregator with one hash lookup under a read lock.
 //!
@@ -33,78 +34,27 @@
 
 use std::sync::{OnceLock, RwLock};
 
-use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
+use opentelemetry::metrics::{Counter, Gauge, Histogram};
 use opentelemetry::KeyValue;
 
 /// The metric names, one place (the alerts and the workbook in infra/ use them).
 pub(crate) mod names {
-    pub(crate) const OUTCOMES: &str = "claims_payments.outcomes";
+    // The engine's counters have their names in the engine (`claims_payments_engine::telemetry::names`).
     pub(crate) const DEAD_LETTER_BOUND: &str = "claims_payments.dead_letter_bound";
     pub(crate) const INVOCATIONS: &str = "claims_payments.invocations";
-    pub(crate) const TAKEOVERS: &str = "claims_payments.takeovers";
-    pub(crate) const LEASE_WAITS: &str = "claims_payments.lease_waits";
-    pub(crate) const OWN_WRITES_RECOGNISED: &str = "claims_payments.own_writes_recognised";
-    pub(crate) const OWNERS_FOUND_GONE: &str = "claims_payments.owners_found_gone";
-    pub(crate) const BANK_CALLS: &str = "claims_payments.bank.calls";
-    pub(crate) const BANK_RETRIES: &str = "claims_payments.bank.retries";
-    pub(crate) const BANK_SERVICE_FAULTS: &str = "claims_payments.bank.service_faults";
-    pub(crate) const CLOCK_REFUSALS: &str = "claims_payments.clock_refusals";
     pub(crate) const BANK_DURATION: &str = "claims_payments.bank.duration";
     pub(crate) const HTTP_ANSWERS: &str = "claims_payments.http.answers";
     pub(crate) const HTTP_IDEMPOTENCY: &str = "claims_payments.http.idempotency";
-    pub(crate) const RECONCILE_RUNS: &str = "claims_payments.reconcile.runs";
     pub(crate) const RECONCILE_RESULTS: &str = "claims_payments.reconcile.results";
     pub(crate) const RECONCILE_BACKLOG: &str = "claims_payments.reconcile.backlog";
-    pub(crate) const STORE_ROUND_TRIPS: &str = "claims_payments.store.round_trips";
     pub(crate) const STORE_TRANSIENT_ERRORS: &str = "claims_payments.store.transient_errors";
     pub(crate) const STORE_OUTAGE_WAITS: &str = "claims_payments.store.outage_waits";
     pub(crate) const COSMOS_REQUEST_UNITS: &str = "claims_payments.cosmos.request_units";
     pub(crate) const STARTS: &str = "claims_payments.starts";
 }
 
-/// The meter every instrument comes from (the global provider [`super::export`] installs).
-fn meter() -> Meter {
-    opentelemetry::global::meter("claims-payments")
-}
-
-/// A [`super::Counter`]'s metric: created on first use, and only when telemetry is
-/// exported.
-#[derive(Debug, Default)]
-pub(crate) struct Binding {
-    name: Option<&'static str>,
-    dimension: Option<(&'static str, &'static str)>,
-    instrument: OnceLock<Option<(Counter<u64>, Vec<KeyValue>)>>,
-}
-
-impl Binding {
-    pub(crate) const fn new(
-        name: &'static str,
-        dimension: Option<(&'static str, &'static str)>,
-    ) -> Self {
-        Binding {
-            name: Some(name),
-            dimension,
-            instrument: OnceLock::new(),
-        }
-    }
-
-    pub(crate) fn add(&self, n: u64) {
-        if !super::enabled() {
-            return;
-        }
-        let instrument = self.instrument.get_or_init(|| {
-            let name = self.name?;
-            let attributes = self
-                .dimension
-                .map(|(k, v)| vec![KeyValue::new(k, v)])
-                .unwrap_or_default();
-            Some((meter().u64_counter(name).build(), attributes))
-        });
-        if let Some((counter, attributes)) = instrument {
-            counter.add(n, attributes);
-        }
-    }
-}
+// The meter every instrument comes from (the global provider `super::export` installs).
+use claims_payments_engine::telemetry::meter;
 
 /// A floating-point counter without dimensions (request units).
 #[derive(Debug, Default)]

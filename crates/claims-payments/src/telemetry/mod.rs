@@ -82,7 +82,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
 
-use self::metrics::{Binding, F64Binding};
+use self::metrics::F64Binding;
+pub(crate) use claims_payments_engine::telemetry::Counter;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -164,52 +165,6 @@ pub(crate) fn init_with(format: LogFormat, recorder: Option<trace::Recorder>) {
     drop(result);
 }
 
-/// A monotonically increasing count; also an OpenTelemetry counter (a metric with its
-/// dimensions) when telemetry is exported.
-#[derive(Debug, Default)]
-pub(crate) struct Counter {
-    value: AtomicU64,
-    metric: Binding,
-    /// Set to `true` on the current invocation's span when counted (e.g. `takeover`).
-    span_flag: Option<&'static str>,
-}
-
-impl Counter {
-    /// A count that is also the metric `name`, with one dimension `key = value` (or none).
-    pub(crate) const fn metric(
-        name: &'static str,
-        dimension: Option<(&'static str, &'static str)>,
-    ) -> Self {
-        Counter {
-            value: AtomicU64::new(0),
-            metric: Binding::new(name, dimension),
-            span_flag: None,
-        }
-    }
-
-    /// The same, and each count also marks the current invocation's span with `flag`.
-    pub(crate) fn flagging(mut self, flag: &'static str) -> Self {
-        self.span_flag = Some(flag);
-        self
-    }
-
-    pub(crate) fn inc(&self) {
-        self.add(1);
-    }
-
-    pub(crate) fn add(&self, n: u64) {
-        self.value.fetch_add(n, Ordering::Relaxed);
-        self.metric.add(n);
-        if let Some(flag) = self.span_flag {
-            trace::flag_current_span(flag);
-        }
-    }
-
-    pub(crate) fn get(&self) -> u64 {
-        self.value.load(Ordering::Relaxed)
-    }
-}
-
 /// Request units, kept in hundredths so an atomic integer can hold them. Each charge is
 /// also added to the store call in progress (its dependency span carries the charge) and
 /// to the metric `claims_payments.cosmos.request_units`.
@@ -234,47 +189,21 @@ impl RequestUnits {
     }
 }
 
-/// What the service counts. Outcome counters mirror the `outcome` log field.
+/// What the service counts: the engine's counters (outcomes, leases, the bank, reconcile,
+/// store round trips; reached through `Deref`), and the product's own on top.
 #[derive(Debug)]
 pub struct Counters {
+    engine: &'static claims_payments_engine::telemetry::Counters,
     pub(crate) invocations: Counter,
-    pub(crate) paid: Counter,
-    pub(crate) recorded: Counter,
-    pub(crate) duplicates_skipped: Counter,
-    pub(crate) business_duplicates: Counter,
-    pub(crate) conflicts: Counter,
-    pub(crate) invalid_messages: Counter,
-    pub(crate) retry_later: Counter,
-    pub(crate) store_failures: Counter,
-    pub(crate) rejected: Counter,
-    pub(crate) needs_reconciliation: Counter,
-    pub(crate) takeovers: Counter,
-    pub(crate) lease_waits: Counter,
-    pub(crate) own_write_recognised: Counter,
-    /// Lease owners found to belong to a process that has ended (each such process
-    /// counted once per process that found it).
-    pub(crate) owners_found_gone: Counter,
-    pub(crate) bank_calls: Counter,
-    pub(crate) bank_retries: Counter,
-    /// Bank answers that are the service's own fault (credential, URL, method, format).
-    pub(crate) bank_service_faults: Counter,
-    /// Payouts refused because this instance's clock is too far from the bank's.
-    pub(crate) clock_refusals: Counter,
-    pub(crate) bank_lookups: Counter,
     /// `POST /api/payments`: requests, stored answers replayed, refused while in flight
     /// (409), keys reused with another request (422).
     pub(crate) http_requests: Counter,
     pub(crate) http_replays: Counter,
     pub(crate) http_in_flight: Counter,
     pub(crate) http_key_mismatches: Counter,
-    /// Reconcile runs, and the payments they settled or left unknown.
-    pub(crate) reconcile_runs: Counter,
-    pub(crate) reconcile_settled: Counter,
-    pub(crate) reconcile_unknown: Counter,
     pub(crate) store_transient_errors: Counter,
     /// Connection attempts repeated while the PostgreSQL server could not be reached.
     pub(crate) store_outage_waits: Counter,
-    pub(crate) store_round_trips: Counter,
     /// SQLite group commits, and the write jobs they carried: jobs / commits is the
     /// average group size. Syncs (`fdatasync` of the WAL) each cover one or more groups.
     pub(crate) sqlite_commits: Counter,
@@ -290,45 +219,27 @@ pub struct Counters {
     pub(crate) telemetry_traces_sampled_out: Counter,
 }
 
+impl std::ops::Deref for Counters {
+    type Target = claims_payments_engine::telemetry::Counters;
+
+    fn deref(&self) -> &Self::Target {
+        self.engine
+    }
+}
+
 impl Default for Counters {
     fn default() -> Self {
         use self::metrics::names::*;
-        let outcome = |label| Counter::metric(OUTCOMES, Some(("outcome", label)));
         let http = |result| Counter::metric(HTTP_IDEMPOTENCY, Some(("result", result)));
         Counters {
+            engine: claims_payments_engine::telemetry::counters(),
             invocations: Counter::metric(INVOCATIONS, Some(("function", "ClaimApproved"))),
-            paid: outcome("paid"),
-            recorded: outcome("recorded"),
-            duplicates_skipped: outcome("duplicate"),
-            business_duplicates: outcome("business-duplicate"),
-            conflicts: outcome("conflict"),
-            invalid_messages: outcome("invalid-message"),
-            retry_later: outcome("retry-later"),
-            store_failures: outcome("store-failure"),
-            rejected: outcome("rejected"),
-            needs_reconciliation: outcome("needs-reconciliation"),
-            takeovers: Counter::metric(TAKEOVERS, None).flagging("takeover"),
-            // Each marks the invocation's trace, which the sampling then keeps.
-            lease_waits: Counter::metric(LEASE_WAITS, None).flagging("leaseWait"),
-            own_write_recognised: Counter::metric(OWN_WRITES_RECOGNISED, None)
-                .flagging("ownWriteRecognised"),
-            owners_found_gone: Counter::metric(OWNERS_FOUND_GONE, None).flagging("ownerFoundGone"),
-            bank_calls: Counter::metric(BANK_CALLS, Some(("operation", "payout"))),
-            bank_retries: Counter::metric(BANK_RETRIES, None),
-            bank_service_faults: Counter::metric(BANK_SERVICE_FAULTS, None),
-            clock_refusals: Counter::metric(CLOCK_REFUSALS, None),
-            bank_lookups: Counter::metric(BANK_CALLS, Some(("operation", "lookup"))),
             http_requests: http("request"),
             http_replays: http("replayed"),
             http_in_flight: http("in-flight"),
             http_key_mismatches: http("key-reused"),
-            reconcile_runs: Counter::metric(RECONCILE_RUNS, None),
-            // The timer function records each result with its kind (metrics::reconcile_run).
-            reconcile_settled: Counter::default(),
-            reconcile_unknown: Counter::default(),
             store_transient_errors: Counter::metric(STORE_TRANSIENT_ERRORS, None),
             store_outage_waits: Counter::metric(STORE_OUTAGE_WAITS, None),
-            store_round_trips: Counter::metric(STORE_ROUND_TRIPS, None),
             sqlite_commits: Counter::default(),
             sqlite_committed_jobs: Counter::default(),
             sqlite_syncs: Counter::default(),

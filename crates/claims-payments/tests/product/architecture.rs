@@ -1,6 +1,8 @@
-//! The product's layers, checked from its `use` lines: every module imports only from
-//! layers below its own, so there is no import circle and nothing reaches up (a store
-//! never knows the consumer, the consumer never knows HTTP).
+//! The layers inside each crate, checked from its `use` lines: every module imports only
+//! from layers below its own, so there is no import circle and nothing reaches up (a store
+//! never knows the consumer, the consumer never knows HTTP). Between the crates Cargo
+//! holds the rule: the engine (`crates/claims-payments-engine`) cannot name the product,
+//! and names no web framework, driver, HTTP client or Azure SDK.
 //!
 //! A reference is any `crate::<module>` path outside the file's `#[cfg(test)]` tail;
 //! references between a module and its own submodules stay inside one concern and are
@@ -9,22 +11,45 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// Bottom to top. A module may use modules of lower layers only.
-const LAYERS: &[&[&str]] = &[
-    // The vocabulary: the message contract and its domain types, setting names and errors.
-    &["domain", "env_setting", "ambient"],
-    // Logs, counters, metrics and spans: used everywhere, knows only the vocabulary.
+type Layers = &'static [&'static [&'static str]];
+
+/// The engine's modules, bottom to top. A module may use modules of lower layers only.
+const ENGINE_LAYERS: Layers = &[
+    // The vocabulary: the message contract and its domain types, time and randomness.
+    &["domain", "ambient"],
+    // The engine's counters: used everywhere, knows only the vocabulary.
     &["telemetry"],
-    // The ports and adapters: the store, the bank, the broker.
-    &["store", "bank", "servicebus"],
-    // The lease on inbox records.
+    // The ports: the store, the bank.
+    &["store", "bank"],
+    // The lease on inbox records, and the processes behind leases.
     &["lease"],
     // The state machine that turns deliveries into one payment.
     &["consumer"],
-    // What one process's parts share, built once by the composition root.
+    // What one process's parts share.
     &["services"],
-    // The other ways in: HTTP clients with an Idempotency-Key, reconciliation.
-    &["payments_api", "reconcile", "dead_letters"],
+    // Settling what the bank's answers left unknown.
+    &["reconcile"],
+];
+
+/// The product's modules, bottom to top.
+const PRODUCT_LAYERS: Layers = &[
+    // The engine's modules, named at their old paths (`lib.rs`): below everything here.
+    &[
+        "domain",
+        "ambient",
+        "lease",
+        "consumer",
+        "services",
+        "reconcile",
+    ],
+    // Setting names and errors.
+    &["env_setting"],
+    // Logs, counters, metrics and spans: used everywhere, knows only the engine.
+    &["telemetry"],
+    // The adapters: the stores, the bank's transport, the broker.
+    &["store", "bank", "servicebus"],
+    // The other ways in: HTTP clients with an Idempotency-Key, the dead-letter tool.
+    &["payments_api", "dead_letters"],
     // The wire edge: one module per function of the app, the router, the host's
     // protocol and the request limits.
     &["functions"],
@@ -40,13 +65,21 @@ const LAYERS: &[&[&str]] = &[
     &["seams"],
 ];
 
-fn layer_of(module: &str) -> Option<usize> {
-    LAYERS.iter().position(|layer| layer.contains(&module))
+fn engine_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../claims-payments-engine/src")
 }
 
-/// The node a module path belongs to: the longest entry of [`LAYERS`] it starts with.
-fn node_of(path: &str) -> Option<&'static str> {
-    LAYERS
+fn product_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn layer_of(layers: Layers, module: &str) -> Option<usize> {
+    layers.iter().position(|layer| layer.contains(&module))
+}
+
+/// The node a module path belongs to: the longest entry of `layers` it starts with.
+fn node_of(layers: Layers, path: &str) -> Option<&'static str> {
+    layers
         .iter()
         .flat_map(|layer| layer.iter().copied())
         .filter(|node| path == *node || path.starts_with(&format!("{node}::")))
@@ -111,71 +144,97 @@ fn path_prefix(text: &str) -> String {
         .to_owned()
 }
 
-#[test]
-fn every_module_imports_only_from_the_layers_below_it() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The modules of the crate at `src` that are missing from `layers`, and the imports
+/// that do not go down them.
+fn misplaced(src: &Path, layers: Layers) -> (Vec<String>, Vec<String>) {
     let mut files = Vec::new();
-    sources(&src, &mut files);
+    sources(src, &mut files);
     let mut unplaced = Vec::new();
     let mut upward = Vec::new();
     for file in &files {
-        let module = module_path(&src, file);
+        let module = module_path(src, file);
         if module == "lib" || module == "main" {
             continue;
         }
-        let Some(from) = node_of(&module) else {
+        let Some(from) = node_of(layers, &module) else {
             unplaced.push(module);
             continue;
         };
         let code = std::fs::read_to_string(file).expect("readable");
         for reference in references(&code) {
-            let Some(to) = node_of(&reference) else {
+            let Some(to) = node_of(layers, &reference) else {
                 unplaced.push(format!("{reference} (used by {module})"));
                 continue;
             };
             if to == from {
                 continue;
             }
-            let (below, above) = (layer_of(to), layer_of(from));
+            let (below, above) = (layer_of(layers, to), layer_of(layers, from));
             if below >= above {
                 upward.push(format!("{module} uses {reference}"));
             }
         }
     }
-    assert!(
-        unplaced.is_empty(),
-        "modules missing from LAYERS: {unplaced:?}"
-    );
-    assert!(
-        upward.is_empty(),
-        "imports that do not go down the layers:\n{}",
-        upward.join("\n")
-    );
+    (unplaced, upward)
 }
 
+#[test]
+fn every_module_imports_only_from_the_layers_below_it() {
+    for (src, layers) in [
+        (engine_src(), ENGINE_LAYERS),
+        (product_src(), PRODUCT_LAYERS),
+    ] {
+        let (unplaced, upward) = misplaced(&src, layers);
+        assert!(
+            unplaced.is_empty(),
+            "{}: modules missing from the layers: {unplaced:?}",
+            src.display()
+        );
+        assert!(
+            upward.is_empty(),
+            "{}: imports that do not go down the layers:\n{}",
+            src.display(),
+            upward.join("\n")
+        );
+    }
+}
 #[test]
 fn the_reference_reader_sees_groups_and_paths() {
     let code = "use crate::store::{A, B};\nuse crate::{message, config::names};\nlet x = crate::bank::pay();\n#[cfg(test)]\nuse crate::cli;";
     let found: Vec<String> = references(code).into_iter().collect();
     assert_eq!(found, ["bank::pay", "config::names", "message", "store"]);
-    assert_eq!(node_of("env_setting::names"), Some("env_setting"));
-    assert_eq!(node_of("configuration::Settings"), Some("configuration"));
-    assert_eq!(node_of("store::cosmos::settings"), Some("store"));
+    assert_eq!(
+        node_of(PRODUCT_LAYERS, "env_setting::names"),
+        Some("env_setting")
+    );
+    assert_eq!(
+        node_of(PRODUCT_LAYERS, "configuration::Settings"),
+        Some("configuration")
+    );
+    assert_eq!(
+        node_of(PRODUCT_LAYERS, "store::cosmos::settings"),
+        Some("store")
+    );
+    assert_eq!(node_of(ENGINE_LAYERS, "lease::liveness"), Some("lease"));
 }
 
 /// The inbox retention has one owner, the documented one: the `Purge` timer function
 /// (`PURGE_SCHEDULE`), and `claims-payments purge` for an operator on demand. Nothing else
-/// in the product (`serve`'s start-up, a consumer, another function) calls the store's
-/// purge; the stores themselves and their decorators (`store/`) only implement or forward it.
+/// in the product or the engine (`serve`'s start-up, a consumer, another function) calls
+/// the store's purge; the stores themselves and their decorators (`store/`) only implement
+/// or forward it.
 #[test]
 fn only_the_purge_function_and_the_purge_command_purge() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    sources(&src, &mut files);
+    for src in [engine_src(), product_src()] {
+        let mut found = Vec::new();
+        sources(&src, &mut found);
+        files.extend(found.into_iter().map(|file| (src.clone(), file)));
+    }
     let mut callers: Vec<String> = files
         .iter()
-        .filter(|file| !module_path(&src, file).starts_with("store"))
-        .filter(|file| {
+        .filter(|(src, file)| !module_path(src, file).starts_with("store"))
+        .filter(|(_, file)| {
             let code = std::fs::read_to_string(file).expect("readable");
             let code = code
                 .split("#[cfg(test)]")
@@ -184,7 +243,7 @@ fn only_the_purge_function_and_the_purge_command_purge() {
                 .to_owned();
             code.contains(".purge_expired(")
         })
-        .map(|file| module_path(&src, file))
+        .map(|(src, file)| module_path(src, file))
         .collect();
     callers.sort();
     assert_eq!(callers, ["cli", "functions::purge"]);

@@ -224,7 +224,7 @@ proptest! {
 }
 
 fn bank_client(bank: &FakeBank, timeout: Duration, api_key: Option<&str>) -> BankClient {
-    BankClient::new(&BankSettings {
+    claims_payments::seams::bank::https_client(&BankSettings {
         url: bank.url().parse().unwrap(),
         api_key: api_key.map(|k| secrecy::SecretString::from(k.to_owned())),
         timeout,
@@ -305,7 +305,7 @@ async fn the_bank_credential_is_a_header_and_errors_carry_no_url() {
         .parse()
         .unwrap();
     drop(dead);
-    let client = BankClient::new(&BankSettings {
+    let client = claims_payments::seams::bank::https_client(&BankSettings {
         url,
         api_key: None,
         timeout: Duration::from_millis(500),

@@ -54,6 +54,8 @@ use crate::domain::{
 use crate::telemetry;
 
 mod engine;
+#[cfg(test)]
+mod engine_tests;
 mod rows;
 pub(crate) mod sync_hook;
 #[cfg(test)]

@@ -26,7 +26,7 @@ pub enum OutcomeKind {
 }
 
 impl OutcomeKind {
-    pub(crate) const ALL: [OutcomeKind; 11] = [
+    pub const ALL: [OutcomeKind; 11] = [
         OutcomeKind::Recorded,
         OutcomeKind::Paid,
         OutcomeKind::Duplicate,
@@ -40,7 +40,7 @@ impl OutcomeKind {
         OutcomeKind::Discarded,
     ];
 
-    pub(crate) fn as_str(&self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             OutcomeKind::Recorded => "recorded",
             OutcomeKind::Paid => "paid",
@@ -57,7 +57,7 @@ impl OutcomeKind {
     }
 
     /// The kind a stored or logged string names; `None` for any other string.
-    pub(crate) fn parse(s: &str) -> Option<Self> {
+    pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.as_str() == s)
     }
 }

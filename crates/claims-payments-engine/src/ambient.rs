@@ -105,7 +105,7 @@ impl Ambient {
     /// The hasher of this process's in-memory caches: randomly seeded on the system, and
     /// drawn from the injected generator otherwise, so that a simulated run hashes alike
     /// on every machine.
-    pub(crate) fn cache_hasher(&self) -> foldhash::quality::SeedableRandomState {
+    pub fn cache_hasher(&self) -> foldhash::quality::SeedableRandomState {
         match &self.entropy {
             None => foldhash::quality::SeedableRandomState::random(),
             Some(_) => foldhash::quality::SeedableRandomState::with_seed(
@@ -118,7 +118,7 @@ impl Ambient {
     /// How many shards a concurrent cache of this process has: `None` on the system (the
     /// cache's own choice, from the machine's CPU count); fixed for an injected ambient,
     /// whose run must not depend on the machine that runs it.
-    pub(crate) fn cache_shards(&self) -> Option<usize> {
+    pub fn cache_shards(&self) -> Option<usize> {
         self.entropy.as_ref().map(|_| INJECTED_CACHE_SHARDS)
     }
 
@@ -143,7 +143,7 @@ impl Ambient {
 /// boot; only their lease decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct AttemptId(pub(crate) Uuid);
+pub struct AttemptId(pub Uuid);
 
 impl AttemptId {
     /// A new attempt of this process, from the system's generator (operator commands
@@ -229,7 +229,7 @@ impl Boot {
     }
 
     /// A UUID that names this boot alone (the key of its registration).
-    pub(crate) fn as_uuid(&self) -> Uuid {
+    pub fn as_uuid(&self) -> Uuid {
         let mut bytes = [0; 16];
         bytes[..BOOT_BYTES].copy_from_slice(&self.0);
         Uuid::new_v8(bytes)

@@ -13,15 +13,15 @@
 //! - [`outcome`]: the stored names of how a delivery ended;
 //! - [`redrive`]: a re-driven message's identity (the copy's MessageId, the original it names).
 
-mod claim_approved;
-mod ids;
-mod money;
-mod outcome;
+pub mod claim_approved;
+pub mod ids;
+pub mod money;
+pub mod outcome;
 pub mod redrive;
 
 pub use claim_approved::ClaimApproved;
 pub use ids::{ClaimId, IdempotencyKey, MessageId, PayeeRef, PayloadHash, Purpose, TenantId};
-pub(crate) use money::parse_decimal_amount;
+pub use money::parse_decimal_amount;
 pub use money::{Currency, Money};
 pub use outcome::OutcomeKind;
 
@@ -29,12 +29,12 @@ pub use outcome::OutcomeKind;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {problem}")]
 pub struct InvalidMessage {
-    pub(crate) field: &'static str,
-    pub(crate) problem: String,
+    pub field: &'static str,
+    pub problem: String,
 }
 
 impl InvalidMessage {
-    pub(crate) fn new(field: &'static str, problem: impl Into<String>) -> Self {
+    pub fn new(field: &'static str, problem: impl Into<String>) -> Self {
         Self {
             field,
             problem: problem.into(),
@@ -59,7 +59,7 @@ pub(super) fn canonical(
 }
 
 /// The JSON type of a value, for an error that must not repeat the value itself.
-pub(crate) fn json_type(value: &serde_json::Value) -> &'static str {
+pub fn json_type(value: &serde_json::Value) -> &'static str {
     match value {
         serde_json::Value::Null => "null",
         serde_json::Value::Bool(_) => "a boolean",
@@ -73,7 +73,7 @@ pub(crate) fn json_type(value: &serde_json::Value) -> &'static str {
 /// What is wrong with JSON text, by category and position only: serde_json's own
 /// messages quote the offending value ("invalid type: string \"...\""), and that value
 /// may be a payee's account or a name.
-pub(crate) fn json_error(error: &serde_json::Error) -> String {
+pub fn json_error(error: &serde_json::Error) -> String {
     let what = match error.classify() {
         serde_json::error::Category::Io => "cannot be read",
         serde_json::error::Category::Syntax => "is not valid JSON",

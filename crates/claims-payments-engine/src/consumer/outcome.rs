@@ -65,7 +65,7 @@ impl Outcome {
     }
 
     /// Whether redelivery can never change the answer (the message belongs in the DLQ).
-    pub(crate) fn is_permanent_failure(&self) -> bool {
+    pub fn is_permanent_failure(&self) -> bool {
         matches!(
             self,
             Outcome::Conflict { .. }
@@ -74,7 +74,7 @@ impl Outcome {
         )
     }
 
-    pub(crate) fn detail(&self) -> Option<String> {
+    pub fn detail(&self) -> Option<String> {
         match self {
             Outcome::Recorded => None,
             Outcome::Paid { bank_payment_id } => Some(format!("bank payment {bank_payment_id}")),

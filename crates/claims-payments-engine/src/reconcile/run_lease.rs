@@ -12,18 +12,15 @@ use super::Reconciler;
 /// The run lease: one reconcile run at a time across instances. An inbox record of the
 /// pseudo-consumer `reconcile-run` under a fixed claim id, taken and given back with the
 /// same conditional writes as a message's lease.
-pub(crate) struct RunLease(Lease);
+pub struct RunLease(Lease);
 
 const RUN_LEASE_CLAIM: &str = "5e3c0f1a-7d2b-4c69-9f41-2a8e6b0d9c17";
 /// The pseudo-consumer of the run lease (never a consumer name: see `configuration`).
-pub(crate) const RUN_LEASE_CONSUMER: &str = "reconcile-run";
+pub const RUN_LEASE_CONSUMER: &str = "reconcile-run";
 
 impl RunLease {
     /// Takes the run lease for `length`, or `None` when another run holds it.
-    pub(crate) async fn take(
-        run: &Reconciler,
-        length: Duration,
-    ) -> Result<Option<Self>, StoreError> {
+    pub async fn take(run: &Reconciler, length: Duration) -> Result<Option<Self>, StoreError> {
         let store = &run.store;
         let claim_id = ClaimId::parse(RUN_LEASE_CLAIM)
             .map_err(|e| StoreError::Permanent(format!("run lease claim id: {e}")))?;
@@ -65,7 +62,7 @@ impl RunLease {
     }
 
     /// Gives the run lease back. Best effort: otherwise it expires.
-    pub(crate) async fn release(self, run: &Reconciler) {
+    pub async fn release(self, run: &Reconciler) {
         if let Err(e) = self
             .0
             .complete(

@@ -24,12 +24,12 @@ pub(super) struct BoundedWait {
 
 impl BoundedWait {
     /// A wait for a live attempt of this very message (counted in `lease_waits`).
-    pub(crate) fn for_attempt(limit: Duration) -> Self {
+    pub fn for_attempt(limit: Duration) -> Self {
         Self::new(limit, true)
     }
 
     /// A wait for another message's payout of the same claim.
-    pub(crate) fn for_payout(limit: Duration) -> Self {
+    pub fn for_payout(limit: Duration) -> Self {
         Self::new(limit, false)
     }
 
@@ -43,7 +43,7 @@ impl BoundedWait {
 
     /// Sleeps until the next re-read, never past the deadline. `false`, at once, when
     /// the deadline has passed: stop waiting.
-    pub(crate) async fn pause(&mut self) -> bool {
+    pub async fn pause(&mut self) -> bool {
         let left = self.until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return false;

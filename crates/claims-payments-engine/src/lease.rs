@@ -13,7 +13,7 @@
 //! costs a store read, so it is asked only of a lease that would otherwise hold the
 //! attempt off: a record that is ours, free or superseded needs no answer.
 
-pub(crate) mod liveness;
+pub mod liveness;
 
 use std::time::Duration;
 
@@ -28,14 +28,14 @@ use crate::telemetry;
 
 /// How long a lease lasts, and how long its record is kept after its last write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Terms {
-    pub(crate) lease: Duration,
-    pub(crate) retention: Duration,
+pub struct Terms {
+    pub lease: Duration,
+    pub retention: Duration,
 }
 
 /// Who holds a record, as an attempt sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Holder {
+pub enum Holder {
     /// This very attempt wrote it (an ambiguous timeout re-sent our own write).
     Us,
     /// Nobody: completed, or its lease ran out (a crash, a given-back lease).
@@ -52,7 +52,7 @@ pub(crate) enum Holder {
 
 impl Holder {
     /// Why a lease changed hands, as logged with the takeover.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Holder::Us => "own-write",
             Holder::Nobody => "lease-expired",
@@ -66,21 +66,24 @@ impl Holder {
 /// An attempt that wants a lease: who it is, the broker's count it judges the record
 /// with (0: not a broker delivery, or the host did not say) and its clock.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Bid {
-    pub(crate) me: AttemptId,
-    pub(crate) delivery: u32,
-    pub(crate) now: OffsetDateTime,
+pub struct Bid {
+    pub me: AttemptId,
+    pub delivery: u32,
+    pub now: OffsetDateTime,
 }
 
 impl Bid {
     /// Who holds `record` for this bid ([`holder`]).
-    pub(crate) fn judge(&self, record: &InboxRecord, owner_gone: bool) -> Holder {
+    pub fn judge(&self, record: &InboxRecord, owner_gone: bool) -> Holder {
         holder(record, self.me, self.delivery, owner_gone, self.now)
     }
 }
 
 /// Whether the process behind a lease has ended ([`liveness::Owners`]).
-pub(crate) trait OwnerLiveness {
+// Called only where the future is awaited in place (never spawned), so no `Send` bound
+// on it is needed.
+#[allow(async_fn_in_trait)]
+pub trait OwnerLiveness {
     /// What the asker found already, without a read (an attempt's own findings).
     fn known_ended(&self, owner: AttemptId) -> bool;
     /// Whether `owner`'s process has ended: may read its registration.
@@ -88,7 +91,7 @@ pub(crate) trait OwnerLiveness {
 }
 
 /// The record found under the key to lease.
-pub(crate) enum Seen<'a> {
+pub enum Seen<'a> {
     /// No record: create this one.
     Nothing(InboxRecord),
     /// This one, as read at its version.
@@ -99,7 +102,7 @@ pub(crate) enum Seen<'a> {
 // One answer per call, matched at once: boxing would only add an allocation.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub(crate) enum Acquired {
+pub enum Acquired {
     /// This attempt holds the lease, which `from` held before ([`Holder::Nobody`] for a
     /// record it created).
     Held { lease: Lease, from: Holder },
@@ -120,7 +123,7 @@ pub(crate) enum Acquired {
 /// the bank request carries the same Idempotency-Key, and its final write is conditional
 /// on a version it no longer holds. A lease whose process has ended is over for the same
 /// reason, whoever asks.
-pub(crate) fn holder(
+pub fn holder(
     record: &InboxRecord,
     me: AttemptId,
     delivery: u32,
@@ -142,7 +145,7 @@ pub(crate) fn holder(
 
 /// A new record for `key`: in progress under a lease when `outcome` is `None`,
 /// otherwise completed with it.
-pub(crate) fn new_record(
+pub fn new_record(
     key: &InboxKey,
     payload_hash: &PayloadHash,
     owner: AttemptId,
@@ -175,7 +178,7 @@ pub(crate) fn new_record(
 /// `record` written again at `now`: the latest delivery count kept, and the retention
 /// counted from this write (Cosmos counts TTL from the last write; every store does the
 /// same).
-pub(crate) fn touched(
+pub fn touched(
     record: &InboxRecord,
     delivery: u32,
     terms: Terms,
@@ -190,7 +193,7 @@ pub(crate) fn touched(
 }
 
 /// `record` taken over by `me`: in progress under a fresh lease.
-pub(crate) fn taken_over(
+pub fn taken_over(
     record: &InboxRecord,
     me: AttemptId,
     delivery: u32,
@@ -207,11 +210,7 @@ pub(crate) fn taken_over(
 }
 
 /// `record` completed with `outcome`: final, no lease.
-pub(crate) fn completed(
-    record: &InboxRecord,
-    outcome: InboxOutcome,
-    now: OffsetDateTime,
-) -> InboxRecord {
+pub fn completed(record: &InboxRecord, outcome: InboxOutcome, now: OffsetDateTime) -> InboxRecord {
     InboxRecord {
         status: InboxStatus::Completed,
         outcome: Some(outcome),
@@ -225,7 +224,7 @@ pub(crate) fn completed(
 /// answer: our owner (a fresh id per attempt, which no other attempt writes) on a record
 /// in progress with our fingerprint. Later writes of ours under the lease go through
 /// [`Lease`] and its version, never through this test.
-pub(crate) fn own_write(written: &InboxRecord, found: &InboxRecord) -> bool {
+pub fn own_write(written: &InboxRecord, found: &InboxRecord) -> bool {
     found.owner == written.owner
         && found.status == InboxStatus::InProgress
         && found.payload_hash == written.payload_hash
@@ -244,14 +243,14 @@ fn own_write_recognised(record: &InboxRecord, write: &'static str) {
 
 /// A lease this attempt holds: the record as it wrote it, and the version that proves it.
 #[derive(Debug, Clone)]
-pub(crate) struct Lease {
-    pub(crate) record: InboxRecord,
-    pub(crate) version: Version,
+pub struct Lease {
+    pub record: InboxRecord,
+    pub version: Version,
 }
 
 /// What a conditional create found.
 #[derive(Debug)]
-pub(crate) enum Created {
+pub enum Created {
     Held(Lease),
     /// The record exists; judge it with [`holder`].
     Exists(Versioned<InboxRecord>),
@@ -265,7 +264,7 @@ impl Lease {
     /// `owners` is asked whether the holder's process has ended only when the lease would
     /// otherwise be live: a record that is ours, free or superseded is taken without that
     /// read.
-    pub(crate) async fn acquire(
+    pub async fn acquire(
         store: &dyn Store,
         seen: Seen<'_>,
         bid: Bid,
@@ -305,7 +304,7 @@ impl Lease {
     /// ([`own_write`]), we hold the lease, as the consumer's claim recognises its own
     /// record; if another attempt's, it is judged as any existing record; if there is
     /// none, nothing was written and the error stands.
-    pub(crate) async fn create(store: &dyn Store, record: InboxRecord) -> StoreResult<Created> {
+    pub async fn create(store: &dyn Store, record: InboxRecord) -> StoreResult<Created> {
         let lost = match store.record_handled(&record).await {
             Ok(InsertResult::Inserted(version)) => {
                 return Ok(Created::Held(Lease { record, version }))
@@ -334,7 +333,7 @@ impl Lease {
     ///
     /// After a `Transient` answer the record is read again, as after a create: a record
     /// that now carries our owner (and did not before) is our committed write.
-    pub(crate) async fn take_over(
+    pub async fn take_over(
         store: &dyn Store,
         seen: &Versioned<InboxRecord>,
         taken: InboxRecord,
@@ -369,13 +368,13 @@ impl Lease {
     }
 
     /// Replaces the leased record with `record`, under the lease.
-    pub(crate) async fn write(self, store: &dyn Store, record: InboxRecord) -> StoreResult<Lease> {
+    pub async fn write(self, store: &dyn Store, record: InboxRecord) -> StoreResult<Lease> {
         let version = store.replace_inbox(&record, &self.version).await?;
         Ok(Lease { record, version })
     }
 
     /// Completes the record with `outcome`, under the lease.
-    pub(crate) async fn complete(
+    pub async fn complete(
         self,
         store: &dyn Store,
         outcome: InboxOutcome,
@@ -387,7 +386,7 @@ impl Lease {
 
     /// Ends the lease now, so the next attempt may take over at once instead of waiting
     /// it out. Best effort: if the write fails, the lease simply runs out.
-    pub(crate) async fn release(&self, store: &dyn Store, now: OffsetDateTime) {
+    pub async fn release(&self, store: &dyn Store, now: OffsetDateTime) {
         let released = InboxRecord {
             lease_until: Some(now),
             updated_at: now,
@@ -398,7 +397,7 @@ impl Lease {
 
     /// Writes `record` back under the lease (best effort), for a holder that must leave
     /// the record as it found it.
-    pub(crate) async fn give_back(&self, store: &dyn Store, record: InboxRecord) {
+    pub async fn give_back(&self, store: &dyn Store, record: InboxRecord) {
         if let Err(e) = store.replace_inbox(&record, &self.version).await {
             tracing::warn!(
                 claimId = %record.claim_id,
@@ -463,114 +462,5 @@ mod tests {
         assert_eq!(holder(&live, me, 1, true, now), Holder::OwnerGone);
         assert_eq!(holder(&live, other, 0, true, now), Holder::Us);
         assert_eq!(holder(&ran_out, me, 0, true, now), Holder::Nobody);
-    }
-
-    /// Liveness that answers `ended` and counts how often it was asked (each ask is a
-    /// store read with [`liveness::Owners`]).
-    struct Counted {
-        ended: bool,
-        asked: std::sync::atomic::AtomicU32,
-    }
-
-    impl OwnerLiveness for Counted {
-        fn known_ended(&self, _: AttemptId) -> bool {
-            false
-        }
-
-        async fn ended(&self, _: AttemptId) -> bool {
-            self.asked
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.ended
-        }
-    }
-
-    /// Whether the holder's process ended is asked only of a lease that would otherwise
-    /// hold the bid off, once; a record that is ours, free or superseded is taken without
-    /// the read, and so is a record created.
-    #[tokio::test]
-    async fn liveness_is_asked_only_of_a_lease_that_would_otherwise_be_live() {
-        let dir = tempfile::tempdir().unwrap();
-        let store: crate::store::DynStore =
-            crate::store::sqlite::SqliteStore::open(dir.path().join("l.db")).unwrap();
-        let store = store.as_ref();
-        let now = OffsetDateTime::now_utc();
-        let (me, other) = (AttemptId::new(), AttemptId::new());
-        let terms = Terms {
-            lease: Duration::from_secs(60),
-            retention: Duration::from_secs(3600),
-        };
-        let bid = |delivery| Bid { me, delivery, now };
-        let take = |record: &InboxRecord| taken_over(record, me, 1, terms, now);
-        let stored = |owner, lease_until, count| async move {
-            let Ok(Created::Held(lease)) =
-                Lease::create(store, record(owner, lease_until, count)).await
-            else {
-                panic!("a new key is created");
-            };
-            Versioned {
-                record: lease.record,
-                version: lease.version,
-            }
-        };
-        // (the record found, the bid's count, its owner's process ended) -> what comes of
-        // it, and how often liveness was asked.
-        let later = now + Duration::from_secs(30);
-        let (ran_out, live, held_off) = (Some(now), Some(later), Holder::Live(later));
-        let cases = [
-            (stored(other, ran_out, 2).await, 1, true, Holder::Nobody, 0),
-            (stored(other, live, 2).await, 3, true, Holder::Superseded, 0),
-            (stored(me, live, 2).await, 1, true, Holder::Us, 0),
-            (stored(other, live, 2).await, 1, true, Holder::OwnerGone, 1),
-            (stored(other, live, 2).await, 1, false, held_off, 1),
-        ];
-        for (seen, delivery, ended, expected, asks) in cases {
-            let owners = Counted {
-                ended,
-                asked: Default::default(),
-            };
-            let acquired = Lease::acquire(store, Seen::Record(&seen), bid(delivery), &owners, take)
-                .await
-                .unwrap();
-            match (acquired, expected) {
-                (Acquired::Live(until), Holder::Live(expected)) => assert_eq!(until, expected),
-                (Acquired::Held { lease, from }, _) => {
-                    assert_eq!(from, expected);
-                    assert_eq!(lease.record.owner, me);
-                }
-                (other, _) => panic!("{expected:?}: came to {other:?}"),
-            }
-            assert_eq!(owners.asked.into_inner(), asks, "{expected:?}");
-        }
-        // A record created asks nothing; one found created meanwhile is a lost race.
-        let owners = Counted {
-            ended: true,
-            asked: Default::default(),
-        };
-        let fresh = record(me, Some(later), 1);
-        let created = Lease::acquire(store, Seen::Nothing(fresh.clone()), bid(1), &owners, take)
-            .await
-            .unwrap();
-        assert!(matches!(
-            created,
-            Acquired::Held {
-                from: Holder::Nobody,
-                ..
-            }
-        ));
-        let again = Lease::acquire(store, Seen::Nothing(fresh), bid(1), &owners, take)
-            .await
-            .unwrap();
-        assert!(matches!(again, Acquired::Lost));
-        // A record changed since it was read: another attempt moved first.
-        let seen = stored(other, Some(now), 1).await;
-        Lease::take_over(store, &seen, take(&seen.record))
-            .await
-            .unwrap()
-            .unwrap();
-        let lost = Lease::acquire(store, Seen::Record(&seen), bid(1), &owners, take)
-            .await
-            .unwrap();
-        assert!(matches!(lost, Acquired::Lost));
-        assert_eq!(owners.asked.into_inner(), 0);
     }
 }

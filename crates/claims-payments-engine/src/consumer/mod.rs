@@ -24,10 +24,10 @@
 //! one loop (read, decide, act, until an outcome); [`wait`] is the one bounded wait;
 //! [`outcome`] is how a delivery ends.
 
-pub(crate) mod crash;
-pub(crate) mod decide;
-mod outcome;
-mod wait;
+pub mod crash;
+pub mod decide;
+pub mod outcome;
+pub mod wait;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,8 +45,8 @@ use crate::store::{
 };
 use crate::telemetry;
 
-pub(crate) use crate::domain::OutcomeKind;
-pub(crate) use crash::{CrashHook, Step};
+pub use crate::domain::OutcomeKind;
+pub use crash::{CrashHook, Step};
 use decide::{
     AfterClaim, AfterPayout, Attempt, Corrupt, FirstClaim, OnInbox, OnPayment, OnPayoutOwner,
     OnResume,
@@ -75,7 +75,7 @@ pub struct Policy {
 
 impl Policy {
     /// The lease and retention of this consumer's inbox records.
-    pub(crate) fn terms(&self) -> Terms {
+    pub fn terms(&self) -> Terms {
         Terms {
             lease: self.lease,
             retention: self.inbox_retention,
@@ -187,7 +187,7 @@ impl Consumer {
 
     /// The consumer on services the composition root built once, sharing their view
     /// of lease owners with the other parts of the process.
-    pub(crate) fn with_owners(
+    pub fn with_owners(
         store: DynStore,
         bank: Option<BankClient>,
         policy: Policy,
@@ -222,7 +222,7 @@ impl Consumer {
 
     /// As [`Self::handle`], with the claim's payment as the attempt last wrote or read
     /// it (`None` when it did not touch it, e.g. a duplicate answered from memory).
-    pub(crate) async fn handle_with_payment(
+    pub async fn handle_with_payment(
         &self,
         msg: &ClaimApproved,
         delivery: &Delivery,

@@ -25,9 +25,9 @@ pub struct Services {
     pub ambient: Ambient,
     /// Whether the processes behind live leases are still running: one view per
     /// process, shared by the consumer, the payments API and reconcile.
-    pub(crate) owners: Arc<Owners>,
+    pub owners: Arc<Owners>,
     /// The tasks the functions run their work on, owned by the process.
-    pub(crate) work: Work,
+    pub work: Work,
 }
 
 impl Services {
@@ -88,7 +88,7 @@ impl Work {
 
     /// Runs `work` on a task of the process; its result, or `None` if the task ended
     /// without one (it panicked, or the process is ending).
-    pub(crate) async fn run<T: Send + 'static>(
+    pub async fn run<T: Send + 'static>(
         &self,
         work: impl Future<Output = T> + Send + 'static,
     ) -> Option<T> {

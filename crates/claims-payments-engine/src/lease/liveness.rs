@@ -43,19 +43,19 @@ use crate::store::{
 use crate::telemetry;
 
 /// The pseudo-consumer of registrations (never a consumer name: see `configuration`).
-pub(crate) const CONSUMER: &str = "process";
+pub const CONSUMER: &str = "process";
 /// How long a registration lasts without renewal: how long a process that died without
 /// a successor on its port (its machine went away) still counts as alive.
-pub(crate) const TTL: Duration = Duration::from_secs(30);
+pub const TTL: Duration = Duration::from_secs(30);
 /// How often a running process renews its registration; two renewals can fail in a row
 /// (a store blip) before the registration runs out.
-pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(10);
+pub const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// Ended processes remembered with the version of their registration, and processes
 /// found live: each map is cleared when it reaches this size.
 const REMEMBERED: usize = 4096;
 /// How long a registration found live is taken as live without reading it again: a
 /// waiter re-reads the record it waits for every 20 to 500 ms, and need not double that.
-const ALIVE_FOR: Duration = Duration::from_secs(1);
+pub const ALIVE_FOR: Duration = Duration::from_secs(1);
 
 /// The key of `boot`'s registration.
 fn key(boot: Boot) -> StoreResult<InboxKey> {
@@ -75,7 +75,7 @@ fn key(boot: Boot) -> StoreResult<InboxKey> {
 /// [`Owners::check_for`]; it lives as long as the attempt, so no later attempt acts on what
 /// this one read.
 #[derive(Debug)]
-pub(crate) struct GoneOwners {
+pub struct GoneOwners {
     /// This process, never gone.
     me: Boot,
     gone: Mutex<HashSet<Boot>>,
@@ -96,7 +96,7 @@ impl GoneOwners {
     }
 
     /// Whether `owner`'s process was found ended. Never true for this process.
-    pub(crate) fn contains(&self, owner: AttemptId) -> bool {
+    pub fn contains(&self, owner: AttemptId) -> bool {
         match owner.boot() {
             Some(boot) if boot != self.me => {
                 self.gone.lock().is_ok_and(|gone| gone.contains(&boot))
@@ -105,7 +105,7 @@ impl GoneOwners {
         }
     }
 
-    pub(crate) fn insert(&self, boot: Boot) {
+    pub fn insert(&self, boot: Boot) {
         if let Ok(mut gone) = self.gone.lock() {
             gone.insert(boot);
         }
@@ -114,7 +114,7 @@ impl GoneOwners {
 
 /// What a registration read now says about its process.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Liveness {
+pub enum Liveness {
     /// Running as far as anyone can tell (its lease decides).
     Alive,
     /// Ended: its registration, at this version, ran out or was ended.
@@ -127,7 +127,7 @@ pub(crate) enum Liveness {
 /// found ended (a clock behind the one that ended it cannot revive it), or when the
 /// registration read now has no live lease; a renewal (a new version with a live lease)
 /// makes it alive again, whatever was found before.
-pub(crate) fn judge(
+pub fn judge(
     ended_at: Option<&Version>,
     read: Option<&Versioned<InboxRecord>>,
     now: OffsetDateTime,
@@ -142,7 +142,7 @@ pub(crate) fn judge(
 }
 
 /// Whether the owners of leases are still running, as far as their registrations tell.
-pub(crate) struct Owners {
+pub struct Owners {
     store: DynStore,
     ambient: Ambient,
     /// Processes found ended, with the version of the registration that said so.
@@ -152,7 +152,7 @@ pub(crate) struct Owners {
 }
 
 impl Owners {
-    pub(crate) fn new(store: DynStore, ambient: Ambient) -> Self {
+    pub fn new(store: DynStore, ambient: Ambient) -> Self {
         Owners {
             store,
             ambient,
@@ -201,8 +201,16 @@ impl Owners {
         }
     }
 
+    /// Forgets every live finding, as if each were older than it may be trusted (a
+    /// process paused past it): the next check reads the registration.
+    pub fn forget_live_findings(&self) {
+        if let Ok(mut alive) = self.alive.lock() {
+            alive.clear();
+        }
+    }
+
     /// A view for one attempt: empty, filled by [`Self::check_for`].
-    pub(crate) fn view(&self) -> GoneOwners {
+    pub fn view(&self) -> GoneOwners {
         GoneOwners::of(self.ambient.boot())
     }
 
@@ -210,7 +218,7 @@ impl Owners {
     /// cannot tell (no boot, our own) or it was found live within [`ALIVE_FOR`]. Every
     /// "ended" comes from a read: a process that renewed its registration since it was
     /// found ended is alive again.
-    pub(crate) async fn check(&self, owner: AttemptId) -> bool {
+    pub async fn check(&self, owner: AttemptId) -> bool {
         let Some(boot) = owner.boot() else {
             return false;
         };
@@ -248,7 +256,7 @@ impl Owners {
     }
 
     /// [`Self::check`], noting an ended owner in the attempt's `view`.
-    pub(crate) async fn check_for(&self, owner: AttemptId, view: &GoneOwners) -> bool {
+    pub async fn check_for(&self, owner: AttemptId, view: &GoneOwners) -> bool {
         let ended = self.check(owner).await;
         if let (true, Some(boot)) = (ended, owner.boot()) {
             view.insert(boot);
@@ -257,7 +265,7 @@ impl Owners {
     }
 
     /// These owners as one attempt sees them: what it found ended stays ended for it.
-    pub(crate) fn seen_by<'a>(&'a self, view: &'a GoneOwners) -> SeenBy<'a> {
+    pub fn seen_by<'a>(&'a self, view: &'a GoneOwners) -> SeenBy<'a> {
         SeenBy { owners: self, view }
     }
 }
@@ -274,7 +282,7 @@ impl OwnerLiveness for Owners {
 }
 
 /// [`Owners`] as one attempt sees them ([`Owners::seen_by`]).
-pub(crate) struct SeenBy<'a> {
+pub struct SeenBy<'a> {
     owners: &'a Owners,
     view: &'a GoneOwners,
 }
@@ -290,14 +298,14 @@ impl OwnerLiveness for SeenBy<'_> {
 }
 
 /// This process's registration, held while it runs.
-pub(crate) struct Registration {
+pub struct Registration {
     lease: Lease,
     terms: Terms,
 }
 
 /// Registers this process's boot, leased for [`TTL`]; its records are kept for
 /// `retention` after the last renewal, like any inbox record.
-pub(crate) async fn register(
+pub async fn register(
     store: &dyn Store,
     retention: Duration,
     ambient: &Ambient,
@@ -347,11 +355,7 @@ fn renewed(record: &InboxRecord, terms: Terms, now: OffsetDateTime) -> InboxReco
 impl Registration {
     /// Extends the registration by [`TTL`] from now. `PreconditionFailed`: someone ended
     /// it (this process then counts as ended; its leases may be taken over, safely).
-    pub(crate) async fn renew(
-        &mut self,
-        store: &dyn Store,
-        now: OffsetDateTime,
-    ) -> StoreResult<()> {
+    pub async fn renew(&mut self, store: &dyn Store, now: OffsetDateTime) -> StoreResult<()> {
         let record = renewed(&self.lease.record, self.terms, now);
         match self.lease.clone().write(store, record.clone()).await {
             Ok(lease) => {
@@ -385,7 +389,7 @@ impl Registration {
     }
 
     /// Ends the registration (a clean stop): this process's leases are over at once.
-    pub(crate) async fn end(self, store: &dyn Store, now: OffsetDateTime) {
+    pub async fn end(self, store: &dyn Store, now: OffsetDateTime) {
         self.lease.release(store, now).await;
     }
 }
@@ -490,10 +494,7 @@ pub async fn end_registration_of(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::ambient::{Entropy, WallClock};
 
     fn at(s: i64) -> OffsetDateTime {
         OffsetDateTime::from_unix_timestamp(1_800_000_000 + s).unwrap()
@@ -551,89 +552,5 @@ mod tests {
             judge(Some(&v("1")), Some(&renewed), at(70)),
             Liveness::Ended(v("2"))
         );
-    }
-
-    struct Clock(Mutex<OffsetDateTime>);
-    impl WallClock for Clock {
-        fn now(&self) -> OffsetDateTime {
-            *self.0.lock().unwrap()
-        }
-    }
-    struct Counter(std::sync::atomic::AtomicU64);
-    impl Entropy for Counter {
-        fn fill(&self, bytes: &mut [u8]) {
-            let n = self
-                .0
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                .to_be_bytes();
-            for (i, b) in bytes.iter_mut().enumerate() {
-                *b = n[i % n.len()];
-            }
-        }
-    }
-
-    fn ambient(boot: u64, clock: &Arc<Clock>) -> Ambient {
-        Ambient::new(
-            clock.clone(),
-            Arc::new(Counter(std::sync::atomic::AtomicU64::new(boot << 32))),
-            Boot::numbered(boot),
-        )
-    }
-
-    /// Process A is paused past its registration's TTL, found ended by process B, then
-    /// runs again and renews: B finds it alive from then on, and ended again only once
-    /// its renewed registration runs out in turn.
-    #[tokio::test]
-    async fn a_paused_process_that_renews_is_alive_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let store: DynStore =
-            crate::store::sqlite::SqliteStore::open(dir.path().join("p.db")).unwrap();
-        let clock_a = Arc::new(Clock(Mutex::new(at(0))));
-        let clock_b = Arc::new(Clock(Mutex::new(at(0))));
-        let (a, b) = (ambient(1, &clock_a), ambient(2, &clock_b));
-        let mut registration = register(store.as_ref(), Duration::from_secs(86_400), &a)
-            .await
-            .unwrap();
-        let owners = Owners::new(store.clone(), b.clone());
-        let a_attempt = a.attempt_id();
-        assert!(!owners.check(a_attempt).await, "registered and live");
-
-        // A is paused; its registration runs out (and B's live finding is past trusting).
-        owners.alive.lock().unwrap().clear();
-        *clock_b.lock() = at(0) + TTL + Duration::from_secs(1);
-        let view = owners.view();
-        assert!(owners.check_for(a_attempt, &view).await);
-        assert!(
-            view.contains(a_attempt),
-            "the attempt acts on what it found"
-        );
-        assert!(
-            !owners.view().contains(a_attempt),
-            "a later attempt starts from nothing"
-        );
-
-        // A runs again and renews: alive for B, at once.
-        *clock_a.lock() = at(0) + TTL + Duration::from_secs(2);
-        registration
-            .renew(store.as_ref(), clock_a.now())
-            .await
-            .unwrap();
-        *clock_b.lock() = at(0) + TTL + Duration::from_secs(3);
-        assert!(
-            !owners.check(a_attempt).await,
-            "a renewal makes it alive again"
-        );
-
-        // Paused again past the renewed registration: ended again.
-        *clock_b.lock() = at(0) + TTL * 2 + Duration::from_secs(3);
-        // (Past the time a live finding is trusted without a read.)
-        owners.alive.lock().unwrap().clear();
-        assert!(owners.check(a_attempt).await);
-    }
-
-    impl Clock {
-        fn lock(&self) -> std::sync::MutexGuard<'_, OffsetDateTime> {
-            self.0.lock().unwrap()
-        }
     }
 }

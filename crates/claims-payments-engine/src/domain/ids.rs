@@ -31,7 +31,7 @@ impl ClaimId {
         ClaimId(Uuid::new_v4())
     }
 
-    pub(crate) fn as_uuid(&self) -> Uuid {
+    pub fn as_uuid(&self) -> Uuid {
         self.0
     }
 }
@@ -113,17 +113,17 @@ macro_rules! bounded_text_type {
         pub struct $name(String);
 
         impl $name {
-            pub(crate) fn parse(s: &str) -> Result<Self, InvalidMessage> {
+            pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
                 bounded_text($field, s, $max, $allowed, $alphabet).map($name)
             }
 
-            pub(crate) fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
+            pub fn from_stored(s: &str) -> Result<Self, InvalidMessage> {
                 let value = Self::parse(s)?;
                 canonical($field, s, value.as_str())?;
                 Ok(value)
             }
 
-            pub(crate) fn as_str(&self) -> &str {
+            pub fn as_str(&self) -> &str {
                 &self.0
             }
         }
@@ -156,7 +156,7 @@ pub enum Purpose {
 }
 
 impl Purpose {
-    pub(crate) fn as_str(&self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             Purpose::Payout => "payout",
         }
@@ -169,7 +169,7 @@ impl Purpose {
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
-    pub(crate) fn for_payout(tenant: Option<&TenantId>, claim: ClaimId) -> Self {
+    pub fn for_payout(tenant: Option<&TenantId>, claim: ClaimId) -> Self {
         let key = format!("claim-payment-{claim}");
         IdempotencyKey(match tenant {
             Some(tenant) => format!("{}:{key}", tenant.as_str()),
@@ -200,11 +200,11 @@ impl fmt::Display for IdempotencyKey {
 pub struct PayloadHash(pub(super) String);
 
 impl PayloadHash {
-    pub(crate) fn from_stored(s: String) -> Self {
+    pub fn from_stored(s: String) -> Self {
         PayloadHash(s)
     }
 
-    pub(crate) fn as_str(&self) -> &str {
+    pub fn as_str(&self) -> &str {
         &self.0
     }
 }

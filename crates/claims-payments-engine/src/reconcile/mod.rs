@@ -49,11 +49,11 @@
 //!   log line);
 //! - [`run_lease`]: one run at a time across instances.
 
-mod lookup;
-mod orphans;
-mod report;
-mod run_lease;
-mod settle;
+pub mod lookup;
+pub mod orphans;
+pub mod report;
+pub mod run_lease;
+pub mod settle;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,8 +73,8 @@ use crate::telemetry;
 use orphans::not_orphaned;
 use report::line;
 pub use report::Summary;
-pub(crate) use report::{log_summary, Settlement, Verdict};
-pub(crate) use run_lease::{RunLease, RUN_LEASE_CONSUMER};
+pub use report::{log_summary, Settlement, Verdict};
+pub use run_lease::{RunLease, RUN_LEASE_CONSUMER};
 
 /// At most this many payments are listed per run; the rest wait for the next one (and
 /// the report says there are more).
@@ -82,7 +82,7 @@ pub const MAX_PER_RUN: usize = 500;
 /// Mismatched payments are counted up to this many in a report.
 const MAX_COUNTED: usize = 10_000;
 /// The longest `--older-than` (and minimum age) a run accepts: ten years.
-pub(crate) const MAX_MIN_AGE: Duration = Duration::from_secs(10 * 365 * 86_400);
+pub const MAX_MIN_AGE: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// How a run goes.
 #[derive(Debug, Clone, Copy)]

@@ -20,7 +20,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use reqwest::header::{HeaderMap, DATE};
+use http::header::{HeaderMap, DATE};
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
@@ -32,7 +32,7 @@ pub const MAX_CLOCK_ERROR: Duration = Duration::from_secs(25);
 
 /// A reading older than this is taken again before a clock found beyond the bound is
 /// refused: the clock may have been set right since (a paused VM catching up).
-pub(crate) const REREAD_AFTER: Duration = Duration::from_secs(10);
+pub const REREAD_AFTER: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy)]
 struct Reading {
@@ -55,11 +55,11 @@ struct State {
 
 /// The readings of one process (shared by the clones of its bank client).
 #[derive(Debug, Default)]
-pub(crate) struct ClockCheck(Mutex<State>);
+pub struct ClockCheck(Mutex<State>);
 
 /// What the last reading says of this clock now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Estimate {
+pub enum Estimate {
     /// No reading yet: the bank must be asked.
     Unread,
     /// The bank's answers carry no `Date`: nothing can be checked.
@@ -74,7 +74,7 @@ impl ClockCheck {
     }
 
     /// Notes an answer's `Date` against this clock's `now` (when the answer arrived).
-    pub(crate) fn note(&self, headers: &HeaderMap, now: OffsetDateTime) {
+    pub fn note(&self, headers: &HeaderMap, now: OffsetDateTime) {
         self.note_at(headers, now, Instant::now())
     }
 
@@ -100,13 +100,13 @@ impl ClockCheck {
     }
 
     /// True the first time only: the log says once that the clock is unchecked.
-    pub(crate) fn first_unchecked(&self) -> bool {
+    pub fn first_unchecked(&self) -> bool {
         !std::mem::replace(&mut self.state().said_unchecked, true)
     }
 
     /// This clock's error now, from the last reading and how far the wall clock moved
     /// since, against the monotonic clock.
-    pub(crate) fn estimate(&self, now: OffsetDateTime) -> Estimate {
+    pub fn estimate(&self, now: OffsetDateTime) -> Estimate {
         self.estimate_at(now, Instant::now())
     }
 
@@ -130,14 +130,14 @@ impl ClockCheck {
 }
 
 /// Whether `error` is beyond the bound.
-pub(crate) fn beyond(error: time::Duration) -> bool {
+pub fn beyond(error: time::Duration) -> bool {
     error.unsigned_abs() > MAX_CLOCK_ERROR
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
+    use http::header::HeaderValue;
 
     fn dated(at: OffsetDateTime) -> HeaderMap {
         let text = httpdate::fmt_http_date(at.into());

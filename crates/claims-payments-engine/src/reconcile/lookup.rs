@@ -1,6 +1,6 @@
 //! What the bank's answers mean for one payment: the entries it holds under our
-//! reference judged against the ledger ([`judge`]), the decision each finding leads to,
-//! and whether a payout the bank never received may be sent now ([`payable_request`]).
+//! reference judged against the ledger (`judge`), the decision each finding leads to,
+//! and whether a payout the bank never received may be sent now (`payable_request`).
 //! Pure: nothing here reads or writes.
 
 use crate::bank::{BankPayment, BankStatus};

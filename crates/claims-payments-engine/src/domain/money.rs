@@ -16,7 +16,7 @@ use super::{canonical, json_error, json_type, InvalidMessage};
 pub struct Currency(IsoCurrency);
 
 impl Currency {
-    pub(crate) fn parse(s: &str) -> Result<Self, InvalidMessage> {
+    pub fn parse(s: &str) -> Result<Self, InvalidMessage> {
         let currency = IsoCurrency::from_code(s).ok_or_else(|| {
             InvalidMessage::new(
                 "currency",
@@ -58,11 +58,11 @@ pub struct Money {
 }
 
 impl Money {
-    pub(crate) const MAX_FRACTION_DIGITS: u32 = 2;
+    pub const MAX_FRACTION_DIGITS: u32 = 2;
     /// One trillion minus a cent: larger is a producer bug, not a claim.
-    pub(crate) const MAX_AMOUNT: Decimal = Decimal::from_parts(276_447_231, 23_283, 0, false, 2);
+    pub const MAX_AMOUNT: Decimal = Decimal::from_parts(276_447_231, 23_283, 0, false, 2);
 
-    pub(crate) fn new(amount: Decimal, currency: Currency) -> Result<Self, InvalidMessage> {
+    pub fn new(amount: Decimal, currency: Currency) -> Result<Self, InvalidMessage> {
         let amount = amount.normalize();
         if amount <= Decimal::ZERO {
             return Err(InvalidMessage::new("amount", "must be positive"));
@@ -98,7 +98,7 @@ impl Money {
     /// Reads an amount and a currency back from the store, where [`Money::amount_string`]
     /// and [`Currency::code`] wrote them: the message's strict grammar and limits, and
     /// the canonical form, so that writing the value again gives the same bytes.
-    pub(crate) fn from_stored(amount: &str, currency: &str) -> Result<Self, InvalidMessage> {
+    pub fn from_stored(amount: &str, currency: &str) -> Result<Self, InvalidMessage> {
         if !is_plain_decimal(amount) {
             return Err(InvalidMessage::new(
                 "amount",
@@ -164,7 +164,7 @@ pub(super) fn parse_amount(raw: &RawValue) -> Result<Decimal, InvalidMessage> {
 /// An amount another party (the bank) wrote, under the same strict grammar as a
 /// message's: `None` for anything else. Its scale is kept for display; decimals
 /// compare by value, so `75.0` equals `75.00`.
-pub(crate) fn parse_decimal_amount(text: &str) -> Option<Decimal> {
+pub fn parse_decimal_amount(text: &str) -> Option<Decimal> {
     if !is_plain_decimal(text) {
         return None;
     }

@@ -8,7 +8,7 @@ use crate::store::{PaymentRecord, PaymentStatus};
 /// How one payment ended in this run (with `--dry-run`: how it would end).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub(crate) enum Settlement {
+pub enum Settlement {
     /// The bank holds a matching payment: recorded as paid.
     PaidByLookup,
     /// The bank holds none: paid now under the same key and reference.
@@ -36,18 +36,18 @@ pub(crate) enum Settlement {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Line {
-    pub(crate) claim_id: String,
-    pub(crate) message_id: String,
-    pub(crate) before: String,
-    pub(crate) result: Settlement,
-    pub(crate) after: String,
+    pub claim_id: String,
+    pub message_id: String,
+    pub before: String,
+    pub result: Settlement,
+    pub after: String,
     pub detail: String,
 }
 
 /// The verdict of a run, and the CLI's exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub(crate) enum Verdict {
+pub enum Verdict {
     /// Nothing is open: every unsettled payment was settled.
     Settled,
     /// Something is still open: unknown, mismatched, skipped, not examined.
@@ -74,7 +74,7 @@ pub struct Summary {
     /// Listed but not examined: too young, or leased by a live delivery.
     pub waiting: usize,
     /// Listed but not examined because the run's time budget ran out.
-    pub(crate) not_reached: usize,
+    pub not_reached: usize,
     /// Payments a store error stopped, left for the next run (and a failed count of the
     /// mismatched payments).
     #[serde(default)]
@@ -93,7 +93,7 @@ pub struct Summary {
 
 impl Summary {
     /// "Settled" only when nothing is left open, in this run or before it.
-    pub(crate) fn verdict(&self) -> Verdict {
+    pub fn verdict(&self) -> Verdict {
         let open = self.still_unknown
             + self.mismatches
             + self.skipped
@@ -179,7 +179,7 @@ pub(super) fn line(
 
 /// Logs a run's summary as one structured line (`reconcile finished`), the line the
 /// alerts query.
-pub(crate) fn log_summary(summary: &Summary, trigger: &'static str) {
+pub fn log_summary(summary: &Summary, trigger: &'static str) {
     tracing::info!(
         trigger,
         dryRun = summary.dry_run,

@@ -34,23 +34,23 @@ use crate::store::{
 };
 
 /// What one attempt knows about the message it handles.
-pub(crate) struct Attempt<'a> {
-    pub(crate) msg: &'a ClaimApproved,
-    pub(crate) delivery: &'a Delivery,
-    pub(crate) id: AttemptId,
-    pub(crate) hash: PayloadHash,
-    pub(crate) key: InboxKey,
+pub struct Attempt<'a> {
+    pub msg: &'a ClaimApproved,
+    pub delivery: &'a Delivery,
+    pub id: AttemptId,
+    pub hash: PayloadHash,
+    pub key: InboxKey,
     /// The claim's payment as this attempt last wrote or read it, kept only when the
     /// caller answers with it (the HTTP API), so it need not read it back. `None` on the
     /// message path, which then copies nothing.
-    pub(crate) payment_seen: Option<std::sync::Mutex<Option<PaymentRecord>>>,
+    pub payment_seen: Option<std::sync::Mutex<Option<PaymentRecord>>>,
     /// The processes this attempt found ended: their live leases are over.
-    pub(crate) gone: &'a GoneOwners,
+    pub gone: &'a GoneOwners,
 }
 
 impl Attempt<'_> {
     /// Notes the claim's payment as the store now holds it.
-    pub(crate) fn saw(&self, payment: &PaymentRecord) {
+    pub fn saw(&self, payment: &PaymentRecord) {
         if let Some(Ok(mut seen)) = self.payment_seen.as_ref().map(|m| m.lock()) {
             *seen = Some(payment.clone());
         }
@@ -60,7 +60,7 @@ impl Attempt<'_> {
     /// must read what the store holds (found by the deterministic simulator, seed 126: a
     /// lost finalize answered a retried HTTP request with the payment still `in_progress`
     /// while the store held it `paid`).
-    pub(crate) fn lost_sight_of_payment(&self) {
+    pub fn lost_sight_of_payment(&self) {
         if let Some(Ok(mut seen)) = self.payment_seen.as_ref().map(|m| m.lock()) {
             *seen = None;
         }
@@ -78,7 +78,7 @@ impl Attempt<'_> {
     }
 
     /// This attempt's bid for the lease of `record` ([`lease::holder`] judges it).
-    pub(crate) fn bid(&self, record: &InboxRecord, now: OffsetDateTime) -> Bid {
+    pub fn bid(&self, record: &InboxRecord, now: OffsetDateTime) -> Bid {
         Bid {
             me: self.id,
             delivery: self.delivery_for(record),
@@ -88,7 +88,7 @@ impl Attempt<'_> {
 
     /// The record that takes `record` over for this attempt, once the takeover rule let
     /// it: built only then, since most records met again are completed duplicates.
-    pub(crate) fn taking_over(
+    pub fn taking_over(
         &self,
         record: &InboxRecord,
         policy: &Policy,
@@ -134,25 +134,25 @@ impl Attempt<'_> {
 
 /// The store contradicts itself; retrying cannot help.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Corrupt(pub(crate) String);
+pub struct Corrupt(pub String);
 
 /// The payee rule, the one place it is written (the consumer and the payments API both
 /// apply it): with payouts enabled, a claim without a payee can never be paid.
 /// `Some(reason)` refuses the message.
-pub(crate) fn missing_payee(msg: &ClaimApproved, payouts_enabled: bool) -> Option<&'static str> {
+pub fn missing_payee(msg: &ClaimApproved, payouts_enabled: bool) -> Option<&'static str> {
     (payouts_enabled && msg.payee.is_none()).then_some("payee: is missing, and payouts are enabled")
 }
 
 /// The two records a first attempt claims in one atomic step.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct FirstClaim {
-    pub(crate) inbox: InboxRecord,
-    pub(crate) payment: PaymentRecord,
+pub struct FirstClaim {
+    pub inbox: InboxRecord,
+    pub payment: PaymentRecord,
 }
 
 /// The message, before anything is written: refused ([`missing_payee`]), or the records
 /// to claim ([`first_records`]).
-pub(crate) fn first_claim(
+pub fn first_claim(
     a: &Attempt<'_>,
     policy: &Policy,
     payouts_enabled: bool,
@@ -169,7 +169,7 @@ pub(crate) fn first_claim(
 /// The records of a first attempt. With payouts: the inbox record in progress under our
 /// lease, the payment in progress with its exact payout request. In ledger-only mode the
 /// claim itself records the payment: both are final at once.
-pub(crate) fn first_records(
+pub fn first_records(
     a: &Attempt<'_>,
     policy: &Policy,
     payouts_enabled: bool,
@@ -202,7 +202,7 @@ pub(crate) fn first_records(
 
 /// What follows a claim that went through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AfterClaim {
+pub enum AfterClaim {
     /// Ledger-only mode: the claim itself recorded the payment; answer `recorded`.
     Recorded,
     /// We hold the lease and the payout is owed: call the bank, then finalize.
@@ -210,7 +210,7 @@ pub(crate) enum AfterClaim {
 }
 
 /// Our claim created both records; `inbox` is the one we wrote.
-pub(crate) fn after_claim(inbox: &InboxRecord) -> AfterClaim {
+pub fn after_claim(inbox: &InboxRecord) -> AfterClaim {
     match inbox.status {
         InboxStatus::Completed => AfterClaim::Recorded,
         InboxStatus::InProgress => AfterClaim::PayOut,
@@ -219,7 +219,7 @@ pub(crate) fn after_claim(inbox: &InboxRecord) -> AfterClaim {
 
 /// What follows reading this message's inbox record.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum OnInbox {
+pub enum OnInbox {
     /// A duplicate or a conflict: answer this; nothing (more) is written.
     Finish(Outcome),
     /// Our own completed write came back (the SDK re-sent it): resume, which answers
@@ -234,7 +234,7 @@ pub(crate) enum OnInbox {
 }
 
 /// This message's inbox record exists (the claim was refused, or we re-read it).
-pub(crate) fn on_inbox(a: &Attempt<'_>, record: &InboxRecord) -> OnInbox {
+pub fn on_inbox(a: &Attempt<'_>, record: &InboxRecord) -> OnInbox {
     if record.owner == a.id {
         // Our own committed write ([`lease::Holder::Us`]), reported as a conflict (409)
         // or a stale ETag (412) because the SDK re-sent it after an ambiguous timeout.
@@ -260,7 +260,7 @@ pub(crate) fn on_inbox(a: &Attempt<'_>, record: &InboxRecord) -> OnInbox {
 
 /// What follows finding the claim's payment while this message has no inbox record.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum OnPayment {
+pub enum OnPayment {
     /// The payment has another payload: answer this conflict; nothing is written.
     Finish(Outcome),
     /// The claim's payment is final: record this message as handled, answer `outcome`.
@@ -277,7 +277,7 @@ pub(crate) enum OnPayment {
 
 /// The claim already has a payment and this message has no inbox record: another
 /// message paid it (a business duplicate), or this one did and its record expired.
-pub(crate) fn on_payment(
+pub fn on_payment(
     a: &Attempt<'_>,
     payment: &PaymentRecord,
     policy: &Policy,
@@ -327,7 +327,7 @@ pub(crate) fn on_payment(
 // an allocation.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum OnPayoutOwner {
+pub enum OnPayoutOwner {
     /// That message's record is in progress under another attempt: take its lease over
     /// ([`Attempt::taking_over`]) if its attempt died (lease expired, or its process
     /// ended), and finish its payout under the same key, so it does not wait for a
@@ -339,10 +339,7 @@ pub(crate) enum OnPayoutOwner {
 }
 
 /// The inbox record of the message whose payout is in progress (`None`: expired).
-pub(crate) fn on_payout_owner(
-    a: &Attempt<'_>,
-    owner: Option<Versioned<InboxRecord>>,
-) -> OnPayoutOwner {
+pub fn on_payout_owner(a: &Attempt<'_>, owner: Option<Versioned<InboxRecord>>) -> OnPayoutOwner {
     match owner {
         // Only an in-progress record has a holder whose end makes it adoptable; looking
         // again at once for a completed one would spin without a pause.
@@ -360,7 +357,7 @@ pub(crate) fn on_payout_owner(
 // an allocation.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum OnResume {
+pub enum OnResume {
     /// Our record was completed already: answer with what the payment says.
     Finish(Outcome),
     /// We hold the lease and the payout is owed: call the bank, then finalize.
@@ -376,7 +373,7 @@ pub(crate) enum OnResume {
 
 /// The claim's payment, read to continue from this message's record `inbox`, which is
 /// ours: we hold its lease, or our own completed write came back.
-pub(crate) fn on_resume(
+pub fn on_resume(
     a: &Attempt<'_>,
     inbox: &InboxRecord,
     payment: Option<Versioned<PaymentRecord>>,
@@ -414,7 +411,7 @@ pub(crate) fn on_resume(
 // an allocation.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum AfterPayout {
+pub enum AfterPayout {
     /// A verdict on the payment: store both records final in one step, answer `outcome`.
     Finalize {
         inbox: InboxRecord,
@@ -428,7 +425,7 @@ pub(crate) enum AfterPayout {
 
 /// The bank answered our payout of `payment` (whose lease `inbox` we hold): the payment's
 /// final status and the final inbox record, or a lease to give back.
-pub(crate) fn after_payout(
+pub fn after_payout(
     a: &Attempt<'_>,
     inbox: &InboxRecord,
     payment: PaymentRecord,
@@ -508,7 +505,7 @@ pub(crate) fn after_payout(
 }
 
 /// The outcome a final payment stands for.
-pub(crate) fn outcome_of(payment: &PaymentRecord) -> Outcome {
+pub fn outcome_of(payment: &PaymentRecord) -> Outcome {
     let reason = payment.status_reason.clone().unwrap_or_default();
     match payment.status {
         PaymentStatus::Recorded => Outcome::Recorded,
