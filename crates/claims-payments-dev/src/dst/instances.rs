@@ -270,7 +270,11 @@ fn locked_on(books: &Books, slot: usize) -> Vec<(usize, u64)> {
         .locks
         .iter()
         .filter(|&&(_, i, token)| {
-            books.queue[i].state == (QueueState::Locked { token, instance: slot })
+            books.queue[i].state
+                == (QueueState::Locked {
+                    token,
+                    instance: slot,
+                })
         })
         .map(|&(_, i, token)| (i, token))
         .collect();

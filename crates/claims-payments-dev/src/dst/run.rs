@@ -54,8 +54,11 @@ const AFTER_DARK: Duration = Duration::from_secs(45 * 60);
 /// What one timer invocation answered (nothing, when it did not answer).
 #[derive(Default)]
 pub(super) struct TimerRun {
-    /// A `Reconcile` run listed as many payments as its per-run limit: more may be left.
-    more_beyond_limit: bool,
+    /// A `Reconcile` run went through its listing (not skipped for another run's lease).
+    reconciled: bool,
+    /// It listed as many payments as its per-run limit, or its time budget ended before
+    /// it reached them all: more may be left.
+    more_left: bool,
     /// Payments a `Reconcile` run settled (paid by lookup, paid now, rejected).
     settled: u64,
 }
@@ -296,13 +299,16 @@ impl Sim {
         self.drain().await;
         let mut last = self.timer("Reconcile").await;
         self.drain().await;
-        // A backlog larger than reconcile's per-run limit (a large run whose bank was
-        // dark) takes as many of its 10-minute runs as it needs, as in production, while
-        // each run settles some.
-        while last.more_beyond_limit && last.settled > 0 {
+        // A backlog larger than one reconcile run takes (its per-run limit, its time
+        // budget: a large run whose bank was dark) takes as many of its 10-minute runs as
+        // it needs, as in production; so does a run that found another one's lease. Until
+        // several in a row settle nothing.
+        let mut stalled = 0;
+        while (last.more_left || !last.reconciled) && stalled < STALLED_ROUNDS {
             tokio::time::sleep(RECONCILE_EVERY).await;
             last = self.timer("Reconcile").await;
             self.drain().await;
+            stalled = if last.settled > 0 { 0 } else { stalled + 1 };
         }
 
         // Past the bank's key window and the inbox retention: stop cleanly, jump, purge,
@@ -509,9 +515,17 @@ impl Sim {
         let status = match answered {
             Ok(Ok(Some((status, body)))) => {
                 if function == "Reconcile" {
-                    let body = String::from_utf8_lossy(&body);
-                    run.settled = self.books().reconcile.count(chaos, &body);
-                    run.more_beyond_limit = body.contains("more beyond the run's limit");
+                    run.settled = self
+                        .books()
+                        .reconcile
+                        .count(chaos, &String::from_utf8_lossy(&body));
+                    let status = axum::http::StatusCode::from_u16(status)
+                        .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+                    let (_, outcome, detail) = super::broker::judge(status, &body);
+                    run.reconciled = outcome == "reconciled";
+                    run.more_left = run.reconciled
+                        && (detail.contains("more beyond the run's limit")
+                            || !detail.contains("not reached 0;"));
                 }
                 status.to_string()
             }
