@@ -8,7 +8,7 @@
 //! faults (a lookup's drawn before a dark bank refuses the call); its clock is the true
 //! one, and dates every answer (`Date`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -82,6 +82,8 @@ struct Ledger {
     /// Bookings still being processed, by when they are booked.
     due: BTreeSet<(Instant, usize)>,
     payouts: Vec<Payout>,
+    /// The claims `payouts` paid, to find a second payout without scanning them all.
+    paid_claims: HashSet<String>,
     refusals: Vec<Refusal>,
     next_id: u64,
     /// Second payouts of one claim, found the moment they were made.
@@ -153,11 +155,7 @@ impl SimBank {
                 key: b.key.clone(),
             }),
             Kept::Paid { payment_id } => {
-                if ledger
-                    .payouts
-                    .iter()
-                    .any(|p| p.claim_id == b.parsed.claim_id)
-                {
+                if !ledger.paid_claims.insert(b.parsed.claim_id.clone()) {
                     ledger.double_payments.push(b.parsed.claim_id.clone());
                 }
                 let at_ms = b

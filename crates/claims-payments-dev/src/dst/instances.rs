@@ -6,6 +6,7 @@
 //! A process that follows a crash on its slot ends its predecessor's registration first,
 //! as `serve` does on its port.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -260,15 +261,22 @@ impl BankTransport for PausedBank {
     }
 }
 
-/// The messages locked by invocations on `slot`, with their locks' tokens.
+/// The messages locked by invocations on `slot`, with their locks' tokens, in queue
+/// order. Every locked message has its lock among `books.locks` (an entry leaves it only
+/// when it runs out, and then releases the message), so those are all it looks at, not
+/// the whole queue.
 fn locked_on(books: &Books, slot: usize) -> Vec<(usize, u64)> {
-    books
-        .queue
+    let held: BTreeSet<(usize, u64)> = books
+        .locks
         .iter()
-        .enumerate()
-        .filter_map(|(i, q)| match q.state {
-            QueueState::Locked { token, instance } if instance == slot => Some((i, token)),
-            _ => None,
+        .filter(|&&(_, i, token)| {
+            books.queue[i].state
+                == (QueueState::Locked {
+                    token,
+                    instance: slot,
+                })
         })
-        .collect()
+        .map(|&(_, i, token)| (i, token))
+        .collect();
+    held.into_iter().collect()
 }

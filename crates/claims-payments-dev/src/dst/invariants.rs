@@ -137,6 +137,11 @@ pub fn paid_as_first_accepted(end: &EndState<'_>) -> Vec<Violation> {
             sent.entry(m.claim_id.to_string()).or_default().push(m);
         }
     }
+    // The bank's payouts per claim, in the order they were made.
+    let mut payouts: BTreeMap<&str, Vec<&Payout>> = BTreeMap::new();
+    for b in end.payouts {
+        payouts.entry(b.claim_id.as_str()).or_default().push(b);
+    }
     for (claim, p) in &ledger {
         let payee = p
             .payout_request
@@ -180,7 +185,7 @@ pub fn paid_as_first_accepted(end: &EndState<'_>) -> Vec<Violation> {
                 }
             }
         }
-        for b in end.payouts.iter().filter(|b| &b.claim_id == claim) {
+        for b in payouts.get(claim.as_str()).into_iter().flatten() {
             let same = Some(&b.body) == p.payout_request.as_ref()
                 && b.amount == p.money.amount_string()
                 && b.currency == p.money.currency().code()

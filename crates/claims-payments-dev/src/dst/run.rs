@@ -4,8 +4,10 @@
 //! the bank may go dark past its key window, and faults fire for a while after it is
 //! back, while reconcile settles what it left), then a calm one (faults off, dead instances
 //! back, the queue drained, the dead letters re-driven by the operator's own tool,
-//! reconcile, a second re-drive and the discards of the runbook), then a jump past the bank's key window and the inbox
-//! retention (purge, old messages sent again), and the final checks.
+//! reconcile, a second re-drive and the discards of the runbook, then reconcile every 10
+//! minutes while a backlog beyond its per-run limit shrinks), then a jump past the bank's
+//! key window and the inbox retention (purge, old messages sent again), and the final
+//! checks.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -49,6 +51,18 @@ const OPERATOR_PROCESS: u64 = 1_000_000;
 const STALLED_ROUNDS: usize = 6;
 /// How long faults go on firing after the bank was dark: several reconcile runs.
 const AFTER_DARK: Duration = Duration::from_secs(45 * 60);
+/// What one timer invocation answered (nothing, when it did not answer).
+#[derive(Default)]
+pub(super) struct TimerRun {
+    /// A `Reconcile` run went through its listing (not skipped for another run's lease).
+    reconciled: bool,
+    /// It listed as many payments as its per-run limit, or its time budget ended before
+    /// it reached them all: more may be left.
+    more_left: bool,
+    /// Payments a `Reconcile` run settled (paid by lookup, paid now, rejected).
+    settled: u64,
+}
+
 /// What one run of the operator's tool left.
 pub(super) struct OperatorPass {
     /// Dead letters waiting for reconciliation (or an unreadable store).
@@ -283,8 +297,19 @@ impl Sim {
             }
         }
         self.drain().await;
-        self.timer("Reconcile").await;
+        let mut last = self.timer("Reconcile").await;
         self.drain().await;
+        // A backlog larger than one reconcile run takes (its per-run limit, its time
+        // budget: a large run whose bank was dark) takes as many of its 10-minute runs as
+        // it needs, as in production; so does a run that found another one's lease. Until
+        // several in a row settle nothing.
+        let mut stalled = 0;
+        while (last.more_left || !last.reconciled) && stalled < STALLED_ROUNDS {
+            tokio::time::sleep(RECONCILE_EVERY).await;
+            last = self.timer("Reconcile").await;
+            self.drain().await;
+            stalled = if last.settled > 0 { 0 } else { stalled + 1 };
+        }
 
         // Past the bank's key window and the inbox retention: stop cleanly, jump, purge,
         // and send a sample of old messages again.
@@ -448,7 +473,7 @@ impl Sim {
     /// One timer invocation (`Reconcile`, `Purge`) on the first live instance, as one of
     /// its tasks: a crash of the process ends the run where it waits, and a function
     /// timeout (a fault) restarts the handler, failing everything in flight with it.
-    pub(super) async fn timer(self: &Arc<Self>, function: &str) {
+    pub(super) async fn timer(self: &Arc<Self>, function: &str) -> TimerRun {
         let request = Request::post(format!("/{function}"))
             .header("content-type", "application/json")
             .body(Body::from(
@@ -459,10 +484,10 @@ impl Sim {
         let slot = {
             let mut books = self.books();
             let Some(slot) = books.instances.iter().position(|i| i.alive) else {
-                return;
+                return TimerRun::default();
             };
             let Some(router) = books.instances[slot].router.clone() else {
-                return;
+                return TimerRun::default();
             };
             books.instances[slot].tasks.spawn(async move {
                 let answered = call(router, request).await;
@@ -486,12 +511,21 @@ impl Sim {
             });
         }
         let answered = tokio::time::timeout(timeout, rx).await;
+        let mut run = TimerRun::default();
         let status = match answered {
             Ok(Ok(Some((status, body)))) => {
                 if function == "Reconcile" {
-                    self.books()
+                    run.settled = self
+                        .books()
                         .reconcile
                         .count(chaos, &String::from_utf8_lossy(&body));
+                    let status = axum::http::StatusCode::from_u16(status)
+                        .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+                    let (_, outcome, detail) = super::broker::judge(status, &body);
+                    run.reconciled = outcome == "reconciled";
+                    run.more_left = run.reconciled
+                        && (detail.contains("more beyond the run's limit")
+                            || !detail.contains("not reached 0;"));
                 }
                 status.to_string()
             }
@@ -508,6 +542,7 @@ impl Sim {
             }
         };
         trace_event!(self.trace, "timer {function} {status}");
+        run
     }
 
     pub(super) async fn final_checks(&self) {

@@ -29,8 +29,8 @@ impl ReconcileTally {
         }
     }
 
-    /// A run's answer: its summary's counts.
-    pub(super) fn count(&mut self, chaos: bool, answer: &str) {
+    /// A run's answer: its summary's counts. How many payments it settled.
+    pub(super) fn count(&mut self, chaos: bool, answer: &str) -> u64 {
         let n = |label: &str| {
             answer
                 .split(label)
@@ -39,12 +39,15 @@ impl ReconcileTally {
                 .and_then(|d| d.parse::<u64>().ok())
                 .unwrap_or(0)
         };
+        let (paid_now, by_lookup, rejected) =
+            (n("paid now "), n("paid by lookup "), n("rejected "));
         let phase = self.phase(chaos);
         phase.runs += 1;
-        phase.paid_now += n("paid now ");
-        phase.paid_by_lookup += n("paid by lookup ");
-        phase.rejected += n("rejected ");
+        phase.paid_now += paid_now;
+        phase.paid_by_lookup += by_lookup;
+        phase.rejected += rejected;
         phase.still_unknown += n("still unknown ");
+        paid_now + by_lookup + rejected
     }
 
     /// A run cut before it answered.
