@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Request;
+use claims_payments::seams::reconcile::RunCounts;
 use claims_payments::seams::store::DynStore;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -515,17 +516,11 @@ impl Sim {
         let status = match answered {
             Ok(Ok(Some((status, body)))) => {
                 if function == "Reconcile" {
-                    run.settled = self
-                        .books()
-                        .reconcile
-                        .count(chaos, &String::from_utf8_lossy(&body));
-                    let status = axum::http::StatusCode::from_u16(status)
-                        .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
-                    let (_, outcome, detail) = super::broker::judge(status, &body);
-                    run.reconciled = outcome == "reconciled";
-                    run.more_left = run.reconciled
-                        && (detail.contains("more beyond the run's limit")
-                            || !detail.contains("not reached 0;"));
+                    // A run that did not finish (skipped, failed) answers no counts.
+                    let counts = run_counts(&body);
+                    run.settled = self.books().reconcile.count(chaos, counts.as_ref());
+                    run.reconciled = counts.is_some();
+                    run.more_left = counts.is_some_and(|c| c.more_left());
                 }
                 status.to_string()
             }
@@ -704,4 +699,21 @@ pub(super) fn scenario_settings(messages: usize, seed: u64) -> ScenarioSettings 
         race_window: 16,
         seed,
     }
+}
+
+/// A finished reconcile run's counts, from its answer's `ReturnValue.reconcile`.
+fn run_counts(body: &[u8]) -> Option<RunCounts> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        #[serde(rename = "ReturnValue")]
+        return_value: ReturnValue,
+    }
+    #[derive(serde::Deserialize)]
+    struct ReturnValue {
+        reconcile: Option<RunCounts>,
+    }
+    serde_json::from_slice::<Answer>(body)
+        .ok()?
+        .return_value
+        .reconcile
 }

@@ -1,6 +1,8 @@
 //! What the `Reconcile` timer runs of a run settled, while faults fired and after: a
 //! run's result and the totals of many, printed by `dst`.
 
+use claims_payments::seams::reconcile::RunCounts;
+
 /// What the `Reconcile` timer runs of one run settled, while faults fired (`chaos`) and
 /// after, from the summaries they answered; and the runs a crash or a function timeout
 /// cut before they answered.
@@ -29,25 +31,18 @@ impl ReconcileTally {
         }
     }
 
-    /// A run's answer: its summary's counts. How many payments it settled.
-    pub(super) fn count(&mut self, chaos: bool, answer: &str) -> u64 {
-        let n = |label: &str| {
-            answer
-                .split(label)
-                .nth(1)
-                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-                .and_then(|d| d.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let (paid_now, by_lookup, rejected) =
-            (n("paid now "), n("paid by lookup "), n("rejected "));
+    /// A run's answer: its counts, if it finished (a skipped or failed run counts as a
+    /// run that settled nothing). How many payments it settled.
+    pub(super) fn count(&mut self, chaos: bool, counts: Option<&RunCounts>) -> u64 {
+        let counts = counts.copied().unwrap_or_default();
+        let n = |v: usize| v as u64;
         let phase = self.phase(chaos);
         phase.runs += 1;
-        phase.paid_now += paid_now;
-        phase.paid_by_lookup += by_lookup;
-        phase.rejected += rejected;
-        phase.still_unknown += n("still unknown ");
-        paid_now + by_lookup + rejected
+        phase.paid_now += n(counts.paid_now);
+        phase.paid_by_lookup += n(counts.paid_by_lookup);
+        phase.rejected += n(counts.rejected);
+        phase.still_unknown += n(counts.still_unknown);
+        n(counts.settled())
     }
 
     /// A run cut before it answered.

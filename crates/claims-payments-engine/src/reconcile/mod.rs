@@ -72,8 +72,8 @@ use crate::telemetry;
 
 use orphans::not_orphaned;
 use report::line;
-pub use report::Summary;
 pub use report::{log_summary, Settlement, Verdict};
+pub use report::{RunCounts, Summary};
 pub use run_lease::{RunLease, RUN_LEASE_CONSUMER};
 
 /// At most this many payments are listed per run; the rest wait for the next one (and

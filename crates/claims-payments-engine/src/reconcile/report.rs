@@ -91,6 +91,33 @@ pub struct Summary {
     pub lines: Vec<Line>,
 }
 
+/// What a run settled and whether work is left, as numbers: the timer's answer carries
+/// them (`ReturnValue.reconcile`) for a tool that acts on a run without reading its text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunCounts {
+    pub examined: usize,
+    pub paid_by_lookup: usize,
+    pub paid_now: usize,
+    pub rejected: usize,
+    pub still_unknown: usize,
+    pub not_reached: usize,
+    pub more_beyond_limit: bool,
+}
+
+impl RunCounts {
+    /// Payments the run settled: paid (by lookup or now) or rejected.
+    pub fn settled(&self) -> usize {
+        self.paid_by_lookup + self.paid_now + self.rejected
+    }
+
+    /// Whether a run right after this one has payments to take up that this one left:
+    /// its time budget ran out, or the listing hit [`MAX_PER_RUN`](super::MAX_PER_RUN).
+    pub fn more_left(&self) -> bool {
+        self.more_beyond_limit || self.not_reached > 0
+    }
+}
+
 impl Summary {
     /// "Settled" only when nothing is left open, in this run or before it.
     pub fn verdict(&self) -> Verdict {
@@ -111,6 +138,19 @@ impl Summary {
     /// Whether nothing is left open (see [`Summary::verdict`]).
     pub fn all_settled(&self) -> bool {
         self.verdict() == Verdict::Settled
+    }
+
+    /// The counts a tool acts on (see [`RunCounts`]).
+    pub fn run_counts(&self) -> RunCounts {
+        RunCounts {
+            examined: self.examined,
+            paid_by_lookup: self.paid_by_lookup,
+            paid_now: self.paid_now,
+            rejected: self.rejected,
+            still_unknown: self.still_unknown,
+            not_reached: self.not_reached,
+            more_beyond_limit: self.more_beyond_limit,
+        }
     }
 
     /// The counts on one line, for people and the timer's answer to the host.

@@ -10,6 +10,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::domain::{MessageId, OutcomeKind};
+use crate::reconcile::{RunCounts, Summary};
 
 /// The answer body the host expects.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -73,17 +74,25 @@ pub(crate) struct OutcomeSummary {
     pub(crate) message_id: Option<String>,
     pub(crate) delivery_count: Option<u32>,
     pub(crate) detail: Option<String>,
+    /// A reconcile run's counts, beside its `detail` line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reconcile: Option<RunCounts>,
 }
 
 impl OutcomeSummary {
     /// A timer invocation's summary: no message, what the run did in `detail`.
-    pub(crate) fn of_timer(outcome: TimerOutcome, detail: String) -> Self {
+    pub(crate) fn of_timer(
+        outcome: TimerOutcome,
+        detail: String,
+        reconcile: Option<RunCounts>,
+    ) -> Self {
         OutcomeSummary {
             outcome: Ended::Timer(outcome),
             claim_id: None,
             message_id: None,
             delivery_count: None,
             detail: Some(detail),
+            reconcile,
         }
     }
 }
@@ -127,6 +136,7 @@ pub(crate) struct TimerEnd {
     pub(crate) status: StatusCode,
     pub(crate) outcome: TimerOutcome,
     pub(crate) detail: String,
+    pub(crate) reconcile: Option<RunCounts>,
 }
 
 impl TimerEnd {
@@ -139,6 +149,15 @@ impl TimerEnd {
             status,
             outcome,
             detail: detail.into(),
+            reconcile: None,
+        }
+    }
+
+    /// A reconcile run that finished: its counts on one line, and as numbers.
+    pub(crate) fn reconciled(summary: &Summary) -> Self {
+        TimerEnd {
+            reconcile: Some(summary.run_counts()),
+            ..TimerEnd::new(StatusCode::OK, TimerOutcome::Reconciled, summary.counts())
         }
     }
 
@@ -150,7 +169,7 @@ impl TimerEnd {
     pub(crate) fn answer(self) -> Response {
         invocation_answer(
             self.status,
-            OutcomeSummary::of_timer(self.outcome, self.detail),
+            OutcomeSummary::of_timer(self.outcome, self.detail, self.reconcile),
         )
     }
 }

@@ -73,6 +73,7 @@ fn refuse(
             message_id: None,
             delivery_count: None,
             detail: Some(reason),
+            reconcile: None,
         },
     )
 }
@@ -158,6 +159,7 @@ pub(crate) async fn invoke(
                     detail: Some(
                         "the invocation task failed; the redelivery takes over".to_owned(),
                     ),
+                    reconcile: None,
                 },
             )
         }
@@ -235,6 +237,7 @@ async fn handle(state: Arc<AppState>, invocation_id: String, invocation: Invocat
             message_id: Some(delivery.message_id.to_string()),
             delivery_count: Some(delivery.delivery_count),
             detail,
+            reconcile: None,
         },
     )
 }

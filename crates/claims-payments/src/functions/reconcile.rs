@@ -97,7 +97,7 @@ async fn run(state: &AppState, invocation: TimerInvocation) -> TimerEnd {
                 needs_reconciliation_before: n(summary.needs_reconciliation_before),
                 orphaned_in_progress_before: n(summary.orphaned_in_progress_before),
             });
-            TimerEnd::new(StatusCode::OK, TimerOutcome::Reconciled, summary.counts())
+            TimerEnd::reconciled(&summary)
         }
         Err(e) => {
             tracing::error!(trigger = "timer", error = %e, "reconcile failed");

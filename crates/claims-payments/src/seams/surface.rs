@@ -74,7 +74,7 @@ pub mod payments_api {
 
 /// Reconciliation.
 pub mod reconcile {
-    pub use crate::reconcile::{Options, Reconciler, Summary, MAX_PER_RUN};
+    pub use crate::reconcile::{Options, Reconciler, RunCounts, Summary, MAX_PER_RUN};
 }
 
 /// The broker port the dead-letter tool uses (the simulator's broker stands behind it),

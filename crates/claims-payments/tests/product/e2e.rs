@@ -657,6 +657,13 @@ async fn reconcile_from_the_cli_and_the_timer_settles_an_unknown_payout() {
         .await
         .unwrap();
     assert_eq!(answer["ReturnValue"]["outcome"], "reconciled", "{answer}");
+    // The counts a tool acts on, beside the line people read.
+    assert_eq!(
+        answer["ReturnValue"]["reconcile"],
+        json!({"examined": 1, "paidByLookup": 0, "paidNow": 1, "rejected": 0, "stillUnknown": 0,
+               "notReached": 0, "moreBeyondLimit": false}),
+        "{answer}"
+    );
     handler.kill();
     let rows = ledger(&db);
     assert_eq!(rows[0]["status"], "paid", "{rows:?}");
