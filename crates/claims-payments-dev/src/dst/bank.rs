@@ -94,6 +94,10 @@ pub struct SimBank {
     ledger: Mutex<Ledger>,
     /// Until then no request reaches the bank.
     dark_until: Mutex<Option<Instant>>,
+    /// A dark period that begins inside the next payout: booked, its answer never sent.
+    dark_armed: Mutex<Option<Duration>>,
+    /// Told when an armed dark period began.
+    went_dark: tokio::sync::Notify,
     chaos: Chaos,
     start: Instant,
     /// The client's per-request timeout: an answer later than it is never seen.
@@ -125,6 +129,8 @@ impl SimBank {
         Arc::new(SimBank {
             ledger: Mutex::new(Ledger::default()),
             dark_until: Mutex::new(None),
+            dark_armed: Mutex::new(None),
+            went_dark: tokio::sync::Notify::new(),
             chaos,
             start,
             timeout,
@@ -212,6 +218,15 @@ impl SimBank {
     pub fn go_dark(&self, how_long: Duration) {
         *self.dark_until.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(Instant::now() + how_long);
+    }
+
+    /// The bank goes dark for `how_long` inside the next payout it books: the outage
+    /// takes its front door down after its books took the payout and before the answer
+    /// left. Returns once that happened.
+    pub async fn go_dark_mid_payout(&self, how_long: Duration) {
+        let began = self.went_dark.notified();
+        *self.dark_armed.lock().unwrap_or_else(|e| e.into_inner()) = Some(how_long);
+        began.await;
     }
 
     fn is_dark(&self) -> bool {
@@ -333,6 +348,17 @@ impl SimBank {
             Step::Lost => return self.lost().await,
             Step::Kept(kept) => kept,
         };
+        let armed = self
+            .dark_armed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(how_long) = armed {
+            crate::trace_event!(self.chaos.trace(), "bank dark mid-payout {key}");
+            self.go_dark(how_long);
+            self.went_dark.notify_one();
+            return Err(TransportFailure::CutOff);
+        }
         if self.chaos.fires(Fault::BankFailsAfter, key) {
             return if self.chaos.dice().hit(0.5) {
                 answer(500, r#"{"code":"internal"}"#.into())

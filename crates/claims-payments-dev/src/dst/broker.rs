@@ -264,6 +264,30 @@ impl Sim {
 
     /// After the retention: a sample of originals sent again (their inbox records are
     /// purged; the payment must still guard).
+    /// Late re-sends of a sample of originals, spread over `within`: the producer
+    /// publishes a message again under its MessageId whenever it likes (an outbox replay,
+    /// a person's re-send), also hours after the first, past the broker's duplicate
+    /// detection.
+    pub(super) async fn resend_late(&self, within: Duration) {
+        let mut at: Vec<(u64, usize)> = self
+            .plan
+            .send_order
+            .iter()
+            .filter(|&&copy| {
+                self.plan.copies[copy].kind == CopyKind::Original && self.dice.hit(0.2)
+            })
+            .map(|&copy| (self.dice.range(0, within.as_millis() as u64), copy))
+            .collect();
+        at.sort_unstable();
+        let mut elapsed = 0;
+        for (ms, copy) in at {
+            tokio::time::sleep(Duration::from_millis(ms - elapsed)).await;
+            elapsed = ms;
+            let c = &self.plan.copies[copy];
+            self.publish(&c.message_id, c.body.clone(), self.claim_of(copy), c.kind);
+        }
+    }
+
     pub(super) fn resend_old(&self) {
         for &copy in &self.plan.send_order {
             let c = &self.plan.copies[copy];

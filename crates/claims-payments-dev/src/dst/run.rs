@@ -443,17 +443,30 @@ impl Sim {
         pass
     }
 
+    /// The bank goes dark inside a payout it booked (its answer lost), from a moment
+    /// while messages flow, or at once if no payout comes within a few minutes. Once it is
+    /// back, past the key window, late re-sends of originals arrive while their payments
+    /// may still be unsettled: a delivery then must not send again under a key the bank
+    /// forgot.
     pub(super) async fn bank_goes_dark(self: Arc<Self>) {
         tokio::time::sleep(self.dice.millis(5_000, 60_000)).await;
         let dark = KEY_WINDOW + Duration::from_secs(3600);
+        let mid_payout =
+            tokio::time::timeout(Duration::from_secs(300), self.bank.go_dark_mid_payout(dark))
+                .await;
+        if mid_payout.is_err() {
+            self.bank.go_dark(dark);
+        }
         trace_event!(self.trace, "bank dark for {} s", dark.as_secs());
-        self.bank.go_dark(dark);
         self.bank_dark
             .store(true, std::sync::atomic::Ordering::Relaxed);
         tokio::time::sleep(dark).await;
         self.bank_dark
             .store(false, std::sync::atomic::Ordering::Relaxed);
         trace_event!(self.trace, "bank back");
+        // Within the faults' while after the bank is back (see `run`).
+        let sim = self.clone();
+        tokio::spawn(async move { sim.resend_late(AFTER_DARK).await });
     }
 
     /// Reconcile every 10 minutes (and one purge mid-run), on one live instance.

@@ -187,9 +187,13 @@ impl Reconciler {
         let key = self.inbox_key(&payment.record);
         let inbox = self.store.inbox(&key).await?;
         let p = &payment.record;
-        // A live lease of a process that has ended holds nothing (one read, only then).
+        // A live lease of a process that has ended holds nothing (one read, only then;
+        // taking the lease below knows it from `gone` without a second).
+        let gone = self.owners.view();
         let owner_gone = match &inbox {
-            Some(i) if i.record.lease_alive(now) => self.owners.check(i.record.owner).await,
+            Some(i) if i.record.lease_alive(now) => {
+                self.owners.check_for(i.record.owner, &gone).await
+            }
             _ => false,
         };
         if p.status == PaymentStatus::NeedsReconciliation {
@@ -201,7 +205,7 @@ impl Reconciler {
         } else {
             summary.orphaned_in_progress_before += 1;
         }
-        let line = self.settle(payment, inbox, options).await?;
+        let line = self.settle(payment, inbox, &gone, options).await?;
         tracing::info!(
             claimId = %line.claim_id,
             messageId = %line.message_id,

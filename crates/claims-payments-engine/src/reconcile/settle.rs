@@ -5,6 +5,7 @@
 
 use crate::bank::{Lookup, PayoutOutcome, SendWindow};
 use crate::consumer::OutcomeKind;
+use crate::lease::liveness::GoneOwners;
 use crate::lease::{self, Acquired, Bid, Lease, Seen};
 use crate::store::{
     Finalize, InboxKey, InboxRecord, PaymentRecord, PaymentStatus, StoreError, Versioned,
@@ -26,10 +27,13 @@ struct Held {
 
 impl Reconciler {
     /// Settles one listed payment, or with `--dry-run` says how a run would settle it.
+    /// `gone`: the owners the run already found ended for this payment, so taking its
+    /// lease reads no registration twice.
     pub(super) async fn settle(
         &self,
         listed: Versioned<PaymentRecord>,
         inbox: Option<Versioned<InboxRecord>>,
+        gone: &GoneOwners,
         options: Options,
     ) -> Result<Line, StoreError> {
         if options.dry_run {
@@ -55,7 +59,7 @@ impl Reconciler {
                 format!("dry run, nothing written: {}", decision.evidence),
             ));
         }
-        let Some(held) = self.hold(&listed.record, inbox).await? else {
+        let Some(held) = self.hold(&listed.record, inbox, gone).await? else {
             return Ok(line(
                 &listed.record,
                 Settlement::Skipped,
@@ -173,6 +177,7 @@ impl Reconciler {
         &self,
         p: &PaymentRecord,
         inbox: Option<Versioned<InboxRecord>>,
+        gone: &GoneOwners,
     ) -> Result<Option<Held>, StoreError> {
         let store = self.store.as_ref();
         let policy = &self.policy;
@@ -205,7 +210,8 @@ impl Reconciler {
             now,
         };
         let take = |record: &_| lease::taken_over(record, self.me, 0, policy.terms(), now);
-        let lease = match Lease::acquire(store, seen, bid, self.owners.as_ref(), take).await? {
+        let lease = match Lease::acquire(store, seen, bid, &self.owners.seen_by(gone), take).await?
+        {
             Acquired::Held { lease, .. } => lease,
             Acquired::Live(_) | Acquired::Lost => return Ok(None),
         };

@@ -14,22 +14,8 @@ use std::sync::Arc;
 use opentelemetry::{KeyValue, StringValue};
 
 use super::{DynStore, Store, StoreCall, StoreDecorator, StoreError, StoreResult};
+use crate::telemetry::trace::STORE_OPERATIONS as OPERATIONS;
 use crate::telemetry::{self, trace};
-
-/// Every operation's `db.operation.name`, in the order of [`operation`]'s indices.
-const OPERATIONS: [&str; 11] = [
-    "claim",
-    "read inbox",
-    "read payment",
-    "record handled",
-    "replace inbox",
-    "finalize",
-    "list payments",
-    "list unsettled payments",
-    "count payments",
-    "list inbox",
-    "purge",
-];
 
 /// The store as dependencies: every call is a client span named after the operation,
 /// with the database system, the outcome and, on Cosmos, the request charge.

@@ -381,6 +381,22 @@ impl SpanFields<'_> {
     }
 }
 
+/// Every store operation's `db.operation.name`, in the order of the traced store's
+/// operation indices (`store::traced`).
+pub(crate) const STORE_OPERATIONS: [&str; 11] = [
+    "claim",
+    "read inbox",
+    "read payment",
+    "record handled",
+    "replace inbox",
+    "finalize",
+    "list payments",
+    "list unsettled payments",
+    "count payments",
+    "list inbox",
+    "purge",
+];
+
 /// The value of a field whose values are a few fixed words, as that word (no copy): most
 /// of what a span records is one of these.
 fn known(field: &str, value: &str) -> Option<&'static str> {
@@ -396,14 +412,7 @@ fn known(field: &str, value: &str) -> Option<&'static str> {
         "faas.trigger" => &["pubsub", "timer", "http"],
         "messaging.system" => &["servicebus"],
         "db.system.name" => &["sqlite", "cosmosdb", "postgresql"],
-        "db.operation.name" => &[
-            "claim",
-            "read inbox",
-            "read payment",
-            "record handled",
-            "replace inbox",
-            "finalize",
-        ],
+        "db.operation.name" => &STORE_OPERATIONS,
         "store.result" => &["ok", "precondition-failed", "transient", "permanent"],
         "bank.operation" => &["payout", "lookup"],
         "bank.answer" => &[
