@@ -45,6 +45,7 @@ mod bank;
 mod cli;
 mod configuration;
 mod dead_letters;
+mod entra;
 mod env_setting;
 mod functions;
 mod hooks;

@@ -9,6 +9,7 @@ pub(crate) use crate::bank::BankSettings;
 use crate::env_setting::whole_number_within;
 use crate::functions::FunctionSettings;
 use crate::payments_api::CallerAuth;
+use crate::servicebus::settings::QueueSettings;
 use crate::store::cosmos::CosmosSettings;
 use crate::store::postgres::PostgresSettings;
 use crate::telemetry::LogFormat;
@@ -97,6 +98,8 @@ pub struct Settings {
     /// How long an HTTP Idempotency-Key is remembered (`IDEMPOTENCY_KEY_RETENTION_HOURS`).
     pub(crate) key_retention: Duration,
     pub log_format: LogFormat,
+    /// Where the operator's `dead-letters` finds the queue (`serve` does not use it).
+    pub(crate) dead_letter_queue: QueueSettings,
 }
 
 impl Settings {
@@ -132,6 +135,7 @@ impl Settings {
         }
         let (http_auth, key_retention) = http_settings(&get)?;
         let log_format = log_format(&get)?;
+        let dead_letter_queue = crate::servicebus::settings::from_lookup(&get)?;
         refuse_dev_only_settings(&get)?;
         Ok(Settings {
             port,
@@ -147,6 +151,7 @@ impl Settings {
             http_auth,
             key_retention,
             log_format,
+            dead_letter_queue,
         })
     }
 }
@@ -386,17 +391,6 @@ fn default_reconcile_min_age(lease: Duration) -> Duration {
     lease * 3
 }
 
-/// The functions' settings as the environment gives them when it names only the
-/// caller authentication and the lease (the simulator's instances): every other one
-/// at its default.
-pub fn default_function_settings(http_auth: CallerAuth, lease: Duration) -> FunctionSettings {
-    FunctionSettings {
-        http_auth,
-        key_retention: DEFAULT_KEY_RETENTION,
-        reconcile_min_age: default_reconcile_min_age(lease),
-    }
-}
-
 /// `HTTP_AUTH` and `IDEMPOTENCY_KEY_RETENTION_HOURS`: the payments API's callers and keys.
 fn http_settings(
     get: &dyn Fn(&str) -> Option<String>,
@@ -511,10 +505,6 @@ mod tests {
         assert_eq!(functions.http_auth, CallerAuth::FunctionKey);
         assert_eq!(functions.key_retention, Duration::from_secs(24 * 3600));
         assert_eq!(functions.reconcile_min_age, s.lease * 3);
-        assert_eq!(
-            functions,
-            default_function_settings(CallerAuth::FunctionKey, s.lease)
-        );
         let s = settings(&[
             ("HTTP_AUTH", "appservice"),
             ("RECONCILE_MIN_AGE_MS", "5000"),

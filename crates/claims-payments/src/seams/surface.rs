@@ -97,7 +97,7 @@ pub mod services {
 
 /// The composition root.
 pub mod startup {
-    pub use crate::startup::{consumer_for, open_store, run, serve, AppState};
+    pub use crate::startup::{open_store, serve, AppState, Application, Composition};
 }
 
 /// The store port, its records and its three adapters: what a conformance suite, a

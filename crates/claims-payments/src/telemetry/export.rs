@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
-use azure_identity::{ManagedIdentityCredential, ManagedIdentityCredentialOptions, UserAssignedId};
 use opentelemetry::Context;
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -39,6 +38,7 @@ use opentelemetry_sdk::trace::{
 use opentelemetry_sdk::Resource;
 
 use super::counters;
+use crate::entra::{self, EntraIdentity, Fallback};
 use super::sampling::{Policy, Tail, SAMPLE_RATE_ATTRIBUTE};
 use super::trace::Recorder;
 
@@ -88,8 +88,8 @@ pub(crate) enum TelemetrySettings {
     Otlp,
     AppInsights {
         connection_string: String,
-        /// `Some(client id or None)`: authenticate with the managed identity.
-        entra: Option<Option<String>>,
+        /// `Some`: authenticate with this (managed) identity.
+        entra: Option<EntraIdentity>,
     },
 }
 
@@ -138,7 +138,7 @@ impl TelemetrySettings {
                         "APPLICATIONINSIGHTS_AUTHENTICATION_STRING must say Authorization=AAD (and may name ClientId=)"
                     );
                 }
-                Some(client_id)
+                Some(entra::choose(&set, client_id, Fallback::Never))
             }
         };
         Ok(TelemetrySettings::AppInsights {
@@ -513,17 +513,11 @@ impl ExportClient {
     fn new(settings: &TelemetrySettings) -> anyhow::Result<Self> {
         let credential: Option<Arc<dyn TokenCredential>> = match settings {
             TelemetrySettings::AppInsights {
-                entra: Some(client_id),
+                entra: Some(identity),
                 ..
             } => {
-                let options = ManagedIdentityCredentialOptions {
-                    user_assigned_id: client_id.clone().map(UserAssignedId::ClientId),
-                    ..Default::default()
-                };
-                Some(ManagedIdentityCredential::new(Some(options)).map_err(|e| {
-                    anyhow::anyhow!(
-                        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING: cannot create the managed identity credential: {e}"
-                    )
+                Some(entra::credential(identity).map_err(|e| {
+                    anyhow::anyhow!("APPLICATIONINSIGHTS_AUTHENTICATION_STRING: {e}")
                 })?)
             }
             _ => None,
@@ -640,7 +634,12 @@ mod tests {
         .unwrap()
         {
             TelemetrySettings::AppInsights { entra, .. } => {
-                assert_eq!(entra, Some(Some("abc".to_owned())))
+                assert_eq!(
+                    entra,
+                    Some(EntraIdentity::ManagedIdentity {
+                        client_id: Some("abc".to_owned())
+                    })
+                )
             }
             other => panic!("{other:?}"),
         }
