@@ -20,10 +20,10 @@ use std::collections::BTreeMap;
 
 use crate::configuration::{Settings, StoreSettings};
 use crate::dead_letters::{self, Line, Summary};
+use crate::hooks::Seams;
 use crate::reconcile::{self, Reconciler};
 use crate::servicebus::settings::{QueueEndpoint, QueueSettings};
 use crate::servicebus::Broker;
-use crate::hooks::Seams;
 use crate::startup;
 use crate::store::sqlite::Access;
 use crate::store::{CorruptRecord, DynStore, InboxRecord, Listed, PaymentRecord};

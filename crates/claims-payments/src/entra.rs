@@ -106,7 +106,11 @@ fn build(identity: &EntraIdentity) -> anyhow::Result<Arc<dyn TokenCredential>> {
 mod tests {
     use super::*;
 
-    fn chosen(pairs: &[(&str, &str)], client_id: Option<&str>, fallback: Fallback) -> EntraIdentity {
+    fn chosen(
+        pairs: &[(&str, &str)],
+        client_id: Option<&str>,
+        fallback: Fallback,
+    ) -> EntraIdentity {
         let get = crate::env_setting::lookup_in(pairs);
         choose(&get, client_id.map(str::to_owned), fallback)
     }
@@ -132,7 +136,10 @@ mod tests {
             }
         }
         // Outside Azure: the developer's login, where the part allows it.
-        for fallback in [Fallback::DeveloperToolsUnlessNamed, Fallback::DeveloperTools] {
+        for fallback in [
+            Fallback::DeveloperToolsUnlessNamed,
+            Fallback::DeveloperTools,
+        ] {
             assert_eq!(chosen(&[], None, fallback), EntraIdentity::DeveloperTools);
         }
         assert_eq!(chosen(&[], None, Fallback::Never), managed(None));

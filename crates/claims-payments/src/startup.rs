@@ -112,11 +112,9 @@ impl Composition {
         let bank = match (&settings.bank, seams.bank_transport) {
             (None, _) => None,
             (Some(bank), None) => Some(crate::bank::https_client(bank)?),
-            (Some(bank), Some(transport)) => Some(BankClient::with_transport(
-                bank,
-                transport,
-                ambient.clone(),
-            )),
+            (Some(bank), Some(transport)) => {
+                Some(BankClient::with_transport(bank, transport, ambient.clone()))
+            }
         };
         let services = Services::new(store.clone(), bank, policy(settings), ambient);
         let mut state = AppState::new(settings.functions(), &services);

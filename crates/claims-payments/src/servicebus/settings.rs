@@ -85,7 +85,10 @@ mod tests {
     #[test]
     fn defaults_and_the_loopback_stand_in() {
         let s = settings(&[]).unwrap();
-        assert_eq!((s.queue.as_str(), s.timeout), ("claim-approved", DEFAULT_TIMEOUT));
+        assert_eq!(
+            (s.queue.as_str(), s.timeout),
+            ("claim-approved", DEFAULT_TIMEOUT)
+        );
         assert_eq!(
             s.endpoint,
             QueueEndpoint::Namespace {

@@ -38,9 +38,9 @@ use opentelemetry_sdk::trace::{
 use opentelemetry_sdk::Resource;
 
 use super::counters;
-use crate::entra::{self, EntraIdentity, Fallback};
 use super::sampling::{Policy, Tail, SAMPLE_RATE_ATTRIBUTE};
 use super::trace::Recorder;
+use crate::entra::{self, EntraIdentity, Fallback};
 
 /// The settings this module and the sampling read (the dev tools remove them from what
 /// they inherit).
@@ -511,17 +511,16 @@ impl std::fmt::Debug for ExportClient {
 
 impl ExportClient {
     fn new(settings: &TelemetrySettings) -> anyhow::Result<Self> {
-        let credential: Option<Arc<dyn TokenCredential>> = match settings {
-            TelemetrySettings::AppInsights {
-                entra: Some(identity),
-                ..
-            } => {
-                Some(entra::credential(identity).map_err(|e| {
+        let credential: Option<Arc<dyn TokenCredential>> =
+            match settings {
+                TelemetrySettings::AppInsights {
+                    entra: Some(identity),
+                    ..
+                } => Some(entra::credential(identity).map_err(|e| {
                     anyhow::anyhow!("APPLICATIONINSIGHTS_AUTHENTICATION_STRING: {e}")
-                })?)
-            }
-            _ => None,
-        };
+                })?),
+                _ => None,
+            };
         Ok(ExportClient {
             http: reqwest::Client::builder()
                 .timeout(UPLOAD_TIMEOUT)

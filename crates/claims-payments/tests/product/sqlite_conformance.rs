@@ -163,8 +163,10 @@ impl CapturedLogs {
 /// A current-thread runtime, so the thread's log capture sees the server's tasks.
 #[tokio::test(flavor = "current_thread")]
 async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
-    use claims_payments::seams::startup::run;
+    use claims_payments::seams::configuration::Settings;
+    use claims_payments::seams::startup::Composition;
     use claims_payments::seams::store::sqlite::Access;
+    use claims_payments::seams::Seams;
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("payments.db");
@@ -181,14 +183,13 @@ async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let services = common::ledger_services(store);
-    let state = std::sync::Arc::new(claims_payments::seams::app_state(
-        &services,
-        claims_payments::seams::payments_api::CallerAuth::FunctionKey,
-    ));
+    // The application as the default settings wire it, on the read-only store: served
+    // without the process's lifecycle, since such a store cannot even register it.
+    let settings = Settings::from_lookup(|_| None).unwrap();
+    let application = Composition::new(&settings, store, Seams::default()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(run(listener, state, std::future::pending()));
+    tokio::spawn(application.serve(listener, std::future::pending()));
 
     let body = format!(
         r#"{{"claimId":"{}","amount":"10.00","currency":"EUR"}}"#,
