@@ -151,7 +151,7 @@ pub fn product_settings() -> Result<Settings, ConfigError> {
 pub async fn serve() -> anyhow::Result<()> {
     let knobs = DevKnobs::from_lookup(|name| std::env::var(name).ok())?;
     let settings = product_settings()?;
-    let telemetry = claims_payments::seams::telemetry::start(settings.log_format)?;
+    let telemetry = settings.start_telemetry()?;
     let result = match startup::Application::build(settings, knobs.seams()).await {
         Ok(application) => application.run_until_stopped().await,
         Err(e) => Err(e),

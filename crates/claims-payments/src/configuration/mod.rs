@@ -1,6 +1,10 @@
 //! Settings, read once from the environment (Functions app settings arrive as
-//! environment variables). An invalid value stops the process at start with a
-//! message naming the setting, before the host sends any work.
+//! environment variables), by [`Settings::from_env`], for `serve` and the operator
+//! commands alike: each module's own parser (the stores, the bank, telemetry, the
+//! dead-letter queue) reads its group, here, and nowhere else. An invalid value stops
+//! the process at start with a message naming the setting, before the host sends any
+//! work. Where a part authenticates with Microsoft Entra ID, the identity is chosen
+//! here too, by [`crate::entra`]'s one rule.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,7 +16,7 @@ use crate::payments_api::CallerAuth;
 use crate::servicebus::settings::QueueSettings;
 use crate::store::cosmos::CosmosSettings;
 use crate::store::postgres::PostgresSettings;
-use crate::telemetry::LogFormat;
+use crate::telemetry::{sampling, LogFormat, TelemetryGuard, TelemetrySettings};
 
 // The names and the error live below every module that reads a setting (`env_setting`,
 // which the dev crate and the tests read through `seams`).
@@ -98,6 +102,12 @@ pub struct Settings {
     /// How long an HTTP Idempotency-Key is remembered (`IDEMPOTENCY_KEY_RETENTION_HOURS`).
     pub(crate) key_retention: Duration,
     pub log_format: LogFormat,
+    /// Where telemetry goes (`OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// `APPLICATIONINSIGHTS_CONNECTION_STRING`, ...): checked even when nothing is
+    /// exported, so a bad value is found before it matters.
+    pub(crate) telemetry: TelemetrySettings,
+    /// Which invocations' spans are kept (`TELEMETRY_SAMPLE_PERCENT`, ...).
+    pub(crate) sampling: sampling::Policy,
     /// Where the operator's `dead-letters` finds the queue (`serve` does not use it).
     pub(crate) dead_letter_queue: QueueSettings,
 }
@@ -112,6 +122,13 @@ impl Settings {
             key_retention: self.key_retention,
             reconcile_min_age: self.reconcile_min_age,
         }
+    }
+
+    /// Starts the process's telemetry as these settings say (see
+    /// `telemetry::start`): `serve` does, first thing; the operator commands log to
+    /// stderr only.
+    pub fn start_telemetry(&self) -> anyhow::Result<Option<TelemetryGuard>> {
+        crate::telemetry::start(self.log_format, &self.telemetry, self.sampling)
     }
 
     /// Reads the process environment.
@@ -135,6 +152,8 @@ impl Settings {
         }
         let (http_auth, key_retention) = http_settings(&get)?;
         let log_format = log_format(&get)?;
+        let telemetry = TelemetrySettings::from_lookup(&lookup)?;
+        let sampling = sampling::Policy::from_lookup(&lookup)?;
         let dead_letter_queue = crate::servicebus::settings::from_lookup(&get)?;
         refuse_dev_only_settings(&get)?;
         Ok(Settings {
@@ -151,6 +170,8 @@ impl Settings {
             http_auth,
             key_retention,
             log_format,
+            telemetry,
+            sampling,
             dead_letter_queue,
         })
     }

@@ -144,7 +144,7 @@ pub mod store {
 
 /// Logs, counters and traces.
 pub mod telemetry {
-    pub use crate::telemetry::{counters, quiet_library_backtraces, start};
+    pub use crate::telemetry::{counters, quiet_library_backtraces};
     /// Sampling.
     pub mod sampling {
         pub use crate::telemetry::sampling::keeps_share;

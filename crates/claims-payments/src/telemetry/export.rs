@@ -41,6 +41,7 @@ use super::counters;
 use super::sampling::{Policy, Tail, SAMPLE_RATE_ATTRIBUTE};
 use super::trace::Recorder;
 use crate::entra::{self, EntraIdentity, Fallback};
+use crate::env_setting::ConfigError;
 
 /// The settings this module and the sampling read (the dev tools remove them from what
 /// they inherit).
@@ -100,11 +101,8 @@ impl std::fmt::Debug for TelemetrySettings {
 }
 
 impl TelemetrySettings {
-    pub(crate) fn from_env() -> anyhow::Result<Self> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+    /// Reads the settings through `get` (the process's settings read them with the others).
+    pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let set = |name: &str| get(name).filter(|v| !v.trim().is_empty());
         if set("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
             return Ok(TelemetrySettings::Otlp);
@@ -118,7 +116,10 @@ impl TelemetrySettings {
             NoClient,
         )
         .map_err(|e| {
-            anyhow::anyhow!("APPLICATIONINSIGHTS_CONNECTION_STRING is not a connection string: {e}")
+            ConfigError::new(
+                "APPLICATIONINSIGHTS_CONNECTION_STRING",
+                format!("is not a connection string: {e}"),
+            )
         })?;
         let entra = match set("APPLICATIONINSIGHTS_AUTHENTICATION_STRING") {
             None => None,
@@ -134,9 +135,10 @@ impl TelemetrySettings {
                     }
                 }
                 if !aad {
-                    anyhow::bail!(
-                        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING must say Authorization=AAD (and may name ClientId=)"
-                    );
+                    return Err(ConfigError::new(
+                        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+                        "must say Authorization=AAD (and may name ClientId=)",
+                    ));
                 }
                 Some(entra::choose(&set, client_id, Fallback::Never))
             }
@@ -602,7 +604,7 @@ impl HttpClient for NoClient {
 mod tests {
     use super::*;
 
-    fn settings(pairs: &[(&str, &str)]) -> anyhow::Result<TelemetrySettings> {
+    fn settings(pairs: &[(&str, &str)]) -> Result<TelemetrySettings, ConfigError> {
         TelemetrySettings::from_lookup(crate::telemetry::lookup(pairs))
     }
 
