@@ -330,3 +330,27 @@ pub(super) async fn call(
         .ok()?;
     Some((status, body.to_vec()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use claims_payments::seams::startup::Composition;
+    use claims_payments::seams::Seams;
+
+    /// The processes are wired from [`settings`] by the product's composition root: the
+    /// policy it derives is the simulated deployment's timings, so a seed's run does not
+    /// depend on how the processes are wired.
+    #[test]
+    fn the_settings_give_the_simulated_deployments_policy_and_bank() {
+        for signed_in in [false, true] {
+            let settings = settings(signed_in);
+            let store = Arc::new(crate::memory_store::MemoryStore::new());
+            let parts = Composition::new(&settings, store, Seams::default()).unwrap();
+            assert_eq!(
+                format!("{:?}", parts.services.policy),
+                format!("{:?}", policy())
+            );
+            assert!(parts.services.bank.is_some(), "the processes pay");
+        }
+    }
+}

@@ -553,6 +553,15 @@ mod tests {
             ("LEASE_MS", "1000"),
             ("INFLIGHT_WAIT_MS", "x"),
             ("LOG_FORMAT", "xml"),
+            // Read for every command, so an operator command refuses them too.
+            ("TELEMETRY_SAMPLE_PERCENT", "101"),
+            ("OTEL_TRACES_SAMPLER", "always_off"),
+            ("TELEMETRY_SLOW_MS", "0"),
+            (
+                "APPLICATIONINSIGHTS_CONNECTION_STRING",
+                "not-a-connection-string",
+            ),
+            ("SERVICEBUS_TIMEOUT_MS", "soon"),
             // Dev knobs are refused by the product whatever their value.
             ("PAYMENTS_DEV_HANDLER", "naive"),
             ("PAYMENTS_FAULT_CRASH_AFTER_COMMIT", "0.5"),
@@ -566,6 +575,88 @@ mod tests {
             let err = settings(&[(name, value)]).expect_err(&format!("{name}={value}"));
             assert_eq!(err.setting, *name, "{err}");
         }
+    }
+
+    /// The operator's `dead-letters` finds the queue in the settings every command reads,
+    /// not in a second reading of the environment.
+    #[test]
+    fn the_dead_letter_queue_and_telemetry_are_read_with_the_rest() {
+        use crate::servicebus::settings::QueueEndpoint;
+        let s = settings(&[
+            ("SERVICEBUS_ENDPOINT", "http://127.0.0.1:5300"),
+            ("CLAIM_APPROVED_QUEUE", "claims"),
+            ("SERVICEBUS_TIMEOUT_MS", "250"),
+            ("TELEMETRY_SAMPLE_PERCENT", "100"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.dead_letter_queue.endpoint,
+            QueueEndpoint::Loopback("http://127.0.0.1:5300".into())
+        );
+        assert_eq!(s.dead_letter_queue.queue, "claims");
+        assert_eq!(s.dead_letter_queue.timeout, Duration::from_millis(250));
+        assert_eq!(s.sampling.percent, 100.0);
+        assert_eq!(s.telemetry, TelemetrySettings::Off);
+    }
+
+    /// In Azure, with the one identity the Bicep names everywhere, the stores, telemetry
+    /// and the dead-letter tool choose the same identity and get the same credential.
+    #[test]
+    fn the_parts_that_name_one_identity_share_one_credential() {
+        use crate::entra::{credential, EntraIdentity};
+        use crate::servicebus::settings::QueueEndpoint;
+        use crate::store::cosmos::CosmosAuth;
+        let id = "0b5c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
+        let authentication = format!("ClientId={id};Authorization=AAD");
+        let s = settings(&[
+            ("WEBSITE_INSTANCE_ID", "a1b2c3"),
+            ("IDENTITY_ENDPOINT", "http://localhost:42356/msi/token"),
+            ("PAYMENTS_STORE", "cosmos"),
+            ("COSMOS_ENDPOINT", "https://acct.documents.azure.com/"),
+            ("COSMOS_MANAGED_IDENTITY_CLIENT_ID", id),
+            (
+                "APPLICATIONINSIGHTS_CONNECTION_STRING",
+                "InstrumentationKey=00000000-0000-0000-0000-000000000001;IngestionEndpoint=https://ingest.example/",
+            ),
+            ("APPLICATIONINSIGHTS_AUTHENTICATION_STRING", &authentication),
+            ("SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID", id),
+            ("ServiceBusConnection__fullyQualifiedNamespace", "ns.servicebus.windows.net"),
+        ])
+        .unwrap();
+        let expected = EntraIdentity::ManagedIdentity {
+            client_id: Some(id.to_owned()),
+        };
+        let StoreSettings::Cosmos(cosmos) = &s.store else {
+            panic!("{:?}", s.store)
+        };
+        let CosmosAuth::ManagedIdentity { client_id } = &cosmos.auth else {
+            panic!("{:?}", cosmos.auth)
+        };
+        let store = EntraIdentity::ManagedIdentity {
+            client_id: client_id.clone(),
+        };
+        let TelemetrySettings::AppInsights {
+            entra: Some(telemetry),
+            ..
+        } = &s.telemetry
+        else {
+            panic!("{:?}", s.telemetry)
+        };
+        let QueueEndpoint::Namespace {
+            identity: queue, ..
+        } = &s.dead_letter_queue.endpoint
+        else {
+            panic!("{:?}", s.dead_letter_queue)
+        };
+        for identity in [&store, telemetry, queue] {
+            assert_eq!(identity, &expected);
+        }
+        let built = credential(&store).unwrap();
+        assert!(std::sync::Arc::ptr_eq(
+            &built,
+            &credential(telemetry).unwrap()
+        ));
+        assert!(std::sync::Arc::ptr_eq(&built, &credential(queue).unwrap()));
     }
 
     #[test]
