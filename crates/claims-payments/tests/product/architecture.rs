@@ -42,9 +42,10 @@ const PRODUCT_LAYERS: Layers = &[
         "services",
         "reconcile",
     ],
-    // Setting names and errors, and the Entra identity rule and credentials every
-    // adapter that asks for a token shares.
-    &["env_setting", "entra"],
+    // Setting names and errors.
+    &["env_setting"],
+    // The Entra identity rule and the credentials every part that asks for a token shares.
+    &["entra"],
     // Logs, counters, metrics and spans: used everywhere, knows only the engine.
     &["telemetry"],
     // The adapters: the stores, the bank's transport, the broker.
