@@ -194,11 +194,6 @@ impl Application {
         self.listener.local_addr().map_or(0, |a| a.port())
     }
 
-    /// What its parts share.
-    pub fn services(&self) -> &Services {
-        &self.parts.services
-    }
-
     /// Runs the custom handler until SIGTERM or SIGINT, or until the store fails for
     /// good; then drains.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {

@@ -473,3 +473,64 @@ async fn serve_never_purges_on_its_own() {
     );
     server.abort();
 }
+
+/// The application as `serve` builds it, on a free port: it reports the port it holds,
+/// and by the time it answers there, it has registered its process (so its attempts'
+/// leases count as live from the first one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_application_answers_on_the_port_it_reports_once_registered() {
+    use claims_payments::seams::configuration::Settings;
+    use claims_payments::seams::startup::Application;
+    use claims_payments::seams::Seams;
+    use std::sync::{Arc, Mutex};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.db");
+    let settings = Settings::from_lookup(|name| match name {
+        "PAYMENTS_SQLITE_PATH" => Some(path.to_string_lossy().into_owned()),
+        "FUNCTIONS_CUSTOMHANDLER_PORT" => Some("0".into()),
+        _ => None,
+    })
+    .unwrap();
+    let served: Arc<Mutex<Option<DynStore>>> = Arc::default();
+    let slot = served.clone();
+    let application = Application::build(
+        settings,
+        Seams {
+            store_layer: Some(Box::new(move |opened: DynStore| {
+                *slot.lock().unwrap() = Some(opened.clone());
+                opened
+            })),
+            ..Seams::default()
+        },
+    )
+    .await
+    .unwrap();
+    let port = application.port();
+    assert_ne!(
+        port, 0,
+        "port 0 asks for a free port; the one held is reported"
+    );
+    let server = tokio::spawn(application.run_until_stopped());
+
+    let ready = reqwest::get(format!("http://127.0.0.1:{port}/"))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let store = served
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the store the parts use");
+    let registrations = store
+        .list_inbox(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .filter(|r| r.consumer == "process")
+        .count();
+    assert_eq!(registrations, 1, "registered before the first answer");
+    assert!(!server.is_finished(), "still serving");
+    server.abort();
+}
