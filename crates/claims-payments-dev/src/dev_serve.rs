@@ -1,5 +1,5 @@
 //! `claims-payments-dev serve`: the product's composition root
-//! ([`claims_payments::seams::startup::serve`]) with a baseline or faults plugged into its seams,
+//! ([`claims_payments::seams::startup::Application`]) with a baseline or faults plugged into its seams,
 //! chosen by the dev-only settings the product refuses:
 //!
 //! - `PAYMENTS_DEV_HANDLER`: `consumer` (default), `naive` or `noop`;
@@ -151,8 +151,11 @@ pub fn product_settings() -> Result<Settings, ConfigError> {
 pub async fn serve() -> anyhow::Result<()> {
     let knobs = DevKnobs::from_lookup(|name| std::env::var(name).ok())?;
     let settings = product_settings()?;
-    let telemetry = claims_payments::seams::telemetry::start(settings.log_format)?;
-    let result = startup::serve(settings, knobs.seams()).await;
+    let telemetry = settings.start_telemetry()?;
+    let result = match startup::Application::build(settings, knobs.seams()).await {
+        Ok(application) => application.run_until_stopped().await,
+        Err(e) => Err(e),
+    };
     if let Some(guard) = telemetry {
         guard.shutdown().await;
     }

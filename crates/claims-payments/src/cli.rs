@@ -20,7 +20,9 @@ use std::collections::BTreeMap;
 
 use crate::configuration::{Settings, StoreSettings};
 use crate::dead_letters::{self, Line, Summary};
+use crate::hooks::Seams;
 use crate::reconcile::{self, Reconciler};
+use crate::servicebus::settings::{QueueEndpoint, QueueSettings};
 use crate::servicebus::Broker;
 use crate::startup;
 use crate::store::sqlite::Access;
@@ -214,7 +216,7 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
                 _ => Access::ReadOnly,
             };
             let store = startup::open_store(settings, access).await?;
-            let broker = dead_letters_broker()?;
+            let broker = dead_letters_broker(&settings.dead_letter_queue)?;
             dead_letters_command(command, broker.as_ref(), &store, settings, &mut stdout()).await
         }
         OperatorCommand::Reconcile(args) => {
@@ -222,7 +224,7 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
                 anyhow::bail!("BANK_API_URL is not set: there is no bank to reconcile with");
             }
             let store = startup::open_store(settings, Access::Existing).await?;
-            let services = startup::services_for(settings, store)?;
+            let services = startup::Composition::new(settings, store, Seams::default())?.services;
             let reconciler = Reconciler::new(&services).ok_or_else(|| {
                 anyhow::anyhow!("BANK_API_URL is not set: there is no bank to reconcile with")
             })?;
@@ -245,56 +247,35 @@ pub async fn run(command: OperatorCommand, settings: &Settings) -> anyhow::Resul
     }
 }
 
-/// The Service Bus adapter from the environment: SERVICEBUS_ENDPOINT (a loopback
-/// stand-in, no token) or the app's namespace setting with an Entra credential (a managed
-/// identity when one is there, else the developer's `az login`).
-fn dead_letters_broker() -> anyhow::Result<Box<dyn Broker>> {
+/// The Service Bus adapter the settings name: `SERVICEBUS_ENDPOINT` (a loopback
+/// stand-in, no token) or the app's namespace with the process's Entra credential (a
+/// managed identity when the host provides one, else the developer's `az login`).
+fn dead_letters_broker(settings: &QueueSettings) -> anyhow::Result<Box<dyn Broker>> {
     use crate::env_setting::names;
     use crate::servicebus::rest::{Auth, RestBroker};
-    let get = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-    let queue = get(names::CLAIM_APPROVED_QUEUE).unwrap_or_else(|| "claim-approved".into());
-    let timeout = match get(names::SERVICEBUS_TIMEOUT_MS) {
-        Some(ms) => std::time::Duration::from_millis(ms.parse().map_err(|_| {
-            anyhow::anyhow!(
-                "{} must be a number of milliseconds",
-                names::SERVICEBUS_TIMEOUT_MS
+    let (endpoint, auth) = match &settings.endpoint {
+        QueueEndpoint::Loopback(endpoint) => (endpoint.clone(), Auth::LoopbackWithoutToken),
+        QueueEndpoint::Namespace {
+            namespace,
+            identity,
+        } => {
+            let namespace = namespace.as_ref().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{} is not set: the Service Bus namespace, as in the app's settings ({{name}}.servicebus.windows.net)",
+                    names::SERVICE_BUS_NAMESPACE
+                )
+            })?;
+            (
+                format!("https://{namespace}"),
+                Auth::Entra(crate::entra::credential(identity)?),
             )
-        })?),
-        None => std::time::Duration::from_secs(30),
+        }
     };
-    if let Some(endpoint) = get(names::SERVICEBUS_ENDPOINT) {
-        return Ok(Box::new(RestBroker::new(
-            &endpoint,
-            &queue,
-            Auth::LoopbackWithoutToken,
-            timeout,
-        )?));
-    }
-    let namespace = get(names::SERVICE_BUS_NAMESPACE).ok_or_else(|| {
-        anyhow::anyhow!(
-            "{} is not set: the Service Bus namespace, as in the app's settings ({{name}}.servicebus.windows.net)",
-            names::SERVICE_BUS_NAMESPACE
-        )
-    })?;
-    let credential: std::sync::Arc<dyn azure_core::credentials::TokenCredential> =
-        if get(names::IDENTITY_ENDPOINT).is_some() || get(names::MSI_ENDPOINT).is_some() {
-            let options = azure_identity::ManagedIdentityCredentialOptions {
-                user_assigned_id: get(names::SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID)
-                    .map(azure_identity::UserAssignedId::ClientId),
-                ..Default::default()
-            };
-            azure_identity::ManagedIdentityCredential::new(Some(options)).map_err(|e| {
-                anyhow::anyhow!("cannot create the managed identity credential: {e}")
-            })?
-        } else {
-            azure_identity::DeveloperToolsCredential::new(None)
-                .map_err(|e| anyhow::anyhow!("cannot create the developer tools credential: {e}"))?
-        };
     Ok(Box::new(RestBroker::new(
-        &format!("https://{namespace}"),
-        &queue,
-        Auth::Entra(credential),
-        timeout,
+        &endpoint,
+        &settings.queue,
+        auth,
+        settings.timeout,
     )?))
 }
 

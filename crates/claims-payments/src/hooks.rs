@@ -1,11 +1,14 @@
 //! Where a development build changes the composition root's parts ([`Seams`], given to
-//! `startup::serve`): a store decorator, another handler behind `POST /ClaimApproved`,
-//! another router. Production passes the default, which changes nothing.
+//! `startup::Application::build` and `startup::Composition::new`): a store decorator,
+//! another handler behind `POST /ClaimApproved`, another router, the simulator's clock
+//! and bank. Production passes the default, which changes nothing.
 
 use std::sync::Arc;
 
 use axum::Router;
 
+use crate::ambient::Ambient;
+use crate::bank::transport::BankTransport;
 use crate::functions::claim_approved::ClaimHandler;
 use crate::functions::AppState;
 use crate::services::Services;
@@ -19,7 +22,8 @@ pub type HandlerFactory = Box<dyn FnOnce(&Services) -> Arc<dyn ClaimHandler> + S
 pub type RouterFactory = Box<dyn FnOnce(Arc<AppState>) -> Router + Send>;
 
 /// Where a development build changes the composition. Production uses the default:
-/// the store as opened, the consumer, [`crate::functions::router`].
+/// the store as opened, the consumer, [`crate::functions::router`], the system's clock
+/// and randomness, the bank over HTTPS.
 #[derive(Default)]
 pub struct Seams {
     /// Wraps the store every part uses (a decorator is itself a `Store`).
@@ -30,4 +34,10 @@ pub struct Seams {
     pub router: Option<RouterFactory>,
     /// Named in the start-up log line (`handler`), so a log shows what served.
     pub label: Option<&'static str>,
+    /// The clock, randomness and process identity every part uses (the simulator's
+    /// virtual ones), instead of the system's.
+    pub ambient: Option<Ambient>,
+    /// What the bank client sends through (a simulated bank), instead of HTTPS to
+    /// `BANK_API_URL`; the bank's settings still apply.
+    pub bank_transport: Option<Arc<dyn BankTransport>>,
 }

@@ -5,7 +5,9 @@
 //! and what `main.rs` runs; [`seams`] is the development crate's only way in.
 //!
 //! Layout, from the wire inwards:
-//! - [`startup`]: the composition root (settings -> services -> state -> router -> server);
+//! - [`startup`]: the composition root: `Application::build` (settings -> store -> services
+//!   -> state -> router -> listener) and `run_until_stopped` (the process's lifecycle), and
+//!   `Composition`, the same wiring without a socket (the simulator, `reconcile`);
 //! - [`functions`]: the wire edge: the router, one module per function of the app
 //!   (`ClaimApproved`, `Payments`, `Reconcile`, `Purge`, mirroring `function-app/`), the
 //!   custom-handler protocol (invocation envelope in, JSON answer out) and the body limits;
@@ -16,7 +18,10 @@
 //! - [`dead_letters`]: the operator's dead-letter tool (list, resubmit, discard), on
 //!   [`servicebus`], the queue's REST client;
 //! - [`env_setting`]: setting names and the one settings error, below every reader;
-//! - [`configuration`]: settings from the environment, composed from each module's parser;
+//! - [`entra`]: which Microsoft Entra identity a part uses (one rule) and its credential,
+//!   built once per process and shared by the stores, telemetry and the dead-letter tool;
+//! - [`configuration`]: settings from the environment, read once for `serve` and the
+//!   operator commands, composed from each module's parser;
 //! - [`hooks`]: where a development build changes the composition's parts (a store
 //!   decorator, another handler, another router);
 //! - [`seams`]: the development crate's only way in: the hooks it sets (production
@@ -45,6 +50,7 @@ mod bank;
 mod cli;
 mod configuration;
 mod dead_letters;
+mod entra;
 mod env_setting;
 mod functions;
 mod hooks;
@@ -61,9 +67,9 @@ pub use domain::{
     ClaimApproved, ClaimId, Currency, IdempotencyKey, InvalidMessage, MessageId, Money,
     OutcomeKind, PayeeRef, PayloadHash, Purpose, TenantId,
 };
-// Running the service, as `main.rs` does: its settings, the server, the operator
-// commands and telemetry.
+// Running the service, as `main.rs` does: its settings (which start telemetry), the
+// server and the operator commands.
 pub use cli::{run as run_operator_command, OperatorCommand};
 pub use configuration::Settings;
 pub use startup::serve;
-pub use telemetry::{quiet_library_backtraces, start as start_telemetry, LogFormat};
+pub use telemetry::{quiet_library_backtraces, LogFormat};

@@ -53,7 +53,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match args.command {
             Command::Serve => {
-                let telemetry = match claims_payments::start_telemetry(settings.log_format) {
+                let telemetry = match settings.start_telemetry() {
                     Ok(guard) => guard,
                     Err(e) => {
                         eprintln!("claims-payments: {e:#}");

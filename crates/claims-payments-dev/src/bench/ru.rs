@@ -653,12 +653,18 @@ pub async fn computed(messages: usize) -> anyhow::Result<Vec<CaseCost>> {
         })
         .map_err(|e| anyhow::anyhow!("bench settings: {e}"))
     };
-    let ledger = claims_payments::seams::startup::consumer_for(&settings(None)?, store.clone())?;
+    let consumer = |settings: claims_payments::seams::configuration::Settings| {
+        claims_payments::seams::startup::Composition::new(
+            &settings,
+            store.clone(),
+            claims_payments::seams::Seams::default(),
+        )
+        .map(|parts| parts.services.consumer())
+    };
+    let ledger = consumer(settings(None)?)?;
     // A second instance (or this one after a restart): same store, empty memory.
-    let other_instance =
-        claims_payments::seams::startup::consumer_for(&settings(None)?, store.clone())?;
-    let payout =
-        claims_payments::seams::startup::consumer_for(&settings(Some(bank.url()))?, store.clone())?;
+    let other_instance = consumer(settings(None)?)?;
+    let payout = consumer(settings(Some(bank.url()))?)?;
 
     let ids: Vec<String> = (0..messages)
         .map(|_| uuid::Uuid::new_v4().to_string())

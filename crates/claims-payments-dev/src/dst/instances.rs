@@ -16,9 +16,7 @@ use claims_payments::seams::ambient::Ambient;
 use claims_payments::seams::bank::transport::{
     BankAnswer, BankCall, BankTransport, TransportFailure,
 };
-use claims_payments::seams::bank::BankClient;
-use claims_payments::seams::payments_api::CallerAuth;
-use claims_payments::seams::services::Services;
+use claims_payments::seams::startup::Composition;
 use claims_payments::seams::store::{DynStore, Store, StoreCall, StoreDecorator, StoreResult};
 use claims_payments::seams::{self, Registered};
 use tokio::time::Instant;
@@ -68,14 +66,19 @@ impl Sim {
                 Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
             }
         };
-        let client = BankClient::with_transport(&bank_settings(), bank, ambient.clone());
-        let services = Services::new(store, Some(client), policy(), ambient.clone());
-        let auth = if self.signed_in {
-            CallerAuth::AppService
-        } else {
-            CallerAuth::FunctionKey
-        };
-        let router = seams::router(Arc::new(seams::app_state(&services, auth)));
+        // Wired by the product's composition root, on the simulator's store, clock and bank.
+        let Composition {
+            services, router, ..
+        } = Composition::new(
+            &settings(self.signed_in),
+            store,
+            seams::Seams {
+                ambient: Some(ambient.clone()),
+                bank_transport: Some(bank),
+                ..seams::Seams::default()
+            },
+        )
+        .expect("the simulated deployment's settings are valid");
         trace_event!(
             self.trace,
             "start slot {slot} process {process} boot {} clock {skew}",

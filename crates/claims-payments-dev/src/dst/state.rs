@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use axum::Router;
 use claims_payments::seams::ambient::{Ambient, Boot};
-use claims_payments::seams::bank::BankSettings;
+use claims_payments::seams::configuration::Settings;
+#[cfg(test)]
 use claims_payments::seams::consumer::Policy;
 use claims_payments::seams::services::Work;
 use claims_payments::seams::store::DynStore;
@@ -223,6 +224,8 @@ impl Drop for Flight {
     }
 }
 
+/// The consumer's policy [`settings`] give, for tests that build a bare consumer.
+#[cfg(test)]
 pub(super) fn policy() -> Policy {
     Policy {
         consumer_name: CONSUMER.into(),
@@ -234,13 +237,41 @@ pub(super) fn policy() -> Policy {
     }
 }
 
-pub(super) fn bank_settings() -> BankSettings {
-    BankSettings {
-        url: "https://bank.invalid/".parse().expect("a URL"),
-        api_key: None,
-        timeout: BANK_TIMEOUT,
-        key_window: KEY_WINDOW,
-    }
+/// The product's settings of every simulated process, as the deployment's environment
+/// gives them (the timings above), with the HTTP API's caller authentication: the
+/// processes are wired by the product's own composition root from these.
+pub(super) fn settings(signed_in: bool) -> Settings {
+    let ms = |d: Duration| d.as_millis().to_string();
+    let pairs = [
+        ("CONSUMER_NAME", CONSUMER.to_owned()),
+        (
+            "INBOX_RETENTION_DAYS",
+            (RETENTION.as_secs() / 86_400).to_string(),
+        ),
+        ("LEASE_MS", ms(LEASE)),
+        ("INFLIGHT_WAIT_MS", ms(INFLIGHT_WAIT)),
+        ("RETRY_BUDGET_MS", ms(RETRY_BUDGET)),
+        ("MAX_DELIVERY_COUNT", MAX_DELIVERY_COUNT.to_string()),
+        ("BANK_API_URL", "https://bank.invalid/".to_owned()),
+        ("BANK_TIMEOUT_MS", ms(BANK_TIMEOUT)),
+        ("BANK_KEY_WINDOW_MS", ms(KEY_WINDOW)),
+        (
+            "HTTP_AUTH",
+            if signed_in {
+                "appservice"
+            } else {
+                "functionkey"
+            }
+            .to_owned(),
+        ),
+    ];
+    Settings::from_lookup(|name| {
+        pairs
+            .iter()
+            .find(|(setting, _)| *setting == name)
+            .map(|(_, value)| value.clone())
+    })
+    .expect("the simulated deployment's settings are valid")
 }
 
 impl Sim {
@@ -298,4 +329,28 @@ pub(super) async fn call(
         .await
         .ok()?;
     Some((status, body.to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use claims_payments::seams::startup::Composition;
+    use claims_payments::seams::Seams;
+
+    /// The processes are wired from [`settings`] by the product's composition root: the
+    /// policy it derives is the simulated deployment's timings, so a seed's run does not
+    /// depend on how the processes are wired.
+    #[test]
+    fn the_settings_give_the_simulated_deployments_policy_and_bank() {
+        for signed_in in [false, true] {
+            let settings = settings(signed_in);
+            let store = Arc::new(crate::memory_store::MemoryStore::new());
+            let parts = Composition::new(&settings, store, Seams::default()).unwrap();
+            assert_eq!(
+                format!("{:?}", parts.services.policy),
+                format!("{:?}", policy())
+            );
+            assert!(parts.services.bank.is_some(), "the processes pay");
+        }
+    }
 }

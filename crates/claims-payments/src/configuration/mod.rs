@@ -1,6 +1,10 @@
 //! Settings, read once from the environment (Functions app settings arrive as
-//! environment variables). An invalid value stops the process at start with a
-//! message naming the setting, before the host sends any work.
+//! environment variables), by [`Settings::from_env`], for `serve` and the operator
+//! commands alike: each module's own parser (the stores, the bank, telemetry, the
+//! dead-letter queue) reads its group, here, and nowhere else. An invalid value stops
+//! the process at start with a message naming the setting, before the host sends any
+//! work. Where a part authenticates with Microsoft Entra ID, the identity is chosen
+//! here too, by [`crate::entra`]'s one rule.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,9 +13,10 @@ pub(crate) use crate::bank::BankSettings;
 use crate::env_setting::whole_number_within;
 use crate::functions::FunctionSettings;
 use crate::payments_api::CallerAuth;
+use crate::servicebus::settings::QueueSettings;
 use crate::store::cosmos::CosmosSettings;
 use crate::store::postgres::PostgresSettings;
-use crate::telemetry::LogFormat;
+use crate::telemetry::{sampling, LogFormat, TelemetryGuard, TelemetrySettings};
 
 // The names and the error live below every module that reads a setting (`env_setting`,
 // which the dev crate and the tests read through `seams`).
@@ -97,6 +102,14 @@ pub struct Settings {
     /// How long an HTTP Idempotency-Key is remembered (`IDEMPOTENCY_KEY_RETENTION_HOURS`).
     pub(crate) key_retention: Duration,
     pub log_format: LogFormat,
+    /// Where telemetry goes (`OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// `APPLICATIONINSIGHTS_CONNECTION_STRING`, ...): checked even when nothing is
+    /// exported, so a bad value is found before it matters.
+    pub(crate) telemetry: TelemetrySettings,
+    /// Which invocations' spans are kept (`TELEMETRY_SAMPLE_PERCENT`, ...).
+    pub(crate) sampling: sampling::Policy,
+    /// Where the operator's `dead-letters` finds the queue (`serve` does not use it).
+    pub(crate) dead_letter_queue: QueueSettings,
 }
 
 impl Settings {
@@ -109,6 +122,13 @@ impl Settings {
             key_retention: self.key_retention,
             reconcile_min_age: self.reconcile_min_age,
         }
+    }
+
+    /// Starts the process's telemetry as these settings say (see
+    /// `telemetry::start`): `serve` does, first thing; the operator commands log to
+    /// stderr only.
+    pub fn start_telemetry(&self) -> anyhow::Result<Option<TelemetryGuard>> {
+        crate::telemetry::start(self.log_format, &self.telemetry, self.sampling)
     }
 
     /// Reads the process environment.
@@ -132,6 +152,9 @@ impl Settings {
         }
         let (http_auth, key_retention) = http_settings(&get)?;
         let log_format = log_format(&get)?;
+        let telemetry = TelemetrySettings::from_lookup(&lookup)?;
+        let sampling = sampling::Policy::from_lookup(&lookup)?;
+        let dead_letter_queue = crate::servicebus::settings::from_lookup(&get)?;
         refuse_dev_only_settings(&get)?;
         Ok(Settings {
             port,
@@ -147,6 +170,9 @@ impl Settings {
             http_auth,
             key_retention,
             log_format,
+            telemetry,
+            sampling,
+            dead_letter_queue,
         })
     }
 }
@@ -386,17 +412,6 @@ fn default_reconcile_min_age(lease: Duration) -> Duration {
     lease * 3
 }
 
-/// The functions' settings as the environment gives them when it names only the
-/// caller authentication and the lease (the simulator's instances): every other one
-/// at its default.
-pub fn default_function_settings(http_auth: CallerAuth, lease: Duration) -> FunctionSettings {
-    FunctionSettings {
-        http_auth,
-        key_retention: DEFAULT_KEY_RETENTION,
-        reconcile_min_age: default_reconcile_min_age(lease),
-    }
-}
-
 /// `HTTP_AUTH` and `IDEMPOTENCY_KEY_RETENTION_HOURS`: the payments API's callers and keys.
 fn http_settings(
     get: &dyn Fn(&str) -> Option<String>,
@@ -511,10 +526,6 @@ mod tests {
         assert_eq!(functions.http_auth, CallerAuth::FunctionKey);
         assert_eq!(functions.key_retention, Duration::from_secs(24 * 3600));
         assert_eq!(functions.reconcile_min_age, s.lease * 3);
-        assert_eq!(
-            functions,
-            default_function_settings(CallerAuth::FunctionKey, s.lease)
-        );
         let s = settings(&[
             ("HTTP_AUTH", "appservice"),
             ("RECONCILE_MIN_AGE_MS", "5000"),
@@ -542,6 +553,15 @@ mod tests {
             ("LEASE_MS", "1000"),
             ("INFLIGHT_WAIT_MS", "x"),
             ("LOG_FORMAT", "xml"),
+            // Read for every command, so an operator command refuses them too.
+            ("TELEMETRY_SAMPLE_PERCENT", "101"),
+            ("OTEL_TRACES_SAMPLER", "always_off"),
+            ("TELEMETRY_SLOW_MS", "0"),
+            (
+                "APPLICATIONINSIGHTS_CONNECTION_STRING",
+                "not-a-connection-string",
+            ),
+            ("SERVICEBUS_TIMEOUT_MS", "soon"),
             // Dev knobs are refused by the product whatever their value.
             ("PAYMENTS_DEV_HANDLER", "naive"),
             ("PAYMENTS_FAULT_CRASH_AFTER_COMMIT", "0.5"),
@@ -555,6 +575,88 @@ mod tests {
             let err = settings(&[(name, value)]).expect_err(&format!("{name}={value}"));
             assert_eq!(err.setting, *name, "{err}");
         }
+    }
+
+    /// The operator's `dead-letters` finds the queue in the settings every command reads,
+    /// not in a second reading of the environment.
+    #[test]
+    fn the_dead_letter_queue_and_telemetry_are_read_with_the_rest() {
+        use crate::servicebus::settings::QueueEndpoint;
+        let s = settings(&[
+            ("SERVICEBUS_ENDPOINT", "http://127.0.0.1:5300"),
+            ("CLAIM_APPROVED_QUEUE", "claims"),
+            ("SERVICEBUS_TIMEOUT_MS", "250"),
+            ("TELEMETRY_SAMPLE_PERCENT", "100"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.dead_letter_queue.endpoint,
+            QueueEndpoint::Loopback("http://127.0.0.1:5300".into())
+        );
+        assert_eq!(s.dead_letter_queue.queue, "claims");
+        assert_eq!(s.dead_letter_queue.timeout, Duration::from_millis(250));
+        assert_eq!(s.sampling.percent, 100.0);
+        assert_eq!(s.telemetry, TelemetrySettings::Off);
+    }
+
+    /// In Azure, with the one identity the Bicep names everywhere, the stores, telemetry
+    /// and the dead-letter tool choose the same identity and get the same credential.
+    #[test]
+    fn the_parts_that_name_one_identity_share_one_credential() {
+        use crate::entra::{credential, EntraIdentity};
+        use crate::servicebus::settings::QueueEndpoint;
+        use crate::store::cosmos::CosmosAuth;
+        let id = "0b5c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
+        let authentication = format!("ClientId={id};Authorization=AAD");
+        let s = settings(&[
+            ("WEBSITE_INSTANCE_ID", "a1b2c3"),
+            ("IDENTITY_ENDPOINT", "http://localhost:42356/msi/token"),
+            ("PAYMENTS_STORE", "cosmos"),
+            ("COSMOS_ENDPOINT", "https://acct.documents.azure.com/"),
+            ("COSMOS_MANAGED_IDENTITY_CLIENT_ID", id),
+            (
+                "APPLICATIONINSIGHTS_CONNECTION_STRING",
+                "InstrumentationKey=00000000-0000-0000-0000-000000000001;IngestionEndpoint=https://ingest.example/",
+            ),
+            ("APPLICATIONINSIGHTS_AUTHENTICATION_STRING", &authentication),
+            ("SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID", id),
+            ("ServiceBusConnection__fullyQualifiedNamespace", "ns.servicebus.windows.net"),
+        ])
+        .unwrap();
+        let expected = EntraIdentity::ManagedIdentity {
+            client_id: Some(id.to_owned()),
+        };
+        let StoreSettings::Cosmos(cosmos) = &s.store else {
+            panic!("{:?}", s.store)
+        };
+        let CosmosAuth::ManagedIdentity { client_id } = &cosmos.auth else {
+            panic!("{:?}", cosmos.auth)
+        };
+        let store = EntraIdentity::ManagedIdentity {
+            client_id: client_id.clone(),
+        };
+        let TelemetrySettings::AppInsights {
+            entra: Some(telemetry),
+            ..
+        } = &s.telemetry
+        else {
+            panic!("{:?}", s.telemetry)
+        };
+        let QueueEndpoint::Namespace {
+            identity: queue, ..
+        } = &s.dead_letter_queue.endpoint
+        else {
+            panic!("{:?}", s.dead_letter_queue)
+        };
+        for identity in [&store, telemetry, queue] {
+            assert_eq!(identity, &expected);
+        }
+        let built = credential(&store).unwrap();
+        assert!(std::sync::Arc::ptr_eq(
+            &built,
+            &credential(telemetry).unwrap()
+        ));
+        assert!(std::sync::Arc::ptr_eq(&built, &credential(queue).unwrap()));
     }
 
     #[test]

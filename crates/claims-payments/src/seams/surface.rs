@@ -97,7 +97,7 @@ pub mod services {
 
 /// The composition root.
 pub mod startup {
-    pub use crate::startup::{consumer_for, open_store, run, serve, AppState};
+    pub use crate::startup::{open_store, serve, AppState, Application, Composition};
 }
 
 /// The store port, its records and its three adapters: what a conformance suite, a
@@ -144,7 +144,7 @@ pub mod store {
 
 /// Logs, counters and traces.
 pub mod telemetry {
-    pub use crate::telemetry::{counters, quiet_library_backtraces, start};
+    pub use crate::telemetry::{counters, quiet_library_backtraces};
     /// Sampling.
     pub mod sampling {
         pub use crate::telemetry::sampling::keeps_share;

@@ -38,6 +38,7 @@
 //!   testkit's stand-in.
 
 pub mod rest;
+pub(crate) mod settings;
 
 use std::fmt;
 

@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use azure_core::credentials::TokenCredential;
-use azure_identity::{ManagedIdentityCredential, ManagedIdentityCredentialOptions, UserAssignedId};
 use opentelemetry::Context;
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -41,6 +40,8 @@ use opentelemetry_sdk::Resource;
 use super::counters;
 use super::sampling::{Policy, Tail, SAMPLE_RATE_ATTRIBUTE};
 use super::trace::Recorder;
+use crate::entra::{self, EntraIdentity, Fallback};
+use crate::env_setting::ConfigError;
 
 /// The settings this module and the sampling read (the dev tools remove them from what
 /// they inherit).
@@ -88,8 +89,8 @@ pub(crate) enum TelemetrySettings {
     Otlp,
     AppInsights {
         connection_string: String,
-        /// `Some(client id or None)`: authenticate with the managed identity.
-        entra: Option<Option<String>>,
+        /// `Some`: authenticate with this (managed) identity.
+        entra: Option<EntraIdentity>,
     },
 }
 
@@ -100,11 +101,8 @@ impl std::fmt::Debug for TelemetrySettings {
 }
 
 impl TelemetrySettings {
-    pub(crate) fn from_env() -> anyhow::Result<Self> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+    /// Reads the settings through `get` (the process's settings read them with the others).
+    pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let set = |name: &str| get(name).filter(|v| !v.trim().is_empty());
         if set("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
             return Ok(TelemetrySettings::Otlp);
@@ -118,7 +116,10 @@ impl TelemetrySettings {
             NoClient,
         )
         .map_err(|e| {
-            anyhow::anyhow!("APPLICATIONINSIGHTS_CONNECTION_STRING is not a connection string: {e}")
+            ConfigError::new(
+                "APPLICATIONINSIGHTS_CONNECTION_STRING",
+                format!("is not a connection string: {e}"),
+            )
         })?;
         let entra = match set("APPLICATIONINSIGHTS_AUTHENTICATION_STRING") {
             None => None,
@@ -134,11 +135,12 @@ impl TelemetrySettings {
                     }
                 }
                 if !aad {
-                    anyhow::bail!(
-                        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING must say Authorization=AAD (and may name ClientId=)"
-                    );
+                    return Err(ConfigError::new(
+                        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+                        "must say Authorization=AAD (and may name ClientId=)",
+                    ));
                 }
-                Some(client_id)
+                Some(entra::choose(&set, client_id, Fallback::Never))
             }
         };
         Ok(TelemetrySettings::AppInsights {
@@ -511,23 +513,16 @@ impl std::fmt::Debug for ExportClient {
 
 impl ExportClient {
     fn new(settings: &TelemetrySettings) -> anyhow::Result<Self> {
-        let credential: Option<Arc<dyn TokenCredential>> = match settings {
-            TelemetrySettings::AppInsights {
-                entra: Some(client_id),
-                ..
-            } => {
-                let options = ManagedIdentityCredentialOptions {
-                    user_assigned_id: client_id.clone().map(UserAssignedId::ClientId),
-                    ..Default::default()
-                };
-                Some(ManagedIdentityCredential::new(Some(options)).map_err(|e| {
-                    anyhow::anyhow!(
-                        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING: cannot create the managed identity credential: {e}"
-                    )
-                })?)
-            }
-            _ => None,
-        };
+        let credential: Option<Arc<dyn TokenCredential>> =
+            match settings {
+                TelemetrySettings::AppInsights {
+                    entra: Some(identity),
+                    ..
+                } => Some(entra::credential(identity).map_err(|e| {
+                    anyhow::anyhow!("APPLICATIONINSIGHTS_AUTHENTICATION_STRING: {e}")
+                })?),
+                _ => None,
+            };
         Ok(ExportClient {
             http: reqwest::Client::builder()
                 .timeout(UPLOAD_TIMEOUT)
@@ -609,7 +604,7 @@ impl HttpClient for NoClient {
 mod tests {
     use super::*;
 
-    fn settings(pairs: &[(&str, &str)]) -> anyhow::Result<TelemetrySettings> {
+    fn settings(pairs: &[(&str, &str)]) -> Result<TelemetrySettings, ConfigError> {
         TelemetrySettings::from_lookup(crate::telemetry::lookup(pairs))
     }
 
@@ -640,7 +635,12 @@ mod tests {
         .unwrap()
         {
             TelemetrySettings::AppInsights { entra, .. } => {
-                assert_eq!(entra, Some(Some("abc".to_owned())))
+                assert_eq!(
+                    entra,
+                    Some(EntraIdentity::ManagedIdentity {
+                        client_id: Some("abc".to_owned())
+                    })
+                )
             }
             other => panic!("{other:?}"),
         }

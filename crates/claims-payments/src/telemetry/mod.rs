@@ -103,14 +103,16 @@ pub fn quiet_library_backtraces() {
     }
 }
 
-/// What `serve` runs first: reads where telemetry goes (`TelemetrySettings`), builds the
-/// exporter and installs the subscriber (logs, and spans when exported). The guard
-/// flushes at shutdown. Call inside the runtime.
-pub fn start(format: LogFormat) -> anyhow::Result<Option<TelemetryGuard>> {
-    let settings = TelemetrySettings::from_env()?;
-    // Checked even when nothing is exported: a bad value is found before it matters.
-    let policy = sampling::Policy::from_lookup(|name| std::env::var(name).ok())?;
-    match init_exporter(&settings, policy)? {
+/// What `serve` runs first (through `Settings::start_telemetry`, which read these with
+/// the process's other settings): builds the exporter where `settings` say telemetry
+/// goes and installs the subscriber (logs, and spans when exported). The guard flushes
+/// at shutdown. Call inside the runtime.
+pub(crate) fn start(
+    format: LogFormat,
+    settings: &TelemetrySettings,
+    policy: sampling::Policy,
+) -> anyhow::Result<Option<TelemetryGuard>> {
+    match init_exporter(settings, policy)? {
         Some((recorder, guard)) => {
             init_with(format, Some(recorder));
             tracing::info!(

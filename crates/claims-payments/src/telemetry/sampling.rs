@@ -31,6 +31,7 @@ use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks, SpanProcessor};
 
 use super::counters;
 use super::record::Recorded;
+use crate::env_setting::ConfigError;
 
 /// The share of plain successes kept when nothing is set.
 pub(crate) const DEFAULT_PERCENT: f64 = 5.0;
@@ -82,7 +83,7 @@ pub(crate) const SETTINGS: [&str; 4] = [
 
 impl Policy {
     /// Reads and checks the settings; a value out of range stops the start.
-    pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Policy> {
+    pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Policy, ConfigError> {
         let set = |name: &str| {
             get(name)
                 .map(|v| v.trim().to_owned())
@@ -92,21 +93,26 @@ impl Policy {
         let percent = set("TELEMETRY_SAMPLE_PERCENT");
         let ratio = set("OTEL_TRACES_SAMPLER_ARG");
         match (percent, ratio) {
-            (Some(_), Some(_)) => anyhow::bail!(
-                "TELEMETRY_SAMPLE_PERCENT and OTEL_TRACES_SAMPLER_ARG both set: set one"
-            ),
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "TELEMETRY_SAMPLE_PERCENT",
+                    "and OTEL_TRACES_SAMPLER_ARG are both set: set one",
+                ))
+            }
             (Some(p), None) => {
                 policy.percent = bounded(&p, 100.0).ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "TELEMETRY_SAMPLE_PERCENT must be a number from 0 to 100, not {p:?}"
+                    ConfigError::new(
+                        "TELEMETRY_SAMPLE_PERCENT",
+                        format!("must be a number from 0 to 100, not {p:?}"),
                     )
                 })?;
             }
             (None, Some(r)) => {
                 policy.percent = 100.0
                     * bounded(&r, 1.0).ok_or_else(|| {
-                        anyhow::anyhow!(
-                            "OTEL_TRACES_SAMPLER_ARG must be a ratio from 0 to 1, not {r:?}"
+                        ConfigError::new(
+                            "OTEL_TRACES_SAMPLER_ARG",
+                            format!("must be a ratio from 0 to 1, not {r:?}"),
                         )
                     })?;
             }
@@ -115,11 +121,16 @@ impl Policy {
         match set("OTEL_TRACES_SAMPLER").as_deref() {
             None | Some("parentbased_traceidratio") => policy.honour_parent = true,
             Some("traceidratio") => policy.honour_parent = false,
-            Some(other) => anyhow::bail!(
-                "OTEL_TRACES_SAMPLER {other:?} is not supported: use parentbased_traceidratio \
-                 (the default) or traceidratio; failures are kept whatever it says, and \
-                 TELEMETRY_SAMPLE_PERCENT sets the share of successes"
-            ),
+            Some(other) => {
+                return Err(ConfigError::new(
+                    "OTEL_TRACES_SAMPLER",
+                    format!(
+                        "{other:?} is not supported: use parentbased_traceidratio \
+                         (the default) or traceidratio; failures are kept whatever it says, and \
+                         TELEMETRY_SAMPLE_PERCENT sets the share of successes"
+                    ),
+                ))
+            }
         }
         if let Some(ms) = set("TELEMETRY_SLOW_MS") {
             let parsed = ms
@@ -127,9 +138,10 @@ impl Policy {
                 .ok()
                 .filter(|ms| (1..=3_600_000).contains(ms));
             let Some(parsed) = parsed else {
-                anyhow::bail!(
-                    "TELEMETRY_SLOW_MS must be milliseconds from 1 to 3600000, not {ms:?}"
-                )
+                return Err(ConfigError::new(
+                    "TELEMETRY_SLOW_MS",
+                    format!("must be milliseconds from 1 to 3600000, not {ms:?}"),
+                ));
             };
             policy.slow = Duration::from_millis(parsed);
         }

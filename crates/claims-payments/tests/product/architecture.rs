@@ -44,6 +44,8 @@ const PRODUCT_LAYERS: Layers = &[
     ],
     // Setting names and errors.
     &["env_setting"],
+    // The Entra identity rule and the credentials every part that asks for a token shares.
+    &["entra"],
     // Logs, counters, metrics and spans: used everywhere, knows only the engine.
     &["telemetry"],
     // The adapters: the stores, the bank's transport, the broker.

@@ -170,7 +170,8 @@ async fn serve_logs_its_store_but_never_the_password() {
 /// own) and answers the host with what it removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_purge_timer_function_removes_expired_inbox_records() {
-    use claims_payments::seams::startup::run as serve_state;
+    use claims_payments::seams::configuration::Settings;
+    use claims_payments::seams::startup::Composition;
     use claims_payments::seams::store::postgres::{Access, PostgresSettings, PostgresStore};
     use claims_payments::seams::store::{AttemptId, DynStore, InboxRecord};
     use claims_payments_testkit::records::records;
@@ -199,14 +200,16 @@ async fn the_purge_timer_function_removes_expired_inbox_records() {
     };
     store.record_handled(&expired).await.unwrap();
 
-    let services = claims_payments_testkit::fixtures::ledger_services(store.clone());
-    let state = std::sync::Arc::new(claims_payments::seams::app_state(
-        &services,
-        claims_payments::seams::payments_api::CallerAuth::FunctionKey,
-    ));
+    let settings = Settings::from_lookup(|_| None).unwrap();
+    let application = Composition::new(
+        &settings,
+        store.clone(),
+        claims_payments::seams::Seams::default(),
+    )
+    .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve_state(listener, state, std::future::pending()));
+    tokio::spawn(application.serve(listener, std::future::pending()));
     let timer = serde_json::json!({"Data": {"timer": {"IsPastDue": false}}, "Metadata": {}});
     let response = reqwest::Client::new()
         .post(format!("http://{addr}/Purge"))

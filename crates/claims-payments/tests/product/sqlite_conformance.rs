@@ -163,8 +163,10 @@ impl CapturedLogs {
 /// A current-thread runtime, so the thread's log capture sees the server's tasks.
 #[tokio::test(flavor = "current_thread")]
 async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
-    use claims_payments::seams::startup::run;
+    use claims_payments::seams::configuration::Settings;
+    use claims_payments::seams::startup::Composition;
     use claims_payments::seams::store::sqlite::Access;
+    use claims_payments::seams::Seams;
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("payments.db");
@@ -181,14 +183,13 @@ async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let services = common::ledger_services(store);
-    let state = std::sync::Arc::new(claims_payments::seams::app_state(
-        &services,
-        claims_payments::seams::payments_api::CallerAuth::FunctionKey,
-    ));
+    // The application as the default settings wire it, on the read-only store: served
+    // without the process's lifecycle, since such a store cannot even register it.
+    let settings = Settings::from_lookup(|_| None).unwrap();
+    let application = Composition::new(&settings, store, Seams::default()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(run(listener, state, std::future::pending()));
+    tokio::spawn(application.serve(listener, std::future::pending()));
 
     let body = format!(
         r#"{{"claimId":"{}","amount":"10.00","currency":"EUR"}}"#,
@@ -470,5 +471,66 @@ async fn serve_never_purges_on_its_own() {
         0,
         "serve purged on its own; only the Purge timer may"
     );
+    server.abort();
+}
+
+/// The application as `serve` builds it, on a free port: it reports the port it holds,
+/// and by the time it answers there, it has registered its process (so its attempts'
+/// leases count as live from the first one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_application_answers_on_the_port_it_reports_once_registered() {
+    use claims_payments::seams::configuration::Settings;
+    use claims_payments::seams::startup::Application;
+    use claims_payments::seams::Seams;
+    use std::sync::{Arc, Mutex};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.db");
+    let settings = Settings::from_lookup(|name| match name {
+        "PAYMENTS_SQLITE_PATH" => Some(path.to_string_lossy().into_owned()),
+        "FUNCTIONS_CUSTOMHANDLER_PORT" => Some("0".into()),
+        _ => None,
+    })
+    .unwrap();
+    let served: Arc<Mutex<Option<DynStore>>> = Arc::default();
+    let slot = served.clone();
+    let application = Application::build(
+        settings,
+        Seams {
+            store_layer: Some(Box::new(move |opened: DynStore| {
+                *slot.lock().unwrap() = Some(opened.clone());
+                opened
+            })),
+            ..Seams::default()
+        },
+    )
+    .await
+    .unwrap();
+    let port = application.port();
+    assert_ne!(
+        port, 0,
+        "port 0 asks for a free port; the one held is reported"
+    );
+    let server = tokio::spawn(application.run_until_stopped());
+
+    let ready = reqwest::get(format!("http://127.0.0.1:{port}/"))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let store = served
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the store the parts use");
+    let registrations = store
+        .list_inbox(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .filter(|r| r.consumer == "process")
+        .count();
+    assert_eq!(registrations, 1, "registered before the first answer");
+    assert!(!server.is_finished(), "still serving");
     server.abort();
 }

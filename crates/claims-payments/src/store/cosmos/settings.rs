@@ -11,13 +11,14 @@
 //!
 //! Entra ID uses the managed identity when running in Azure (the host sets
 //! `IDENTITY_ENDPOINT` or `MSI_ENDPOINT`) or when a client id is configured, and the
-//! developer tools (Azure CLI, azd) otherwise. The key is never logged or put in an error.
+//! developer tools (Azure CLI, azd) otherwise: the rule and the credential are
+//! [`crate::entra`]'s, shared with the process's other parts. The key is never logged or
+//! put in an error.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-use azure_core::credentials::{Secret, TokenCredential};
+use azure_core::credentials::Secret;
 use azure_core::http::Url;
 use azure_data_cosmos::options::{
     BinaryEncodingOptions, ConnectionPoolOptions, EndToEndOperationLatencyPolicy, OperationOptions,
@@ -27,12 +28,9 @@ use azure_data_cosmos::{
     AccountEndpoint, AccountReference, CosmosClient, CosmosClientBuilder, CosmosRuntime,
     RoutingStrategy,
 };
-use azure_identity::{
-    DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions,
-    UserAssignedId,
-};
 use base64::Engine;
 
+use crate::entra::{self, EntraIdentity, Fallback};
 use crate::env_setting::names;
 use crate::env_setting::{non_blank, ConfigError};
 
@@ -139,13 +137,12 @@ impl CosmosSettings {
                 }
                 CosmosAuth::Key(Secret::new(key))
             }
-            None if client_id.is_some()
-                || get(names::IDENTITY_ENDPOINT).is_some()
-                || get(names::MSI_ENDPOINT).is_some() =>
-            {
-                CosmosAuth::ManagedIdentity { client_id }
-            }
-            None => CosmosAuth::DeveloperTools,
+            None => match entra::choose(&get, client_id, Fallback::DeveloperToolsUnlessNamed) {
+                EntraIdentity::ManagedIdentity { client_id } => {
+                    CosmosAuth::ManagedIdentity { client_id }
+                }
+                EntraIdentity::DeveloperTools => CosmosAuth::DeveloperTools,
+            },
         };
         let preferred_region =
             get(names::COSMOS_PREFERRED_REGION).or_else(|| get(names::REGION_NAME));
@@ -202,24 +199,16 @@ impl CosmosSettings {
             CosmosAuth::Key(key) => {
                 AccountReference::with_authentication_key(endpoint, key.clone())
             }
-            CosmosAuth::ManagedIdentity { client_id } => {
-                let options = ManagedIdentityCredentialOptions {
-                    user_assigned_id: client_id.clone().map(UserAssignedId::ClientId),
-                    ..Default::default()
-                };
-                let credential: Arc<dyn TokenCredential> =
-                    ManagedIdentityCredential::new(Some(options)).map_err(|e| {
-                        anyhow::anyhow!("cannot create the managed identity credential: {e}")
-                    })?;
-                AccountReference::with_credential(endpoint, credential)
-            }
-            CosmosAuth::DeveloperTools => {
-                let credential: Arc<dyn TokenCredential> = DeveloperToolsCredential::new(None)
-                    .map_err(|e| {
-                        anyhow::anyhow!("cannot create the developer tools credential: {e}")
-                    })?;
-                AccountReference::with_credential(endpoint, credential)
-            }
+            CosmosAuth::ManagedIdentity { client_id } => AccountReference::with_credential(
+                endpoint,
+                entra::credential(&EntraIdentity::ManagedIdentity {
+                    client_id: client_id.clone(),
+                })?,
+            ),
+            CosmosAuth::DeveloperTools => AccountReference::with_credential(
+                endpoint,
+                entra::credential(&EntraIdentity::DeveloperTools)?,
+            ),
         };
         let mut builder =
             CosmosClientBuilder::new().with_default_operation_options(operation_options());

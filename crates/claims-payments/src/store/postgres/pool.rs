@@ -32,10 +32,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use azure_core::credentials::TokenCredential;
-use azure_identity::{
-    DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions,
-    UserAssignedId,
-};
 use deadpool::managed::{Metrics, RecycleError, RecycleResult};
 use time::OffsetDateTime;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
@@ -43,7 +39,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, SimpleQueryMessage, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::settings::{EntraIdentity, Pooler, PostgresAuth, PostgresSettings};
+use super::settings::{Pooler, PostgresAuth, PostgresSettings};
 
 /// The scope of Azure Database for PostgreSQL's Entra tokens.
 pub(crate) const ENTRA_SCOPE: &str = "https://ossrdbms-aad.database.windows.net/.default";
@@ -238,7 +234,7 @@ impl Manager {
     pub(crate) fn new(settings: &PostgresSettings) -> anyhow::Result<Self> {
         let login = match &settings.auth {
             PostgresAuth::Password => Login::Password,
-            PostgresAuth::Entra(identity) => Login::Entra(credential(identity)?),
+            PostgresAuth::Entra(identity) => Login::Entra(crate::entra::credential(identity)?),
         };
         Ok(Manager {
             config: settings.config.clone(),
@@ -350,22 +346,6 @@ fn tls_connector() -> anyhow::Result<MakeRustlsConnect> {
         .with_platform_verifier()?
         .with_no_client_auth();
     Ok(MakeRustlsConnect::new(config))
-}
-
-fn credential(identity: &EntraIdentity) -> anyhow::Result<Arc<dyn TokenCredential>> {
-    Ok(match identity {
-        EntraIdentity::ManagedIdentity { client_id } => {
-            let options = ManagedIdentityCredentialOptions {
-                user_assigned_id: client_id.clone().map(UserAssignedId::ClientId),
-                ..Default::default()
-            };
-            ManagedIdentityCredential::new(Some(options)).map_err(|e| {
-                anyhow::anyhow!("cannot create the managed identity credential: {e}")
-            })?
-        }
-        EntraIdentity::DeveloperTools => DeveloperToolsCredential::new(None)
-            .map_err(|e| anyhow::anyhow!("cannot create the developer tools credential: {e}"))?,
-    })
 }
 
 /// The pool: at most `settings.pool_size` connections; a caller waits at most

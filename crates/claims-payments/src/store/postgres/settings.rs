@@ -24,6 +24,7 @@ use std::time::Duration;
 use reqwest::Url;
 use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
 
+use crate::entra::{self, EntraIdentity, Fallback};
 use crate::env_setting::names;
 use crate::env_setting::{millis, non_blank, ConfigError};
 
@@ -35,15 +36,6 @@ pub(crate) enum PostgresAuth {
     /// A Microsoft Entra access token for `https://ossrdbms-aad.database.windows.net/.default`
     /// as the password, fetched for every new connection.
     Entra(EntraIdentity),
-}
-
-/// Which identity gets the Entra token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum EntraIdentity {
-    /// A managed identity: system-assigned, or user-assigned when a client id is given.
-    ManagedIdentity { client_id: Option<String> },
-    /// The developer's Azure CLI / Azure Developer CLI login.
-    DeveloperTools,
 }
 
 impl fmt::Debug for PostgresAuth {
@@ -154,15 +146,11 @@ impl PostgresSettings {
                         )
                     })?;
                 }
-                let identity = if client_id.is_some()
-                    || get(names::IDENTITY_ENDPOINT).is_some()
-                    || get(names::MSI_ENDPOINT).is_some()
-                {
-                    EntraIdentity::ManagedIdentity { client_id }
-                } else {
-                    EntraIdentity::DeveloperTools
-                };
-                PostgresAuth::Entra(identity)
+                PostgresAuth::Entra(entra::choose(
+                    &get,
+                    client_id,
+                    Fallback::DeveloperToolsUnlessNamed,
+                ))
             }
             Some(_) => {
                 return Err(ConfigError::new(
