@@ -214,8 +214,10 @@ impl SimBank {
         }
     }
 
-    /// No request reaches the bank for `how_long` from now.
+    /// No request reaches the bank for `how_long` from now (and a dark period armed for
+    /// a payout no longer waits for one).
     pub fn go_dark(&self, how_long: Duration) {
+        *self.dark_armed.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *self.dark_until.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(Instant::now() + how_long);
     }
