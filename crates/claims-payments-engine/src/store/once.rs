@@ -140,7 +140,11 @@ impl EffectBody {
         if text.len() > Self::MAX_BYTES {
             return Err(InvalidEffect::new(
                 "effect body",
-                format!("has {} bytes; at most {} are allowed", text.len(), Self::MAX_BYTES),
+                format!(
+                    "has {} bytes; at most {} are allowed",
+                    text.len(),
+                    Self::MAX_BYTES
+                ),
             ));
         }
         match serde_json::from_str::<serde_json::Value>(text) {
@@ -231,8 +235,14 @@ mod tests {
 
     #[test]
     fn parts_are_bounded_and_refusals_never_repeat_the_value() {
-        assert_eq!(EffectKind::parse("claim-letters").unwrap().as_str(), "claim-letters");
-        assert_eq!(EffectKey::parse("approved:v1").unwrap().as_str(), "approved:v1");
+        assert_eq!(
+            EffectKind::parse("claim-letters").unwrap().as_str(),
+            "claim-letters"
+        );
+        assert_eq!(
+            EffectKey::parse("approved:v1").unwrap().as_str(),
+            "approved:v1"
+        );
         for (bad, why) in [
             ("", "is empty"),
             ("letters/2", "may hold only"),
@@ -258,6 +268,9 @@ mod tests {
             assert!(!e.to_string().contains("Jane"), "{e}");
         }
         let big = format!(r#"{{"x":"{}"}}"#, "a".repeat(EffectBody::MAX_BYTES));
-        assert!(EffectBody::parse(&big).unwrap_err().problem.contains("at most"));
+        assert!(EffectBody::parse(&big)
+            .unwrap_err()
+            .problem
+            .contains("at most"));
     }
 }

@@ -86,7 +86,11 @@ pub async fn record_once_writes_the_inbox_record_and_the_effect_together(store: 
         store.record_once(&inbox, &letter).await.unwrap(),
         OnceResult::Recorded
     );
-    let stored = store.inbox(&inbox.key()).await.unwrap().expect("inbox record");
+    let stored = store
+        .inbox(&inbox.key())
+        .await
+        .unwrap()
+        .expect("inbox record");
     assert_eq!(stored.record, inbox);
     assert_eq!(stored.record.status, InboxStatus::Completed);
     assert_eq!(listed(&store, &letters).await, [letter]);
@@ -172,7 +176,10 @@ pub async fn concurrent_record_once_of_one_effect_exactly_one_wins(store: DynOnc
             let inbox = inbox(&letters, claim, &message, "h1");
             let letter = effect(&letters, claim, "approved", &message, "{}");
             barrier.wait().await;
-            (inbox.key(), store.record_once(&inbox, &letter).await.unwrap())
+            (
+                inbox.key(),
+                store.record_once(&inbox, &letter).await.unwrap(),
+            )
         }));
     }
     let mut recorded = 0;
@@ -194,7 +201,13 @@ pub async fn effects_are_listed_by_kind_oldest_first_and_bounded(store: DynOnceS
     for (i, kind) in [&letters, &notices, &letters].into_iter().enumerate() {
         let claim = claim();
         let message = format!("m-{i}");
-        let mut e = effect(kind, claim, "approved", &message, &format!(r#"{{"i":{i}}}"#));
+        let mut e = effect(
+            kind,
+            claim,
+            "approved",
+            &message,
+            &format!(r#"{{"i":{i}}}"#),
+        );
         e.created_at = now_ms() + time::Duration::seconds(i as i64);
         store
             .record_once(&inbox(kind, claim, &message, "h"), &e)
@@ -222,10 +235,17 @@ pub async fn the_once_guard_records_one_effect_whatever_the_deliveries(store: Dy
     let body = || EffectBody::parse(r#"{"amount":"120.50"}"#).unwrap();
     let mut outcomes = Vec::new();
     for count in 1..=5 {
-        outcomes.push(guard.handle(&msg, &delivery("m-1", count), key(), body()).await);
+        outcomes.push(
+            guard
+                .handle(&msg, &delivery("m-1", count), key(), body())
+                .await,
+        );
     }
     assert_eq!(outcomes[0], Outcome::Done);
-    assert!(outcomes[1..].iter().all(|o| *o == Outcome::Duplicate), "{outcomes:?}");
+    assert!(
+        outcomes[1..].iter().all(|o| *o == Outcome::Duplicate),
+        "{outcomes:?}"
+    );
     let by = MessageId::parse("m-1").unwrap();
     assert_eq!(
         guard.handle(&msg, &delivery("m-2", 1), key(), body()).await,

@@ -477,7 +477,8 @@ impl EffectRow {
     fn into_record(self) -> Result<Effect, CorruptRecord> {
         use super::super::once::{EffectBody, EffectKey};
         let claim = self.claim_id.clone();
-        let corrupt = |column: &'static str, reason: String| Effect::corrupt(&claim, column, reason);
+        let corrupt =
+            |column: &'static str, reason: String| Effect::corrupt(&claim, column, reason);
         Ok(Effect {
             kind: EffectKind::parse(&self.kind).map_err(|e| corrupt("kind", e.problem))?,
             claim_id: ClaimId::parse(&self.claim_id)
@@ -557,7 +558,9 @@ pub(super) fn list_effects(
             // A cell without its column's type (a hand edit): named as for the others.
             Ok(EffectRow::from_row(r).map_err(|e| {
                 let claim = match r.get_ref(1) {
-                    Ok(rusqlite::types::ValueRef::Text(t)) => String::from_utf8_lossy(t).into_owned(),
+                    Ok(rusqlite::types::ValueRef::Text(t)) => {
+                        String::from_utf8_lossy(t).into_owned()
+                    }
                     _ => "?".into(),
                 };
                 let column = match e {
