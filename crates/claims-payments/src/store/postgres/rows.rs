@@ -355,9 +355,8 @@ pub(super) fn effect_from_row(row: &Row, at: usize) -> RowRead<Effect> {
     let message: Vec<u8> = get(row, at + 3)?;
     let body: String = get(row, at + 4)?;
     let created_at: OffsetDateTime = get(row, at + 5)?;
-    let corrupt = |column: &'static str, reason: String| {
-        Effect::corrupt(&claim.to_string(), column, reason)
-    };
+    let corrupt =
+        |column: &'static str, reason: String| Effect::corrupt(&claim.to_string(), column, reason);
     let read = || -> Result<Effect, CorruptRecord> {
         Ok(Effect {
             kind: EffectKind::parse(&kind).map_err(|e| corrupt("kind", e.problem))?,
