@@ -708,19 +708,6 @@ impl Store for PostgresStore {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps_are_kept_to_the_millisecond_like_every_store() {
-        let t = time::macros::datetime!(2026-12-03 10:15:30.123_456_789 UTC);
-        assert_eq!(ms(t), time::macros::datetime!(2026-12-03 10:15:30.123 UTC));
-        let offset = time::macros::datetime!(2026-12-03 11:15:30.5 +01:00);
-        assert_eq!(ms(offset), offset);
-    }
-}
-
 #[async_trait]
 impl OnceStore for PostgresStore {
     async fn record_once(
@@ -761,5 +748,18 @@ impl OnceStore for PostgresStore {
             .query(LIST_EFFECTS, &[&kind, &limit_param(limit)], Effect::Reads)
             .await?;
         rows.iter().map(|r| effect_from_row(r, 0)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_kept_to_the_millisecond_like_every_store() {
+        let t = time::macros::datetime!(2026-12-03 10:15:30.123_456_789 UTC);
+        assert_eq!(ms(t), time::macros::datetime!(2026-12-03 10:15:30.123 UTC));
+        let offset = time::macros::datetime!(2026-12-03 11:15:30.5 +01:00);
+        assert_eq!(ms(offset), offset);
     }
 }
