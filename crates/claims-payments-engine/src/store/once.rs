@@ -1,7 +1,7 @@
 //! The once-guard's records: an [`Effect`] (what a consumer does once per message, as a
 //! record) and the store capability [`OnceStore`] that writes it in the same atomic step
-//! as the message's inbox record: the transactional outbox. The consumer's side is
-//! [`crate::once`].
+//! as the message's inbox record: the transactional outbox. The consumer's side, the
+//! guard, is the engine's `once` module, a layer above this port.
 //!
 //! An effect is unique twice over: under its message's inbox key (consumer, claim,
 //! message), so a redelivery writes no second effect, and under its own key (kind,
