@@ -39,8 +39,8 @@
 //! A consumer of the same messages whose work is one record (the claim-approved letter,
 //! a notice to publish) uses [`once::OnceGuard`] instead of the payment consumer. It
 //! provides:
-//! - a store with the [`store::once::OnceStore`] capability (the SQLite and PostgreSQL
-//!   adapters have it; each passes the testkit's `once_conformance!` suite);
+//! - a store with the [`store::once::OnceStore`] capability (the SQLite, PostgreSQL and
+//!   Cosmos DB adapters have it; each passes the testkit's `once_conformance!` suite);
 //! - its kind ([`store::once::EffectKind`], also the consumer name of its inbox
 //!   records; not the payment consumer's), and the inbox retention (longer than the
 //!   broker may redeliver);

@@ -14,7 +14,7 @@
 //!
 //! A second guard, for consumers whose work is one record, is the capability in [`once`]:
 //! the inbox record and an effect record in one atomic step. It is a trait of its own
-//! ([`once::OnceStore`]), implemented by the SQLite and PostgreSQL adapters.
+//! ([`once::OnceStore`]), implemented by all three adapters.
 
 pub mod decorator;
 pub mod once;
