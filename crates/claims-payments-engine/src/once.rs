@@ -55,6 +55,14 @@ impl Outcome {
         )
     }
 
+    /// Whether redelivery can never change the answer (the message belongs in the DLQ).
+    pub fn is_permanent_failure(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Conflict { .. } | Outcome::StoreFailure { .. }
+        )
+    }
+
     /// The outcome in the vocabulary of logs and stored records.
     pub fn kind(&self) -> OutcomeKind {
         match self {
@@ -200,7 +208,28 @@ fn duplicate_or_conflict(written: &InboxRecord, found: &InboxRecord) -> Outcome 
 
 #[cfg(test)]
 mod tests {
+    use super::Outcome;
+    use crate::domain::MessageId;
     use crate::store::once::RESERVED_KINDS;
+
+    /// Every outcome either completes the message, is retried, or is dead-lettered: one
+    /// of the three, never two.
+    #[test]
+    fn each_outcome_completes_retries_or_dead_letters() {
+        let reason = || "r".to_owned();
+        let by = MessageId::parse("m-1").unwrap();
+        for (outcome, completes, permanent) in [
+            (Outcome::Done, true, false),
+            (Outcome::Duplicate, true, false),
+            (Outcome::AlreadyRecorded { by }, true, false),
+            (Outcome::Conflict { reason: reason() }, false, true),
+            (Outcome::RetryLater { reason: reason() }, false, false),
+            (Outcome::StoreFailure { reason: reason() }, false, true),
+        ] {
+            assert_eq!(outcome.completes_message(), completes, "{outcome:?}");
+            assert_eq!(outcome.is_permanent_failure(), permanent, "{outcome:?}");
+        }
+    }
 
     /// The inbox's own consumers, as the engine names them, are refused as kinds.
     #[test]
