@@ -34,17 +34,48 @@
 //! - the [`consumer::Outcome`] says whether the message may be completed, must be retried
 //!   later, or belongs on the dead-letter queue.
 //!
+//! # Other consumers: the once-guard
+//!
+//! A consumer of the same messages whose work is one record (the claim-approved letter,
+//! a notice to publish) uses [`once::OnceGuard`] instead of the payment consumer. It
+//! provides:
+//! - a store with the [`store::once::OnceStore`] capability (the SQLite, PostgreSQL and
+//!   Cosmos DB adapters have it; each passes the testkit's `once_conformance!` suite);
+//! - its kind ([`store::once::EffectKind`], also the consumer name of its inbox
+//!   records; not the payment consumer's), and the inbox retention (longer than the
+//!   broker may redeliver);
+//! - each delivery: the parsed [`domain::ClaimApproved`], its [`consumer::Delivery`], and
+//!   the effect to record: its key ([`store::once::EffectKey`], which effect of the claim)
+//!   and its body ([`store::once::EffectBody`], a bounded JSON object).
+//!
+//! It is guaranteed, whatever the redeliveries, lost answers and crashes:
+//! - at most one effect per message and per (kind, claim, key): the effect and the
+//!   message's inbox record are written in one atomic step, or neither is, under keys the
+//!   database keeps unique; and one effect for every message answered
+//!   [`once::Outcome::Done`], [`Duplicate`](once::Outcome::Duplicate) or
+//!   [`AlreadyRecorded`](once::Outcome::AlreadyRecorded), the answers that complete it;
+//! - a write whose answer was lost is recognised by its attempt when it committed
+//!   (`Done`), and by any later delivery (`Duplicate`);
+//! - the same MessageId with another payload, or another effect under a key already
+//!   taken, is a [`Conflict`](once::Outcome::Conflict), never a second effect.
+//!
+//! The effects are an outbox ([`store::once::OnceStore::effects`]): what carries them out
+//! (a print run, a mailer) goes by their key to do each once, as the bank goes by the
+//! payment's Idempotency-Key. The engine's example `claim_letters` is such a consumer on
+//! the SQLite adapter.
+//!
 //! Layout: [`domain`] (the message contract), [`ambient`], [`store`] (the port and its
 //! decorator), [`lease`] (the takeover rule and the processes behind leases), [`bank`]
 //! (the payout client on a transport, answers classified, the clock check),
-//! [`consumer`] (the decisions), [`reconcile`], [`services`] (what one process's parts
-//! share) and [`telemetry`] (the engine's counters).
+//! [`consumer`] (the decisions), [`once`] (the once-guard), [`reconcile`], [`services`]
+//! (what one process's parts share) and [`telemetry`] (the engine's counters).
 
 pub mod ambient;
 pub mod bank;
 pub mod consumer;
 pub mod domain;
 pub mod lease;
+pub mod once;
 pub mod reconcile;
 pub mod services;
 pub mod store;

@@ -22,3 +22,25 @@ async fn make_store() -> (DynStore, Keep) {
 }
 
 claims_payments_testkit::store_conformance!(make_store);
+
+/// The once-guard's capability on the same store.
+mod once_guard {
+    use std::sync::Arc;
+
+    use claims_payments_dev::emulator::InProcessEmulator;
+    use claims_payments_testkit::conformance::{DynOnceStore, Keep};
+
+    use super::RETENTION;
+
+    async fn make_store() -> (DynOnceStore, Keep) {
+        let emulator = InProcessEmulator::new().unwrap();
+        emulator.provision("payments", "payments").await.unwrap();
+        let store = emulator
+            .store("payments", "payments", RETENTION, Vec::new())
+            .await
+            .unwrap();
+        (Arc::new(store), Box::new(emulator))
+    }
+
+    claims_payments_testkit::once_conformance!(make_store);
+}

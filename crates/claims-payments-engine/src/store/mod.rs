@@ -11,8 +11,13 @@
 //! PostgreSQL database). All pass the same conformance suite (the testkit's `conformance`
 //! module, run by the product crate's `tests/product/sqlite_conformance.rs` and
 //! `postgres_conformance.rs`, and the dev crate's `cosmos_conformance.rs`).
+//!
+//! A second guard, for consumers whose work is one record, is the capability in [`once`]:
+//! the inbox record and an effect record in one atomic step. It is a trait of its own
+//! ([`once::OnceStore`]), implemented by all three adapters.
 
 pub mod decorator;
+pub mod once;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

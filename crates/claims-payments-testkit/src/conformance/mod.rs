@@ -17,18 +17,22 @@
 //! - `contract.rs`: the port's contract with whole-record assertions;
 //! - `consumer.rs`: the consumer's state machine on top of the store, with a fake bank;
 //! - `reconcile.rs`: settling payments whose outcome could not be known;
-//! - `payments_api.rs`: the HTTP payments API's idempotency keys.
+//! - `payments_api.rs`: the HTTP payments API's idempotency keys;
+//! - `once.rs`: the once-guard's capability (`OnceStore`), a suite of its own
+//!   (`once_conformance!`) for the adapters that have it.
 
 use claims_payments::ClaimId;
 
 mod consumer;
 mod contract;
+mod once;
 mod payments_api;
 mod reconcile;
 mod store;
 
 pub use consumer::*;
 pub use contract::*;
+pub use once::*;
 pub use payments_api::*;
 pub use reconcile::*;
 pub use store::*;

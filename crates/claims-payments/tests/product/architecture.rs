@@ -25,6 +25,8 @@ const ENGINE_LAYERS: Layers = &[
     &["lease"],
     // The state machine that turns deliveries into one payment.
     &["consumer"],
+    // The once-guard: consumers whose work on a message is one record.
+    &["once"],
     // What one process's parts share.
     &["services"],
     // Settling what the bank's answers left unknown.

@@ -20,3 +20,26 @@ async fn make_store() -> (DynStore, Keep) {
 }
 
 claims_payments_testkit::store_conformance!(make_store, if available);
+
+/// The once-guard's capability on the same store.
+mod once_guard {
+    use std::sync::Arc;
+
+    use claims_payments::seams::store::postgres::{
+        provision, Access, PostgresSettings, PostgresStore,
+    };
+    use claims_payments_testkit::conformance::{DynOnceStore, Keep};
+    use claims_payments_testkit::postgres::{available, TestDatabase};
+
+    async fn make_store() -> (DynOnceStore, Keep) {
+        let db = TestDatabase::create().await;
+        let settings = PostgresSettings::from_url(&db.url).unwrap();
+        provision(&settings).await.unwrap();
+        let store = PostgresStore::connect(&settings, Access::Checked)
+            .await
+            .unwrap();
+        (Arc::new(store), Box::new(db))
+    }
+
+    claims_payments_testkit::once_conformance!(make_store, if available);
+}

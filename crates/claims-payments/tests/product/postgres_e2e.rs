@@ -104,7 +104,7 @@ async fn five_deliveries_make_one_ledger_row_on_postgres() {
     let out = run(&["provision"], &env);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("migrated to version 1"),
+        text(&out).contains("migrated to version 2"),
         "{}",
         text(&out)
     );

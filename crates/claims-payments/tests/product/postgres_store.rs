@@ -178,7 +178,7 @@ async fn a_missing_older_or_newer_schema_is_refused_naming_provision() {
     assert!(missing.contains("claims-payments provision"), "{missing}");
 
     let report = provision(&settings).await.unwrap();
-    assert_eq!(report.applied, ["V1__initial"], "{report}");
+    assert_eq!(report.applied, ["V1__initial", "V2__effects"], "{report}");
     let again = provision(&settings).await.unwrap();
     assert!(again.applied.is_empty(), "{again}");
     PostgresStore::connect(&settings, Access::Checked)
@@ -189,7 +189,7 @@ async fn a_missing_older_or_newer_schema_is_refused_naming_provision() {
     admin
         .batch_execute(
             "INSERT INTO refinery_schema_history (version, name, applied_on, checksum) \
-             VALUES (2, 'from_the_future', '2030-01-01T00:00:00Z', '1')",
+             VALUES (3, 'from_the_future', '2030-01-01T00:00:00Z', '1')",
         )
         .await
         .unwrap();
@@ -199,7 +199,7 @@ async fn a_missing_older_or_newer_schema_is_refused_naming_provision() {
             .err()
             .expect("a newer schema"),
     );
-    assert!(newer.contains("newer than this build's 1"), "{newer}");
+    assert!(newer.contains("newer than this build's 2"), "{newer}");
 
     admin
         .batch_execute("DELETE FROM refinery_schema_history")
@@ -211,7 +211,7 @@ async fn a_missing_older_or_newer_schema_is_refused_naming_provision() {
             .err()
             .expect("an older schema"),
     );
-    assert!(older.contains("older than this build's 1"), "{older}");
+    assert!(older.contains("older than this build's 2"), "{older}");
     assert!(older.contains("claims-payments provision"), "{older}");
 }
 
@@ -955,7 +955,7 @@ async fn concurrent_provisions_of_a_fresh_database_all_succeed_and_one_migrates(
             vec![],
             vec![],
             vec![],
-            vec!["V1__initial".to_owned()]
+            vec!["V1__initial".to_owned(), "V2__effects".to_owned()]
         ],
         "exactly one run applied the migrations"
     );

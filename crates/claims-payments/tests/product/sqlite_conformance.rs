@@ -18,6 +18,20 @@ async fn make_store() -> (DynStore, Keep) {
 
 claims_payments_testkit::store_conformance!(make_store);
 
+/// The once-guard's capability on the same store.
+mod once_guard {
+    use claims_payments::seams::store::sqlite::SqliteStore;
+    use claims_payments_testkit::conformance::{DynOnceStore, Keep};
+
+    async fn make_store() -> (DynOnceStore, Keep) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("payments.db")).unwrap();
+        (store, Box::new(dir))
+    }
+
+    claims_payments_testkit::once_conformance!(make_store);
+}
+
 /// A claim whose group the writer has committed (visible to any connection) while the
 /// syncer is held back, so the commit is not yet durable.
 struct CommittedNotSynced {

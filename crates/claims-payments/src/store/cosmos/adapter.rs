@@ -24,12 +24,13 @@ use time::OffsetDateTime;
 
 use super::container::check_properties;
 use super::documents::{
-    inbox_id, listed_inbox, listed_payment, payment_id, InboxDoc, PaymentDoc, INBOX_DOC_TYPE,
-    PAYMENT_DOC_TYPE,
+    effect_doc_type, effect_id, inbox_id, listed_effect, listed_inbox, listed_payment, payment_id,
+    EffectDoc, InboxDoc, PaymentDoc, INBOX_DOC_TYPE, PAYMENT_DOC_TYPE,
 };
 use super::errors::{classify, describe, error_charge, is_transient_code, note, record_charge};
 use super::settings::{CosmosAuth, CosmosSettings};
 use crate::domain::{ClaimId, Purpose};
+use crate::store::once::{Effect, EffectKind, OnceResult, OnceStore};
 use crate::store::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, RoundTrips, Store, StoreError, StoreResult, Version, Versioned,
@@ -657,13 +658,79 @@ impl Store for CosmosStore {
     }
 }
 
+#[async_trait]
+impl OnceStore for CosmosStore {
+    /// One transactional batch in the claim's partition, as the claim: the inbox document
+    /// first (a redelivery is reported on operation 0), then the effect's.
+    async fn record_once(&self, inbox: &InboxRecord, effect: &Effect) -> StoreResult<OnceResult> {
+        const OP: &str = "record_once";
+        if inbox.claim_id != effect.claim_id {
+            return Err(StoreError::Permanent(format!(
+                "{OP}: inbox record is for claim {} but the effect for claim {}",
+                inbox.claim_id, effect.claim_id
+            )));
+        }
+        let inbox_doc = InboxDoc::from_record(inbox, self.inbox_ttl_seconds);
+        let effect_doc = EffectDoc::from_record(effect);
+        let mut pauses = CONFLICT_READ_PAUSES.iter();
+        loop {
+            let batch = TransactionalBatch::new(inbox_doc.claim_id.clone())
+                .create_item(&inbox_doc)
+                .and_then(|b| b.create_item(&effect_doc))
+                .map_err(|e| {
+                    StoreError::Permanent(format!("cosmos {OP}: cannot serialize documents: {e}"))
+                })?;
+            let results = self.execute_batch(OP, batch, 2).await?;
+            if results.iter().all(|r| r.is_success()) {
+                return Ok(OnceResult::Recorded);
+            }
+            let missed = match culprit(&results) {
+                Some((0, 409)) => match self.inbox(&inbox.key()).await? {
+                    Some(existing) => return Ok(OnceResult::InboxExists(existing)),
+                    None => "inbox",
+                },
+                Some((1, 409)) => match self.effect(effect).await? {
+                    Some(existing) => return Ok(OnceResult::EffectExists(existing)),
+                    None => "effect",
+                },
+                other => return Err(note(batch_failure(OP, other, &results))),
+            };
+            match pauses.next() {
+                Some(pause) => tokio::time::sleep(*pause).await,
+                None => return Err(conflict_unreadable(OP, missed, inbox.claim_id)),
+            }
+        }
+    }
+
+    async fn effects(&self, kind: &EffectKind, limit: usize) -> StoreResult<Vec<Listed<Effect>>> {
+        let docs: Vec<serde_json::Value> = self
+            .list("list_effects", &effect_doc_type(kind), "", limit)
+            .await?;
+        Ok(docs.into_iter().map(listed_effect).collect())
+    }
+}
+
+impl CosmosStore {
+    /// The stored effect under `effect`'s (kind, claim, key), if any.
+    async fn effect(&self, effect: &Effect) -> StoreResult<Option<Effect>> {
+        let id = effect_id(&effect.kind, &effect.key);
+        let Some((doc, _)) = self
+            .read_doc::<EffectDoc>("read_effect", effect.claim_id, &id)
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(doc.into_record()?))
+    }
+}
+
 impl CosmosStore {
     /// A cross-partition query for one document type, oldest first. Timestamps are
     /// fixed-width UTC strings, so ordering by the string orders by time.
     async fn list<T: DeserializeOwned>(
         &self,
         op: &'static str,
-        doc_type: &'static str,
+        doc_type: &str,
         filter: &'static str,
         limit: usize,
     ) -> StoreResult<Vec<T>> {

@@ -18,6 +18,7 @@ use time::{OffsetDateTime, UtcOffset};
 use crate::domain::{
     ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
 };
+use crate::store::once::{Effect, EffectBody, EffectKey, EffectKind};
 use crate::store::{
     AttemptId, CorruptRecord, InboxKey, InboxOutcome, InboxRecord, InboxStatus, Listed,
     PaymentRecord, PaymentStatus,
@@ -368,6 +369,86 @@ impl PaymentDoc {
             updated_at: parse_timestamp(DOC, "updatedAt", &self.updated_at)?,
         })
     }
+}
+
+/// The `docType` of the effects of `kind`: one document type per kind, so a kind's
+/// effects are listed by the indexed `docType` alone, and the unique key `(docType,
+/// dedupKey)` with the effect key as `dedupKey` holds one effect per (kind, claim, key).
+pub(crate) fn effect_doc_type(kind: &EffectKind) -> String {
+    format!("effect:{kind}")
+}
+
+/// The deterministic id of an effect document in its claim's partition. Kinds and keys
+/// hold only characters a Cosmos id may hold, and a kind holds no `:`, so the id is
+/// unique to (kind, key); at most 7 + 64 + 1 + 128 characters.
+pub(crate) fn effect_id(kind: &EffectKind, key: &EffectKey) -> String {
+    format!("effect:{kind}:{key}")
+}
+
+/// The once-guard's effect document. No `ttl`, as the payment: it never expires.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectDoc {
+    pub id: String,
+    pub(crate) claim_id: String,
+    doc_type: String,
+    dedup_key: String,
+    kind: String,
+    effect_key: String,
+    message_id: String,
+    body: String,
+    created_at: String,
+}
+
+impl EffectDoc {
+    pub fn from_record(effect: &Effect) -> Self {
+        EffectDoc {
+            id: effect_id(&effect.kind, &effect.key),
+            claim_id: effect.claim_id.to_string(),
+            doc_type: effect_doc_type(&effect.kind),
+            dedup_key: effect.key.as_str().to_owned(),
+            kind: effect.kind.as_str().to_owned(),
+            effect_key: effect.key.as_str().to_owned(),
+            message_id: effect.message_id.as_str().to_owned(),
+            body: effect.body.as_str().to_owned(),
+            created_at: format_timestamp(effect.created_at),
+        }
+    }
+
+    pub(crate) fn into_record(self) -> Result<Effect, CorruptRecord> {
+        let claim = self.claim_id.clone();
+        self.read()
+            .map_err(|bad| Effect::corrupt(&claim, bad.field, bad.problem))
+    }
+
+    fn read(self) -> Result<Effect, Bad> {
+        const DOC: &str = "effect";
+        let kind = EffectKind::parse(&self.kind).map_err(|e| corrupt(DOC, "kind", e.problem))?;
+        let key =
+            EffectKey::parse(&self.effect_key).map_err(|e| corrupt(DOC, "effectKey", e.problem))?;
+        if self.doc_type != effect_doc_type(&kind) || self.dedup_key != key.as_str() {
+            return Err(corrupt(DOC, "docType", "does not match the kind and key"));
+        }
+        Ok(Effect {
+            kind,
+            claim_id: ClaimId::parse(&self.claim_id).map_err(|e| corrupt(DOC, "claimId", e))?,
+            key,
+            message_id: MessageId::parse(&self.message_id)
+                .map_err(|e| corrupt(DOC, "messageId", e))?,
+            body: EffectBody::parse(&self.body).map_err(|e| corrupt(DOC, "body", e.problem))?,
+            created_at: parse_timestamp(DOC, "createdAt", &self.created_at)?,
+        })
+    }
+}
+
+/// One effect document of a listing: the record, or why it does not read.
+pub(crate) fn listed_effect(value: serde_json::Value) -> Listed<Effect> {
+    serde_json::from_value::<EffectDoc>(value.clone())
+        .map_err(|e| {
+            let claim = value.get("claimId").and_then(|v| v.as_str()).unwrap_or("?");
+            Effect::corrupt(claim, "document", e)
+        })?
+        .into_record()
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@
 //! `migrations/V1__initial.sql`): it inserts both rows in the statement's transaction, or
 //! neither, and on a refusal returns the row that refused it. A unique violation never
 //! surfaces as an error: `ON CONFLICT DO NOTHING` turns it into the duplicate (`inbox`) or
-//! business-duplicate (`payment`) answer.
+//! business-duplicate (`payment`) answer. The once-guard's `record_once` is the same shape
+//! with an effect row in the place of the payment (`claims_payments_record_once`, in
+//! `migrations/V2__effects.sql`).
 //!
 //! **Round trips** (each statement is prepared once per pooled connection, then one
 //! Bind/Execute exchange): a fresh message's claim 1; a duplicate at the store 1 (the claim
@@ -71,13 +73,14 @@ use errors::{
     connection_lost, describe_pool_error, is_retryable, outage, unreachable, Failure, Outage,
 };
 use rows::{
-    get, inbox_from_row, limit_param, ms, one, parse_version, payment_from_row, version_at,
-    InboxParams, PaymentParams,
+    effect_from_row, get, inbox_from_row, limit_param, ms, one, parse_version, payment_from_row,
+    version_at, EffectParams, InboxParams, PaymentParams,
 };
 pub(crate) use schema::check_schema;
 pub use schema::provision;
 pub use settings::{Pooler, PostgresSettings};
 
+use super::once::{self, EffectKind, OnceResult, OnceStore};
 use super::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, RoundTrips, Store, StoreError, StoreResult, Version, Versioned,
@@ -507,6 +510,19 @@ const LIST_INBOX: &str =
      lease_until, first_delivery_count, last_delivery_count, created_at, updated_at, \
      expires_at, version FROM inbox ORDER BY created_at, message_id LIMIT $1";
 
+/// record_once: one statement. $1..$13 the inbox row (created at version 1), $14..$19 the
+/// effect row. Columns: the answer, then the inbox row (1..=14), then the effect row
+/// (15..=20), all NULL except the record the answer names.
+const RECORD_ONCE: &str = "SELECT r.answer, (r.inbox_row).*, (r.effect_row).* \
+     FROM claims_payments_record_once(\
+     ROW($1::text, $2::uuid, $3::bytea, $4::text, $5::text, $6::text, $7::uuid, $8::timestamptz, \
+         $9::int4, $10::int4, $11::timestamptz, $12::timestamptz, $13::timestamptz, 1::int8)::inbox, \
+     ROW($14::text, $15::uuid, $16::text, $17::bytea, $18::text, $19::timestamptz)::effects) r";
+
+const LIST_EFFECTS: &str =
+    "SELECT kind, claim_id, effect_key, message_id, body, created_at FROM effects \
+     WHERE kind = $1 ORDER BY created_at, claim_id, effect_key LIMIT $2";
+
 /// One batch of the retention purge. By ctid: the inner query finds at most $2 expired
 /// rows through the expiry index; a row renewed meanwhile (a new version, a new ctid, a
 /// later expiry) is not deleted, and the outer condition checks the expiry again.
@@ -689,6 +705,49 @@ impl Store for PostgresStore {
                 return Ok(total);
             }
         }
+    }
+}
+
+#[async_trait]
+impl OnceStore for PostgresStore {
+    async fn record_once(
+        &self,
+        inbox: &InboxRecord,
+        effect: &once::Effect,
+    ) -> StoreResult<OnceResult> {
+        let (i, e) = (InboxParams::new(inbox), EffectParams::new(effect));
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(19);
+        params.extend(i.params());
+        params.extend(e.params());
+        let rows = self.query(RECORD_ONCE, &params, Effect::Writes).await?;
+        let row = rows.first().ok_or_else(|| {
+            StoreError::Permanent("claims_payments_record_once returned no row".into())
+        })?;
+        let answer: String = get(row, 0)?;
+        match answer.as_str() {
+            "recorded" => Ok(OnceResult::Recorded),
+            "inbox" => Ok(OnceResult::InboxExists(one(inbox_from_row(row, 1))?)),
+            "effect" => Ok(OnceResult::EffectExists(one(effect_from_row(row, 15))?)),
+            // As for the claim: the refusing row was removed before it could be read.
+            "vanished" => Err(StoreError::Transient(
+                "the record that refused the effect vanished before it could be read".into(),
+            )),
+            other => Err(StoreError::Permanent(format!(
+                "claims_payments_record_once answered {other:?}"
+            ))),
+        }
+    }
+
+    async fn effects(
+        &self,
+        kind: &EffectKind,
+        limit: usize,
+    ) -> StoreResult<Vec<Listed<once::Effect>>> {
+        let kind = kind.as_str();
+        let rows = self
+            .query(LIST_EFFECTS, &[&kind, &limit_param(limit)], Effect::Reads)
+            .await?;
+        rows.iter().map(|r| effect_from_row(r, 0)).collect()
     }
 }
 

@@ -12,6 +12,7 @@ use crate::domain::{
     ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
     TenantId,
 };
+use crate::store::once::{Effect, EffectBody, EffectKey, EffectKind};
 use crate::store::{
     AttemptId, CorruptRecord, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
     StoreError, StoreResult, Version, Versioned,
@@ -310,4 +311,62 @@ pub(super) fn parse_version(version: &Version) -> StoreResult<i64> {
 /// A row read for one record: its corrupt value is the call's `Permanent` error.
 pub(super) fn one<T>(read: RowRead<T>) -> StoreResult<T> {
     read?.map_err(StoreError::from)
+}
+
+/// An effect as statement parameters, in the `effects` table's column order.
+pub(super) struct EffectParams {
+    kind: String,
+    claim_id: Uuid,
+    key: String,
+    message_id: Vec<u8>,
+    body: String,
+    created_at: OffsetDateTime,
+}
+
+impl EffectParams {
+    pub(super) fn new(e: &Effect) -> Self {
+        EffectParams {
+            kind: e.kind.as_str().to_owned(),
+            claim_id: e.claim_id.as_uuid(),
+            key: e.key.as_str().to_owned(),
+            message_id: e.message_id.as_str().as_bytes().to_vec(),
+            body: e.body.as_str().to_owned(),
+            created_at: ms(e.created_at),
+        }
+    }
+
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 6] {
+        [
+            &self.kind,
+            &self.claim_id,
+            &self.key,
+            &self.message_id,
+            &self.body,
+            &self.created_at,
+        ]
+    }
+}
+
+/// The effect in `row` starting at column `at` (the `effects` table's column order).
+pub(super) fn effect_from_row(row: &Row, at: usize) -> RowRead<Effect> {
+    let kind: String = get(row, at)?;
+    let claim: Uuid = get(row, at + 1)?;
+    let key: String = get(row, at + 2)?;
+    let message: Vec<u8> = get(row, at + 3)?;
+    let body: String = get(row, at + 4)?;
+    let created_at: OffsetDateTime = get(row, at + 5)?;
+    let corrupt =
+        |column: &'static str, reason: String| Effect::corrupt(&claim.to_string(), column, reason);
+    let read = || -> Result<Effect, CorruptRecord> {
+        Ok(Effect {
+            kind: EffectKind::parse(&kind).map_err(|e| corrupt("kind", e.problem))?,
+            claim_id: ClaimId::parse(&claim.to_string())
+                .map_err(|e| corrupt("claim_id", e.to_string()))?,
+            key: EffectKey::parse(&key).map_err(|e| corrupt("effect_key", e.problem))?,
+            message_id: message_id(message.clone()).map_err(|e| corrupt("message_id", e))?,
+            body: EffectBody::parse(&body).map_err(|e| corrupt("body", e.problem))?,
+            created_at,
+        })
+    };
+    Ok(read())
 }

@@ -18,7 +18,7 @@ mod embedded {
 }
 
 /// The version of the newest migration this build carries.
-pub(crate) const EXPECTED_SCHEMA_VERSION: u32 = 1;
+pub(crate) const EXPECTED_SCHEMA_VERSION: u32 = 2;
 
 /// What provisioning found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]

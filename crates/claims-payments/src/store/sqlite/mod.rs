@@ -42,6 +42,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::once::{Effect, EffectKind, OnceResult, OnceStore};
 use super::{
     ClaimResult, CorruptRecord, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
     InsertResult, Listed, PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version,
@@ -128,6 +129,19 @@ CREATE INDEX IF NOT EXISTS payments_created ON payments (created_at_ms);
 -- What reconcile lists and counts: the few payments not settled yet, oldest first.
 CREATE INDEX IF NOT EXISTS payments_open ON payments (status, created_at_ms, claim_id)
     WHERE status IN ('in_progress', 'needs_reconciliation', 'mismatched');
+-- The once-guard's effects, written with their message's inbox row (`record_once`) and
+-- never purged. Added after the tables above: a database made before it gets the table
+-- at its next writable open, as every table here (`IF NOT EXISTS`).
+CREATE TABLE IF NOT EXISTS effects (
+    kind          TEXT    NOT NULL,
+    claim_id      TEXT    NOT NULL,
+    effect_key    TEXT    NOT NULL,
+    message_id    TEXT    NOT NULL,
+    body          TEXT    NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    UNIQUE (kind, claim_id, effect_key)
+);
+CREATE INDEX IF NOT EXISTS effects_by_kind ON effects (kind, created_at_ms);
 ";
 
 /// What a write job asks the writer to do with its savepoint.
@@ -636,5 +650,35 @@ impl Store for SqliteStore {
                 return Ok(total);
             }
         }
+    }
+}
+
+#[async_trait]
+impl OnceStore for SqliteStore {
+    async fn record_once(&self, inbox: &InboxRecord, effect: &Effect) -> StoreResult<OnceResult> {
+        // As `claim`: one write job, both inserts in its savepoint; a refusal reads the
+        // row that refused it and undoes the job.
+        let (inbox, effect) = (inbox.clone(), effect.clone());
+        self.write(move |conn| {
+            if !insert_inbox(conn, &inbox)? {
+                let existing = read_inbox(conn, &inbox.key())?.ok_or_else(|| {
+                    StoreError::Transient("inbox row vanished after a key conflict".into())
+                })?;
+                return Ok(Tx::Undo(OnceResult::InboxExists(existing)));
+            }
+            if !insert_effect(conn, &effect)? {
+                let existing = read_effect(conn, &effect)?.ok_or_else(|| {
+                    StoreError::Transient("effect row vanished after a key conflict".into())
+                })?;
+                return Ok(Tx::Undo(OnceResult::EffectExists(existing)));
+            }
+            Ok(Tx::Keep(OnceResult::Recorded))
+        })
+        .await
+    }
+
+    async fn effects(&self, kind: &EffectKind, limit: usize) -> StoreResult<Vec<Listed<Effect>>> {
+        let kind = kind.as_str().to_owned();
+        self.read(move |c| list_effects(c, &kind, limit)).await
     }
 }

@@ -448,3 +448,136 @@ pub(super) fn list_records<R, T>(
         .map(|row| row.and_then(|row| into_record(row).map(|v| v.record)))
         .collect())
 }
+
+pub(super) const EFFECT_COLUMNS: &str =
+    "kind, claim_id, effect_key, message_id, body, created_at_ms";
+
+/// An effect row's raw values; converted to the record outside rusqlite's error type.
+pub(super) struct EffectRow {
+    kind: String,
+    claim_id: String,
+    key: String,
+    message_id: String,
+    body: String,
+    created_at_ms: i64,
+}
+
+impl EffectRow {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(EffectRow {
+            kind: r.get(0)?,
+            claim_id: r.get(1)?,
+            key: r.get(2)?,
+            message_id: r.get(3)?,
+            body: r.get(4)?,
+            created_at_ms: r.get(5)?,
+        })
+    }
+
+    fn into_record(self) -> Result<Effect, CorruptRecord> {
+        use super::super::once::{EffectBody, EffectKey};
+        let claim = self.claim_id.clone();
+        let corrupt =
+            |column: &'static str, reason: String| Effect::corrupt(&claim, column, reason);
+        Ok(Effect {
+            kind: EffectKind::parse(&self.kind).map_err(|e| corrupt("kind", e.problem))?,
+            claim_id: ClaimId::parse(&self.claim_id)
+                .map_err(|e| corrupt("claim_id", e.to_string()))?,
+            key: EffectKey::parse(&self.key).map_err(|e| corrupt("effect_key", e.problem))?,
+            message_id: MessageId::parse(&self.message_id)
+                .map_err(|e| corrupt("message_id", e.to_string()))?,
+            body: EffectBody::parse(&self.body).map_err(|e| corrupt("body", e.problem))?,
+            created_at: from_ms(self.created_at_ms).map_err(|e| corrupt("created_at_ms", e))?,
+        })
+    }
+}
+
+/// Inserts the effect row unless its key exists; returns whether it was inserted.
+pub(super) fn insert_effect(conn: &Connection, e: &Effect) -> StoreResult<bool> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO effects ({EFFECT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT DO NOTHING"
+    ))
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            e.kind.as_str(),
+            e.claim_id.to_string(),
+            e.key.as_str(),
+            e.message_id.as_str(),
+            e.body.as_str(),
+            to_ms(e.created_at),
+        ])
+    })
+    .map(|changed| changed == 1)
+    .map_err(map_sqlite_error)
+}
+
+/// The stored effect under `e`'s key (kind, claim, key), if any.
+pub(super) fn read_effect(conn: &Connection, e: &Effect) -> StoreResult<Option<Effect>> {
+    conn.prepare_cached(&format!(
+        "SELECT {EFFECT_COLUMNS} FROM effects WHERE kind = ?1 AND claim_id = ?2 AND effect_key = ?3"
+    ))
+    .and_then(|mut stmt| {
+        stmt.query_row(
+            params![e.kind.as_str(), e.claim_id.to_string(), e.key.as_str()],
+            EffectRow::from_row,
+        )
+        .optional()
+    })
+    .map_err(map_sqlite_error)?
+    .map(|row| row.into_record().map_err(StoreError::from))
+    .transpose()
+}
+
+/// The effects of `kind`, oldest first. A database only ever opened read-only since the
+/// table was added has none, and no table to list.
+pub(super) fn list_effects(
+    conn: &Connection,
+    kind: &str,
+    limit: usize,
+) -> StoreResult<Vec<Listed<Effect>>> {
+    let exists: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'effects'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(map_sqlite_error)?;
+    if exists == 0 {
+        return Ok(Vec::new());
+    }
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {EFFECT_COLUMNS} FROM effects WHERE kind = ?1 \
+             ORDER BY created_at_ms, claim_id, effect_key LIMIT ?2"
+        ))
+        .map_err(map_sqlite_error)?;
+    let rows = stmt
+        .query_map(params![kind, limit], |r| {
+            // A cell without its column's type (a hand edit): named as for the others.
+            Ok(EffectRow::from_row(r).map_err(|e| {
+                let claim = match r.get_ref(1) {
+                    Ok(rusqlite::types::ValueRef::Text(t)) => {
+                        String::from_utf8_lossy(t).into_owned()
+                    }
+                    _ => "?".into(),
+                };
+                let column = match e {
+                    rusqlite::Error::InvalidColumnType(i, ..)
+                    | rusqlite::Error::FromSqlConversionFailure(i, ..) => {
+                        EFFECT_COLUMNS.split(',').nth(i).map(str::trim)
+                    }
+                    _ => None,
+                };
+                Effect::corrupt(&claim, column.unwrap_or("?"), e)
+            }))
+        })
+        .map_err(map_sqlite_error)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(map_sqlite_error)?;
+    Ok(rows
+        .into_iter()
+        .map(|row| row.and_then(EffectRow::into_record))
+        .collect())
+}
