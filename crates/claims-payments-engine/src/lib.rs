@@ -61,8 +61,8 @@
 //!
 //! The effects are an outbox ([`store::once::OnceStore::effects`]): what carries them out
 //! (a print run, a mailer) goes by their key to do each once, as the bank goes by the
-//! payment's Idempotency-Key. The engine's example `claim_letters` is such a consumer on
-//! the SQLite adapter.
+//! payment's Idempotency-Key. The example `claim_letters`, beside the SQLite adapter in the
+//! `claims-payments` crate, is such a consumer.
 //!
 //! Layout: [`domain`] (the message contract), [`ambient`], [`store`] (the port and its
 //! decorator), [`lease`] (the takeover rule and the processes behind leases), [`bank`]

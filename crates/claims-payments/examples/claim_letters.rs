@@ -10,7 +10,7 @@
 //! ([`OnceStore::effects`]) and goes by their key, so it prints each once.
 //!
 //! ```text
-//! cargo run -p claims-payments-engine --example claim_letters -- [--deliveries N] [--db PATH] [--no-guard]
+//! cargo run -p claims-payments --example claim_letters -- [--deliveries N] [--db PATH] [--no-guard]
 //! ```
 //!
 //! delivers one approval `N` times (5 by default) to a SQLite database (a fresh one, or
@@ -19,10 +19,9 @@
 //! made-up identity of its own, as code without a guard does when it inserts a letter per
 //! delivery: nothing lets the store recognise a redelivery, and the letters multiply.
 //!
-//! Written only against the engine's public API and the SQLite adapter. The adapter is
-//! in the product crate (`claims-payments`) until adapters get crates of their own, which
-//! is why the engine has the product as a dev-dependency: examples and tests only, so
-//! `cargo tree -p claims-payments-engine -e normal` still has no driver.
+//! Written only against the engine's public API (`claims_payments_engine`) and the SQLite
+//! adapter. It lives beside the adapter it uses, not in the engine's folder: a program
+//! that uses an adapter stands above the engine, as every adapter does.
 
 use std::path::PathBuf;
 use std::sync::Arc;
