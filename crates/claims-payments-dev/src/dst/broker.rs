@@ -701,7 +701,6 @@ impl Broker for SimBroker {
             q.claim.as_deref().unwrap_or("-"),
             if discarded { "discarded" } else { "removed" }
         );
-        books.removed += 1;
         if !discarded {
             books.redriven += 1;
         }

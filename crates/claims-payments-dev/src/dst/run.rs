@@ -276,17 +276,23 @@ impl Sim {
         // another one under way, or a lease still live) and go again. A run stops when the
         // locks it keeps would expire (lockDuration): what it removed lets the next run
         // reach further down the queue.
-        let (mut fewest, mut stalled) = (usize::MAX, 0);
+        let (mut fewest, mut fewest_letters, mut stalled) = (usize::MAX, usize::MAX, 0);
         while stalled < STALLED_ROUNDS {
-            let removed_before = self.books().removed;
             let pass = self.clone().operator_run(true).await;
             self.drain().await;
             if pass.waiting == 0 && !pass.more_left {
                 break;
             }
-            // Progress: fewer dead letters wait, or the run removed some.
-            if pass.waiting < fewest || self.books().removed > removed_before {
+            // Progress: fewer dead letters wait, or fewer are left than ever before. Not
+            // "the run removed some": a re-driven message that fails again comes back,
+            // and a runbook that re-drives it round after round makes no progress.
+            let letters = {
+                let books = self.books();
+                books.dlq.len() + books.dlq_held.len()
+            };
+            if pass.waiting < fewest || letters < fewest_letters {
                 fewest = fewest.min(pass.waiting);
+                fewest_letters = fewest_letters.min(letters);
                 stalled = 0;
             } else {
                 stalled += 1;

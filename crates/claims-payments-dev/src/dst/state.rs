@@ -98,8 +98,6 @@ pub(super) struct Books {
     /// Each dead letter by the MessageId its re-drive copy takes.
     pub(super) copies: HashMap<String, usize>,
     pub(super) redriven: u64,
-    /// Dead letters the operator removed, re-driven or discarded: the runbook's progress.
-    pub(super) removed: u64,
     pub(super) calm: bool,
     /// Deliveries completed by each process: past 20,000 its completed-message cache is full.
     pub(super) completed_by_process: BTreeMap<u64, u64>,
