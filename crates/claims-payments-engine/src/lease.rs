@@ -230,7 +230,8 @@ pub fn own_write(written: &InboxRecord, found: &InboxRecord) -> bool {
         && found.payload_hash == written.payload_hash
 }
 
-fn own_write_recognised(record: &InboxRecord, write: &'static str) {
+/// Counts and logs an attempt's own committed write found after its answer was lost.
+pub(crate) fn own_write_recognised(record: &InboxRecord, write: &'static str) {
     telemetry::counters().own_write_recognised.inc();
     tracing::info!(
         claimId = %record.claim_id,

@@ -161,13 +161,7 @@ impl OnceGuard {
     async fn after_lost_answer(&self, written: &InboxRecord, reason: String) -> Outcome {
         match self.store.inbox(&written.key()).await {
             Ok(Some(found)) if found.record.owner == written.owner => {
-                crate::telemetry::counters().own_write_recognised.inc();
-                tracing::info!(
-                    claimId = %written.claim_id,
-                    messageId = %written.message_id,
-                    consumer = %written.consumer,
-                    "own committed write recognised after an ambiguous answer"
-                );
+                crate::lease::own_write_recognised(written, "record-once");
                 Outcome::Done
             }
             // Another attempt's record: judged as a refusal would have been.

@@ -62,8 +62,10 @@ impl Sim {
     /// The lock of `i` ends without a completion: visible again, or dead-lettered when
     /// its deliveries are spent.
     pub(super) fn release(&self, books: &mut Books, i: usize, token: u64, why: &str) {
-        let calm = books.calm;
         let q = &mut books.queue[i];
+        // Judged by when the delivery began: one begun under faults may have met them,
+        // though its lock ran out after they stopped (seed 839).
+        let calm = q.delivered_calm;
         if q.state
             != (QueueState::Locked {
                 token,
@@ -179,6 +181,7 @@ impl Sim {
             enqueued_at: wall,
             last_outcome: "-".into(),
             dead_lettered_calm: false,
+            delivered_calm: false,
             redriven: false,
             copy_sent: false,
             discarded: false,
@@ -360,8 +363,10 @@ impl Sim {
                         LOCK_RENEWAL
                     };
                     books.locks.insert((now + renewal, i, token));
+                    let calm = books.calm;
                     let q = &mut books.queue[i];
                     q.delivery_count += 1;
+                    q.delivered_calm = calm;
                     q.state = QueueState::Locked {
                         token,
                         instance: slot,
@@ -494,7 +499,7 @@ impl Sim {
             matches!(books.queue[i].state, QueueState::Locked { token: t, .. } if t == token);
         // A delivery whose lock ran out was counted when it ran out.
         if let Some(cause) = cause.filter(|_| holds) {
-            if !books.calm {
+            if !books.queue[i].delivered_calm {
                 books.transient.faulted_deliveries +=
                     u64::from(!matches!(cause, Cause::Unexplained | Cause::Permanent));
             }

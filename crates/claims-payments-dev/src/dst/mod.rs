@@ -52,7 +52,7 @@ pub use run::RunResult;
 /// The fixed seeds `cargo test` runs on every change.
 pub const CI_SEEDS: std::ops::Range<u64> = 1..16;
 /// Seeds that once found a defect, run on every change too (see docs/service.md).
-pub const FOUND_SEEDS: &[u64] = &[126, 361, 421, 542];
+pub const FOUND_SEEDS: &[u64] = &[126, 361, 421, 542, 839];
 
 #[derive(Debug, Clone, Args)]
 pub struct DstArgs {

@@ -50,6 +50,9 @@ pub(super) struct Queued {
     pub(super) last_outcome: String,
     /// Dead-lettered while the run was calm (no fault could explain a transient cause).
     pub(super) dead_lettered_calm: bool,
+    /// Its last delivery began while the run was calm, so no fault could meet it (a
+    /// delivery begun under faults may end, its lock running out, after they stopped).
+    pub(super) delivered_calm: bool,
     /// Removed from the dead-letter queue by the operator's tool, after its copy was
     /// accepted (the copy is a message of its own) or as discarded.
     pub(super) redriven: bool,
