@@ -771,10 +771,9 @@ pub(crate) async fn purge(store: &DynStore, out: &mut impl Write) -> anyhow::Res
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
 
     use super::*;
-    use crate::consumer::{Consumer, Delivery, Policy};
+    use crate::consumer::{Consumer, Delivery};
     use crate::domain::{ClaimApproved, MessageId};
 
     #[test]
@@ -797,14 +796,7 @@ mod tests {
         let consumer = Consumer::new(
             store.clone(),
             None,
-            Policy {
-                consumer_name: "ClaimApprovedHandler".into(),
-                inbox_retention: Duration::from_secs(86_400),
-                lease: Duration::from_secs(90),
-                inflight_wait: Duration::from_secs(5),
-                retry_budget: Duration::from_secs(60),
-                bank_key_window: Duration::from_secs(86_400),
-            },
+            Settings::from_lookup(|_| None).unwrap().policy(),
         );
         let hostile = "evil\u{1b}[2J\nfake-claim  999.00  EUR  paid";
         let msg = ClaimApproved::parse(&format!(

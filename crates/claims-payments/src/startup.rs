@@ -29,7 +29,6 @@ use tokio::net::TcpListener;
 use crate::ambient::Ambient;
 use crate::bank::BankClient;
 use crate::configuration::{Settings, StoreSettings};
-use crate::consumer::Policy;
 use crate::functions;
 use crate::functions::limits::HEADER_READ_TIMEOUT;
 pub use crate::functions::AppState;
@@ -116,7 +115,7 @@ impl Composition {
                 Some(BankClient::with_transport(bank, transport, ambient.clone()))
             }
         };
-        let services = Services::new(store.clone(), bank, policy(settings), ambient);
+        let services = Services::new(store.clone(), bank, settings.policy(), ambient);
         let mut state = AppState::new(settings.functions(), &services);
         if let Some(factory) = seams.claim_handler {
             state = state.with_claim_handler(factory(&services));
@@ -139,22 +138,6 @@ impl Composition {
     /// not even register a process).
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
         serve_router(listener, self.router, shutdown).await
-    }
-}
-
-/// The consumer's policy the settings describe.
-fn policy(settings: &Settings) -> Policy {
-    Policy {
-        consumer_name: settings.consumer_name.clone(),
-        inbox_retention: settings.inbox_retention,
-        lease: settings.lease,
-        inflight_wait: settings.inflight_wait,
-        retry_budget: settings.retry_budget,
-        // Ledger-only makes no payout, so the window is never reached; the default.
-        bank_key_window: settings
-            .bank
-            .as_ref()
-            .map_or(crate::bank::DEFAULT_KEY_WINDOW, |b| b.key_window),
     }
 }
 

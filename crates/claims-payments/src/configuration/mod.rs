@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub(crate) use crate::bank::BankSettings;
+use crate::consumer::Policy;
 use crate::env_setting::whole_number_within;
 use crate::functions::FunctionSettings;
 use crate::payments_api::CallerAuth;
@@ -174,6 +175,24 @@ impl Settings {
             sampling,
             dead_letter_queue,
         })
+    }
+}
+
+impl Settings {
+    /// The consumer's policy these settings describe.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            consumer_name: self.consumer_name.clone(),
+            inbox_retention: self.inbox_retention,
+            lease: self.lease,
+            inflight_wait: self.inflight_wait,
+            retry_budget: self.retry_budget,
+            // Ledger-only makes no payout, so the window is never reached; the default.
+            bank_key_window: self
+                .bank
+                .as_ref()
+                .map_or(crate::bank::DEFAULT_KEY_WINDOW, |b| b.key_window),
+        }
     }
 }
 

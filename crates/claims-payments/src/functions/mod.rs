@@ -176,16 +176,13 @@ mod tests {
     /// defaults describe it.
     fn ledger_state(dir: &tempfile::TempDir) -> Arc<AppState> {
         let store = crate::store::sqlite::SqliteStore::open(dir.path().join("p.db")).unwrap();
-        let policy = crate::consumer::Policy {
-            consumer_name: "ClaimApprovedHandler".into(),
-            inbox_retention: Duration::from_secs(86_400),
-            lease: Duration::from_secs(90),
-            inflight_wait: Duration::from_secs(15),
-            retry_budget: Duration::from_secs(60),
-            bank_key_window: Duration::from_secs(86_400),
-        };
-        let services = Services::new(store, None, policy, crate::ambient::Ambient::system());
         let settings = crate::configuration::Settings::from_lookup(|_| None).unwrap();
+        let services = Services::new(
+            store,
+            None,
+            settings.policy(),
+            crate::ambient::Ambient::system(),
+        );
         Arc::new(AppState::new(settings.functions(), &services))
     }
 

@@ -451,14 +451,9 @@ mod work_tests {
             waiting: Notify::new(),
             dropped: AtomicBool::new(false),
         });
-        let policy = crate::consumer::Policy {
-            consumer_name: "ClaimApprovedHandler".into(),
-            inbox_retention: Duration::from_secs(86_400),
-            lease: Duration::from_secs(90),
-            inflight_wait: Duration::from_secs(15),
-            retry_budget: Duration::from_secs(60),
-            bank_key_window: Duration::from_secs(86_400),
-        };
+        let policy = crate::configuration::Settings::from_lookup(|_| None)
+            .unwrap()
+            .policy();
         let services = Services::new(
             gated.clone(),
             None,
