@@ -11,12 +11,12 @@ use claims_payments::seams::dead_letters::{
     self, verdict::Verdict, Options, Selection, REDRIVE_PROPERTY,
 };
 use claims_payments::seams::servicebus::rest::{Auth, RestBroker};
-use claims_payments::seams::store::sqlite::SqliteStore;
 use claims_payments::seams::store::{
     ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InboxStatus, InsertResult, Listed,
     PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 use claims_payments::{ClaimId, MessageId, OutcomeKind, Purpose};
+use claims_payments_sqlite::SqliteStore;
 use claims_payments_testkit::fixtures::{deliver, ledger_consumer, message, new_claim};
 use claims_payments_testkit::servicebus::{Fault, Logged, Op, ServiceBus};
 use time::OffsetDateTime;
