@@ -34,7 +34,7 @@ use serde::Serialize;
 use crate::sim::bank::{FakeBank, FakeBankSettings};
 use crate::sim::driver::{self, DataType};
 use crate::sim::queue::{Message, QueueDelivery};
-use claims_payments::seams::env_setting::names;
+use claims_payments_settings::names;
 use claims_payments_testkit::process::{CosmosEmulator, ServeProcess, ServeSpec, TempDir};
 
 /// Deltas of the handler's counters (`GET /metrics`), plus the CPU time of both processes.

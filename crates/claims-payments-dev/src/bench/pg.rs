@@ -18,7 +18,7 @@ use super::{
     PhaseFigures, Pinning, Run, StoreRoundTrips,
 };
 use super::{BenchArgs, ServeProcess, ServeSpec};
-use claims_payments::seams::env_setting::names;
+use claims_payments_settings::names;
 use claims_payments_testkit::postgres::{PgServer, PG_BIN};
 
 /// One store's consumer, ledger-only.

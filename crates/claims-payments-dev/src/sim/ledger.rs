@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use claims_payments::seams::env_setting::names;
 use claims_payments::seams::store::{Listed, PaymentRecord, Store};
+use claims_payments_settings::names;
 use claims_payments_testkit::process::{CosmosEmulator, TempDir};
 
 use super::options::{SimStore, SimulateArgs};

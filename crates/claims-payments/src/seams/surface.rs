@@ -45,11 +45,6 @@ pub mod dead_letters {
     }
 }
 
-/// Setting names, and the one settings error.
-pub mod env_setting {
-    pub use crate::env_setting::{names, ConfigError};
-}
-
 /// The functions' routes.
 pub mod functions {
     pub use crate::functions::{metrics, ready};

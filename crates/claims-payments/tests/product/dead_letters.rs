@@ -35,7 +35,7 @@ struct World {
 /// Runs the product binary's operator command against the world's stand-in and store.
 async fn cli(w: &World, args: &[&str]) -> std::process::Output {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_claims-payments"));
-    for name in claims_payments::seams::env_setting::names::PRODUCT {
+    for name in claims_payments_settings::names::PRODUCT {
         cmd.env_remove(name);
     }
     cmd.args(args)
@@ -1243,7 +1243,7 @@ async fn the_token_is_asked_for_once_and_each_dead_letter_is_handled_in_turn() {
     let runs = w._dir.path().join("az-runs");
 
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_claims-payments"));
-    for name in claims_payments::seams::env_setting::names::PRODUCT {
+    for name in claims_payments_settings::names::PRODUCT {
         cmd.env_remove(name);
     }
     let path = format!(
