@@ -968,7 +968,7 @@ from pycep import BicepParser
 
 # Margin for the store round trips of one invocation (claim, re-reads, finalize, 429 back-off).
 STORE_MARGIN_S = 10
-# PAYMENTS_POSTGRES_OUTAGE_WAIT_MS's default (store/postgres/settings.rs): how long one
+# PAYMENTS_POSTGRES_OUTAGE_WAIT_MS's default (crates/claims-payments-postgres/src/settings.rs): how long one
 # PostgreSQL call waits for an unreachable server. The claim's wait comes out of the lease;
 # the claim's and the finalize's both out of the invocation.
 POSTGRES_OUTAGE_WAIT_S = 20

@@ -40,7 +40,8 @@ if [[ -z "$BINARY" ]]; then
     echo "build on Linux x86-64, or cross-compile and pass --binary PATH" >&2
     exit 2
   fi
-  # The product crate alone: nothing of claims-payments-dev or the testkit can be in it.
+  # The product crate alone (with what it depends on: the engine, the settings crate and the
+  # three store adapters): nothing of claims-payments-dev or the testkit can be in it.
   cargo build --release --locked -p claims-payments --bin claims-payments
   BINARY="${CARGO_TARGET_DIR:-$ROOT/target}/release/claims-payments"
 fi

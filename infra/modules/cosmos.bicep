@@ -137,7 +137,7 @@ resource container 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/container
       }
       // Only what the queries filter or sort on and the unique key paths: every
       // indexed value costs request units on each write (see
-      // src/store/cosmos/container.rs INDEXED_PATHS). Changeable in place.
+      // crates/claims-payments-cosmos/src/container.rs INDEXED_PATHS). Changeable in place.
       indexingPolicy: {
         indexingMode: 'consistent'
         automatic: true

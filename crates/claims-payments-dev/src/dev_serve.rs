@@ -10,16 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use claims_payments::seams::configuration::{Settings, DEV_ONLY_SETTINGS};
-use claims_payments::seams::env_setting::ConfigError;
 use claims_payments::seams::functions::claim_approved::ClaimHandler;
 use claims_payments::seams::services::Services;
 use claims_payments::seams::startup;
 use claims_payments::seams::store::DynStore;
 use claims_payments::seams::Seams;
+use claims_payments_settings::ConfigError;
 
 use crate::baselines::{noop_router, Naive};
 use crate::faults::{CrashAfterCommit, SlowStore};
-use claims_payments::seams::env_setting::names;
+use claims_payments_settings::names;
 
 /// Which handler answers `POST /ClaimApproved`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -28,10 +28,10 @@ use azure_data_cosmos_driver::in_memory_emulator::{
     InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
 };
 
-use claims_payments::seams::env_setting::names;
-use claims_payments::seams::store::cosmos::settings::operation_options;
-use claims_payments::seams::store::cosmos::CosmosStore;
-use claims_payments::seams::store::cosmos::{provision_with_client, ProvisionReport};
+use claims_payments_cosmos::settings::operation_options;
+use claims_payments_cosmos::CosmosStore;
+use claims_payments_cosmos::{provision_with_client, ProvisionReport};
+use claims_payments_settings::names;
 
 /// The key printed by the `cosmos-emulator` binary: the well-known public key of the
 /// Azure Cosmos DB emulator (the in-process emulator accepts any base64 key).
@@ -288,8 +288,8 @@ impl ServedEmulator {
                         let emulator = InProcessEmulator::at(endpoint.clone())?;
                         emulator
                             .provision(
-                                claims_payments::seams::store::cosmos::container::DEFAULT_DATABASE,
-                                claims_payments::seams::store::cosmos::container::DEFAULT_CONTAINER,
+                                claims_payments_cosmos::container::DEFAULT_DATABASE,
+                                claims_payments_cosmos::container::DEFAULT_CONTAINER,
                             )
                             .await?;
                         anyhow::Ok((endpoint, emulator, listener))

@@ -7,8 +7,9 @@
 //! A consumer built on this crate provides:
 //! - a [`store::Store`]: the inbox and payment records, created together in one atomic
 //!   step under keys the database keeps unique, and every later write conditional on the
-//!   version read (the adapters for SQLite, Cosmos DB and PostgreSQL are in the product
-//!   crate; each passes the testkit's conformance suite);
+//!   version read (the adapters for SQLite, Cosmos DB and PostgreSQL are crates of their
+//!   own, `claims-payments-{sqlite,cosmos,postgres}`; each passes the testkit's conformance
+//!   suite);
 //! - optionally a [`bank::BankClient`] on a [`bank::transport::BankTransport`]: one request
 //!   out, one bounded answer back (without a bank, payments are recorded, none is paid out);
 //! - an [`ambient::Ambient`]: the wall clock, randomness and the process's identity
@@ -61,8 +62,8 @@
 //!
 //! The effects are an outbox ([`store::once::OnceStore::effects`]): what carries them out
 //! (a print run, a mailer) goes by their key to do each once, as the bank goes by the
-//! payment's Idempotency-Key. The example `claim_letters`, beside the SQLite adapter in the
-//! `claims-payments` crate, is such a consumer.
+//! payment's Idempotency-Key. The example `claim_letters` in the `claims-payments` crate,
+//! on this crate and the SQLite adapter alone, is such a consumer.
 //!
 //! Layout: [`domain`] (the message contract), [`ambient`], [`store`] (the port and its
 //! decorator), [`lease`] (the takeover rule and the processes behind leases), [`bank`]

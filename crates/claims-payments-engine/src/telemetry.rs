@@ -12,7 +12,13 @@
 //! | `claims_payments.bank.retries`, `.bank.service_faults` | counter | |
 //! | `claims_payments.clock_refusals` | counter | payouts refused on a clock beyond the bound |
 //! | `claims_payments.reconcile.runs` | counter | |
-//! | `claims_payments.store.round_trips` | counter | |
+//! | `claims_payments.store.round_trips`, `.store.transient_errors` | counter | |
+//! | `claims_payments.store.outage_waits` | counter | connection attempts repeated while PostgreSQL was unreachable |
+//! | `claims_payments.cosmos.request_units` | counter (RU) | |
+//!
+//! The store adapters count here too (transient errors, outage waits, SQLite's group
+//! commits and syncs, Cosmos DB's request units): the store port is the engine's, and each
+//! adapter is a crate of its own below the product.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -34,17 +40,24 @@ pub mod names {
     pub const CLOCK_REFUSALS: &str = "claims_payments.clock_refusals";
     pub const RECONCILE_RUNS: &str = "claims_payments.reconcile.runs";
     pub const STORE_ROUND_TRIPS: &str = "claims_payments.store.round_trips";
+    pub const STORE_TRANSIENT_ERRORS: &str = "claims_payments.store.transient_errors";
+    pub const STORE_OUTAGE_WAITS: &str = "claims_payments.store.outage_waits";
+    pub const COSMOS_REQUEST_UNITS: &str = "claims_payments.cosmos.request_units";
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static SPAN_FLAG: OnceLock<fn(&'static str)> = OnceLock::new();
+static CALL_CHARGE: OnceLock<fn(f64)> = OnceLock::new();
 
 /// Turns the instruments on: from now on each count also reaches its OpenTelemetry
-/// counter, and a counter that flags (e.g. `takeover`) calls `flag_span` with its flag,
-/// so the process's tracing can mark the invocation under way. Called once, by the
-/// process that exports telemetry; without it a count is one atomic add.
-pub fn enable(flag_span: fn(&'static str)) {
+/// counter, a counter that flags (e.g. `takeover`) calls `flag_span` with its flag, so
+/// the process's tracing can mark the invocation under way, and each request charge
+/// ([`RequestUnits`]) is also handed to `charge_call`, so the store call in progress
+/// carries it. Called once, by the process that exports telemetry; without it a count is
+/// one atomic add.
+pub fn enable(flag_span: fn(&'static str), charge_call: fn(f64)) {
     let _ = SPAN_FLAG.set(flag_span);
+    let _ = CALL_CHARGE.set(charge_call);
     ENABLED.store(true, Ordering::Relaxed);
 }
 
@@ -143,6 +156,60 @@ impl Counter {
     }
 }
 
+/// A floating-point counter without dimensions (request units).
+#[derive(Debug, Default)]
+struct F64Binding {
+    name: Option<&'static str>,
+    instrument: OnceLock<Option<opentelemetry::metrics::Counter<f64>>>,
+}
+
+impl F64Binding {
+    const fn new(name: &'static str) -> Self {
+        F64Binding {
+            name: Some(name),
+            instrument: OnceLock::new(),
+        }
+    }
+
+    fn add(&self, value: f64) {
+        if !enabled() {
+            return;
+        }
+        let instrument = self
+            .instrument
+            .get_or_init(|| self.name.map(|name| meter().f64_counter(name).build()));
+        if let Some(counter) = instrument {
+            counter.add(value, &[]);
+        }
+    }
+}
+
+/// Request units, kept in hundredths so an atomic integer can hold them. Each charge is
+/// also added to the store call in progress (its dependency span carries the charge,
+/// through [`enable`]'s `charge_call`) and to the metric `claims_payments.cosmos.request_units`.
+#[derive(Debug, Default)]
+pub struct RequestUnits {
+    value: AtomicU64,
+    metric: F64Binding,
+}
+
+impl RequestUnits {
+    pub fn add(&self, ru: f64) {
+        if ru.is_finite() && ru > 0.0 {
+            self.value
+                .fetch_add((ru * 100.0).round() as u64, Ordering::Relaxed);
+            self.metric.add(ru);
+            if let Some(charge_call) = CALL_CHARGE.get() {
+                charge_call(ru);
+            }
+        }
+    }
+
+    pub fn get(&self) -> f64 {
+        self.value.load(Ordering::Relaxed) as f64 / 100.0
+    }
+}
+
 /// What the engine counts. Outcome counters mirror the `outcome` log field.
 #[derive(Debug)]
 pub struct Counters {
@@ -174,6 +241,15 @@ pub struct Counters {
     pub reconcile_settled: Counter,
     pub reconcile_unknown: Counter,
     pub store_round_trips: Counter,
+    pub store_transient_errors: Counter,
+    /// Connection attempts repeated while the PostgreSQL server could not be reached.
+    pub store_outage_waits: Counter,
+    /// SQLite group commits, and the write jobs they carried: jobs / commits is the
+    /// average group size. Syncs (`fdatasync` of the WAL) each cover one or more groups.
+    pub sqlite_commits: Counter,
+    pub sqlite_committed_jobs: Counter,
+    pub sqlite_syncs: Counter,
+    pub cosmos_request_units: RequestUnits,
 }
 
 impl Default for Counters {
@@ -207,6 +283,15 @@ impl Default for Counters {
             reconcile_settled: Counter::default(),
             reconcile_unknown: Counter::default(),
             store_round_trips: Counter::metric(STORE_ROUND_TRIPS, None),
+            store_transient_errors: Counter::metric(STORE_TRANSIENT_ERRORS, None),
+            store_outage_waits: Counter::metric(STORE_OUTAGE_WAITS, None),
+            sqlite_commits: Counter::default(),
+            sqlite_committed_jobs: Counter::default(),
+            sqlite_syncs: Counter::default(),
+            cosmos_request_units: RequestUnits {
+                value: AtomicU64::new(0),
+                metric: F64Binding::new(COSMOS_REQUEST_UNITS),
+            },
         }
     }
 }

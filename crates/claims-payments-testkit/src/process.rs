@@ -18,7 +18,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use claims_payments::seams::env_setting::names;
+use claims_payments_settings::names;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use claims_payments::seams::SyncHook;
+use claims_payments_sqlite::SyncHook;
 
 #[derive(Default)]
 pub struct SyncGate {

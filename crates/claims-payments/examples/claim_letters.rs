@@ -20,19 +20,19 @@
 //! delivery: nothing lets the store recognise a redelivery, and the letters multiply.
 //!
 //! Written only against the engine's public API (`claims_payments_engine`) and the SQLite
-//! adapter. It lives beside the adapter it uses, not in the engine's folder: a program
-//! that uses an adapter stands above the engine, as every adapter does.
+//! adapter (`claims_payments_sqlite`). It lives in the product's folder, not the engine's:
+//! a program that uses an adapter stands above the engine, as every adapter does.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use claims_payments::seams::store::sqlite::SqliteStore;
 use claims_payments_engine::ambient::AttemptId;
 use claims_payments_engine::consumer::Delivery;
 use claims_payments_engine::domain::{ClaimApproved, ClaimId, InvalidMessage, MessageId};
 use claims_payments_engine::once::{OnceGuard, Outcome};
 use claims_payments_engine::store::once::{Effect, EffectBody, EffectKey, EffectKind, OnceStore};
+use claims_payments_sqlite::SqliteStore;
 
 /// This consumer's name: its letters' kind, and the consumer of its inbox records.
 const KIND: &str = "claim-letters";

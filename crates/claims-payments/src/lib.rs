@@ -13,13 +13,15 @@
 //!   custom-handler protocol (invocation envelope in, JSON answer out) and the body limits;
 //! - [`payments_api`]: `POST /api/payments` with an Idempotency-Key, on the same engine;
 //! - [`store`]: the engine's store port and its adapters (SQLite embedded, Cosmos DB,
-//!   PostgreSQL);
+//!   PostgreSQL: each a crate of its own, `claims_payments_{sqlite,cosmos,postgres}`, named
+//!   here as `store::{sqlite, cosmos, postgres}`), and the traced decorator;
 //! - [`bank`]: the engine's payout client on the HTTPS transport, and its settings;
 //! - [`dead_letters`]: the operator's dead-letter tool (list, resubmit, discard), on
 //!   [`servicebus`], the queue's REST client;
-//! - [`env_setting`]: setting names and the one settings error, below every reader;
-//! - [`entra`]: which Microsoft Entra identity a part uses (one rule) and its credential,
-//!   built once per process and shared by the stores, telemetry and the dead-letter tool;
+//! - [`env_setting`]: setting names and the one settings error, below every reader, and
+//!   [`entra`]: which Microsoft Entra identity a part uses (one rule) and its credential,
+//!   built once per process and shared by the stores, telemetry and the dead-letter tool
+//!   (both the crate `claims_payments_settings`, which the store adapters share);
 //! - [`configuration`]: settings from the environment, read once for `serve` and the
 //!   operator commands, composed from each module's parser;
 //! - [`hooks`]: where a development build changes the composition's parts (a store
@@ -45,13 +47,14 @@
 
 // The engine's modules, at the paths the product's own modules name them by.
 use claims_payments_engine::{ambient, consumer, domain, lease, reconcile, services};
+// The settings vocabulary and the Entra identity rule, a crate below the store adapters
+// and the product, at the paths the product's modules name them by.
+use claims_payments_settings::{self as env_setting, entra};
 
 mod bank;
 mod cli;
 mod configuration;
 mod dead_letters;
-mod entra;
-mod env_setting;
 mod functions;
 mod hooks;
 mod payments_api;

@@ -34,7 +34,7 @@ use serde::Serialize;
 use crate::sim::bank::{FakeBank, FakeBankSettings};
 use crate::sim::driver::{self, DataType};
 use crate::sim::queue::{Message, QueueDelivery};
-use claims_payments::seams::env_setting::names;
+use claims_payments_settings::names;
 use claims_payments_testkit::process::{CosmosEmulator, ServeProcess, ServeSpec, TempDir};
 
 /// Deltas of the handler's counters (`GET /metrics`), plus the CPU time of both processes.
@@ -589,20 +589,19 @@ async fn measured_at_test_endpoint(
     let database =
         std::env::var("COSMOS_TEST_DATABASE").unwrap_or_else(|_| "claims-payments-test".into());
     let container = format!("bench-{}", uuid::Uuid::new_v4().simple());
-    let settings =
-        claims_payments::seams::store::cosmos::CosmosSettings::from_lookup(|name| match name {
-            names::COSMOS_ENDPOINT => Some(endpoint.clone()),
-            names::COSMOS_KEY => Some(key.clone()),
-            names::COSMOS_DATABASE => Some(database.clone()),
-            names::COSMOS_CONTAINER => Some(container.clone()),
-            _ => None,
-        })
-        .map_err(|e| format!("COSMOS_TEST_* settings: {e}"))?;
+    let settings = claims_payments_cosmos::CosmosSettings::from_lookup(|name| match name {
+        names::COSMOS_ENDPOINT => Some(endpoint.clone()),
+        names::COSMOS_KEY => Some(key.clone()),
+        names::COSMOS_DATABASE => Some(database.clone()),
+        names::COSMOS_CONTAINER => Some(container.clone()),
+        _ => None,
+    })
+    .map_err(|e| format!("COSMOS_TEST_* settings: {e}"))?;
     let cosmos = settings
         .build_client()
         .await
         .map_err(|e| format!("cannot connect to {endpoint}: {e:#}"))?;
-    claims_payments::seams::store::cosmos::provision_with_client(&cosmos, &database, &container)
+    claims_payments_cosmos::provision_with_client(&cosmos, &database, &container)
         .await
         .map_err(|e| format!("cannot provision a bench container at {endpoint}: {e:#}"))?;
     let figures = store_round_trips(
@@ -826,8 +825,8 @@ async fn cosmos_parts(
                             spec(exe, dir, &format!("rt-cosmos-{name}")),
                             emulator.setting(names::COSMOS_ENDPOINT).unwrap_or_default(),
                             emulator.setting(names::COSMOS_KEY).unwrap_or_default(),
-                            claims_payments::seams::store::cosmos::container::DEFAULT_DATABASE,
-                            claims_payments::seams::store::cosmos::container::DEFAULT_CONTAINER,
+                            claims_payments_cosmos::container::DEFAULT_DATABASE,
+                            claims_payments_cosmos::container::DEFAULT_CONTAINER,
                         )
                     },
                     args.sample,
@@ -1013,8 +1012,8 @@ async fn instances_run(
             spec(exe, dir, &format!("instances-{n}-{i}")),
             emulator.setting(names::COSMOS_ENDPOINT).unwrap_or_default(),
             emulator.setting(names::COSMOS_KEY).unwrap_or_default(),
-            claims_payments::seams::store::cosmos::container::DEFAULT_DATABASE,
-            claims_payments::seams::store::cosmos::container::DEFAULT_CONTAINER,
+            claims_payments_cosmos::container::DEFAULT_DATABASE,
+            claims_payments_cosmos::container::DEFAULT_CONTAINER,
         )
         .env(names::BANK_API_URL, bank.url());
         processes.push(ServeProcess::start(&s).await?);

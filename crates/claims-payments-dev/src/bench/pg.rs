@@ -18,7 +18,7 @@ use super::{
     PhaseFigures, Pinning, Run, StoreRoundTrips,
 };
 use super::{BenchArgs, ServeProcess, ServeSpec};
-use claims_payments::seams::env_setting::names;
+use claims_payments_settings::names;
 use claims_payments_testkit::postgres::{PgServer, PG_BIN};
 
 /// One store's consumer, ledger-only.
@@ -118,9 +118,9 @@ async fn measure(
         .context("cannot start a throwaway PostgreSQL server")?;
     server.stop_when_this_process_exits();
     let url = server.url("postgres");
-    let settings = claims_payments::seams::store::postgres::PostgresSettings::from_url(&url)
+    let settings = claims_payments_postgres::PostgresSettings::from_url(&url)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    claims_payments::seams::store::postgres::provision(&settings).await?;
+    claims_payments_postgres::provision(&settings).await?;
     let postmaster = server
         .postmaster_pid()
         .context("no postmaster.pid in the throwaway server's directory")?;

@@ -41,15 +41,15 @@ use serde_json::Value;
 
 use crate::emulator::InProcessEmulator;
 use crate::sim::bank::{FakeBank, FakeBankSettings};
-use claims_payments::seams::env_setting::names;
-use claims_payments::seams::store::cosmos::container::{container_definition, DEFAULT_CONTAINER};
-use claims_payments::seams::store::cosmos::documents::{inbox_id, payment_id};
-use claims_payments::seams::store::cosmos::CosmosStore;
 use claims_payments::seams::store::{
     ClaimResult, InboxRecord, InsertResult, PaymentRecord, Store, StoreCall, StoreDecorator,
     StoreError, StoreResult, Versioned,
 };
 use claims_payments::{ClaimApproved, ClaimId, MessageId};
+use claims_payments_cosmos::container::{container_definition, DEFAULT_CONTAINER};
+use claims_payments_cosmos::documents::{inbox_id, payment_id};
+use claims_payments_cosmos::CosmosStore;
+use claims_payments_settings::names;
 
 /// RU per indexed term written or removed.
 pub const RU_PER_TERM: f64 = 0.2;

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use azure_core::http::Url;
-use claims_payments::seams::store::cosmos::container::{DEFAULT_CONTAINER, DEFAULT_DATABASE};
+use claims_payments_cosmos::container::{DEFAULT_CONTAINER, DEFAULT_DATABASE};
 use claims_payments_dev::emulator::{serve, InProcessEmulator, EMULATOR_KEY};
 use clap::Parser;
 

@@ -34,12 +34,12 @@ use azure_data_cosmos::fault_injection::{
     CustomResponseBuilder, FaultInjectionErrorType, FaultInjectionResultBuilder,
     FaultInjectionRule, FaultInjectionRuleBuilder,
 };
-use claims_payments::seams::store::sqlite::SqliteStore;
 use claims_payments::seams::store::{
     ClaimResult, DynStore, PaymentRecord, PaymentStatus, Store, StoreCall, StoreDecorator,
     StoreResult, Versioned,
 };
 use claims_payments::ClaimId;
+use claims_payments_sqlite::SqliteStore;
 use std::collections::BTreeMap;
 use std::future::Future;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use claims_payments::seams::env_setting::names;
+use claims_payments_settings::names;
 use claims_payments_testkit::process::ServeSpec;
 
 use super::bank::FakeBank;

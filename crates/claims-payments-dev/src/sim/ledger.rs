@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use claims_payments::seams::env_setting::names;
 use claims_payments::seams::store::{Listed, PaymentRecord, Store};
+use claims_payments_settings::names;
 use claims_payments_testkit::process::{CosmosEmulator, TempDir};
 
 use super::options::{SimStore, SimulateArgs};
@@ -45,18 +45,18 @@ pub fn ledger_rows(records: &[Listed<PaymentRecord>]) -> anyhow::Result<Vec<Ledg
 /// The store the handlers share, read for the verdict.
 pub(super) enum Ledger {
     Sqlite(PathBuf),
-    Cosmos(Box<claims_payments::seams::store::cosmos::CosmosStore>),
-    Postgres(Box<claims_payments::seams::store::postgres::PostgresStore>),
+    Cosmos(Box<claims_payments_cosmos::CosmosStore>),
+    Postgres(Box<claims_payments_postgres::PostgresStore>),
 }
 
 impl Ledger {
     /// Connects to the Cosmos container that `env` (the emulator's lines) names.
     async fn cosmos(env: &[(String, String)]) -> anyhow::Result<Ledger> {
-        let settings = claims_payments::seams::store::cosmos::CosmosSettings::from_lookup(|name| {
+        let settings = claims_payments_cosmos::CosmosSettings::from_lookup(|name| {
             env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         })
         .map_err(|e| anyhow::anyhow!("invalid Cosmos setting {e}"))?;
-        let store = claims_payments::seams::store::cosmos::CosmosStore::connect(
+        let store = claims_payments_cosmos::CosmosStore::connect(
             &settings,
             Duration::from_secs(30 * 86_400),
         )
@@ -139,7 +139,7 @@ pub async fn read_sqlite_ledger(
     path: &std::path::Path,
     limit: usize,
 ) -> anyhow::Result<Vec<LedgerRow>> {
-    let store = claims_payments::seams::store::sqlite::SqliteStore::open(path)
+    let store = claims_payments_sqlite::SqliteStore::open(path)
         .with_context(|| format!("cannot open the ledger {}", path.display()))?;
     let records = store
         .list_payments(limit)

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use claims_payments::seams::env_setting::names;
 use claims_payments::seams::reconcile::Summary;
+use claims_payments_settings::names;
 use claims_payments_testkit::process as spawn;
 use indicatif::ProgressBar;
 

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use claims_payments::seams::env_setting::names;
-use claims_payments::seams::store::postgres::{Access, PostgresSettings, PostgresStore};
 use claims_payments::seams::store::Store;
+use claims_payments_postgres::{Access, PostgresSettings, PostgresStore};
+use claims_payments_settings::names;
 use claims_payments_testkit::postgres::{PgServer, PG_BIN};
 use indicatif::ProgressBar;
 use serde::Serialize;
@@ -65,7 +65,7 @@ impl SimPostgres {
         };
         let settings = PostgresSettings::from_url(&url)
             .map_err(|e| anyhow::anyhow!("invalid PostgreSQL URL: {e}"))?;
-        claims_payments::seams::store::postgres::provision(&settings)
+        claims_payments_postgres::provision(&settings)
             .await
             .context("cannot provision the PostgreSQL schema")?;
         Ok(SimPostgres { server, url })

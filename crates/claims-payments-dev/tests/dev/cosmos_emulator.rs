@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use claims_payments::seams::store::cosmos::{CosmosSettings, CosmosStore};
+use claims_payments_cosmos::{CosmosSettings, CosmosStore};
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::process::CosmosEmulator;
 

@@ -24,20 +24,18 @@ use azure_data_cosmos::fault_injection::{
 };
 use azure_data_cosmos::models::{ContainerProperties, TimeToLive};
 use azure_data_cosmos::{ContainerClient, CosmosClient};
-use claims_payments::seams::store::cosmos::container::indexing_policy_difference;
-use claims_payments::seams::store::cosmos::documents::{
-    inbox_id, payment_id, InboxDoc, PaymentDoc,
-};
-use claims_payments::seams::store::cosmos::{
-    container_definition, container_definition_json, provision_with_client, CosmosSettings,
-    CosmosStore,
-};
 use claims_payments::seams::store::{
     AttemptId, ClaimResult, Finalize, InboxRecord, InsertResult, PaymentRecord, PaymentStatus,
     Store, StoreError,
 };
 use claims_payments::seams::telemetry::counters;
 use claims_payments::{ClaimApproved, ClaimId, MessageId, Purpose};
+use claims_payments_cosmos::container::indexing_policy_difference;
+use claims_payments_cosmos::documents::{inbox_id, payment_id, InboxDoc, PaymentDoc};
+use claims_payments_cosmos::{
+    container_definition, container_definition_json, provision_with_client, CosmosSettings,
+    CosmosStore,
+};
 use claims_payments_dev::emulator::{serve, InProcessEmulator, RequestObserver, EMULATOR_KEY};
 use claims_payments_testkit::records::{claimed_version, completed, paid, records_for};
 use futures::FutureExt;
@@ -1385,9 +1383,8 @@ async fn real_cosmos_wrong_key_is_a_clear_error() {
     let Some(mut settings) = real_settings() else {
         return;
     };
-    settings.auth = claims_payments::seams::store::cosmos::CosmosAuth::Key(
-        azure_core::credentials::Secret::new(EMULATOR_KEY),
-    );
+    settings.auth =
+        claims_payments_cosmos::CosmosAuth::Key(azure_core::credentials::Secret::new(EMULATOR_KEY));
     let error = CosmosStore::connect(&settings, RETENTION)
         .await
         .err()

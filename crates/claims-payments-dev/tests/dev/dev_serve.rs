@@ -5,8 +5,8 @@
 
 use claims_payments::seams::configuration::Settings;
 use claims_payments::seams::startup::open_store;
-use claims_payments::seams::store::sqlite::Access;
 use claims_payments_dev::emulator::ServedEmulator;
+use claims_payments_sqlite::Access;
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::service::{
     claim_body, deliver_one_message_five_times, host_envelope, invoke, outcome, Backend, Handler,

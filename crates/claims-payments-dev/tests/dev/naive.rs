@@ -2,10 +2,10 @@
 //! call and the record pays twice.
 
 use claims_payments::seams::functions::claim_approved::ClaimHandler;
-use claims_payments::seams::store::sqlite::SqliteStore;
 use claims_payments::seams::store::DynStore;
 use claims_payments::seams::Step;
 use claims_payments_dev::baselines::Naive;
+use claims_payments_sqlite::SqliteStore;
 use claims_payments_testkit::bank::FakeBank;
 use claims_payments_testkit::fixtures as common;
 

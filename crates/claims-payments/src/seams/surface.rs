@@ -45,11 +45,6 @@ pub mod dead_letters {
     }
 }
 
-/// Setting names, and the one settings error.
-pub mod env_setting {
-    pub use crate::env_setting::{names, ConfigError};
-}
-
 /// The functions' routes.
 pub mod functions {
     pub use crate::functions::{metrics, ready};
@@ -100,46 +95,15 @@ pub mod startup {
     pub use crate::startup::{open_store, serve, AppState, Application, Composition};
 }
 
-/// The store port, its records and its three adapters: what a conformance suite, a
-/// decorator or another store needs.
+/// The store port and its records: what a conformance suite, a decorator or another store
+/// needs. The three adapters are crates of their own (`claims_payments_sqlite`,
+/// `claims_payments_postgres`, `claims_payments_cosmos`), named directly.
 pub mod store {
     pub use crate::store::{
         AttemptId, ClaimResult, DynStore, Finalize, InboxKey, InboxOutcome, InboxRecord,
         InboxStatus, InsertResult, Listed, PaymentRecord, PaymentStatus, Store, StoreCall,
         StoreDecorator, StoreError, StoreResult, Version, Versioned,
     };
-    /// Cosmos DB.
-    pub mod cosmos {
-        pub use crate::store::cosmos::{
-            container_definition, container_definition_json, provision_with_client, CosmosAuth,
-            CosmosSettings, CosmosStore, ProvisionReport,
-        };
-        /// The container's definition.
-        pub mod container {
-            pub use crate::store::cosmos::container::{
-                container_definition, indexing_policy_difference, DEFAULT_CONTAINER,
-                DEFAULT_DATABASE,
-            };
-        }
-        /// The documents' shapes and ids.
-        pub mod documents {
-            pub use crate::store::cosmos::documents::{inbox_id, payment_id, InboxDoc, PaymentDoc};
-        }
-        /// Per-operation options.
-        pub mod settings {
-            pub use crate::store::cosmos::settings::operation_options;
-        }
-    }
-    /// PostgreSQL.
-    pub mod postgres {
-        pub use crate::store::postgres::{
-            pool, provision, Access, Pooler, PostgresSettings, PostgresStore,
-        };
-    }
-    /// SQLite, the embedded default.
-    pub mod sqlite {
-        pub use crate::store::sqlite::{Access, SqliteStore};
-    }
 }
 
 /// Logs, counters and traces.

@@ -74,7 +74,10 @@ static METER_PROVIDER: std::sync::OnceLock<SdkMeterProvider> = std::sync::OnceLo
 /// Turns the instruments on without an exporter, for the metric path's own test.
 #[cfg(test)]
 pub(crate) fn enable_for_test() {
-    claims_payments_engine::telemetry::enable(super::trace::flag_current_span);
+    claims_payments_engine::telemetry::enable(
+        super::trace::flag_current_span,
+        super::trace::add_request_charge,
+    );
 }
 
 /// Whether telemetry is exported. When false, no span is created and no instrument exists.
@@ -242,8 +245,12 @@ pub(crate) fn init_exporter(
     };
     opentelemetry::global::set_meter_provider(meter_provider.clone());
     let _ = METER_PROVIDER.set(meter_provider.clone());
-    // The engine's counters too: each count reaches its metric, and flags its span.
-    claims_payments_engine::telemetry::enable(super::trace::flag_current_span);
+    // The engine's counters too: each count reaches its metric, flags its span, and a
+    // request charge reaches the store call in progress.
+    claims_payments_engine::telemetry::enable(
+        super::trace::flag_current_span,
+        super::trace::add_request_charge,
+    );
     Ok(Some((
         Recorder::new(spans.clone()),
         TelemetryGuard {

@@ -39,7 +39,8 @@ use opentelemetry::KeyValue;
 
 /// The metric names, one place (the alerts and the workbook in infra/ use them).
 pub(crate) mod names {
-    // The engine's counters have their names in the engine (`claims_payments_engine::telemetry::names`).
+    // The engine's counters, the store adapters' among them, have their names in the
+    // engine (`claims_payments_engine::telemetry::names`).
     pub(crate) const DEAD_LETTER_BOUND: &str = "claims_payments.dead_letter_bound";
     pub(crate) const INVOCATIONS: &str = "claims_payments.invocations";
     pub(crate) const BANK_DURATION: &str = "claims_payments.bank.duration";
@@ -47,42 +48,11 @@ pub(crate) mod names {
     pub(crate) const HTTP_IDEMPOTENCY: &str = "claims_payments.http.idempotency";
     pub(crate) const RECONCILE_RESULTS: &str = "claims_payments.reconcile.results";
     pub(crate) const RECONCILE_BACKLOG: &str = "claims_payments.reconcile.backlog";
-    pub(crate) const STORE_TRANSIENT_ERRORS: &str = "claims_payments.store.transient_errors";
-    pub(crate) const STORE_OUTAGE_WAITS: &str = "claims_payments.store.outage_waits";
-    pub(crate) const COSMOS_REQUEST_UNITS: &str = "claims_payments.cosmos.request_units";
     pub(crate) const STARTS: &str = "claims_payments.starts";
 }
 
 // The meter every instrument comes from (the global provider `super::export` installs).
 use claims_payments_engine::telemetry::meter;
-
-/// A floating-point counter without dimensions (request units).
-#[derive(Debug, Default)]
-pub(crate) struct F64Binding {
-    name: Option<&'static str>,
-    instrument: OnceLock<Option<Counter<f64>>>,
-}
-
-impl F64Binding {
-    pub(crate) const fn new(name: &'static str) -> Self {
-        F64Binding {
-            name: Some(name),
-            instrument: OnceLock::new(),
-        }
-    }
-
-    pub(crate) fn add(&self, value: f64) {
-        if !super::enabled() {
-            return;
-        }
-        let instrument = self
-            .instrument
-            .get_or_init(|| self.name.map(|name| meter().f64_counter(name).build()));
-        if let Some(counter) = instrument {
-            counter.add(value, &[]);
-        }
-    }
-}
 
 /// The instruments that take dimensions known only at the call.
 struct Instruments {

@@ -73,7 +73,6 @@ pub(crate) fn started() {
     }
 }
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use serde::Serialize;
@@ -82,7 +81,6 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
 
-use self::metrics::F64Binding;
 pub(crate) use claims_payments_engine::telemetry::Counter;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,32 +165,8 @@ pub(crate) fn init_with(format: LogFormat, recorder: Option<trace::Recorder>) {
     drop(result);
 }
 
-/// Request units, kept in hundredths so an atomic integer can hold them. Each charge is
-/// also added to the store call in progress (its dependency span carries the charge) and
-/// to the metric `claims_payments.cosmos.request_units`.
-#[derive(Debug, Default)]
-pub struct RequestUnits {
-    value: AtomicU64,
-    metric: F64Binding,
-}
-
-impl RequestUnits {
-    pub(crate) fn add(&self, ru: f64) {
-        if ru.is_finite() && ru > 0.0 {
-            self.value
-                .fetch_add((ru * 100.0).round() as u64, Ordering::Relaxed);
-            self.metric.add(ru);
-            trace::add_request_charge(ru);
-        }
-    }
-
-    pub fn get(&self) -> f64 {
-        self.value.load(Ordering::Relaxed) as f64 / 100.0
-    }
-}
-
 /// What the service counts: the engine's counters (outcomes, leases, the bank, reconcile,
-/// store round trips; reached through `Deref`), and the product's own on top.
+/// the store and its adapters; reached through `Deref`), and the product's own on top.
 #[derive(Debug)]
 pub struct Counters {
     engine: &'static claims_payments_engine::telemetry::Counters,
@@ -203,15 +177,6 @@ pub struct Counters {
     pub(crate) http_replays: Counter,
     pub(crate) http_in_flight: Counter,
     pub(crate) http_key_mismatches: Counter,
-    pub(crate) store_transient_errors: Counter,
-    /// Connection attempts repeated while the PostgreSQL server could not be reached.
-    pub(crate) store_outage_waits: Counter,
-    /// SQLite group commits, and the write jobs they carried: jobs / commits is the
-    /// average group size. Syncs (`fdatasync` of the WAL) each cover one or more groups.
-    pub(crate) sqlite_commits: Counter,
-    pub(crate) sqlite_committed_jobs: Counter,
-    pub(crate) sqlite_syncs: Counter,
-    pub cosmos_request_units: RequestUnits,
     /// Telemetry that never reached its endpoint: spans dropped because the export queue
     /// was full, and items in exports that failed (endpoint slow, down or refusing).
     pub(crate) telemetry_dropped: Counter,
@@ -240,15 +205,6 @@ impl Default for Counters {
             http_replays: http("replayed"),
             http_in_flight: http("in-flight"),
             http_key_mismatches: http("key-reused"),
-            store_transient_errors: Counter::metric(STORE_TRANSIENT_ERRORS, None),
-            store_outage_waits: Counter::metric(STORE_OUTAGE_WAITS, None),
-            sqlite_commits: Counter::default(),
-            sqlite_committed_jobs: Counter::default(),
-            sqlite_syncs: Counter::default(),
-            cosmos_request_units: RequestUnits {
-                value: AtomicU64::new(0),
-                metric: F64Binding::new(COSMOS_REQUEST_UNITS),
-            },
             // Counted here and logged; as metrics they would travel the road that failed.
             telemetry_dropped: Counter::default(),
             telemetry_export_failures: Counter::default(),

@@ -2,7 +2,10 @@
 //! from layers below its own, so there is no import circle and nothing reaches up (a store
 //! never knows the consumer, the consumer never knows HTTP). Between the crates Cargo
 //! holds the rule: the engine (`crates/claims-payments-engine`) cannot name the product,
-//! and names no web framework, driver, HTTP client or Azure SDK.
+//! and names no web framework, driver, HTTP client or Azure SDK; the settings crate and
+//! the store adapters (`crates/claims-payments-{settings,sqlite,postgres,cosmos}`) cannot
+//! name the product either, nor one adapter another, so only the product's own modules and
+//! the engine's are read here.
 //!
 //! A reference is any `crate::<module>` path outside the file's `#[cfg(test)]` tail;
 //! references between a module and its own submodules stay inside one concern and are
@@ -44,13 +47,13 @@ const PRODUCT_LAYERS: Layers = &[
         "services",
         "reconcile",
     ],
-    // Setting names and errors.
-    &["env_setting"],
-    // The Entra identity rule and the credentials every part that asks for a token shares.
-    &["entra"],
+    // The settings crate, named at its old paths (`lib.rs`): setting names and errors, the
+    // Entra identity rule and the credentials every part that asks for a token shares.
+    &["env_setting", "entra"],
     // Logs, counters, metrics and spans: used everywhere, knows only the engine.
     &["telemetry"],
-    // The adapters: the stores, the bank's transport, the broker.
+    // The adapters: the stores (each a crate, composed and traced here), the bank's
+    // transport, the broker.
     &["store", "bank", "servicebus"],
     // The other ways in: HTTP clients with an Idempotency-Key, the dead-letter tool.
     &["payments_api", "dead_letters"],

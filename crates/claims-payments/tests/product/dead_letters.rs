@@ -11,12 +11,12 @@ use claims_payments::seams::dead_letters::{
     self, verdict::Verdict, Options, Selection, REDRIVE_PROPERTY,
 };
 use claims_payments::seams::servicebus::rest::{Auth, RestBroker};
-use claims_payments::seams::store::sqlite::SqliteStore;
 use claims_payments::seams::store::{
     ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InboxStatus, InsertResult, Listed,
     PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 use claims_payments::{ClaimId, MessageId, OutcomeKind, Purpose};
+use claims_payments_sqlite::SqliteStore;
 use claims_payments_testkit::fixtures::{deliver, ledger_consumer, message, new_claim};
 use claims_payments_testkit::servicebus::{Fault, Logged, Op, ServiceBus};
 use time::OffsetDateTime;
@@ -35,7 +35,7 @@ struct World {
 /// Runs the product binary's operator command against the world's stand-in and store.
 async fn cli(w: &World, args: &[&str]) -> std::process::Output {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_claims-payments"));
-    for name in claims_payments::seams::env_setting::names::PRODUCT {
+    for name in claims_payments_settings::names::PRODUCT {
         cmd.env_remove(name);
     }
     cmd.args(args)
@@ -1243,7 +1243,7 @@ async fn the_token_is_asked_for_once_and_each_dead_letter_is_handled_in_turn() {
     let runs = w._dir.path().join("az-runs");
 
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_claims-payments"));
-    for name in claims_payments::seams::env_setting::names::PRODUCT {
+    for name in claims_payments_settings::names::PRODUCT {
         cmd.env_remove(name);
     }
     let path = format!(

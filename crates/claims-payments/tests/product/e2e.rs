@@ -1450,7 +1450,7 @@ async fn the_payments_api_refuses_loose_input() {
 async fn a_corrupt_payment_row_is_named_and_the_rest_of_the_ledger_is_listed_on_sqlite() {
     let (_dir, db) = temp_db();
     let store: claims_payments::seams::store::DynStore =
-        claims_payments::seams::store::sqlite::SqliteStore::open(&db).unwrap();
+        claims_payments_sqlite::SqliteStore::open(&db).unwrap();
     let path = db.to_string_lossy().into_owned();
     let edit = db.clone();
     claims_payments_testkit::corrupt_rows::corrupt_payments_are_named_and_never_paid_again(

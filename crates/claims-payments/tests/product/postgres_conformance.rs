@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use claims_payments::seams::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
 use claims_payments::seams::store::DynStore;
+use claims_payments_postgres::{provision, Access, PostgresSettings, PostgresStore};
 use claims_payments_testkit::conformance::Keep;
 use claims_payments_testkit::postgres::{available, TestDatabase};
 
@@ -25,9 +25,7 @@ claims_payments_testkit::store_conformance!(make_store, if available);
 mod once_guard {
     use std::sync::Arc;
 
-    use claims_payments::seams::store::postgres::{
-        provision, Access, PostgresSettings, PostgresStore,
-    };
+    use claims_payments_postgres::{provision, Access, PostgresSettings, PostgresStore};
     use claims_payments_testkit::conformance::{DynOnceStore, Keep};
     use claims_payments_testkit::postgres::{available, TestDatabase};
 

@@ -172,8 +172,8 @@ async fn serve_logs_its_store_but_never_the_password() {
 async fn the_purge_timer_function_removes_expired_inbox_records() {
     use claims_payments::seams::configuration::Settings;
     use claims_payments::seams::startup::Composition;
-    use claims_payments::seams::store::postgres::{Access, PostgresSettings, PostgresStore};
     use claims_payments::seams::store::{AttemptId, DynStore, InboxRecord};
+    use claims_payments_postgres::{Access, PostgresSettings, PostgresStore};
     use claims_payments_testkit::records::records;
 
     if !available() {

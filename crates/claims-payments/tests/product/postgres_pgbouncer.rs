@@ -11,10 +11,8 @@
 use std::sync::Arc;
 
 use claims_payments::seams::consumer::Outcome;
-use claims_payments::seams::store::postgres::{
-    provision, Access, Pooler, PostgresSettings, PostgresStore,
-};
 use claims_payments::seams::store::{DynStore, Store};
+use claims_payments_postgres::{provision, Access, Pooler, PostgresSettings, PostgresStore};
 use claims_payments_testkit::bank::FakeBank;
 use claims_payments_testkit::conformance::Keep;
 use claims_payments_testkit::fixtures as common;

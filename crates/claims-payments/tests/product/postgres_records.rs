@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use claims_payments::seams::payments_api::{CallerAuth, PaymentsApi};
-use claims_payments::seams::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
 use claims_payments::seams::store::{
     ClaimResult, DynStore, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, Store, StoreError, StoreResult, Version, Versioned,
 };
 use claims_payments::{ClaimId, Purpose};
+use claims_payments_postgres::{provision, Access, PostgresSettings, PostgresStore};
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::postgres::{available, TestDatabase};
 use time::OffsetDateTime;

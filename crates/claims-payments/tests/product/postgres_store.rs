@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use claims_payments::seams::store::postgres::{provision, Access, PostgresSettings, PostgresStore};
 use claims_payments::seams::store::{
     AttemptId, ClaimResult, InboxStatus, PaymentStatus, Store, StoreError,
 };
 use claims_payments::{ClaimId, Purpose};
+use claims_payments_postgres::{provision, Access, PostgresSettings, PostgresStore};
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::postgres::{available, connect, PgServer, TestDatabase};
 use claims_payments_testkit::records::records;
@@ -477,7 +477,7 @@ impl azure_core::credentials::TokenCredential for CountingCredential {
 /// a new connection with a new token, so no connection outlives its token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entra_tokens_log_in_each_new_connection_which_retires_before_its_token_expires() {
-    use claims_payments::seams::store::postgres::pool;
+    use claims_payments_postgres::pool;
 
     if !available() {
         return;

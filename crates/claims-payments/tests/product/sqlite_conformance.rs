@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use claims_payments::seams::store::sqlite::SqliteStore;
 use claims_payments::seams::store::DynStore;
+use claims_payments_sqlite::SqliteStore;
 use claims_payments_testkit::conformance::Keep;
 use claims_payments_testkit::fixtures as common;
 use claims_payments_testkit::records::records;
@@ -20,7 +20,7 @@ claims_payments_testkit::store_conformance!(make_store);
 
 /// The once-guard's capability on the same store.
 mod once_guard {
-    use claims_payments::seams::store::sqlite::SqliteStore;
+    use claims_payments_sqlite::SqliteStore;
     use claims_payments_testkit::conformance::{DynOnceStore, Keep};
 
     async fn make_store() -> (DynOnceStore, Keep) {
@@ -179,8 +179,8 @@ impl CapturedLogs {
 async fn a_permanent_store_failure_is_answered_and_logged_as_permanent() {
     use claims_payments::seams::configuration::Settings;
     use claims_payments::seams::startup::Composition;
-    use claims_payments::seams::store::sqlite::Access;
     use claims_payments::seams::Seams;
+    use claims_payments_sqlite::Access;
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("payments.db");

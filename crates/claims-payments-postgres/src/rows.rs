@@ -1,5 +1,5 @@
 //! Rows and parameters: how the store's records become statement parameters and how a
-//! result row becomes a record again, value by value, as `store/sqlite/rows.rs` does for
+//! result row becomes a record again, value by value, as the SQLite store's `rows.rs` does for
 //! SQLite. A column of another type than the schema's fails the whole statement; a value
 //! that does not parse is that row's [`CorruptRecord`].
 
@@ -8,12 +8,12 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::domain::{
+use claims_payments_engine::domain::{
     ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
     TenantId,
 };
-use crate::store::once::{Effect, EffectBody, EffectKey, EffectKind};
-use crate::store::{
+use claims_payments_engine::store::once::{Effect, EffectBody, EffectKey, EffectKind};
+use claims_payments_engine::store::{
     AttemptId, CorruptRecord, InboxOutcome, InboxRecord, InboxStatus, PaymentRecord, PaymentStatus,
     StoreError, StoreResult, Version, Versioned,
 };

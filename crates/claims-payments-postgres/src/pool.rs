@@ -42,22 +42,22 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::settings::{Pooler, PostgresAuth, PostgresSettings};
 
 /// The scope of Azure Database for PostgreSQL's Entra tokens.
-pub(crate) const ENTRA_SCOPE: &str = "https://ossrdbms-aad.database.windows.net/.default";
+pub const ENTRA_SCOPE: &str = "https://ossrdbms-aad.database.windows.net/.default";
 /// No connection lives longer than this, whatever its login: a bound on how long a
 /// connection to a server that failed over (and came back read-only) can linger.
-pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+pub const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// A connection retires this long before its token expires.
-pub(crate) const TOKEN_MARGIN: Duration = Duration::from_secs(5 * 60);
+pub const TOKEN_MARGIN: Duration = Duration::from_secs(5 * 60);
 /// Set on every direct connection: no statement or lock wait holds an invocation for
 /// longer. Through a transaction pooler the same limits are the role's defaults
 /// ([`SESSION_LIMITS`]). The process id is the session's, compared with the one the server
 /// announced (see the module's documentation).
-pub(crate) const SESSION_SETUP: &str = "SET statement_timeout = '10s'; SET lock_timeout = '5s'; \
+pub const SESSION_SETUP: &str = "SET statement_timeout = '10s'; SET lock_timeout = '5s'; \
                              SET idle_in_transaction_session_timeout = '30s'; \
                              SELECT pg_backend_pid()";
 /// The limits a session must have, with the values set on direct connections: through a
 /// transaction pooler they must be the role's defaults (`ALTER ROLE ... SET`).
-pub(crate) const SESSION_LIMITS: [(&str, &str); 3] = [
+pub const SESSION_LIMITS: [(&str, &str); 3] = [
     ("statement_timeout", "10s"),
     ("lock_timeout", "5s"),
     ("idle_in_transaction_session_timeout", "30s"),
@@ -67,7 +67,7 @@ pub(crate) const SESSION_LIMITS: [(&str, &str); 3] = [
 /// this build's constants, the schema is checked at start-up).
 type Signatures = Arc<Mutex<HashMap<&'static str, Arc<[Type]>>>>;
 
-pub(crate) type Pool = deadpool::managed::Pool<Manager>;
+pub type Pool = deadpool::managed::Pool<Manager>;
 
 /// One pooled connection with its prepared statements (direct), or the parameter types of
 /// its unnamed ones (through a transaction pooler).
@@ -92,7 +92,7 @@ impl Connection {
     /// Round trips the next run of `sql` costs before its own exchange: direct, 1 for the
     /// prepare on its first use on this connection; through a transaction pooler, 3 on its
     /// first use in this process (BEGIN, the describe, COMMIT), then none.
-    pub(crate) fn setup_round_trips(&self, sql: &'static str) -> u64 {
+    pub fn setup_round_trips(&self, sql: &'static str) -> u64 {
         match self.pooler {
             Pooler::None => u64::from(!self.statements.contains_key(sql)),
             Pooler::PgBouncerTransaction => {
@@ -109,7 +109,7 @@ impl Connection {
     /// use on this connection); through a transaction pooler, the parameters with their
     /// types (learnt once per process). Nothing of the statement itself has been sent
     /// when this returns, so a connection lost here never ran it.
-    pub(crate) async fn prepare<'a>(
+    pub async fn prepare<'a>(
         &mut self,
         sql: &'static str,
         params: &'a [&'a (dyn ToSql + Sync)],
@@ -122,10 +122,7 @@ impl Connection {
 
     /// Runs a prepared statement and returns its rows: one Bind/Execute exchange (direct),
     /// or one Parse/Bind/Execute exchange of the unnamed statement.
-    pub(crate) async fn query(
-        &self,
-        prepared: &Prepared<'_>,
-    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+    pub async fn query(&self, prepared: &Prepared<'_>) -> Result<Vec<Row>, tokio_postgres::Error> {
         match prepared {
             Prepared::Named(statement, params) => self.client.query(statement, params).await,
             Prepared::Unnamed(sql, typed) => self.client.query_typed(sql, typed).await,
@@ -133,10 +130,7 @@ impl Connection {
     }
 
     /// Like [`query`](Self::query) for a statement without rows: how many it changed.
-    pub(crate) async fn execute(
-        &self,
-        prepared: &Prepared<'_>,
-    ) -> Result<u64, tokio_postgres::Error> {
+    pub async fn execute(&self, prepared: &Prepared<'_>) -> Result<u64, tokio_postgres::Error> {
         match prepared {
             Prepared::Named(statement, params) => self.client.execute(statement, params).await,
             Prepared::Unnamed(sql, typed) => self.client.execute_typed(sql, typed).await,
@@ -186,7 +180,7 @@ impl Connection {
 }
 
 /// A statement ready to run ([`Connection::prepare`]).
-pub(crate) enum Prepared<'a> {
+pub enum Prepared<'a> {
     /// Prepared on this connection (direct).
     Named(Statement, &'a [&'a (dyn ToSql + Sync)]),
     /// The unnamed statement with typed parameters (through a transaction pooler).
@@ -231,10 +225,12 @@ pub struct Manager {
 }
 
 impl Manager {
-    pub(crate) fn new(settings: &PostgresSettings) -> anyhow::Result<Self> {
+    pub fn new(settings: &PostgresSettings) -> anyhow::Result<Self> {
         let login = match &settings.auth {
             PostgresAuth::Password => Login::Password,
-            PostgresAuth::Entra(identity) => Login::Entra(crate::entra::credential(identity)?),
+            PostgresAuth::Entra(identity) => {
+                Login::Entra(claims_payments_settings::entra::credential(identity)?)
+            }
         };
         Ok(Manager {
             config: settings.config.clone(),
@@ -350,7 +346,7 @@ fn tls_connector() -> anyhow::Result<MakeRustlsConnect> {
 
 /// The pool: at most `settings.pool_size` connections; a caller waits at most
 /// `wait` for one (then the store answers Transient: the pool is exhausted).
-pub(crate) fn build(settings: &PostgresSettings, wait: Duration) -> anyhow::Result<Pool> {
+pub fn build(settings: &PostgresSettings, wait: Duration) -> anyhow::Result<Pool> {
     build_with(Manager::new(settings)?, settings.pool_size, wait)
 }
 
@@ -369,7 +365,7 @@ pub fn build_with(manager: Manager, size: usize, wait: Duration) -> anyhow::Resu
 /// Whether the connection's server session is the one its server announced: `false`
 /// through a pooler, `true` straight to PostgreSQL (or a plain TCP proxy); `None` when it
 /// cannot be told.
-pub(crate) async fn own_session(client: &Client) -> Option<bool> {
+pub async fn own_session(client: &Client) -> Option<bool> {
     let row = client
         .query_typed("SELECT pg_backend_pid()", &[])
         .await
@@ -452,7 +448,7 @@ impl AsyncWrite for Plain {
 /// Through a transaction pooler: refuses a role without the limits that direct
 /// connections set on their sessions (a statement or a lock wait could hold an invocation,
 /// and a server session, without bound), naming the statements that give them.
-pub(crate) async fn check_role_limits(client: &Client) -> anyhow::Result<()> {
+pub async fn check_role_limits(client: &Client) -> anyhow::Result<()> {
     let rows = client
         .query_typed(
             "SELECT name, setting, quote_ident(current_user) FROM pg_settings \

@@ -6,20 +6,20 @@
 
 use azure_data_cosmos::CosmosError;
 
-use crate::store::StoreError;
-use crate::telemetry;
+use claims_payments_engine::store::StoreError;
+use claims_payments_engine::telemetry;
 
 /// Status codes worth a later retry: timeouts (408, and the SDK's synthetic 408/20008),
 /// partition moves (410), throttling (429), RetryWith (449), and server-side or transport
 /// unavailability (500, 502, 503 including the SDK's synthetic transport 503s, 504).
 /// 500 is included because the outcome of the message is decided by the state in the
 /// store on redelivery, while a permanent answer would park a payment for a blip.
-pub(crate) fn is_transient_code(code: u16) -> bool {
+pub fn is_transient_code(code: u16) -> bool {
     matches!(code, 408 | 410 | 429 | 449 | 500 | 502 | 503 | 504)
 }
 
 /// Maps an SDK error of operation `op` to the store's error vocabulary.
-pub(crate) fn classify(op: &'static str, error: &CosmosError) -> StoreError {
+pub fn classify(op: &'static str, error: &CosmosError) -> StoreError {
     let status = error.status();
     let code = u16::from(status.status_code());
     if code == 412 {
@@ -41,7 +41,7 @@ pub(crate) fn classify(op: &'static str, error: &CosmosError) -> StoreError {
 /// One line naming the operation, the status and sub-status, the server's retry-after
 /// when there was one, and the first line of the SDK's message (never a credential: the
 /// SDK does not put keys or tokens in error messages).
-pub(crate) fn describe(op: &str, error: &CosmosError) -> String {
+pub fn describe(op: &str, error: &CosmosError) -> String {
     let status = error.status();
     let code = u16::from(status.status_code());
     let mut text = format!("cosmos {op} failed with {code}");
@@ -65,7 +65,7 @@ pub(crate) fn describe(op: &str, error: &CosmosError) -> String {
 }
 
 /// The request charge of a failed operation, retries included when diagnostics are present.
-pub(crate) fn error_charge(error: &CosmosError) -> f64 {
+pub fn error_charge(error: &CosmosError) -> f64 {
     error
         .diagnostics()
         .map(|d| d.total_request_charge().value())
@@ -80,7 +80,7 @@ pub(crate) fn error_charge(error: &CosmosError) -> f64 {
 }
 
 /// Records the charge of one operation in the process counters and the debug log.
-pub(crate) fn record_charge(op: &'static str, request_units: f64, status: u16) {
+pub fn record_charge(op: &'static str, request_units: f64, status: u16) {
     telemetry::counters()
         .cosmos_request_units
         .add(request_units);
@@ -93,7 +93,7 @@ pub(crate) fn record_charge(op: &'static str, request_units: f64, status: u16) {
 }
 
 /// Counts a transient error in the process counters; returns the error unchanged.
-pub(crate) fn note(error: StoreError) -> StoreError {
+pub fn note(error: StoreError) -> StoreError {
     if matches!(error, StoreError::Transient(_)) {
         telemetry::counters().store_transient_errors.inc();
     }

@@ -81,7 +81,7 @@ fn inbox_row(outcome: Option<&str>) -> InboxRow {
         payload_hash: "sha256:00".into(),
         status: "completed".into(),
         outcome: outcome.map(str::to_owned),
-        owner: crate::store::AttemptId::new().to_string(),
+        owner: claims_payments_engine::store::AttemptId::new().to_string(),
         lease_until_ms: None,
         first_delivery_count: 1,
         last_delivery_count: 1,

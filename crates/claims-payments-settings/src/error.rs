@@ -6,8 +6,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid setting {setting}: {problem}")]
 pub struct ConfigError {
-    pub(crate) setting: &'static str,
-    pub(crate) problem: String,
+    pub setting: &'static str,
+    pub problem: String,
 }
 
 impl ConfigError {
@@ -20,7 +20,7 @@ impl ConfigError {
 }
 
 /// A whole number, or an error naming `setting`.
-pub(crate) fn parse_u64(setting: &'static str, value: &str) -> Result<u64, ConfigError> {
+pub fn parse_u64(setting: &'static str, value: &str) -> Result<u64, ConfigError> {
     value
         .trim()
         .parse::<u64>()
@@ -29,7 +29,7 @@ pub(crate) fn parse_u64(setting: &'static str, value: &str) -> Result<u64, Confi
 
 /// A whole number within `range`, or an error naming `setting` and the range, then
 /// `why` (its unit, or what a value outside it would break).
-pub(crate) fn whole_number_within(
+pub fn whole_number_within(
     setting: &'static str,
     value: &str,
     range: std::ops::RangeInclusive<u64>,
@@ -45,7 +45,7 @@ pub(crate) fn whole_number_within(
     Ok(n)
 }
 
-pub(crate) fn millis(
+pub fn millis(
     setting: &'static str,
     value: &str,
     min: u64,

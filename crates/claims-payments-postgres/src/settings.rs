@@ -21,16 +21,16 @@ use std::net::IpAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
-use reqwest::Url;
 use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
+use url::Url;
 
-use crate::entra::{self, EntraIdentity, Fallback};
-use crate::env_setting::names;
-use crate::env_setting::{millis, non_blank, ConfigError};
+use claims_payments_settings::entra::{self, EntraIdentity, Fallback};
+use claims_payments_settings::names;
+use claims_payments_settings::{millis, non_blank, ConfigError};
 
 /// How the service logs in to PostgreSQL.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) enum PostgresAuth {
+pub enum PostgresAuth {
     /// The password in the URI (or none: trust, peer or a `.pgpass` are not read).
     Password,
     /// A Microsoft Entra access token for `https://ossrdbms-aad.database.windows.net/.default`
@@ -49,7 +49,7 @@ impl fmt::Debug for PostgresAuth {
 
 impl PostgresAuth {
     /// For logs: never the password, only how we log in.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         match self {
             PostgresAuth::Password => "password".to_owned(),
             PostgresAuth::Entra(EntraIdentity::ManagedIdentity {
@@ -83,7 +83,7 @@ pub enum Pooler {
 }
 
 impl Pooler {
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Pooler::None => "none",
             Pooler::PgBouncerTransaction => "pgbouncer-transaction",
@@ -95,30 +95,30 @@ impl Pooler {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PostgresSettings {
     /// The parsed URI, with our TLS decision in `ssl_mode` and the timeouts below set.
-    pub(crate) config: tokio_postgres::Config,
-    pub(crate) auth: PostgresAuth,
+    pub config: tokio_postgres::Config,
+    pub auth: PostgresAuth,
     /// Connections the pool keeps at most.
-    pub(crate) pool_size: usize,
+    pub pool_size: usize,
     /// How long one store call keeps trying to connect while the server cannot be reached.
-    pub(crate) outage_wait: Duration,
+    pub outage_wait: Duration,
     /// What answers at the URI.
-    pub(crate) pooler: Pooler,
+    pub pooler: Pooler,
 }
 
 /// Connections per process: an invocation holds one for one statement at a time.
-pub(crate) const DEFAULT_POOL_SIZE: usize = 16;
+pub const DEFAULT_POOL_SIZE: usize = 16;
 /// A new connection (TCP, TLS, login) must be up within this.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A failover takes one to two minutes; each store call rides out this much of it, so a
 /// failover costs a message a few deliveries instead of all ten in a burst. The claim's
 /// wait comes out of the lease taken before it, so the lease must still cover the bank's
 /// budget after it (checked at start-up); two waits and the bank's worst case stay well
 /// within the host's `functionTimeout` (3 min, host.json).
-pub(crate) const DEFAULT_OUTAGE_WAIT: Duration = Duration::from_secs(20);
+pub const DEFAULT_OUTAGE_WAIT: Duration = Duration::from_secs(20);
 const MAX_OUTAGE_WAIT_MS: u64 = 60_000;
 /// Unacknowledged data for this long means the peer is gone (a failover, a cut link): the
 /// connection fails instead of waiting for TCP's own retransmission limit (minutes).
-pub(crate) const TCP_USER_TIMEOUT: Duration = Duration::from_secs(15);
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl PostgresSettings {
     /// Reads the settings through `lookup` (the environment, or a map in tests). Empty
@@ -233,7 +233,7 @@ impl PostgresSettings {
     }
 
     /// Where we connect, for logs: hosts, port and database, never the user's password.
-    pub(crate) fn describe_target(&self) -> String {
+    pub fn describe_target(&self) -> String {
         let hosts: Vec<String> = self
             .config
             .get_hosts()
@@ -257,7 +257,7 @@ impl PostgresSettings {
     }
 
     /// Whether TLS is used (it is for every host that is not loopback).
-    pub(crate) fn uses_tls(&self) -> bool {
+    pub fn uses_tls(&self) -> bool {
         self.config.get_ssl_mode() != SslMode::Disable
     }
 }

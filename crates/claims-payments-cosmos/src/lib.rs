@@ -10,19 +10,22 @@
 //! - [`container`]: the container definition (the one place it is written in code),
 //!   provisioning and verification of an existing container;
 //! - [`settings`]: `COSMOS_*` settings, key or Entra ID auth, client construction;
-//! - [`adapter`]: [`CosmosStore`], the [`Store`](crate::store::Store) implementation.
+//! - [`adapter`]: [`CosmosStore`], the [`Store`](claims_payments_engine::store::Store) implementation.
 //!
 //! The SDK's in-process emulator, for tests and local runs, is served by
 //! `claims-payments-dev` (its `cosmos-emulator` binary; the testkit starts it).
+//!
+//! A crate of its own, on the engine's store port, the settings vocabulary and the SDK
+//! alone: Cargo keeps the product out of it, and editing the product never rebuilds it.
 
-pub(crate) mod adapter;
+pub mod adapter;
 pub mod container;
 pub mod documents;
 mod errors;
 pub mod settings;
 
 pub use adapter::CosmosStore;
-pub(crate) use container::provision;
+pub use container::provision;
 pub use container::{
     container_definition, container_definition_json, provision_with_client, ProvisionReport,
 };

@@ -15,20 +15,20 @@ use time::format_description::well_known::Rfc3339;
 use time::macros::format_description;
 use time::{OffsetDateTime, UtcOffset};
 
-use crate::domain::{
+use claims_payments_engine::domain::{
     ClaimId, IdempotencyKey, MessageId, Money, PayeeRef, PayloadHash, Purpose, TenantId,
 };
-use crate::store::once::{Effect, EffectBody, EffectKey, EffectKind};
-use crate::store::{
+use claims_payments_engine::store::once::{Effect, EffectBody, EffectKey, EffectKind};
+use claims_payments_engine::store::{
     AttemptId, CorruptRecord, InboxKey, InboxOutcome, InboxRecord, InboxStatus, Listed,
     PaymentRecord, PaymentStatus,
 };
 
-pub(crate) const INBOX_DOC_TYPE: &str = "inbox";
-pub(crate) const PAYMENT_DOC_TYPE: &str = "payment";
+pub const INBOX_DOC_TYPE: &str = "inbox";
+pub const PAYMENT_DOC_TYPE: &str = "payment";
 
 /// Cosmos DB refuses ids longer than this many characters.
-pub(crate) const MAX_ID_CHARS: usize = 255;
+pub const MAX_ID_CHARS: usize = 255;
 
 const INBOX_ID_PREFIX: &str = "inbox:";
 /// Differs from [`INBOX_ID_PREFIX`] in its sixth character, so a hashed id can never
@@ -61,7 +61,7 @@ pub fn inbox_id(consumer: &str, message_id: &MessageId) -> String {
 }
 
 /// The raw unique-key value of an inbox document: consumer and MessageId as they are.
-pub(crate) fn inbox_dedup_key(consumer: &str, message_id: &MessageId) -> String {
+pub fn inbox_dedup_key(consumer: &str, message_id: &MessageId) -> String {
     format!("{consumer}/{}", message_id.as_str())
 }
 
@@ -70,7 +70,7 @@ pub fn payment_id(purpose: Purpose) -> String {
     format!("payment:{}", purpose.as_str())
 }
 
-pub(crate) fn payment_dedup_key(purpose: Purpose) -> String {
+pub fn payment_dedup_key(purpose: Purpose) -> String {
     purpose.as_str().to_owned()
 }
 
@@ -89,7 +89,7 @@ fn escape_into(out: &mut String, raw: &str) {
 
 /// Timestamps are written in UTC with nine fraction digits, so that their string order
 /// is their time order (`ORDER BY c.createdAt` compares strings). Still RFC 3339.
-pub(crate) fn format_timestamp(t: OffsetDateTime) -> String {
+pub fn format_timestamp(t: OffsetDateTime) -> String {
     let format =
         format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:9]Z");
     // Formatting a UTC date in the range `time` can represent only fails for years
@@ -111,7 +111,7 @@ fn parse_timestamp(doc: &str, field: &'static str, value: &str) -> Result<Offset
 }
 
 /// A field of a document that does not read: which, and why.
-pub(crate) struct Bad {
+pub struct Bad {
     field: &'static str,
     problem: String,
 }
@@ -124,14 +124,14 @@ fn corrupt(_doc: &str, field: &'static str, problem: impl std::fmt::Display) -> 
 }
 
 /// One payment document of a listing: the record, or why it does not read.
-pub(crate) fn listed_payment(value: serde_json::Value) -> Listed<PaymentRecord> {
+pub fn listed_payment(value: serde_json::Value) -> Listed<PaymentRecord> {
     serde_json::from_value::<PaymentDoc>(value.clone())
         .map_err(|e| unreadable_doc(PAYMENT_DOC_TYPE, &value, &e))?
         .into_record(None)
 }
 
 /// One inbox document of a listing: the record, or why it does not read.
-pub(crate) fn listed_inbox(value: serde_json::Value) -> Listed<InboxRecord> {
+pub fn listed_inbox(value: serde_json::Value) -> Listed<InboxRecord> {
     serde_json::from_value::<InboxDoc>(value.clone())
         .map_err(|e| unreadable_doc(INBOX_DOC_TYPE, &value, &e))?
         .into_record(None)
@@ -169,7 +169,7 @@ fn parse_purpose(doc: &str, value: &str) -> Result<Purpose, Bad> {
 #[serde(rename_all = "camelCase")]
 pub struct InboxDoc {
     pub id: String,
-    pub(crate) claim_id: String,
+    pub claim_id: String,
     doc_type: String,
     dedup_key: String,
     consumer: String,
@@ -212,10 +212,7 @@ impl InboxDoc {
     }
 
     /// Checks the document against the key it was read by, then converts it.
-    pub(crate) fn into_record(
-        self,
-        expected: Option<&InboxKey>,
-    ) -> Result<InboxRecord, CorruptRecord> {
+    pub fn into_record(self, expected: Option<&InboxKey>) -> Result<InboxRecord, CorruptRecord> {
         let (claim, message) = (self.claim_id.clone(), self.message_id.clone());
         self.read(expected)
             .map_err(|bad| CorruptRecord::inbox(&claim, &message, bad.field, bad.problem))
@@ -316,7 +313,7 @@ impl PaymentDoc {
         }
     }
 
-    pub(crate) fn into_record(
+    pub fn into_record(
         self,
         expected_claim: Option<ClaimId>,
     ) -> Result<PaymentRecord, CorruptRecord> {
@@ -374,14 +371,14 @@ impl PaymentDoc {
 /// The `docType` of the effects of `kind`: one document type per kind, so a kind's
 /// effects are listed by the indexed `docType` alone, and the unique key `(docType,
 /// dedupKey)` with the effect key as `dedupKey` holds one effect per (kind, claim, key).
-pub(crate) fn effect_doc_type(kind: &EffectKind) -> String {
+pub fn effect_doc_type(kind: &EffectKind) -> String {
     format!("effect:{kind}")
 }
 
 /// The deterministic id of an effect document in its claim's partition. Kinds and keys
 /// hold only characters a Cosmos id may hold, and a kind holds no `:`, so the id is
 /// unique to (kind, key); at most 7 + 64 + 1 + 128 characters.
-pub(crate) fn effect_id(kind: &EffectKind, key: &EffectKey) -> String {
+pub fn effect_id(kind: &EffectKind, key: &EffectKey) -> String {
     format!("effect:{kind}:{key}")
 }
 
@@ -390,7 +387,7 @@ pub(crate) fn effect_id(kind: &EffectKind, key: &EffectKey) -> String {
 #[serde(rename_all = "camelCase")]
 pub struct EffectDoc {
     pub id: String,
-    pub(crate) claim_id: String,
+    pub claim_id: String,
     doc_type: String,
     dedup_key: String,
     kind: String,
@@ -415,7 +412,7 @@ impl EffectDoc {
         }
     }
 
-    pub(crate) fn into_record(self) -> Result<Effect, CorruptRecord> {
+    pub fn into_record(self) -> Result<Effect, CorruptRecord> {
         let claim = self.claim_id.clone();
         self.read()
             .map_err(|bad| Effect::corrupt(&claim, bad.field, bad.problem))
@@ -442,7 +439,7 @@ impl EffectDoc {
 }
 
 /// One effect document of a listing: the record, or why it does not read.
-pub(crate) fn listed_effect(value: serde_json::Value) -> Listed<Effect> {
+pub fn listed_effect(value: serde_json::Value) -> Listed<Effect> {
     serde_json::from_value::<EffectDoc>(value.clone())
         .map_err(|e| {
             let claim = value.get("claimId").and_then(|v| v.as_str()).unwrap_or("?");
@@ -454,7 +451,7 @@ pub(crate) fn listed_effect(value: serde_json::Value) -> Listed<Effect> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoreError;
+    use claims_payments_engine::store::StoreError;
 
     /// Reads a document body as the adapter's typed reads do.
     fn decode<T: serde::de::DeserializeOwned>(kind: &str, body: &[u8]) -> Result<T, StoreError> {

@@ -14,7 +14,7 @@ pub const PAYMENTS_POSTGRES_URL: &str = "PAYMENTS_POSTGRES_URL";
 /// `password` (the URI's) or `entra` (a Microsoft Entra token as the password).
 pub const PAYMENTS_POSTGRES_AUTH: &str = "PAYMENTS_POSTGRES_AUTH";
 /// The user-assigned managed identity whose Entra token logs in to PostgreSQL.
-pub(crate) const PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID: &str =
+pub const PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID: &str =
     "PAYMENTS_POSTGRES_MANAGED_IDENTITY_CLIENT_ID";
 /// How long one store call waits for an unreachable PostgreSQL server (a failover).
 pub const PAYMENTS_POSTGRES_OUTAGE_WAIT_MS: &str = "PAYMENTS_POSTGRES_OUTAGE_WAIT_MS";
@@ -29,29 +29,29 @@ pub const COSMOS_DATABASE: &str = "COSMOS_DATABASE";
 /// The container (default `payments`).
 pub const COSMOS_CONTAINER: &str = "COSMOS_CONTAINER";
 /// The user-assigned managed identity used for Cosmos DB.
-pub(crate) const COSMOS_MANAGED_IDENTITY_CLIENT_ID: &str = "COSMOS_MANAGED_IDENTITY_CLIENT_ID";
+pub const COSMOS_MANAGED_IDENTITY_CLIENT_ID: &str = "COSMOS_MANAGED_IDENTITY_CLIENT_ID";
 /// The region the SDK prefers.
-pub(crate) const COSMOS_PREFERRED_REGION: &str = "COSMOS_PREFERRED_REGION";
+pub const COSMOS_PREFERRED_REGION: &str = "COSMOS_PREFERRED_REGION";
 /// Set by App Service: the app's region, the preferred one when none is named.
-pub(crate) const REGION_NAME: &str = "REGION_NAME";
+pub const REGION_NAME: &str = "REGION_NAME";
 /// A non-loopback host name that may use plain http (an emulator).
-pub(crate) const AZURE_COSMOS_EMULATOR_HOST: &str = "AZURE_COSMOS_EMULATOR_HOST";
+pub const AZURE_COSMOS_EMULATOR_HOST: &str = "AZURE_COSMOS_EMULATOR_HOST";
 /// Set by App Service when a managed identity is available.
-pub(crate) const IDENTITY_ENDPOINT: &str = "IDENTITY_ENDPOINT";
+pub const IDENTITY_ENDPOINT: &str = "IDENTITY_ENDPOINT";
 /// The older name of IDENTITY_ENDPOINT.
-pub(crate) const MSI_ENDPOINT: &str = "MSI_ENDPOINT";
+pub const MSI_ENDPOINT: &str = "MSI_ENDPOINT";
 /// How long inbox records are kept.
-pub(crate) const INBOX_RETENTION_DAYS: &str = "INBOX_RETENTION_DAYS";
+pub const INBOX_RETENTION_DAYS: &str = "INBOX_RETENTION_DAYS";
 /// The consumer's name in inbox keys.
 pub const CONSUMER_NAME: &str = "CONSUMER_NAME";
 /// The bank's payout API (absent: ledger-only).
 pub const BANK_API_URL: &str = "BANK_API_URL";
 /// The bank credential, sent as a bearer token.
-pub(crate) const BANK_API_KEY: &str = "BANK_API_KEY";
+pub const BANK_API_KEY: &str = "BANK_API_KEY";
 /// Per bank request.
 pub const BANK_TIMEOUT_MS: &str = "BANK_TIMEOUT_MS";
 /// How long the bank recognises an Idempotency-Key.
-pub(crate) const BANK_KEY_WINDOW_HOURS: &str = "BANK_KEY_WINDOW_HOURS";
+pub const BANK_KEY_WINDOW_HOURS: &str = "BANK_KEY_WINDOW_HOURS";
 /// The same in milliseconds (sandboxes, simulations).
 pub const BANK_KEY_WINDOW_MS: &str = "BANK_KEY_WINDOW_MS";
 /// Everything one invocation may spend retrying the bank.
@@ -63,11 +63,11 @@ pub const INFLIGHT_WAIT_MS: &str = "INFLIGHT_WAIT_MS";
 /// The queue's maxDeliveryCount.
 pub const MAX_DELIVERY_COUNT: &str = "MAX_DELIVERY_COUNT";
 /// How long an orphaned payout waits before reconcile settles it.
-pub(crate) const RECONCILE_MIN_AGE_MS: &str = "RECONCILE_MIN_AGE_MS";
+pub const RECONCILE_MIN_AGE_MS: &str = "RECONCILE_MIN_AGE_MS";
 /// How HTTP callers are told apart (`functionkey` or `appservice`).
-pub(crate) const HTTP_AUTH: &str = "HTTP_AUTH";
+pub const HTTP_AUTH: &str = "HTTP_AUTH";
 /// How long an HTTP Idempotency-Key is remembered.
-pub(crate) const IDEMPOTENCY_KEY_RETENTION_HOURS: &str = "IDEMPOTENCY_KEY_RETENTION_HOURS";
+pub const IDEMPOTENCY_KEY_RETENTION_HOURS: &str = "IDEMPOTENCY_KEY_RETENTION_HOURS";
 /// The Service Bus namespace (`{name}.servicebus.windows.net`), the app's own setting.
 pub const SERVICE_BUS_NAMESPACE: &str = "ServiceBusConnection__fullyQualifiedNamespace";
 /// The queue the trigger reads, the app's own setting.
@@ -75,10 +75,9 @@ pub const CLAIM_APPROVED_QUEUE: &str = "CLAIM_APPROVED_QUEUE";
 /// `dead-letters`: another Service Bus endpoint (a loopback stand-in), instead of the namespace.
 pub const SERVICEBUS_ENDPOINT: &str = "SERVICEBUS_ENDPOINT";
 /// `dead-letters`: per Service Bus request.
-pub(crate) const SERVICEBUS_TIMEOUT_MS: &str = "SERVICEBUS_TIMEOUT_MS";
+pub const SERVICEBUS_TIMEOUT_MS: &str = "SERVICEBUS_TIMEOUT_MS";
 /// `dead-letters`: the user-assigned managed identity (in a pipeline) for Service Bus.
-pub(crate) const SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID: &str =
-    "SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID";
+pub const SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID: &str = "SERVICEBUS_MANAGED_IDENTITY_CLIENT_ID";
 /// `json` or `text`.
 pub const LOG_FORMAT: &str = "LOG_FORMAT";
 /// Dev only: `consumer`, `naive` or `noop`.

@@ -23,8 +23,8 @@ use super::settings::{CosmosAuth, CosmosSettings};
 // Where they were first defined; settings own them so that settings do not depend on this module.
 pub use super::settings::{DEFAULT_CONTAINER, DEFAULT_DATABASE};
 
-pub(crate) const PARTITION_KEY_PATH: &str = "/claimId";
-pub(crate) const UNIQUE_KEY_PATHS: [&str; 2] = ["/docType", "/dedupKey"];
+pub const PARTITION_KEY_PATH: &str = "/claimId";
+pub const UNIQUE_KEY_PATHS: [&str; 2] = ["/docType", "/dedupKey"];
 
 /// The container's Cosmos REST definition under the name `name`.
 ///
@@ -65,8 +65,8 @@ pub fn container_definition(name: &str) -> serde_json::Value {
 /// Azure, `ORDER BY` on an excluded path is refused (400) and a filter on one scans every
 /// document the rest of the query selects. The SDK's in-process emulator ignores the
 /// indexing policy altogether, so only the test `queried_paths_are_indexed` (which reads
-/// the query strings of `src/store/cosmos/`) catches a missing path before Azure does.
-pub(crate) const INDEXED_PATHS: [(&str, &str); 4] = [
+/// the query strings of this crate's `src/`) catches a missing path before Azure does.
+pub const INDEXED_PATHS: [(&str, &str); 4] = [
     (
         "/docType/?",
         "unique key path; the operator listings filter on it",
@@ -98,7 +98,7 @@ pub fn container_definition_json() -> String {
 /// The SDK properties of the container, read from [`container_definition`]. The indexing
 /// policy is included: the SDK serializes it and both the service and the in-process
 /// emulator accept it at creation.
-pub(crate) fn container_properties(name: &str) -> ContainerProperties {
+pub fn container_properties(name: &str) -> ContainerProperties {
     // The definition is a constant the SDK type models field for field; a failure here is
     // a programming error that the unit test below catches, never a runtime condition.
     // Falling back to a partial definition would silently provision a container without
@@ -128,7 +128,7 @@ impl fmt::Display for Difference {
 /// Compares an existing container's properties with the definition on what the guard
 /// depends on: the partition key, the unique keys and the default TTL. The indexing
 /// policy is not compared (the service normalises it, and it can be changed in place).
-pub(crate) fn verify_container_properties(found: &ContainerProperties) -> Vec<Difference> {
+pub fn verify_container_properties(found: &ContainerProperties) -> Vec<Difference> {
     let mut differences = Vec::new();
     let pk = &found.partition_key;
     let paths: Vec<&str> = pk.paths().iter().map(|p| p.as_ref()).collect();
@@ -324,7 +324,7 @@ impl fmt::Display for ProvisionReport {
 /// Creates the database and the container (key auth only: the emulator, dev accounts),
 /// or verifies them if they exist. With Entra ID the control plane is not available to
 /// data-plane identities, so the container must come from Bicep; this then only verifies.
-pub(crate) async fn provision(settings: &CosmosSettings) -> anyhow::Result<ProvisionReport> {
+pub async fn provision(settings: &CosmosSettings) -> anyhow::Result<ProvisionReport> {
     let client = settings.build_client().await?;
     if !matches!(settings.auth, CosmosAuth::Key(_)) {
         verify_existing(&client, &settings.database, &settings.container).await?;
@@ -401,7 +401,7 @@ pub async fn provision_with_client(
 
 /// Reads the container's properties and fails, naming every difference, if they do not
 /// match the definition (an indexing policy difference is only logged).
-pub(crate) async fn verify_existing(
+pub async fn verify_existing(
     client: &CosmosClient,
     database: &str,
     container: &str,
@@ -432,7 +432,7 @@ pub(crate) async fn verify_existing(
 
 /// Fails on a difference the guard depends on; logs a warning for an outdated indexing
 /// policy, which costs request units (or slows the listings) but breaks nothing.
-pub(crate) fn check_properties(
+pub fn check_properties(
     database: &str,
     container: &str,
     found: &ContainerProperties,
@@ -533,13 +533,13 @@ mod tests {
         assert_eq!(indexing_policy_difference(&with_policy(policy)), None);
     }
 
-    /// Every property a query in `src/store/cosmos/` filters or sorts on (`c.<name>` inside
+    /// Every property a query in this crate's `src/` filters or sorts on (`c.<name>` inside
     /// a string literal) is indexed. The emulator ignores the indexing policy, so without
     /// this a new query on an excluded path would pass every local test and then be
     /// refused (ORDER BY) or scan (filter) on Azure.
     #[test]
     fn queried_paths_are_indexed() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/cosmos");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let included: Vec<String> = INDEXED_PATHS.iter().map(|(p, _)| p.to_string()).collect();
         let mut queried = Vec::new();
         for entry in std::fs::read_dir(&dir).unwrap() {

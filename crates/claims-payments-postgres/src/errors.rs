@@ -9,8 +9,8 @@ use tokio_postgres::error::SqlState;
 use super::describe::describe_postgres_error;
 
 use super::pool;
-use crate::store::StoreError;
-use crate::telemetry;
+use claims_payments_engine::store::StoreError;
+use claims_payments_engine::telemetry;
 
 /// The SQLSTATE `claims_payments_finalize` raises when a version does not match (its
 /// other one, CP404 for a missing payment, is `Permanent` like every unknown code).

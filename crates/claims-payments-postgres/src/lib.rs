@@ -1,7 +1,7 @@
 //! The PostgreSQL store: several instances on one database, the guard kept by the server.
 //!
-//! The same records, fields, states and answers as the SQLite store (`store/sqlite/`); the
-//! schema is in `migrations/` (applied by `claims-payments provision`, checked by `serve`).
+//! The same records, fields, states and answers as the SQLite store (`claims-payments-sqlite`);
+//! the schema is in `migrations/` (applied by `claims-payments provision`, checked by `serve`).
 //!
 //! **The guard.** The inbox's primary key (consumer, claim, message) and the payment's
 //! (claim, purpose). The claim is one statement, a call of `claims_payments_claim` (see
@@ -54,13 +54,16 @@
 //! still down. After its first try, every try of a call ends at the deadline, so a call
 //! takes at most the longer of its first try and the outage wait (the start-up check
 //! that the lease outlasts the wait plus the bank's budget stays true).
+//!
+//! A crate of its own, on the engine's store port, the settings vocabulary and the driver
+//! alone: Cargo keeps the product out of it, and editing the product never rebuilds it.
 
 mod describe;
 mod errors;
 pub mod pool;
 mod rows;
 mod schema;
-pub(crate) mod settings;
+pub mod settings;
 
 use std::time::Duration;
 
@@ -76,17 +79,17 @@ use rows::{
     effect_from_row, get, inbox_from_row, limit_param, ms, one, parse_version, payment_from_row,
     version_at, EffectParams, InboxParams, PaymentParams,
 };
-pub(crate) use schema::check_schema;
+pub use schema::check_schema;
 pub use schema::provision;
 pub use settings::{Pooler, PostgresSettings};
 
-use super::once::{self, EffectKind, OnceResult, OnceStore};
-use super::{
+use claims_payments_engine::domain::{ClaimId, Purpose};
+use claims_payments_engine::store::once::{self, EffectKind, OnceResult, OnceStore};
+use claims_payments_engine::store::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, RoundTrips, Store, StoreError, StoreResult, Version, Versioned,
 };
-use crate::domain::{ClaimId, Purpose};
-use crate::telemetry;
+use claims_payments_engine::telemetry;
 
 /// How long an invocation waits for a pooled connection before the store answers
 /// `Transient` (the pool is exhausted: every connection is busy).

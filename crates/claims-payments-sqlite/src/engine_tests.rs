@@ -7,13 +7,13 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use super::SqliteStore;
-use crate::ambient::{Ambient, AttemptId, Boot, Entropy, WallClock};
-use crate::domain::{ClaimId, MessageId, PayloadHash};
-use crate::lease::liveness::{register, Owners, TTL};
-use crate::lease::{
+use claims_payments_engine::ambient::{Ambient, AttemptId, Boot, Entropy, WallClock};
+use claims_payments_engine::domain::{ClaimId, MessageId, PayloadHash};
+use claims_payments_engine::lease::liveness::{register, Owners, TTL};
+use claims_payments_engine::lease::{
     new_record, taken_over, Acquired, Bid, Created, Holder, Lease, OwnerLiveness, Seen, Terms,
 };
-use crate::store::{DynStore, InboxKey, InboxRecord, Versioned};
+use claims_payments_engine::store::{DynStore, InboxKey, InboxRecord, Versioned};
 
 fn at(s: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp(1_800_000_000 + s).unwrap()

@@ -1,8 +1,8 @@
 //! The Microsoft Entra credential: which identity a part gets its tokens for, decided by
 //! one rule ([`choose`]) for every part that asks (Cosmos DB, PostgreSQL, the Service Bus
 //! of the dead-letter tool, Application Insights), and the credentials themselves
-//! ([`credential`]), built once per process for each identity and shared by every part
-//! that names it, so one token cache serves them all.
+//! (`credential`, with the crate's `credential` feature), built once per process for each
+//! identity and shared by every part that names it, so one token cache serves them all.
 //!
 //! The rule: a managed identity where the host provides one (it sets `IDENTITY_ENDPOINT`,
 //! or `MSI_ENDPOINT` on older hosts), user-assigned when the part's client id setting
@@ -10,15 +10,18 @@
 //! allow it ([`Fallback`]). A client id is only ever an identifier, never a secret, and
 //! no token is ever logged or put in an error.
 
+#[cfg(feature = "credential")]
 use std::sync::{Arc, Mutex, OnceLock};
 
+#[cfg(feature = "credential")]
 use azure_core::credentials::TokenCredential;
+#[cfg(feature = "credential")]
 use azure_identity::{
     DeveloperToolsCredential, ManagedIdentityCredential, ManagedIdentityCredentialOptions,
     UserAssignedId,
 };
 
-use crate::env_setting::names;
+use crate::names;
 
 /// Which identity a part authenticates as.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -31,7 +34,7 @@ pub enum EntraIdentity {
 
 /// Where a part may fall back to the developer's login.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fallback {
+pub enum Fallback {
     /// The stores: a managed identity in Azure, or wherever a client id is named (a host
     /// that reaches the instance metadata service without setting `IDENTITY_ENDPOINT`);
     /// the developer tools otherwise.
@@ -47,7 +50,7 @@ pub(crate) enum Fallback {
 
 /// The one rule: the identity a part uses, from its client id setting's value and
 /// whether the host provides a managed identity (read through `get`).
-pub(crate) fn choose(
+pub fn choose(
     get: &dyn Fn(&str) -> Option<String>,
     client_id: Option<String>,
     fallback: Fallback,
@@ -66,11 +69,13 @@ pub(crate) fn choose(
 }
 
 /// The credentials this process built, one per identity.
+#[cfg(feature = "credential")]
 type Built = Vec<(EntraIdentity, Arc<dyn TokenCredential>)>;
 
 /// The credential of `identity`: built the first time a part asks, then the same one for
 /// every part that names the same identity, for the rest of the process.
-pub(crate) fn credential(identity: &EntraIdentity) -> anyhow::Result<Arc<dyn TokenCredential>> {
+#[cfg(feature = "credential")]
+pub fn credential(identity: &EntraIdentity) -> anyhow::Result<Arc<dyn TokenCredential>> {
     static BUILT: OnceLock<Mutex<Built>> = OnceLock::new();
     let mut built = BUILT
         .get_or_init(Mutex::default)
@@ -86,6 +91,7 @@ pub(crate) fn credential(identity: &EntraIdentity) -> anyhow::Result<Arc<dyn Tok
 
 /// A new credential for `identity`. Construction reads no token: a failure here is a
 /// setting the SDK refuses, and its message carries no secret.
+#[cfg(feature = "credential")]
 fn build(identity: &EntraIdentity) -> anyhow::Result<Arc<dyn TokenCredential>> {
     Ok(match identity {
         EntraIdentity::ManagedIdentity { client_id } => {
@@ -111,7 +117,7 @@ mod tests {
         client_id: Option<&str>,
         fallback: Fallback,
     ) -> EntraIdentity {
-        let get = crate::env_setting::lookup_in(pairs);
+        let get = crate::lookup_in(pairs);
         choose(&get, client_id.map(str::to_owned), fallback)
     }
 
@@ -155,6 +161,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "credential")]
     #[test]
     fn each_identity_is_built_once_per_process() {
         let system = EntraIdentity::ManagedIdentity { client_id: None };

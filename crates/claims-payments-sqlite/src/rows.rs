@@ -475,7 +475,7 @@ impl EffectRow {
     }
 
     fn into_record(self) -> Result<Effect, CorruptRecord> {
-        use super::super::once::{EffectBody, EffectKey};
+        use claims_payments_engine::store::once::{EffectBody, EffectKey};
         let claim = self.claim_id.clone();
         let corrupt =
             |column: &'static str, reason: String| Effect::corrupt(&claim, column, reason);

@@ -12,7 +12,7 @@
 //! Entra ID uses the managed identity when running in Azure (the host sets
 //! `IDENTITY_ENDPOINT` or `MSI_ENDPOINT`) or when a client id is configured, and the
 //! developer tools (Azure CLI, azd) otherwise: the rule and the credential are
-//! [`crate::entra`]'s, shared with the process's other parts. The key is never logged or
+//! [`claims_payments_settings::entra`]'s, shared with the process's other parts. The key is never logged or
 //! put in an error.
 
 use std::fmt;
@@ -30,9 +30,9 @@ use azure_data_cosmos::{
 };
 use base64::Engine;
 
-use crate::entra::{self, EntraIdentity, Fallback};
-use crate::env_setting::names;
-use crate::env_setting::{non_blank, ConfigError};
+use claims_payments_settings::entra::{self, EntraIdentity, Fallback};
+use claims_payments_settings::names;
+use claims_payments_settings::{non_blank, ConfigError};
 
 /// The container name used by default and in `infra/cosmos-container.json`.
 pub const DEFAULT_CONTAINER: &str = "payments";
@@ -65,7 +65,7 @@ impl fmt::Debug for CosmosAuth {
 
 impl CosmosAuth {
     /// A short description for logs ("key", "managed identity (user-assigned ...)", ...).
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         match self {
             CosmosAuth::Key(_) => "account key".to_owned(),
             CosmosAuth::ManagedIdentity {
@@ -86,7 +86,7 @@ impl CosmosAuth {
 pub struct CosmosSettings {
     pub endpoint: Url,
     pub database: String,
-    pub(crate) container: String,
+    pub container: String,
     pub auth: CosmosAuth,
     preferred_region: Option<String>,
     /// `AZURE_COSMOS_EMULATOR_HOST`: a non-loopback host name the SDK treats as an
@@ -98,7 +98,7 @@ pub struct CosmosSettings {
 }
 
 impl CosmosSettings {
-    pub(crate) const DEFAULT_STARTUP_BUDGET: Duration = Duration::from_secs(30);
+    pub const DEFAULT_STARTUP_BUDGET: Duration = Duration::from_secs(30);
 
     /// Reads the settings through `lookup` (the environment, or a map in tests). Empty
     /// values count as unset, since app settings cannot always be removed.
@@ -173,7 +173,7 @@ impl CosmosSettings {
 
     /// Whether the endpoint is one the SDK treats as an emulator (loopback, or the host
     /// named in `AZURE_COSMOS_EMULATOR_HOST`).
-    pub(crate) fn is_emulator_endpoint(&self) -> bool {
+    pub fn is_emulator_endpoint(&self) -> bool {
         is_emulator_host(&self.endpoint, self.emulator_host.as_deref())
     }
 
@@ -232,7 +232,7 @@ impl CosmosSettings {
         Ok(builder.build(account, self.routing()).await?)
     }
 
-    pub(crate) fn routing(&self) -> RoutingStrategy {
+    pub fn routing(&self) -> RoutingStrategy {
         match &self.preferred_region {
             Some(region) => RoutingStrategy::ProximityTo(Region::from(region.clone())),
             // An empty preference list makes the SDK follow the account's own region order.
@@ -329,7 +329,7 @@ mod tests {
     use super::*;
 
     fn settings(pairs: &[(&str, &str)]) -> Result<CosmosSettings, ConfigError> {
-        CosmosSettings::from_lookup(crate::env_setting::lookup_in(pairs))
+        CosmosSettings::from_lookup(claims_payments_settings::lookup_in(pairs))
     }
 
     const KEY: &str =

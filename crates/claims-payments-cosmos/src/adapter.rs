@@ -29,13 +29,13 @@ use super::documents::{
 };
 use super::errors::{classify, describe, error_charge, is_transient_code, note, record_charge};
 use super::settings::{CosmosAuth, CosmosSettings};
-use crate::domain::{ClaimId, Purpose};
-use crate::store::once::{Effect, EffectKind, OnceResult, OnceStore};
-use crate::store::{
+use claims_payments_engine::domain::{ClaimId, Purpose};
+use claims_payments_engine::store::once::{Effect, EffectKind, OnceResult, OnceStore};
+use claims_payments_engine::store::{
     ClaimResult, Finalize, InboxKey, InboxRecord, InsertResult, Listed, PaymentRecord,
     PaymentStatus, RoundTrips, Store, StoreError, StoreResult, Version, Versioned,
 };
-use crate::telemetry;
+use claims_payments_engine::telemetry;
 
 /// The Cosmos DB store. Cheap to share behind an `Arc`; the SDK client inside is
 /// thread-safe and keeps its own connection pool.
@@ -377,7 +377,7 @@ fn answered(op: &'static str, response: &ItemResponse) -> StoreResult<Version> {
 /// only a document that stays unreadable over every delivery ends in the dead-letter
 /// queue, as deliveries exhausted (with this reason in the log of each), not as a store
 /// failure on the first look.
-pub(crate) const CONFLICT_READ_PAUSES: [Duration; 3] = [
+pub const CONFLICT_READ_PAUSES: [Duration; 3] = [
     Duration::from_millis(50),
     Duration::from_millis(150),
     Duration::from_millis(400),

@@ -27,6 +27,11 @@
 //! could otherwise answer from this one's commits before they are synced), and refuses at
 //! start a file it cannot write or that fails `PRAGMA quick_check`. Operator listings open
 //! the file read-only and never create it.
+//!
+//! A crate of its own, on the engine's store port and SQLite alone: Cargo keeps the product
+//! out of it, editing the product never rebuilds it, and another consumer of the engine can
+//! use the store without the product. [`SyncHook`] is its one seam for
+//! development: tests hold commits that are visible but not yet durable, or fail a sync.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -34,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Duration;
-pub(crate) use sync_hook::SyncHook;
+pub use sync_hook::SyncHook;
 
 use async_trait::async_trait;
 use r2d2_sqlite::SqliteConnectionManager;
@@ -42,23 +47,23 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::once::{Effect, EffectKind, OnceResult, OnceStore};
-use super::{
+use claims_payments_engine::domain::{
+    ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
+    TenantId,
+};
+use claims_payments_engine::store::once::{Effect, EffectKind, OnceResult, OnceStore};
+use claims_payments_engine::store::{
     ClaimResult, CorruptRecord, Finalize, InboxKey, InboxOutcome, InboxRecord, InboxStatus,
     InsertResult, Listed, PaymentRecord, PaymentStatus, Store, StoreError, StoreResult, Version,
     Versioned,
 };
-use crate::domain::{
-    ClaimId, IdempotencyKey, InvalidMessage, MessageId, Money, PayeeRef, PayloadHash, Purpose,
-    TenantId,
-};
-use crate::telemetry;
+use claims_payments_engine::telemetry;
 
 mod engine;
 #[cfg(test)]
 mod engine_tests;
 mod rows;
-pub(crate) mod sync_hook;
+mod sync_hook;
 #[cfg(test)]
 mod tests;
 
@@ -386,7 +391,7 @@ impl SqliteStore {
     /// `reconcile` holds meanwhile may be ended too: taking over from a live attempt is
     /// safe (same bank Idempotency-Key, version-conditional finalize). The version is
     /// left as it is, so such a holder's own conditional writes still succeed.
-    pub(crate) async fn end_leases_of_earlier_processes(
+    pub async fn end_leases_of_earlier_processes(
         &self,
         consumers: &[&str],
         now: OffsetDateTime,

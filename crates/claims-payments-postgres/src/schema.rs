@@ -14,11 +14,11 @@ use tokio_postgres::Client;
 use super::settings::PostgresSettings;
 
 mod embedded {
-    refinery::embed_migrations!("src/store/postgres/migrations");
+    refinery::embed_migrations!("src/migrations");
 }
 
 /// The version of the newest migration this build carries.
-pub(crate) const EXPECTED_SCHEMA_VERSION: u32 = 2;
+pub const EXPECTED_SCHEMA_VERSION: u32 = 2;
 
 /// What provisioning found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +60,7 @@ fn expected() -> Vec<(u32, String, String)> {
 
 /// Refuses a database whose schema is not exactly this build's (read only: nothing is
 /// created, not even refinery's history table).
-pub(crate) async fn check_schema(client: &mut Client) -> anyhow::Result<()> {
+pub async fn check_schema(client: &mut Client) -> anyhow::Result<()> {
     // Unnamed (one exchange): it also runs through a transaction pooler.
     let rows = match client
         .query_typed(
